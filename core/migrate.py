@@ -1,0 +1,77 @@
+"""Bring a database to the newest schema, safely when several replicas start at once.
+
+PostgreSQL: the upgrade runs under a session-level advisory lock, so replicas migrate one at a
+time and the later ones find nothing to do. SQLite: the upgrade runs in a ``BEGIN IMMEDIATE``
+transaction, which other processes wait for through the busy timeout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
+
+from core.db import Database
+from core.errors import DatabaseError
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# An arbitrary, fixed 64-bit key: "slack-agent migrate" for every replica of every version.
+_ADVISORY_LOCK_KEY = 0x51AC_A6E7_0001
+
+
+def alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return config
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def _current(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+async def current_revision(db: Database) -> str | None:
+    async with db.read() as conn:
+        return await conn.run_sync(_current)
+
+
+async def upgrade(db: Database, revision: str = "head") -> tuple[str | None, str | None]:
+    """Upgrade to ``revision``; returns (revision before, revision after)."""
+    config = alembic_config()
+
+    def _run(connection: Connection) -> tuple[str | None, str | None]:
+        before = _current(connection)
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+        return before, _current(connection)
+
+    try:
+        async with db.engine.connect() as conn:
+            if db.dialect == "postgresql":
+                await conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _ADVISORY_LOCK_KEY})
+                await conn.commit()
+                try:
+                    result = await conn.run_sync(_run)
+                    await conn.commit()
+                finally:
+                    await conn.rollback()
+                    await conn.execute(
+                        text("SELECT pg_advisory_unlock(:k)"), {"k": _ADVISORY_LOCK_KEY}
+                    )
+                    await conn.commit()
+            else:
+                conn = await conn.execution_options(sqlite_write=True)
+                result = await conn.run_sync(_run)
+                await conn.commit()
+    except SQLAlchemyError as exc:
+        raise DatabaseError(f"migration failed: {exc.__class__.__name__}: {exc}") from exc
+    return result

@@ -1,0 +1,218 @@
+"""The ORM models of SPEC §5; the names are fixed because operators and other tools read them.
+
+Constraint names follow one convention so that Alembic migrations name them identically on
+SQLite and PostgreSQL. Ids of rows are integers (ties in the per-user cap break on them);
+message ids are UUID strings, and ``message_id`` always equals ``message["id"]``:
+``validate_message`` is the single check, applied by the ORM on construction and on assignment,
+and by the store on every bulk insert.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    UniqueConstraint,
+    event,
+    false,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, mapped_column, validates
+
+from core.db import UtcDateTime, db_now
+from core.errors import InvalidMessage
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+JsonDoc = JSON().with_variant(JSONB(), "postgresql")
+# BIGINT on PostgreSQL, INTEGER on SQLite (where only INTEGER PRIMARY KEY is the rowid alias).
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _created() -> Mapped[datetime]:
+    return mapped_column(UtcDateTime(), nullable=False, server_default=db_now())
+
+
+def validate_message(message: Any, message_id: str | None = None) -> str:
+    """Return the message's id after checking the invariants every stored message keeps.
+
+    ``message`` must be a UIMessage-shaped dict whose ``id`` is a canonical UUID string; when a
+    ``message_id`` is given separately it must be the same.
+    """
+    if not isinstance(message, dict):
+        raise InvalidMessage("a message must be a JSON object")
+    raw_id = message.get("id")
+    if not isinstance(raw_id, str):
+        raise InvalidMessage("message.id must be a UUID string")
+    try:
+        canonical = str(uuid.UUID(raw_id))
+    except ValueError:
+        raise InvalidMessage(f"message.id {raw_id!r} is not a UUID") from None
+    if canonical != raw_id:
+        raise InvalidMessage(f"message.id {raw_id!r} is not in canonical UUID form")
+    if message.get("role") not in ("user", "assistant", "system"):
+        raise InvalidMessage("message.role must be user, assistant or system")
+    if not isinstance(message.get("parts", []), list):
+        raise InvalidMessage("message.parts must be a list")
+    if message_id is not None and message_id != raw_id:
+        raise InvalidMessage(f"message_id {message_id!r} differs from message.id {raw_id!r}")
+    return raw_id
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    external_id: Mapped[str] = mapped_column(String(255), nullable=False, unique=True)
+    display_name: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = _created()
+
+
+class CustomProvider(Base):
+    __tablename__ = "custom_providers"
+    __table_args__ = (CheckConstraint("kind IN ('openai', 'anthropic')", name="kind"),)
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(100), nullable=False, unique=True)
+    kind: Mapped[str] = mapped_column(String(20), nullable=False)
+    base_url: Mapped[str] = mapped_column(String(2048), nullable=False)
+    api_key_env: Mapped[str] = mapped_column(String(255), nullable=False)
+    default_model: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = _created()
+
+
+class AgentSession(Base):
+    __tablename__ = "agent_sessions"
+    __table_args__ = (
+        UniqueConstraint("project_name", "project_session_id"),
+        Index(None, "user_id", "updated_at"),
+        Index(None, "expires_at"),
+        Index(None, "updated_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    project_session_id: Mapped[str] = mapped_column(String(255), nullable=False)
+    project_name: Mapped[str] = mapped_column(String(100), nullable=False)
+    user_id: Mapped[int | None] = mapped_column(
+        Id, ForeignKey("users.id", ondelete="CASCADE"), nullable=True
+    )
+    title: Mapped[str | None] = mapped_column(String(255))
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    lock_token: Mapped[str | None] = mapped_column(String(36))
+    model_provider: Mapped[str | None] = mapped_column(String(100))
+    model_name: Mapped[str | None] = mapped_column(String(255))
+    custom_provider_id: Mapped[int | None] = mapped_column(
+        Id, ForeignKey("custom_providers.id", ondelete="SET NULL"), nullable=True
+    )
+    builtin_provider: Mapped[str | None] = mapped_column(String(100))
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _created()
+
+
+class AgentSessionMessage(Base):
+    __tablename__ = "agent_session_messages"
+    __table_args__ = (
+        UniqueConstraint("session_id", "position"),
+        # Finds the latest checkpoint of a session without reading its history.
+        Index(None, "session_id", "is_compaction_message", "position"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    session_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False
+    )
+    position: Mapped[int] = mapped_column(Integer, nullable=False)
+    message: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    message_id: Mapped[str] = mapped_column(String(36), nullable=False, unique=True)
+    is_compaction_message: Mapped[bool] = mapped_column(
+        Boolean, nullable=False, default=False, server_default=false()
+    )
+    created_at: Mapped[datetime] = _created()
+
+    @validates("message")
+    def _derive_message_id(self, _key: str, message: dict[str, Any]) -> dict[str, Any]:
+        self.message_id = validate_message(message)
+        return message
+
+    @validates("message_id")
+    def _check_message_id(self, _key: str, message_id: str) -> str:
+        message = self.__dict__.get("message")
+        if message is not None:
+            validate_message(message, message_id)
+        return message_id
+
+
+@event.listens_for(AgentSessionMessage, "before_insert")
+@event.listens_for(AgentSessionMessage, "before_update")
+def _check_before_write(_mapper: Mapper[Any], _conn: Any, target: AgentSessionMessage) -> None:
+    # The validators see each assignment; this sees the final pair (e.g. a mutated dict).
+    validate_message(target.message, target.message_id)
+
+
+class SnapshotContent(Base):
+    """Snapshot bytes, content-addressed: identical content is stored once, whoever refers to it."""
+
+    __tablename__ = "snapshot_contents"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    codec: Mapped[str] = mapped_column(String(20), nullable=False)
+    raw_size: Mapped[int] = mapped_column(Id, nullable=False)
+    stored_size: Mapped[int] = mapped_column(Id, nullable=False)
+    data: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
+class AgentSessionSnapshot(Base):
+    """The sandbox state after one message: a reference to content, never the bytes."""
+
+    __tablename__ = "agent_session_snapshots"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    message_id: Mapped[str] = mapped_column(
+        String(36),
+        ForeignKey("agent_session_messages.message_id", ondelete="CASCADE"),
+        nullable=False,
+        unique=True,
+    )
+    session_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    content_digest: Mapped[str] = mapped_column(
+        String(64), ForeignKey("snapshot_contents.digest"), nullable=False, index=True
+    )
+    raw_size: Mapped[int] = mapped_column(Id, nullable=False)
+    stored_size: Mapped[int] = mapped_column(Id, nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
+class SystemSetting(Base):
+    """Values set at run time (retention, §9) that override the environment."""
+
+    __tablename__ = "system_settings"
+
+    key: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[Any] = mapped_column(JsonDoc, nullable=False)
+    updated_at: Mapped[datetime] = _created()

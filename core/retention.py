@@ -1,0 +1,70 @@
+"""Retention policy: environment defaults, overridden by values set at run time (SPEC §9).
+
+Run-time values live in ``system_settings`` under one key, so every replica's sweeper reads the
+same policy on its next pass without a restart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from core.db import Database, db_now
+from core.models import SystemSetting
+from core.settings import Settings
+
+RETENTION_KEY = "agent_session_retention"
+SETTINGS = SystemSetting.__table__
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    max_idle_days: float
+    max_per_user: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RetentionPolicy:
+        return cls(settings.agent_session_max_idle_days, settings.agent_session_max_per_user)
+
+
+async def _stored(db: Database) -> dict[str, Any]:
+    async with db.read() as conn:
+        value = await conn.scalar(select(SETTINGS.c.value).where(SETTINGS.c.key == RETENTION_KEY))
+    return dict(value) if isinstance(value, dict) else {}
+
+
+async def load_policy(db: Database, defaults: RetentionPolicy) -> RetentionPolicy:
+    stored = await _stored(db)
+    return RetentionPolicy(
+        max_idle_days=float(stored.get("max_idle_days", defaults.max_idle_days)),
+        max_per_user=int(stored.get("max_per_user", defaults.max_per_user)),
+    )
+
+
+async def set_policy(
+    db: Database,
+    defaults: RetentionPolicy,
+    *,
+    max_idle_days: float | None = None,
+    max_per_user: int | None = None,
+) -> RetentionPolicy:
+    """Store the given values (others keep their current value); ``0`` turns a rule off."""
+    if max_idle_days is not None and max_idle_days < 0:
+        raise ValueError("max idle days must be 0 (off) or more")
+    if max_per_user is not None and max_per_user < 0:
+        raise ValueError("max per user must be 0 (off) or more")
+    current = await load_policy(db, defaults)
+    policy = RetentionPolicy(
+        max_idle_days=current.max_idle_days if max_idle_days is None else float(max_idle_days),
+        max_per_user=current.max_per_user if max_per_user is None else int(max_per_user),
+    )
+    async with db.write() as conn:
+        stmt = db.upsert(SETTINGS).values(key=RETENTION_KEY, value=asdict(policy))
+        await conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["key"], set_={"value": stmt.excluded.value, "updated_at": db_now()}
+            )
+        )
+    return policy

@@ -1,0 +1,126 @@
+"""Configuration from the environment (and ``.env``), with the names of SPEC §3.
+
+Settings are built once at the entry point (``load_settings``) and passed down as plain values;
+no module keeps a settings object of its own, so tests can build any configuration they need.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from core.errors import ConfigError
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./slack-agent.db"
+
+_SCHEME_ALIASES = {
+    "sqlite+aiosqlite": "sqlite+aiosqlite",
+    "sqlite": "sqlite+aiosqlite",
+    "postgresql+asyncpg": "postgresql+asyncpg",
+    "postgresql": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",
+}
+
+
+def normalize_database_url(url: str) -> str:
+    """Map the URLs operators write (``postgres://``, ``sqlite:///``) to our async drivers.
+
+    Anything else is refused with one line naming the scheme: a typo here would otherwise
+    surface as a driver import error deep inside SQLAlchemy.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ConfigError(f"DATABASE_URL: {url!r} is not a URL (expected scheme://...)")
+    driver = _SCHEME_ALIASES.get(scheme.lower())
+    if driver is None:
+        raise ConfigError(
+            f"DATABASE_URL: unsupported scheme {scheme!r}; use sqlite+aiosqlite:///PATH "
+            "or postgresql+asyncpg://USER@HOST/DB"
+        )
+    return f"{driver}://{rest}"
+
+
+def _split_csv(value: object) -> object:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+CsvList = Annotated[list[str], NoDecode]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_file=".env", env_file_encoding="utf-8", extra="ignore", case_sensitive=False
+    )
+
+    database_url: str = DEFAULT_DATABASE_URL
+
+    slack_bot_token: str | None = None
+    slack_signing_secret: str | None = None
+    slack_app_token: str | None = None
+    slack_client_id: str | None = None
+    slack_client_secret: str | None = None
+    slack_state_secret: str | None = None
+    slack_api_url: str = "https://slack.com/api/"
+    host: str = "0.0.0.0"
+    port: int = Field(default=3000, ge=0, le=65535)
+
+    model_provider: str = "auto"
+    model_name: str | None = None
+    openai_api_key: str | None = None
+    openai_base_url: str = "https://api.openai.com/v1"
+    anthropic_api_key: str | None = None
+    anthropic_base_url: str = "https://api.anthropic.com"
+
+    turn_lock_staleness_seconds: float = Field(default=60, gt=0)
+    turn_heartbeat_seconds: float = Field(default=15, gt=0)
+    busy_poll_seconds: float = Field(default=3, gt=0)
+    busy_poll_timeout_seconds: float = Field(default=600, gt=0)
+    busy_mode: Literal["ask", "queue"] = "ask"
+    auto_compact_tokens: int = Field(default=100_000, ge=0)
+
+    sweeper_interval_seconds: float = Field(default=3600, ge=0)
+    sweeper_jitter_seconds: float = Field(default=60, ge=0)
+    sweeper_batch_size: int = Field(default=100, gt=0)
+    agent_session_max_idle_days: float = Field(default=30, ge=0)
+    agent_session_max_per_user: int = Field(default=30, ge=0)
+    temporary_agent_session_time_to_live_hours: float = Field(default=24, gt=0)
+    temporary_session_surfaces: CsvList = Field(default_factory=list)
+    admin_user_ids: CsvList = Field(default_factory=list)
+
+    log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
+
+    _split = field_validator("temporary_session_surfaces", "admin_user_ids", mode="before")(
+        _split_csv
+    )
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        try:
+            return normalize_database_url(value)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from exc
+
+    @field_validator("temporary_session_surfaces")
+    @classmethod
+    def _surfaces(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - {"dm", "channel", "assistant"})
+        if unknown:
+            raise ValueError(f"unknown surface(s) {', '.join(unknown)}; use dm, channel, assistant")
+        return value
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build settings, turning pydantic's multi-line report into one line naming the variable."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]).upper() if first["loc"] else "configuration"
+        reason = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{name}: {reason}") from None

@@ -1,0 +1,211 @@
+"""The sweeper (SPEC §9): retention deletes, safe to run on every replica at once.
+
+Each pass selects a batch of candidate ids, then deletes them with a statement that re-checks the
+pass's whole condition row by row, including "no turn is active". A row that changed between the
+two statements (touched, claimed, deleted by another sweeper) is simply skipped, so parallel
+sweepers neither fail nor delete twice, and an active session is never deleted.
+
+Passes, in order: expired temporary sessions; idle persisted sessions; the per-user cap over
+persisted sessions (most recent kept, by ``updated_at DESC, id DESC``); snapshot content no
+snapshot refers to. Surfaces add their own passes (``extra_passes``) for their own tables.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, delete, exists, func, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import aliased
+
+from core.db import Database, ago
+from core.errors import DatabaseError
+from core.models import AgentSession, AgentSessionSnapshot, SnapshotContent
+from core.retention import RetentionPolicy
+
+log = logging.getLogger(__name__)
+
+SESSIONS = AgentSession.__table__
+SNAPSHOTS = AgentSessionSnapshot.__table__
+CONTENTS = SnapshotContent.__table__
+
+# Content younger than this is never collected: a turn may be between storing the content and
+# storing the snapshot row that refers to it.
+CONTENT_GRACE_SECONDS = 3600.0
+
+BatchHook = Callable[[str, list[Any]], Awaitable[None]]
+ExtraPass = Callable[[Database, int], Awaitable[int]]
+
+
+@dataclass
+class SweepReport:
+    expired: int = 0
+    idle: int = 0
+    over_cap: int = 0
+    snapshot_contents: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def sessions(self) -> int:
+        return self.expired + self.idle + self.over_cap
+
+
+def _inactive(staleness_seconds: float) -> ColumnElement[bool]:
+    return or_(
+        SESSIONS.c.heartbeat_at.is_(None),
+        SESSIONS.c.heartbeat_at < ago(staleness_seconds),
+    )
+
+
+def _over_cap(cap: int) -> ColumnElement[bool]:
+    """At least ``cap`` persisted sessions of the same user are more recent than this one."""
+    newer = aliased(SESSIONS)
+    more_recent = (
+        select(func.count())
+        .select_from(newer)
+        .where(
+            newer.c.user_id == SESSIONS.c.user_id,
+            newer.c.expires_at.is_(None),
+            or_(
+                newer.c.updated_at > SESSIONS.c.updated_at,
+                and_(newer.c.updated_at == SESSIONS.c.updated_at, newer.c.id > SESSIONS.c.id),
+            ),
+        )
+        .scalar_subquery()
+    )
+    return and_(
+        SESSIONS.c.user_id.is_not(None), SESSIONS.c.expires_at.is_(None), more_recent >= cap
+    )
+
+
+async def _delete_sessions(
+    db: Database,
+    name: str,
+    candidates: Any,
+    condition: ColumnElement[bool],
+    batch_size: int,
+    on_batch: BatchHook | None,
+) -> int:
+    deleted = 0
+    while True:
+        async with db.read() as conn:
+            ids = list((await conn.execute(candidates.limit(batch_size))).scalars())
+        if not ids:
+            return deleted
+        if on_batch is not None:
+            await on_batch(name, ids)
+        async with db.write() as conn:
+            result = await conn.execute(delete(SESSIONS).where(SESSIONS.c.id.in_(ids), condition))
+        deleted += result.rowcount
+        if len(ids) < batch_size or result.rowcount == 0:
+            # A short batch is the last one; an empty delete means another sweeper is working
+            # through the same rows, and it (or our next run) will finish them.
+            return deleted
+
+
+async def sweep(
+    db: Database,
+    policy: RetentionPolicy,
+    *,
+    staleness_seconds: float,
+    batch_size: int = 100,
+    extra_passes: Sequence[tuple[str, ExtraPass]] = (),
+    on_batch: BatchHook | None = None,
+) -> SweepReport:
+    """One pass of every rule. ``on_batch`` is called between select and delete (for tests)."""
+    report = SweepReport()
+    inactive = _inactive(staleness_seconds)
+
+    expired = and_(SESSIONS.c.expires_at.is_not(None), SESSIONS.c.expires_at < ago(0), inactive)
+    report.expired = await _delete_sessions(
+        db,
+        "expired",
+        select(SESSIONS.c.id).where(expired).order_by(SESSIONS.c.id),
+        expired,
+        batch_size,
+        on_batch,
+    )
+
+    if policy.max_idle_days > 0:
+        idle = and_(
+            SESSIONS.c.expires_at.is_(None),
+            SESSIONS.c.updated_at < ago(policy.max_idle_days * 86400),
+            inactive,
+        )
+        report.idle = await _delete_sessions(
+            db,
+            "idle",
+            select(SESSIONS.c.id).where(idle).order_by(SESSIONS.c.id),
+            idle,
+            batch_size,
+            on_batch,
+        )
+
+    if policy.max_per_user > 0:
+        cap = policy.max_per_user
+        ranked = (
+            select(
+                SESSIONS.c.id,
+                func.row_number()
+                .over(
+                    partition_by=SESSIONS.c.user_id,
+                    order_by=(SESSIONS.c.updated_at.desc(), SESSIONS.c.id.desc()),
+                )
+                .label("rank"),
+            )
+            .where(SESSIONS.c.user_id.is_not(None), SESSIONS.c.expires_at.is_(None))
+            .subquery()
+        )
+        candidates = (
+            select(ranked.c.id)
+            .join(SESSIONS, SESSIONS.c.id == ranked.c.id)
+            .where(ranked.c.rank > cap, inactive)
+            .order_by(ranked.c.id)
+        )
+        report.over_cap = await _delete_sessions(
+            db, "over_cap", candidates, and_(_over_cap(cap), inactive), batch_size, on_batch
+        )
+
+    report.snapshot_contents = await collect_snapshot_contents(db, batch_size)
+
+    for name, extra in extra_passes:
+        report.extra[name] = await extra(db, batch_size)
+    return report
+
+
+async def collect_snapshot_contents(db: Database, batch_size: int) -> int:
+    """Delete snapshot content no snapshot refers to (older than the grace period)."""
+    unreferenced = and_(
+        ~exists().where(SNAPSHOTS.c.content_digest == CONTENTS.c.digest),
+        CONTENTS.c.created_at < ago(CONTENT_GRACE_SECONDS),
+    )
+    deleted = 0
+    while True:
+        async with db.read() as conn:
+            digests = list(
+                (
+                    await conn.execute(
+                        select(CONTENTS.c.digest).where(unreferenced).limit(batch_size)
+                    )
+                ).scalars()
+            )
+        if not digests:
+            return deleted
+        try:
+            async with db.write() as conn:
+                result = await conn.execute(
+                    delete(CONTENTS).where(CONTENTS.c.digest.in_(digests), unreferenced)
+                )
+        except DatabaseError as exc:
+            # A snapshot started referring to one of these between our check and the delete:
+            # leave the batch for the next pass rather than fail the sweep.
+            if isinstance(exc.__cause__, IntegrityError):
+                log.info("snapshot content became referenced during collection; skipped a batch")
+                return deleted
+            raise
+        deleted += result.rowcount
+        if len(digests) < batch_size:
+            return deleted
