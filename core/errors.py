@@ -7,16 +7,22 @@ never leave ``core``; the store translates them at its boundary with ``raise ...
     SlackAgentError
     ├── ConfigError                      config_invalid
     ├── DatabaseError                    database_error
-    └── AgentSessionError
-        ├── AgentSessionNotFound         agent_session_not_found
-        ├── AgentSessionForbidden        agent_session_forbidden
-        ├── AgentSessionBusy             agent_session_busy
-        ├── AgentSessionStale            agent_session_stale
-        ├── AgentSessionAlreadyCompact   agent_session_already_compact
-        ├── AgentSessionLockLost         agent_session_lock_lost
-        ├── MessageNotFound              agent_session_message_not_found
-        ├── DuplicateMessage             agent_session_message_duplicate
-        └── InvalidMessage               agent_session_message_invalid
+    ├── AgentSessionError
+    │   ├── AgentSessionNotFound         agent_session_not_found
+    │   ├── AgentSessionForbidden        agent_session_forbidden
+    │   ├── AgentSessionBusy             agent_session_busy
+    │   ├── AgentSessionStale            agent_session_stale
+    │   ├── AgentSessionAlreadyCompact   agent_session_already_compact
+    │   ├── AgentSessionLockLost         agent_session_lock_lost
+    │   ├── MessageNotFound              agent_session_message_not_found
+    │   ├── DuplicateMessage             agent_session_message_duplicate
+    │   └── InvalidMessage               agent_session_message_invalid
+    └── ModelProviderError               model_provider_error
+        ├── ModelProviderUnavailable     model_provider_unavailable
+        ├── ModelProviderRateLimited     model_provider_rate_limited
+        ├── ModelProviderTimeout         model_provider_timeout
+        ├── ModelProviderBadResponse     model_provider_bad_response
+        └── ModelProviderRejected        model_provider_rejected
 """
 
 from __future__ import annotations
@@ -103,3 +109,62 @@ class InvalidMessage(AgentSessionError):
     """A message that breaks the transcript's invariants (id not a UUID, ids disagreeing)."""
 
     code = "agent_session_message_invalid"
+
+
+class ModelProviderError(SlackAgentError):
+    """A model call failed; the turn ends with a message to the user instead of an answer.
+
+    ``partial_text`` is the text the provider had already streamed to the caller when it failed,
+    so the turn can persist it as interrupted output (SPEC §6.7) rather than lose what the user
+    may already have seen. ``retry_after`` is the wait the server asked for, when it said one.
+    """
+
+    code = "model_provider_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+        partial_text: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.status_code = status_code
+        self.retry_after = retry_after
+        self.partial_text = partial_text
+
+
+class ModelProviderUnavailable(ModelProviderError):
+    """The endpoint could not be reached or kept failing (5xx, overloaded) after retries."""
+
+    code = "model_provider_unavailable"
+
+
+class ModelProviderRateLimited(ModelProviderError):
+    """429 after retries, or a ``Retry-After`` longer than a turn may sensibly wait."""
+
+    code = "model_provider_rate_limited"
+
+
+class ModelProviderTimeout(ModelProviderError):
+    """Connecting took too long, or the stream went silent for longer than the read timeout."""
+
+    code = "model_provider_timeout"
+
+
+class ModelProviderBadResponse(ModelProviderError):
+    """The reply broke the wire format: malformed JSON, or a stream cut before its terminator."""
+
+    code = "model_provider_bad_response"
+
+
+class ModelProviderRejected(ModelProviderError):
+    """The provider refused the request itself (bad key, unknown model, invalid request).
+
+    Retrying cannot help; the operator has to change configuration.
+    """
+
+    code = "model_provider_rejected"

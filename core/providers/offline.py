@@ -1,0 +1,227 @@
+"""The ``offline`` model: a deterministic stand-in, so the demo and tests run with no key.
+
+It is not a language model and says so: every reply starts with ``OFFLINE_LABEL``. What it does
+is just enough to drive the whole agent through a turn:
+
+- a user message starting with ``$ `` becomes a call of the ``shell`` tool with that command,
+  and once the result comes back, a reply showing the command's output;
+- a call forced to ``write_checkpoint`` (compaction) gets list-valued sections built from the
+  conversation by fixed rules (``checkpoint_arguments``), carrying an earlier checkpoint forward;
+- anything else is echoed back.
+
+The same conversation always gets the same reply, tool-call ids included, and the reply is
+streamed word by word so callers exercise their streaming path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+from core.errors import ModelProviderRejected
+from core.messages import shorten
+from core.providers.base import (
+    AssistantMessage,
+    ChatMessage,
+    EventStream,
+    Finish,
+    SystemMessage,
+    TextDelta,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    UserMessage,
+    check_tool_choice,
+)
+
+OFFLINE_LABEL = "[offline stand-in]"
+OFFLINE_MODEL = "offline-stand-in"
+SHELL_TOOL = "shell"
+CHECKPOINT_TOOL = "write_checkpoint"
+COMMAND_PREFIX = "$ "
+# The sections of SPEC §7, in the order core.compaction renders them.
+CHECKPOINT_SECTIONS: tuple[str, ...] = (
+    "objectives",
+    "constraints",
+    "decisions",
+    "completed_work",
+    "active_work",
+    "blockers",
+    "next_steps",
+    "important_details",
+)
+
+_OUTPUT_LIMIT = 1500
+_CONSTRAINT_WORDS = re.compile(r"\b(must|never|always|do not|don't|only)\b", re.IGNORECASE)
+
+
+def _command(text: str) -> str | None:
+    stripped = text.lstrip()
+    if stripped.startswith(COMMAND_PREFIX):
+        return stripped.removeprefix(COMMAND_PREFIX).strip() or None
+    return None
+
+
+def _calls_by_id(messages: Sequence[ChatMessage]) -> dict[str, ToolCall]:
+    return {
+        call.id: call
+        for message in messages
+        if isinstance(message, AssistantMessage)
+        for call in message.tool_calls
+    }
+
+
+def _shown_command(call: ToolCall | None) -> str:
+    command = call.arguments.get("command") if call else None
+    return str(command) if command else "the command"
+
+
+def _output_text(content: str) -> str:
+    """What a person would read of a shell result, whether the tool sent text or JSON."""
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return content
+    if not isinstance(value, dict) or not {"stdout", "stderr"} & value.keys():
+        return content
+    text = "".join(str(value.get(key) or "") for key in ("stdout", "stderr"))
+    code = value.get("exit_code", value.get("exitCode"))
+    if isinstance(code, int) and code != 0:
+        text += f"\n(exit code {code})"
+    return text
+
+
+def _first_line(content: str) -> str:
+    lines = [line for line in _output_text(content).splitlines() if line.strip()]
+    return shorten(lines[0], 120) if lines else "no output"
+
+
+def _result_summary(result: ToolResult, call: ToolCall | None) -> str:
+    command = _shown_command(call)
+    output = _output_text(result.content).rstrip("\n")
+    if len(output) > _OUTPUT_LIMIT:
+        output = output[:_OUTPUT_LIMIT] + f"\n… ({len(output) - _OUTPUT_LIMIT} more characters)"
+    verb = "failed" if result.is_error else "ran in the sandbox"
+    return f"`{command}` {verb}:\n```\n{output or '(no output)'}\n```"
+
+
+def _parse_checkpoint(text: str) -> dict[str, list[str]] | None:
+    """Sections of a checkpoint as ``core.compaction.render_checkpoint`` writes them."""
+    if not text.startswith("<checkpoint>"):
+        return None
+    sections: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        tag = line.strip()
+        if tag.startswith("<") and tag.endswith(">"):
+            name = tag.strip("</>")
+            current = name if not tag.startswith("</") and name in CHECKPOINT_SECTIONS else None
+        elif current and line.startswith("- "):
+            sections.setdefault(current, []).append(line.removeprefix("- "))
+    return sections
+
+
+def checkpoint_arguments(messages: Sequence[ChatMessage]) -> dict[str, list[str]]:
+    """A checkpoint by fixed rules: an earlier checkpoint's items first, then what came after.
+
+    objectives: the first request; constraints: requests saying must/never/always/only/do not;
+    completed_work and blockers: each shell result; active_work: an unanswered last request;
+    next_steps: continue from the last request; important_details: the other requests verbatim.
+    """
+    sections: dict[str, list[str]] = {name: [] for name in CHECKPOINT_SECTIONS}
+    calls = _calls_by_id(messages)
+    requests: list[str] = []
+    for message in messages:
+        if isinstance(message, UserMessage):
+            previous = _parse_checkpoint(message.text)
+            if previous is not None:
+                for name, items in previous.items():
+                    sections[name].extend(items)
+            elif _command(message.text) is None:
+                requests.append(shorten(message.text, 300))
+        elif isinstance(message, ToolResult):
+            call = calls.get(message.tool_call_id)
+            command = _shown_command(call)
+            if message.is_error:
+                sections["blockers"].append(f"`{command}` failed: {_first_line(message.content)}")
+            else:
+                sections["completed_work"].append(
+                    f"ran `{command}`: {_first_line(message.content)}"
+                )
+    if requests:
+        sections["objectives"].append(requests[0])
+        sections["important_details"].extend(requests[1:])
+        sections["constraints"].extend(r for r in requests if _CONSTRAINT_WORDS.search(r))
+        sections["next_steps"].append(f"Continue from the last request: {requests[-1]}")
+    last = next((m for m in reversed(messages) if not isinstance(m, SystemMessage)), None)
+    if isinstance(last, UserMessage) and _parse_checkpoint(last.text) is None:
+        sections["active_work"].append(shorten(last.text, 300))
+    return {name: list(dict.fromkeys(items)) for name, items in sections.items()}
+
+
+def respond(
+    messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], tool_choice: str | None = None
+) -> AssistantMessage:
+    """The stand-in's whole answer to a conversation: a pure function of its inputs."""
+    call_id = f"offline_call_{len(_calls_by_id(messages)) + 1}"
+    if tool_choice == CHECKPOINT_TOOL:
+        return AssistantMessage(
+            tool_calls=(ToolCall(call_id, CHECKPOINT_TOOL, dict(checkpoint_arguments(messages))),)
+        )
+    if tool_choice is not None:
+        raise ModelProviderRejected(
+            f"offline: the stand-in cannot be made to call {tool_choice!r}", provider="offline"
+        )
+    conversation = [m for m in messages if not isinstance(m, SystemMessage)]
+    results: list[ToolResult] = []
+    for message in reversed(conversation):
+        if not isinstance(message, ToolResult):
+            break
+        results.insert(0, message)
+    if results:
+        calls = _calls_by_id(messages)
+        summaries = [_result_summary(r, calls.get(r.tool_call_id)) for r in results]
+        return AssistantMessage(f"{OFFLINE_LABEL} " + "\n\n".join(summaries))
+    last = conversation[-1] if conversation else None
+    if not isinstance(last, UserMessage):
+        return AssistantMessage(f"{OFFLINE_LABEL} There is no message for me to answer.")
+    command = _command(last.text)
+    if command is not None and any(tool.name == SHELL_TOOL for tool in tools):
+        return AssistantMessage(tool_calls=(ToolCall(call_id, SHELL_TOOL, {"command": command}),))
+    if command is not None:
+        return AssistantMessage(
+            f"{OFFLINE_LABEL} I would run `{command}`, but I was given no shell tool."
+        )
+    asked = sum(1 for m in conversation if isinstance(m, UserMessage))
+    return AssistantMessage(
+        f'{OFFLINE_LABEL} You said: "{shorten(last.text, 300)}" '
+        f"(message {asked} of this conversation). I am a deterministic local stand-in, not a "
+        f'language model; start a message with "{COMMAND_PREFIX}" to run a shell command '
+        "in the sandbox."
+    )
+
+
+class OfflineProvider:
+    def __init__(self, *, name: str = "offline", default_model: str = OFFLINE_MODEL) -> None:
+        self.name = name
+        self.default_model = default_model
+
+    async def aclose(self) -> None:
+        return None
+
+    async def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] = (),
+        *,
+        tool_choice: str | None = None,
+        model: str | None = None,
+    ) -> EventStream:
+        check_tool_choice(tools, tool_choice)
+        reply = respond(messages, tools, tool_choice)
+        for word in re.findall(r"\s*\S+\s*", reply.text):
+            yield TextDelta(word)
+        for call in reply.tool_calls:
+            yield call
+        yield Finish("tool_calls" if reply.tool_calls else "stop", None, None)

@@ -1,0 +1,88 @@
+"""Small helpers for tests: building sessions, ageing locks on the database clock, child processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import update
+
+from core.db import Database, ago
+from core.messages import assistant_message, user_message
+from core.models import AgentSession
+from core.records import SessionInfo
+from core.store import SessionStore
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "worker.py"
+
+
+async def new_session(
+    store: SessionStore, owner: str = "slack:T1:U1", key: str | None = None
+) -> tuple[int, SessionInfo]:
+    user_id = await store.get_or_create_user(owner)
+    session, _ = await store.get_or_create_session(
+        "slack", key or f"T1/C1/{os.urandom(4).hex()}", user_id=user_id
+    )
+    return user_id, session
+
+
+async def add_exchange(store: SessionStore, session_id: int, n: int = 1) -> list[str]:
+    """``n`` user/assistant pairs through real turns; returns the message ids in order."""
+    ids: list[str] = []
+    for i in range(n):
+        tail = await store.tail(session_id)
+        lease = await store.start_turn(
+            session_id,
+            user_message=user_message(f"question {i}"),
+            last_message_id=tail.message_id if tail else None,
+        )
+        assert lease.tail is not None
+        answer = assistant_message(f"answer {i}")
+        await store.finish(lease, [answer])
+        ids += [lease.tail.message_id, answer["id"]]
+    return ids
+
+
+async def age_lock(db: Database, session_id: int, seconds: float) -> None:
+    """Move a session's heartbeat ``seconds`` into the past, on the database clock."""
+    async with db.write() as conn:
+        await conn.execute(
+            update(AgentSession.__table__)
+            .where(AgentSession.__table__.c.id == session_id)
+            .values(heartbeat_at=ago(seconds))
+        )
+
+
+def start_worker(*args: Any) -> subprocess.Popen[str]:
+    """A child process running ``tests/worker.py`` (a real process, its own engine and loop)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), *map(str, args)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def read_json_line(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        assert proc.stderr is not None
+        raise AssertionError(f"worker ended without output: {proc.stderr.read()}")
+    return dict(json.loads(line))
+
+
+def stop_workers(procs: list[subprocess.Popen[str]]) -> None:
+    """Kill what is still running and close every pipe (no leaked file descriptors)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()

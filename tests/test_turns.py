@@ -1,0 +1,270 @@
+"""The turn protocol (SPEC §6) on both databases: claim, stale guard, fencing, release."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import func, select
+
+from core.db import Database, create_database
+from core.errors import (
+    AgentSessionBusy,
+    AgentSessionLockLost,
+    AgentSessionNotFound,
+    AgentSessionStale,
+    DuplicateMessage,
+)
+from core.messages import assistant_message, user_message
+from core.models import AgentSessionMessage
+from core.records import ModelChoice
+from core.store import SessionStore
+from core.turn import run_turn
+from tests.helpers import add_exchange, age_lock, new_session
+
+
+async def count_messages(db: Database, session_id: int) -> int:
+    async with db.read() as conn:
+        table = AgentSessionMessage.__table__
+        return int(
+            await conn.scalar(
+                select(func.count()).select_from(table).where(table.c.session_id == session_id)
+            )
+            or 0
+        )
+
+
+async def test_start_turn__persists_user_message_and_stamps_model(store: SessionStore) -> None:
+    _, session = await new_session(store)
+    message = user_message("Build me a report on Q3")
+    lease = await store.start_turn(
+        session.id,
+        user_message=message,
+        last_message_id=None,
+        model=ModelChoice("openai", "gpt-x", None, "openai"),
+    )
+    after = await store.get_session(session.id)
+    assert after.is_turn_active
+    assert (after.model_provider, after.model_name, after.builtin_provider) == (
+        "openai",
+        "gpt-x",
+        "openai",
+    )
+    assert after.title == "Build me a report on Q3"
+    assert lease.tail is not None and lease.tail.message_id == message["id"]
+    assert [m.message_id for m in await store.messages(session.id)] == [message["id"]]
+
+
+async def test_claim__second_claimer_is_busy_and_writes_nothing(
+    store: SessionStore, db: Database
+) -> None:
+    _, session = await new_session(store)
+    first = await store.start_turn(
+        session.id, user_message=user_message("one"), last_message_id=None
+    )
+    assert first.tail is not None
+    with pytest.raises(AgentSessionBusy) as refused:
+        await store.start_turn(
+            session.id, user_message=user_message("two"), last_message_id=first.tail.message_id
+        )
+    assert refused.value.code == "agent_session_busy"
+    assert await count_messages(db, session.id) == 1
+
+
+async def test_claim__unknown_session_is_not_found(store: SessionStore) -> None:
+    with pytest.raises(AgentSessionNotFound):
+        await store.start_turn(999_999, user_message=user_message("x"), last_message_id=None)
+
+
+async def test_claim__stale_heartbeat_is_taken_over(store: SessionStore, db: Database) -> None:
+    _, session = await new_session(store)
+    await store.start_turn(session.id, user_message=user_message("one"), last_message_id=None)
+    await age_lock(db, session.id, 61)
+    assert not await store.is_turn_active(session.id)
+    tail = await store.tail(session.id)
+    assert tail is not None
+    lease = await store.start_turn(
+        session.id, user_message=user_message("two"), last_message_id=tail.message_id
+    )
+    assert lease.tail is not None and lease.tail.position == 1
+
+
+async def test_staleness__is_decided_on_the_database_clock(
+    store: SessionStore, db: Database
+) -> None:
+    """A heartbeat just inside the window (by the database's clock) still holds the lock."""
+    _, session = await new_session(store)
+    await store.start_turn(session.id, user_message=user_message("one"), last_message_id=None)
+    await age_lock(db, session.id, 55)
+    assert await store.is_turn_active(session.id)
+    tail = await store.tail(session.id)
+    assert tail is not None
+    with pytest.raises(AgentSessionBusy):
+        await store.start_turn(
+            session.id, user_message=user_message("x"), last_message_id=tail.message_id
+        )
+    short = SessionStore(db, staleness_seconds=50)
+    assert not await short.is_turn_active(session.id)
+
+
+async def test_stale__wrong_last_message_id_is_refused_and_claims_nothing(
+    store: SessionStore, db: Database
+) -> None:
+    _, session = await new_session(store)
+    ids = await add_exchange(store, session.id)
+    with pytest.raises(AgentSessionStale) as refused:
+        await store.start_turn(
+            session.id, user_message=user_message("late"), last_message_id=ids[0]
+        )
+    assert refused.value.code == "agent_session_stale"
+    assert refused.value.actual_last_message_id == ids[1]
+    assert not await store.is_turn_active(session.id)
+    assert await count_messages(db, session.id) == 2
+
+
+async def test_stale__null_is_right_only_for_an_empty_session(store: SessionStore) -> None:
+    _, session = await new_session(store)
+    lease = await store.start_turn(
+        session.id, user_message=user_message("first"), last_message_id=None
+    )
+    await store.finish(lease, [assistant_message("hello")])
+    with pytest.raises(AgentSessionStale):
+        await store.start_turn(session.id, user_message=user_message("x"), last_message_id=None)
+
+
+async def test_stale__an_append_racing_the_claim_cannot_slip_through(
+    store: SessionStore, db: Database, database_url: str
+) -> None:
+    """Two clients both believe the tail is X; whichever commits second is refused.
+
+    The winner's user message moves the tail inside its claim transaction, so the loser is
+    either busy (lock still held) or stale (lock released, tail moved) but never accepted.
+    """
+    _, session = await new_session(store)
+    ids = await add_exchange(store, session.id)
+    other = SessionStore(create_database(database_url))  # a second client, its own engine
+    try:
+        results = await asyncio.gather(
+            store.start_turn(session.id, user_message=user_message("a"), last_message_id=ids[-1]),
+            other.start_turn(session.id, user_message=user_message("b"), last_message_id=ids[-1]),
+            return_exceptions=True,
+        )
+    finally:
+        await other.db.dispose()
+    winners = [r for r in results if not isinstance(r, BaseException)]
+    assert len(winners) == 1
+    assert all(isinstance(r, AgentSessionBusy) for r in results if isinstance(r, BaseException))
+    await store.finish(winners[0])
+    with pytest.raises(AgentSessionStale):
+        await store.start_turn(session.id, user_message=user_message("b"), last_message_id=ids[-1])
+    assert await count_messages(db, session.id) == 3
+
+
+async def test_fencing__taken_over_turn_cannot_heartbeat_append_or_release(
+    store: SessionStore, db: Database
+) -> None:
+    _, session = await new_session(store)
+    old = await store.start_turn(session.id, user_message=user_message("one"), last_message_id=None)
+    assert old.tail is not None
+    await age_lock(db, session.id, 120)
+    new = await store.start_turn(
+        session.id, user_message=user_message("two"), last_message_id=old.tail.message_id
+    )
+    for attempt in (
+        store.heartbeat(old),
+        store.append(old, [assistant_message("late answer")]),
+        store.finish(old, [assistant_message("late answer")]),
+        store.release(old),
+    ):
+        with pytest.raises(AgentSessionLockLost) as lost:
+            await attempt
+        assert lost.value.code == "agent_session_lock_lost"
+    assert await store.is_turn_active(session.id)
+    assert [m.message["parts"][0]["text"] for m in await store.messages(session.id)] == [
+        "one",
+        "two",
+    ]
+    await store.heartbeat(new)
+    await store.finish(new, [assistant_message("answer two")])
+    assert not await store.is_turn_active(session.id)
+
+
+async def test_fencing__rewound_stale_turn_cannot_write(store: SessionStore, db: Database) -> None:
+    """A rewind that takes over a stale lock clears its token: the dead turn stays dead."""
+    from core.records import Actor
+
+    user_id, session = await new_session(store)
+    ids = await add_exchange(store, session.id)
+    old = await store.start_turn(
+        session.id, user_message=user_message("two"), last_message_id=ids[-1]
+    )
+    await age_lock(db, session.id, 120)
+    await store.truncate(session.id, ids[1], Actor(user_id))
+    with pytest.raises(AgentSessionLockLost):
+        await store.append(old, [assistant_message("zombie")])
+    assert [m.message_id for m in await store.messages(session.id)] == ids
+
+
+async def test_finish__appends_in_order_and_releases(store: SessionStore) -> None:
+    _, session = await new_session(store)
+    lease = await store.start_turn(session.id, user_message=user_message("q"), last_message_id=None)
+    first = await store.append(lease, [assistant_message("thinking")])
+    last = await store.finish(lease, [assistant_message("a"), assistant_message("b")])
+    assert [first[0].position] + [m.position for m in last] == [1, 2, 3]
+    assert not await store.is_turn_active(session.id)
+
+
+async def test_start_turn__duplicate_message_id_is_refused(store: SessionStore) -> None:
+    _, session = await new_session(store)
+    message = user_message("once")
+    lease = await store.start_turn(session.id, user_message=message, last_message_id=None)
+    await store.finish(lease)
+    _, other = await new_session(store, key="T1/C1/other")
+    with pytest.raises(DuplicateMessage):
+        await store.start_turn(other.id, user_message=message, last_message_id=None)
+    assert not await store.is_turn_active(other.id)
+
+
+async def test_run_turn__failure_persists_partial_output_as_interrupted(
+    store: SessionStore,
+) -> None:
+    _, session = await new_session(store)
+    with pytest.raises(RuntimeError, match="model fell over"):
+        async with run_turn(
+            store, session.id, user_message=user_message("q"), last_message_id=None
+        ) as turn:
+            turn.partial_text = "Half an ans"
+            raise RuntimeError("model fell over")
+    messages = await store.messages(session.id)
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert messages[1].message["metadata"] == {"interrupted": True}
+    assert messages[1].message["parts"][0]["text"] == "Half an ans"
+    assert not await store.is_turn_active(session.id)
+
+
+async def test_run_turn__heartbeat_keeps_the_lock_and_detects_takeover(
+    store: SessionStore, db: Database
+) -> None:
+    _, session = await new_session(store)
+    async with run_turn(
+        store,
+        session.id,
+        user_message=user_message("q"),
+        last_message_id=None,
+        heartbeat_seconds=0.05,
+    ) as turn:
+        await age_lock(db, session.id, 59)
+        # Wait (bounded) until a heartbeat has refreshed the lock well inside the window.
+        short = SessionStore(db, staleness_seconds=30)
+        for _ in range(200):
+            if await short.is_turn_active(session.id):
+                break
+            await asyncio.sleep(0.01)
+        assert await short.is_turn_active(session.id)
+        await age_lock(db, session.id, 120)
+        thief = await store.start_turn(
+            session.id, user_message=user_message("mine now"), last_message_id=turn.lease.tail.message_id  # type: ignore[union-attr]
+        )
+        await asyncio.wait_for(turn.lost.wait(), timeout=10)
+    assert await store.is_turn_active(session.id)  # the exit did not release the thief's lock
+    await store.release(thief)

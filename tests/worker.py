@@ -1,0 +1,93 @@
+"""Child process for concurrency tests: ``python tests/worker.py COMMAND URL ARGS...``.
+
+Each command reports JSON lines on stdout. Steps are ordered by the parent over stdin/stdout
+(a "ready" line, then a "go" line back), never by sleeping, so processes contend at one moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from core.db import Database, create_database
+from core.errors import SlackAgentError
+from core.messages import user_message
+from core.migrate import upgrade
+from core.retention import RetentionPolicy
+from core.store import SessionStore
+from core.sweeper import sweep
+
+
+def say(**payload: Any) -> None:
+    print(json.dumps(payload), flush=True)
+
+
+async def wait_for_go() -> None:
+    say(ready=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+
+
+async def claim(db: Database, session_id: str, last: str, staleness: str = "60") -> None:
+    store = SessionStore(db, staleness_seconds=float(staleness))
+    await store.is_turn_active(int(session_id))  # connect before the race starts
+    await wait_for_go()
+    try:
+        lease = await store.start_turn(
+            int(session_id),
+            user_message=user_message("from a child process"),
+            last_message_id=None if last == "-" else last,
+        )
+    except SlackAgentError as exc:
+        say(result=exc.code)
+    except Exception as exc:  # a driver error is a test failure: report it, do not hide it
+        say(result=f"unexpected {exc.__class__.__name__}: {exc}")
+    else:
+        say(result="won", message_id=lease.tail.message_id if lease.tail else None)
+
+
+async def hang(db: Database, session_id: str, last: str) -> None:
+    """Start a turn and never finish it: the parent kills this process with SIGKILL."""
+    store = SessionStore(db)
+    lease = await store.start_turn(
+        int(session_id),
+        user_message=user_message("this turn will be killed"),
+        last_message_id=None if last == "-" else last,
+    )
+    say(claimed=lease.tail.message_id if lease.tail else None)
+    await asyncio.Event().wait()
+
+
+async def sweep_once(db: Database, staleness: str, batch: str, idle_days: str, cap: str) -> None:
+    await wait_for_go()
+    report = await sweep(
+        db,
+        RetentionPolicy(max_idle_days=float(idle_days), max_per_user=int(cap)),
+        staleness_seconds=float(staleness),
+        batch_size=int(batch),
+    )
+    say(report=dataclasses.asdict(report))
+
+
+async def migrate(db: Database) -> None:
+    await wait_for_go()
+    before, after = await upgrade(db)
+    say(before=before, after=after)
+
+
+COMMANDS = {"claim": claim, "hang": hang, "sweep": sweep_once, "migrate": migrate}
+
+
+async def main() -> None:
+    command, url, *args = sys.argv[1:]
+    db = create_database(url)
+    try:
+        await COMMANDS[command](db, *args)  # type: ignore[operator]
+    finally:
+        await db.dispose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
