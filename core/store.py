@@ -27,6 +27,7 @@ from sqlalchemy import (
     Boolean,
     ColumnElement,
     Row,
+    Select,
     and_,
     delete,
     func,
@@ -108,6 +109,34 @@ def message_row(
         "message_id": validate_message(message),
         "is_compaction_message": compaction,
     }
+
+
+def history_statement(session_id: int) -> Select[Any]:
+    """The projection as one query whose cost follows the projected size, not the history.
+
+    Both bounds are index seeks (the latest checkpoint and the tail), and the range between them
+    is scanned on ``(session_id, position)``. The upper bound is redundant for correctness; it
+    is there so PostgreSQL's planner sees a bounded range (it estimates an open-ended
+    ``position >= $1`` at a third of the table and would scan the whole session).
+    """
+
+    def latest(*conditions: ColumnElement[bool]) -> Any:
+        return (
+            select(func.max(MESSAGES.c.position))
+            .where(MESSAGES.c.session_id == session_id, *conditions)
+            .scalar_subquery()
+        )
+
+    return (
+        select(*_MESSAGE_COLUMNS)
+        .where(
+            MESSAGES.c.session_id == session_id,
+            MESSAGES.c.position.between(
+                func.coalesce(latest(MESSAGES.c.is_compaction_message.is_(True)), 0), latest()
+            ),
+        )
+        .order_by(MESSAGES.c.position)
+    )
 
 
 class SessionStore:
@@ -453,29 +482,9 @@ class SessionStore:
             return [_stored(row) for row in rows]
 
     async def history(self, session_id: int) -> list[StoredMessage]:
-        """The model's view (SPEC §7): the latest checkpoint and everything after it.
-
-        One query; both the checkpoint lookup and the range scan are index seeks, so the cost
-        follows the projected size, not the length of the whole history.
-        """
-        latest_checkpoint = (
-            select(func.max(MESSAGES.c.position))
-            .where(
-                MESSAGES.c.session_id == session_id,
-                MESSAGES.c.is_compaction_message.is_(True),
-            )
-            .scalar_subquery()
-        )
+        """The model's view (SPEC §7): the latest checkpoint and everything after it."""
         async with self.db.read() as conn:
-            rows = await conn.execute(
-                select(*_MESSAGE_COLUMNS)
-                .where(
-                    MESSAGES.c.session_id == session_id,
-                    MESSAGES.c.position >= func.coalesce(latest_checkpoint, 0),
-                )
-                .order_by(MESSAGES.c.position)
-            )
-            return [_stored(row) for row in rows]
+            return [_stored(row) for row in await conn.execute(history_statement(session_id))]
 
     async def find_message(self, message_id: str) -> tuple[int, StoredMessage] | None:
         """The session and stored form of a message, by its id."""

@@ -155,7 +155,9 @@ async def store(db: Database) -> SessionStore:
 def _scrub_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Tests never see the developer's configuration (variables or a ``.env`` file)."""
     for name in list(os.environ):
-        if name.startswith(("SLACK_", "OPENAI_", "ANTHROPIC_", "MODEL_", "AGENT_SESSION_")) or name in {
+        if name.startswith(
+            ("SLACK_", "OPENAI_", "ANTHROPIC_", "MODEL_", "AGENT_SESSION_")
+        ) or name in {
             "DATABASE_URL",
             "TURN_LOCK_STALENESS_SECONDS",
             "TURN_HEARTBEAT_SECONDS",

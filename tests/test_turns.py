@@ -263,7 +263,9 @@ async def test_run_turn__heartbeat_keeps_the_lock_and_detects_takeover(
         assert await short.is_turn_active(session.id)
         await age_lock(db, session.id, 120)
         thief = await store.start_turn(
-            session.id, user_message=user_message("mine now"), last_message_id=turn.lease.tail.message_id  # type: ignore[union-attr]
+            session.id,
+            user_message=user_message("mine now"),
+            last_message_id=turn.lease.tail.message_id,  # type: ignore[union-attr]
         )
         await asyncio.wait_for(turn.lost.wait(), timeout=10)
     assert await store.is_turn_active(session.id)  # the exit did not release the thief's lock

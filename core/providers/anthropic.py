@@ -14,8 +14,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from core.errors import (
     ModelProviderBadResponse,
     ModelProviderError,
@@ -40,7 +38,7 @@ from core.providers.base import (
     check_tool_choice,
 )
 from core.providers.sse import ServerSentEvent
-from core.providers.streaming import DEFAULT_TIMEOUT, RetryPolicy, SseStreamer, parse_json_object
+from core.providers.streaming import HttpOptions, SseStreamer, parse_json_object
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 DEFAULT_MODEL = "claude-sonnet-4-5"
@@ -163,10 +161,7 @@ class AnthropicProvider:
         default_model: str = DEFAULT_MODEL,
         name: str = "anthropic",
         max_tokens: int = DEFAULT_MAX_TOKENS,
-        client: httpx.AsyncClient | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
-        retry: RetryPolicy | None = None,
+        http: HttpOptions | None = None,
     ) -> None:
         self.name = name
         self.default_model = default_model
@@ -177,9 +172,7 @@ class AnthropicProvider:
             "anthropic-version": API_VERSION,
             "x-api-key": api_key,
         }
-        self._http = SseStreamer(
-            name, client=client, transport=transport, timeout=timeout, retry=retry
-        )
+        self._http = SseStreamer(name, http)
 
     async def aclose(self) -> None:
         await self._http.aclose()

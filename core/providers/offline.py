@@ -167,7 +167,7 @@ def respond(
     call_id = f"offline_call_{len(_calls_by_id(messages)) + 1}"
     if tool_choice == CHECKPOINT_TOOL:
         return AssistantMessage(
-            tool_calls=(ToolCall(call_id, CHECKPOINT_TOOL, dict(checkpoint_arguments(messages))),)
+            tool_calls=(ToolCall(call_id, CHECKPOINT_TOOL, checkpoint_arguments(messages)),)
         )
     if tool_choice is not None:
         raise ModelProviderRejected(
@@ -193,12 +193,10 @@ def respond(
         return AssistantMessage(
             f"{OFFLINE_LABEL} I would run `{command}`, but I was given no shell tool."
         )
-    asked = sum(1 for m in conversation if isinstance(m, UserMessage))
     return AssistantMessage(
-        f'{OFFLINE_LABEL} You said: "{shorten(last.text, 300)}" '
-        f"(message {asked} of this conversation). I am a deterministic local stand-in, not a "
-        f'language model; start a message with "{COMMAND_PREFIX}" to run a shell command '
-        "in the sandbox."
+        f'{OFFLINE_LABEL} You said: "{shorten(last.text, 300)}". I am a deterministic local '
+        f'stand-in, not a language model; start a message with "{COMMAND_PREFIX}" to run a '
+        "shell command in the sandbox."
     )
 
 

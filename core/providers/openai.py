@@ -13,8 +13,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from core.errors import ModelProviderBadResponse, ModelProviderUnavailable
 from core.providers.base import (
     ChatMessage,
@@ -33,8 +31,7 @@ from core.providers.base import (
 )
 from core.providers.sse import ServerSentEvent
 from core.providers.streaming import (
-    DEFAULT_TIMEOUT,
-    RetryPolicy,
+    HttpOptions,
     SseStreamer,
     error_detail,
     parse_json_object,
@@ -124,10 +121,7 @@ class OpenAIProvider:
         base_url: str = DEFAULT_BASE_URL,
         default_model: str = DEFAULT_MODEL,
         name: str = "openai",
-        client: httpx.AsyncClient | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
-        retry: RetryPolicy | None = None,
+        http: HttpOptions | None = None,
     ) -> None:
         self.name = name
         self.default_model = default_model
@@ -135,9 +129,7 @@ class OpenAIProvider:
         self._headers = {"accept": "text/event-stream"}
         if api_key:  # local servers (vLLM, Ollama) may run without one
             self._headers["authorization"] = f"Bearer {api_key}"
-        self._http = SseStreamer(
-            name, client=client, transport=transport, timeout=timeout, retry=retry
-        )
+        self._http = SseStreamer(name, http)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -137,23 +137,30 @@ def status_error(provider: str, response: httpx.Response, body: bytes) -> ModelP
     return ModelProviderRejected(message, provider=provider, status_code=status)
 
 
+@dataclass(frozen=True)
+class HttpOptions:
+    """How a provider reaches the network. Tests point ``transport`` or ``client`` at a local
+    server and shorten ``timeout`` and ``retry``; ``timeout`` applies even to a given client,
+    because the provider, not the client's owner, knows how long a model may stay silent."""
+
+    client: httpx.AsyncClient | None = None
+    transport: httpx.AsyncBaseTransport | None = None
+    timeout: httpx.Timeout = DEFAULT_TIMEOUT
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
 class SseStreamer:
     """POSTs a JSON body and hands the SSE reply to a parser, retrying as the module says."""
 
-    def __init__(
-        self,
-        provider: str,
-        *,
-        client: httpx.AsyncClient | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
-        retry: RetryPolicy | None = None,
-    ) -> None:
+    def __init__(self, provider: str, http: HttpOptions | None = None) -> None:
+        http = http or HttpOptions()
         self.provider = provider
-        self.timeout = timeout
-        self.retry = retry or RetryPolicy()
-        self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(transport=transport, timeout=timeout)
+        self.timeout = http.timeout
+        self.retry = http.retry
+        self._owns_client = http.client is None
+        self._client = http.client or httpx.AsyncClient(
+            transport=http.transport, timeout=http.timeout
+        )
 
     async def aclose(self) -> None:
         """Closes the client only if we made it: an injected one belongs to its owner."""

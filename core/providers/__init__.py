@@ -1,0 +1,84 @@
+"""Model providers over plain httpx: one neutral format, one protocol, three implementations.
+
+base          the neutral conversation, stream events, the ``ModelProvider`` protocol
+uimessages    stored UIMessages -> neutral messages, and the tool parts the loop stores
+sse           server-sent events from lines
+streaming     one streamed POST: timeouts, retries, faults -> ``ModelProviderError``
+openai        Chat Completions (any OpenAI-compatible server)
+anthropic     the Anthropic Messages API
+offline       the deterministic stand-in
+registry      MODEL_PROVIDER resolution; building builtin and custom providers
+"""
+
+from core.providers.anthropic import AnthropicProvider
+from core.providers.base import (
+    AssistantMessage,
+    ChatMessage,
+    EventStream,
+    Finish,
+    ModelProvider,
+    StopReason,
+    StreamEvent,
+    SystemMessage,
+    TextDelta,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Usage,
+    UserMessage,
+)
+from core.providers.offline import OFFLINE_LABEL, OfflineProvider
+from core.providers.openai import OpenAIProvider
+from core.providers.registry import (
+    BuiltinName,
+    CustomProviderSpec,
+    build_builtin,
+    build_custom,
+    custom_provider_name,
+    resolve_builtin,
+)
+from core.providers.streaming import DEFAULT_TIMEOUT, HttpOptions, RetryPolicy
+from core.providers.uimessages import (
+    step_start_part,
+    text_part,
+    tool_call_part,
+    tool_error_part,
+    tool_output_part,
+    ui_to_chat,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "OFFLINE_LABEL",
+    "AnthropicProvider",
+    "AssistantMessage",
+    "BuiltinName",
+    "ChatMessage",
+    "CustomProviderSpec",
+    "EventStream",
+    "Finish",
+    "HttpOptions",
+    "ModelProvider",
+    "OfflineProvider",
+    "OpenAIProvider",
+    "RetryPolicy",
+    "StopReason",
+    "StreamEvent",
+    "SystemMessage",
+    "TextDelta",
+    "ToolCall",
+    "ToolResult",
+    "ToolSpec",
+    "Usage",
+    "UserMessage",
+    "build_builtin",
+    "build_custom",
+    "custom_provider_name",
+    "resolve_builtin",
+    "step_start_part",
+    "text_part",
+    "tool_call_part",
+    "tool_error_part",
+    "tool_output_part",
+    "ui_to_chat",
+]

@@ -1,0 +1,320 @@
+"""Truncate (rewind), branch (fork) and the history projection (SPEC §7), on both databases."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+
+from core.db import Database
+from core.errors import (
+    AgentSessionBusy,
+    AgentSessionForbidden,
+    AgentSessionNotFound,
+    MessageNotFound,
+)
+from core.messages import assistant_message, user_message
+from core.models import AgentSessionSnapshot, SnapshotContent
+from core.records import Actor
+from core.store import SessionStore, history_statement
+from tests.helpers import add_exchange, new_session
+
+
+async def texts(store: SessionStore, session_id: int) -> list[str]:
+    return [m.message["parts"][0]["text"] for m in await store.messages(session_id)]
+
+
+# -- truncate ---------------------------------------------------------------------------------
+
+
+async def test_truncate__user_target_is_removed_with_what_follows_and_returned_as_draft(
+    store: SessionStore,
+) -> None:
+    owner, session = await new_session(store)
+    ids = await add_exchange(store, session.id, 3)
+    result = await store.truncate(session.id, ids[2], Actor(owner))
+    assert result.draft == "question 1"
+    assert result.deleted == 4
+    assert result.deleted_message_ids == tuple(ids[2:])
+    assert result.tail_message_id == ids[1]
+    assert await texts(store, session.id) == ["question 0", "answer 0"]
+
+
+async def test_truncate__assistant_target_is_kept(store: SessionStore) -> None:
+    owner, session = await new_session(store)
+    ids = await add_exchange(store, session.id, 3)
+    result = await store.truncate(session.id, ids[3], Actor(owner))
+    assert result.draft is None
+    assert result.tail_message_id == ids[3]
+    assert await texts(store, session.id) == ["question 0", "answer 0", "question 1", "answer 1"]
+    # The next turn continues from the new tail, at the next position.
+    lease = await store.start_turn(
+        session.id, user_message=user_message("again"), last_message_id=ids[3]
+    )
+    assert lease.tail is not None and lease.tail.position == 4
+    await store.release(lease)
+
+
+async def test_truncate__refused_while_a_turn_is_active(store: SessionStore) -> None:
+    owner, session = await new_session(store)
+    ids = await add_exchange(store, session.id, 2)
+    lease = await store.start_turn(
+        session.id, user_message=user_message("q"), last_message_id=ids[-1]
+    )
+    with pytest.raises(AgentSessionBusy):
+        await store.truncate(session.id, ids[0], Actor(owner))
+    assert len(await store.messages(session.id)) == 5
+    await store.release(lease)
+
+
+async def test_truncate__foreign_user_is_forbidden_and_nothing_changes(store: SessionStore) -> None:
+    _, session = await new_session(store)
+    ids = await add_exchange(store, session.id, 2)
+    stranger = await store.get_or_create_user("slack:T1:U999")
+    with pytest.raises(AgentSessionForbidden) as refused:
+        await store.truncate(session.id, ids[0], Actor(stranger))
+    assert refused.value.code == "agent_session_forbidden"
+    assert len(await store.messages(session.id)) == 4
+    admin = await store.truncate(session.id, ids[2], Actor(stranger, admin=True))
+    assert admin.deleted == 2
+
+
+async def test_truncate__unknown_session_or_message_is_refused(store: SessionStore) -> None:
+    owner, session = await new_session(store)
+    ids = await add_exchange(store, session.id)
+    with pytest.raises(AgentSessionNotFound):
+        await store.truncate(987_654, ids[0], Actor(owner))
+    _, other = await new_session(store, key="T1/C1/other")
+    other_ids = await add_exchange(store, other.id)
+    with pytest.raises(MessageNotFound):
+        await store.truncate(session.id, other_ids[0], Actor(owner, admin=True))
+    assert len(await store.messages(session.id)) == 2
+
+
+async def test_truncate__cutting_a_checkpoint_falls_back_to_the_previous_one(
+    store: SessionStore,
+) -> None:
+    owner, session = await new_session(store)
+    await add_exchange(store, session.id)
+    first = await checkpoint(store, session.id, "first")
+    await add_exchange(store, session.id)
+    second = await checkpoint(store, session.id, "second")
+    ids_after = await add_exchange(store, session.id)
+    assert (await store.history(session.id))[0].message_id == second
+    await store.truncate(session.id, second, Actor(owner))
+    history = await store.history(session.id)
+    assert history[0].message_id == first
+    assert ids_after[0] not in [m.message_id for m in history]
+
+
+async def checkpoint(store: SessionStore, session_id: int, label: str) -> str:
+    lease = await store.start_turn(
+        session_id,
+        user_message=None,
+        last_message_id=(await store.tail(session_id)).message_id,  # type: ignore[union-attr]
+    )
+    (stored,) = await store.append(lease, [user_message(f"checkpoint {label}")], compaction=True)
+    await store.release(lease)
+    return stored.message_id
+
+
+# -- branch -----------------------------------------------------------------------------------
+
+
+async def test_branch__assistant_target_copies_through_it_with_new_ids(store: SessionStore) -> None:
+    owner, session = await new_session(store)
+    ids = await add_exchange(store, session.id, 3)
+    forker = await store.get_or_create_user("slack:T1:U2")
+    result = await store.branch(session.id, ids[3], user_id=forker)
+    copied = await store.messages(result.session.id)
+    assert [m.message["parts"][0]["text"] for m in copied] == [
+        "question 0",
+        "answer 0",
+        "question 1",
+        "answer 1",
+    ]
+    new_ids = [m.message_id for m in copied]
+    assert not set(new_ids) & set(ids)
+    assert all(m.message["id"] == m.message_id for m in copied)
+    assert result.message_id_map == dict(zip(ids[:4], new_ids, strict=True))
+    assert result.draft is None
+    assert result.session.user_id == forker
+    assert result.session.title == (await store.get_session(session.id)).title
+    assert await texts(store, session.id) == [
+        "question 0",
+        "answer 0",
+        "question 1",
+        "answer 1",
+        "question 2",
+        "answer 2",
+    ]
+
+
+async def test_branch__user_target_stops_before_it_and_returns_draft(store: SessionStore) -> None:
+    owner, session = await new_session(store)
+    ids = await add_exchange(store, session.id, 2)
+    result = await store.branch(session.id, ids[2], user_id=owner)
+    assert result.draft == "question 1"
+    assert [m.message["parts"][0]["text"] for m in await store.messages(result.session.id)] == [
+        "question 0",
+        "answer 0",
+    ]
+
+
+async def test_branch__allowed_while_source_is_busy(store: SessionStore) -> None:
+    owner, session = await new_session(store)
+    ids = await add_exchange(store, session.id, 2)
+    lease = await store.start_turn(
+        session.id, user_message=user_message("busy"), last_message_id=ids[-1]
+    )
+    result = await store.branch(session.id, ids[-1], user_id=owner)
+    assert result.copied == 4
+    assert not result.session.is_turn_active
+    assert await store.is_turn_active(session.id)
+    await store.release(lease)
+
+
+async def test_branch__carries_checkpoint_flag_model_and_snapshots(
+    store: SessionStore, db: Database
+) -> None:
+    owner, session = await new_session(store)
+    ids = await add_exchange(store, session.id)
+    cp = await checkpoint(store, session.id, "one")
+    more = await add_exchange(store, session.id)
+    async with db.write() as conn:
+        await conn.execute(
+            SnapshotContent.__table__.insert().values(
+                digest="ab" * 32, codec="raw", raw_size=3, stored_size=3, data=b"abc"
+            )
+        )
+        await conn.execute(
+            AgentSessionSnapshot.__table__.insert(),
+            [
+                {
+                    "message_id": m,
+                    "session_id": session.id,
+                    "content_digest": "ab" * 32,
+                    "raw_size": 3,
+                    "stored_size": 3,
+                }
+                for m in (ids[1], more[1])
+            ],
+        )
+    result = await store.branch(session.id, more[1], user_id=owner)
+    history = await store.history(result.session.id)
+    assert history[0].is_compaction_message
+    assert history[0].message_id == result.message_id_map[cp]
+    async with db.read() as conn:
+        rows = (
+            await conn.execute(
+                AgentSessionSnapshot.__table__.select().where(
+                    AgentSessionSnapshot.__table__.c.session_id == result.session.id
+                )
+            )
+        ).all()
+    assert sorted(r.message_id for r in rows) == sorted(
+        result.message_id_map[m] for m in (ids[1], more[1])
+    )
+    assert {r.content_digest for r in rows} == {"ab" * 32}
+
+
+async def test_branch__unknown_session_or_message(store: SessionStore) -> None:
+    owner, session = await new_session(store)
+    await add_exchange(store, session.id)
+    with pytest.raises(AgentSessionNotFound):
+        await store.branch(424_242, "00000000-0000-4000-8000-000000000000", user_id=owner)
+    with pytest.raises(MessageNotFound):
+        await store.branch(session.id, "00000000-0000-4000-8000-000000000000", user_id=owner)
+    assert len(await store.list_sessions()) == 1
+
+
+# -- projection -------------------------------------------------------------------------------
+
+
+async def test_history__is_latest_checkpoint_and_after(store: SessionStore) -> None:
+    _, session = await new_session(store)
+    await add_exchange(store, session.id, 2)
+    await checkpoint(store, session.id, "old")
+    await add_exchange(store, session.id, 2)
+    latest = await checkpoint(store, session.id, "new")
+    after = await add_exchange(store, session.id, 1)
+    history = await store.history(session.id)
+    assert [m.message_id for m in history] == [latest, *after]
+    assert history[0].is_compaction_message
+
+
+async def test_history__without_checkpoint_is_everything(store: SessionStore) -> None:
+    _, session = await new_session(store)
+    ids = await add_exchange(store, session.id, 3)
+    assert [m.message_id for m in await store.history(session.id)] == ids
+
+
+@contextmanager
+def statements(db: Database) -> Iterator[list[tuple[str, Any]]]:
+    """Record every statement the engine runs and the number of rows each returned."""
+    seen: list[tuple[str, Any]] = []
+
+    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append((statement, None))
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", before)
+    try:
+        yield seen
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", before)
+
+
+async def long_session(store: SessionStore, total: int, tail_after_checkpoint: int) -> int:
+    _, session = await new_session(store)
+    body = [
+        (user_message(f"m{i}") if i % 2 == 0 else assistant_message(f"m{i}"), False)
+        for i in range(total - tail_after_checkpoint - 1)
+    ]
+    body.append((user_message("the checkpoint"), True))
+    body += [(assistant_message(f"t{i}"), False) for i in range(tail_after_checkpoint)]
+    await store.import_messages(session.id, body)
+    return session.id
+
+
+async def test_history__cost_follows_projection_not_history(
+    store: SessionStore, db: Database
+) -> None:
+    """Same statements and rows for a 40-message and a 3,000-message history.
+
+    One query, and every row it returns is projected; the plan check below shows the database
+    itself seeks by index instead of scanning the session's history.
+    """
+    small = await long_session(store, 40, 5)
+    large = await long_session(store, 3000, 5)
+    with statements(db) as small_sql:
+        small_history = await store.history(small)
+    with statements(db) as large_sql:
+        large_history = await store.history(large)
+    assert len(small_history) == len(large_history) == 6
+    assert [s for s, _ in small_sql] == [s for s, _ in large_sql]
+    assert len([s for s, _ in large_sql if s.lstrip().upper().startswith("SELECT")]) == 1
+
+
+async def test_history__query_plan_uses_indexes(store: SessionStore, db: Database) -> None:
+    session_id = await long_session(store, 3000, 5)
+    query = str(
+        history_statement(session_id).compile(
+            dialect=db.engine.dialect, compile_kwargs={"literal_binds": True}
+        )
+    )
+    async with db.read() as conn:
+        if db.dialect == "sqlite":
+            rows = await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {query}")
+            plan = " | ".join(str(r[-1]) for r in rows)
+            assert "SCAN" not in plan, plan
+            assert plan.count("USING") >= 2, plan
+        else:
+            await conn.execute(text("ANALYZE agent_session_messages"))
+            rows = await conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {query}")
+            plan = json.dumps(rows.scalar())
+            assert "Seq Scan" not in plan, plan
+            assert "Index" in plan, plan
