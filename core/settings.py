@@ -123,4 +123,5 @@ def load_settings(**overrides: object) -> Settings:
         first = exc.errors()[0]
         name = str(first["loc"][0]).upper() if first["loc"] else "configuration"
         reason = first["msg"].removeprefix("Value error, ")
-        raise ConfigError(f"{name}: {reason}") from None
+        message = reason if reason.startswith(f"{name}:") else f"{name}: {reason}"
+        raise ConfigError(message) from None

@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from providers_fixtures import JsonReply, ScriptedServer, SseReply, sse_frame
+from tests.providers_fixtures import JsonReply, ScriptedServer, SseReply, sse_frame
 
 
 class FakeAnthropic(ScriptedServer):

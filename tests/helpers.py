@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -80,9 +81,12 @@ def read_json_line(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return dict(json.loads(line))
 
 
-def stop_workers(procs: list[subprocess.Popen[str]]) -> None:
-    """Kill what is still running and close every pipe (no leaked file descriptors)."""
+def stop_workers(procs: list[subprocess.Popen[str]], *, wait: float = 0) -> None:
+    """Let workers exit for up to ``wait`` seconds, kill the rest, close every pipe."""
     for proc in procs:
+        if wait:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=wait)
         if proc.poll() is None:
             proc.kill()
         proc.communicate()

@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from core.providers import ChatMessage, ModelProvider, StreamEvent, TextDelta, ToolSpec
+
 
 @dataclass(frozen=True)
 class RecordedRequest:
@@ -144,3 +146,16 @@ class RecordingSleep:
 
     async def __call__(self, seconds: float) -> None:
         self.calls.append(seconds)
+
+
+async def collect(
+    provider: ModelProvider,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolSpec] = (),
+    **options: Any,
+) -> list[StreamEvent]:
+    return [event async for event in provider.stream(messages, tools, **options)]
+
+
+def text_of(events: Sequence[StreamEvent]) -> str:
+    return "".join(event.text for event in events if isinstance(event, TextDelta))

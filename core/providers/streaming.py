@@ -145,7 +145,7 @@ class HttpOptions:
 
     client: httpx.AsyncClient | None = None
     transport: httpx.AsyncBaseTransport | None = None
-    timeout: httpx.Timeout = DEFAULT_TIMEOUT
+    timeout: httpx.Timeout = field(default_factory=lambda: DEFAULT_TIMEOUT)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 

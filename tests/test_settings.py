@@ -1,0 +1,74 @@
+"""Configuration: SPEC §3 names and defaults, and one clear line for a bad value."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.db import create_database
+from core.errors import ConfigError
+from core.settings import DEFAULT_DATABASE_URL, load_settings, normalize_database_url
+
+
+def test_defaults_match_the_spec() -> None:
+    settings = load_settings()
+    assert settings.database_url == DEFAULT_DATABASE_URL
+    assert settings.turn_lock_staleness_seconds == 60
+    assert settings.turn_heartbeat_seconds == 15
+    assert settings.busy_poll_seconds == 3
+    assert settings.busy_mode == "ask"
+    assert settings.sweeper_batch_size == 100
+    assert settings.agent_session_max_idle_days == 30
+    assert settings.agent_session_max_per_user == 30
+    assert settings.slack_api_url == "https://slack.com/api/"
+    assert settings.model_provider == "auto"
+
+
+def test_environment_and_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgres://postgres@127.0.0.1/test")
+    monkeypatch.setenv("ADMIN_USER_IDS", "U1, U2,,U3")
+    monkeypatch.setenv("TEMPORARY_SESSION_SURFACES", "dm,assistant")
+    monkeypatch.setenv("TURN_LOCK_STALENESS_SECONDS", "5")
+    settings = load_settings()
+    assert settings.database_url == "postgresql+asyncpg://postgres@127.0.0.1/test"
+    assert settings.admin_user_ids == ["U1", "U2", "U3"]
+    assert settings.temporary_session_surfaces == ["dm", "assistant"]
+    assert settings.turn_lock_staleness_seconds == 5
+
+
+def test_dotenv_file_is_read(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    with open(".env", "w") as env:  # the autouse fixture runs each test in its own tmp dir
+        env.write("BUSY_MODE=queue\n")
+    assert load_settings().busy_mode == "queue"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("DATABASE_URL", "mysql://root@localhost/db", "DATABASE_URL: unsupported scheme 'mysql'"),
+        ("DATABASE_URL", "just-a-path.db", "DATABASE_URL"),
+        ("BUSY_MODE", "shout", "BUSY_MODE"),
+        ("TURN_LOCK_STALENESS_SECONDS", "-1", "TURN_LOCK_STALENESS_SECONDS"),
+        ("TEMPORARY_SESSION_SURFACES", "dm,email", "TEMPORARY_SESSION_SURFACES: unknown surface"),
+        ("PORT", "eighty", "PORT"),
+    ],
+)
+def test_bad_value__one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, named: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as error:
+        load_settings()
+    message = str(error.value)
+    assert message.startswith(named), message
+    assert "\n" not in message
+    assert error.value.code == "config_invalid"
+
+
+def test_create_database__refuses_unsupported_scheme() -> None:
+    with pytest.raises(ConfigError, match="unsupported scheme 'oracle'"):
+        create_database("oracle://scott@db/orcl")
+
+
+def test_normalize_database_url__aliases() -> None:
+    assert normalize_database_url("sqlite:///x.db") == "sqlite+aiosqlite:///x.db"
+    assert normalize_database_url("postgresql://u@h/d") == "postgresql+asyncpg://u@h/d"

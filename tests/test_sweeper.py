@@ -1,0 +1,201 @@
+"""The sweeper (SPEC §9) on both databases: each pass, re-checks, the cap, and parallel runs."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+
+from core.db import Database, ago
+from core.messages import user_message
+from core.models import AgentSession, AgentSessionSnapshot, SnapshotContent
+from core.retention import RetentionPolicy, load_policy, set_policy
+from core.store import SessionStore
+from core.sweeper import sweep
+from tests.helpers import add_exchange, new_session, read_json_line, start_worker, stop_workers
+
+SESSIONS = AgentSession.__table__
+OFF = RetentionPolicy(max_idle_days=0, max_per_user=0)
+
+
+async def backdate(db: Database, session_ids: list[int], **seconds_ago: float) -> None:
+    async with db.write() as conn:
+        await conn.execute(
+            update(SESSIONS)
+            .where(SESSIONS.c.id.in_(session_ids))
+            .values({column: ago(s) for column, s in seconds_ago.items()})
+        )
+
+
+async def remaining(db: Database) -> set[int]:
+    async with db.read() as conn:
+        return set((await conn.execute(select(SESSIONS.c.id))).scalars())
+
+
+async def sessions(store: SessionStore, n: int, owner: str = "slack:T1:U1", **kw: Any) -> list[int]:
+    user_id = await store.get_or_create_user(owner)
+    created = []
+    for i in range(n):
+        info, _ = await store.get_or_create_session("slack", f"{owner}/{i}", user_id=user_id, **kw)
+        created.append(info.id)
+    return created
+
+
+async def test_expired_pass__deletes_only_expired_temporary_sessions(
+    store: SessionStore, db: Database
+) -> None:
+    expired = await sessions(store, 3, temporary=True)
+    fresh = await sessions(store, 2, owner="slack:T1:U2", temporary=True)
+    persisted = await sessions(store, 2, owner="slack:T1:U3")
+    await backdate(db, expired, expires_at=10)
+    report = await sweep(db, OFF, staleness_seconds=60, batch_size=2)
+    assert report.expired == 3 and report.sessions == 3
+    assert await remaining(db) == set(fresh + persisted)
+
+
+async def test_idle_pass__deletes_persisted_sessions_idle_past_the_limit(
+    store: SessionStore, db: Database
+) -> None:
+    old = await sessions(store, 3)
+    recent = await sessions(store, 2, owner="slack:T1:U2")
+    temporary = await sessions(store, 1, owner="slack:T1:U3", temporary=True)
+    await backdate(db, old + temporary, updated_at=31 * 86400)
+    report = await sweep(db, RetentionPolicy(30, 0), staleness_seconds=60, batch_size=100)
+    assert report.idle == 3
+    assert await remaining(db) == set(recent + temporary)
+
+
+async def test_cap_pass__keeps_most_recent_and_breaks_ties_by_id(
+    store: SessionStore, db: Database
+) -> None:
+    mine = await sessions(store, 6)
+    theirs = await sessions(store, 2, owner="slack:T1:U2")
+    await backdate(db, mine[:4], updated_at=100)  # four tied, older than the last two
+    report = await sweep(db, RetentionPolicy(0, 3), staleness_seconds=60, batch_size=2)
+    assert report.over_cap == 3
+    # Kept: the two most recent, then the tie among the four broken by the highest id.
+    assert await remaining(db) == {mine[5], mine[4], mine[3], *theirs}
+
+
+async def test_active_session__is_never_deleted_by_any_pass(
+    store: SessionStore, db: Database
+) -> None:
+    expired = await sessions(store, 1, owner="slack:T1:U1", temporary=True)
+    idle = await sessions(store, 1, owner="slack:T1:U2")
+    capped = await sessions(store, 3, owner="slack:T1:U3")
+    leases = [
+        await store.start_turn(sid, user_message=user_message("busy"), last_message_id=None)
+        for sid in (expired[0], idle[0], capped[0])
+    ]
+    await backdate(db, expired, expires_at=3600)
+    await backdate(db, idle + capped[:1], updated_at=90 * 86400)
+    report = await sweep(db, RetentionPolicy(30, 1), staleness_seconds=60)
+    assert report.sessions == 1  # only capped[1], the older of the two inactive ones
+    assert await remaining(db) == {expired[0], idle[0], capped[0], capped[2]}
+    for lease in leases:
+        await store.release(lease)  # a release is a write: it touches updated_at
+    await backdate(db, idle, updated_at=90 * 86400)
+    report = await sweep(db, RetentionPolicy(30, 1), staleness_seconds=60)
+    assert (report.expired, report.idle, report.over_cap) == (1, 1, 1)
+    assert await remaining(db) == {capped[0]}
+
+
+async def test_batches__recheck_each_row_before_deleting(
+    store: SessionStore, db: Database
+) -> None:
+    idle = await sessions(store, 4)
+    await backdate(db, idle, updated_at=40 * 86400)
+    touched: list[int] = []
+
+    async def between_select_and_delete(name: str, ids: list[Any]) -> None:
+        if not touched:  # a user comes back to one candidate of the first batch
+            touched.append(ids[0])
+            lease = await store.start_turn(ids[0], user_message=user_message("back"), last_message_id=None)
+            await store.release(lease)
+
+    report = await sweep(
+        db, RetentionPolicy(30, 0), staleness_seconds=60, batch_size=2,
+        on_batch=between_select_and_delete,
+    )
+    assert report.idle == 3
+    assert await remaining(db) == set(touched)
+
+
+async def test_parallel_sweepers__neither_fails_nor_double_deletes(
+    store: SessionStore, db: Database, database_url: str
+) -> None:
+    expired = await sessions(store, 24, temporary=True)
+    idle = await sessions(store, 12, owner="slack:T1:U2")
+    await backdate(db, expired, expires_at=60)
+    await backdate(db, idle, updated_at=40 * 86400)
+    procs = [start_worker("sweep", database_url, 60, 4, 30, 0) for _ in range(2)]
+    try:
+        for proc in procs:
+            assert await asyncio.to_thread(read_json_line, proc) == {"ready": True}
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        reports = [(await asyncio.to_thread(read_json_line, p))["report"] for p in procs]
+        await asyncio.to_thread(stop_workers, procs, wait=60)
+    finally:
+        stop_workers(procs)
+    assert sum(r["expired"] for r in reports) == 24
+    assert sum(r["idle"] for r in reports) == 12
+    assert await remaining(db) == set()
+    assert all(p.returncode == 0 for p in procs)
+
+
+async def test_snapshot_contents__unreferenced_old_content_is_collected(
+    store: SessionStore, db: Database
+) -> None:
+    _, session = await new_session(store)
+    ids = await add_exchange(store, session.id)
+    contents = SnapshotContent.__table__
+    async with db.write() as conn:
+        await conn.execute(
+            contents.insert(),
+            [
+                {"digest": d * 64, "codec": "raw", "raw_size": 1, "stored_size": 1, "data": b"x"}
+                for d in "abc"
+            ],
+        )
+        await conn.execute(
+            AgentSessionSnapshot.__table__.insert().values(
+                message_id=ids[1], session_id=session.id, content_digest="a" * 64,
+                raw_size=1, stored_size=1,
+            )
+        )
+        await conn.execute(
+            update(contents).where(contents.c.digest != "c" * 64).values(created_at=ago(7200))
+        )
+    report = await sweep(db, OFF, staleness_seconds=60)
+    assert report.snapshot_contents == 1  # b: unreferenced and old; c is too young to collect
+    async with db.read() as conn:
+        left = set((await conn.execute(select(contents.c.digest))).scalars())
+    assert left == {"a" * 64, "c" * 64}
+
+
+async def test_extra_passes__run_and_are_reported(store: SessionStore, db: Database) -> None:
+    seen: list[int] = []
+
+    async def bot_tables(database: Database, batch_size: int) -> int:
+        seen.append(batch_size)
+        return 7
+
+    report = await sweep(db, OFF, staleness_seconds=60, batch_size=9, extra_passes=[("events", bot_tables)])
+    assert report.extra == {"events": 7} and seen == [9]
+
+
+async def test_retention__runtime_values_override_environment(db: Database) -> None:
+    defaults = RetentionPolicy(30, 30)
+    assert await load_policy(db, defaults) == defaults
+    await set_policy(db, defaults, max_per_user=5)
+    assert await load_policy(db, defaults) == RetentionPolicy(30, 5)
+    await set_policy(db, defaults, max_idle_days=0)
+    assert await load_policy(db, defaults) == RetentionPolicy(0, 5)
+    with pytest.raises(ValueError, match="max per user"):
+        await set_policy(db, defaults, max_per_user=-1)
+    assert await load_policy(db, defaults) == RetentionPolicy(0, 5)
