@@ -114,8 +114,8 @@ class Database:
         try:
             async with self.engine.connect() as conn:
                 yield conn
-        except SQLAlchemyError as exc:
-            raise DatabaseError(f"database error: {exc.__class__.__name__}: {exc}") from exc
+        except (SQLAlchemyError, OSError) as exc:
+            raise database_error(exc) from exc
 
     @contextlib.asynccontextmanager
     async def write(self) -> AsyncIterator[AsyncConnection]:
@@ -130,8 +130,8 @@ class Database:
                     conn = await conn.execution_options(sqlite_write=True)
                     async with conn.begin():
                         yield conn
-        except SQLAlchemyError as exc:
-            raise DatabaseError(f"database error: {exc.__class__.__name__}: {exc}") from exc
+        except (SQLAlchemyError, OSError) as exc:
+            raise database_error(exc) from exc
 
     def upsert(self, table: Table) -> Insert:
         """INSERT with ``on_conflict_do_*`` (both dialects spell it the same, from their module)."""
@@ -141,6 +141,13 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
+
+
+def database_error(exc: BaseException) -> DatabaseError:
+    """One line naming the driver's complaint, without SQLAlchemy's SQL echo and links."""
+    cause = getattr(exc, "orig", None) or exc
+    detail = (str(cause).strip().splitlines() or [""])[0]
+    return DatabaseError(f"{cause.__class__.__name__}: {detail}")
 
 
 def create_database(url: str, *, echo: bool = False, pool_size: int = 10) -> Database:

@@ -6,6 +6,7 @@ never leave ``core``; the store translates them at its boundary with ``raise ...
 
     SlackAgentError
     ├── ConfigError                      config_invalid
+    ├── UsageError                       usage_error
     ├── DatabaseError                    database_error
     ├── AgentSessionError
     │   ├── AgentSessionNotFound         agent_session_not_found
@@ -45,6 +46,12 @@ class ConfigError(SlackAgentError):
     """A setting a mode needs is missing or malformed; the message names the variable."""
 
     code = "config_invalid"
+
+
+class UsageError(SlackAgentError):
+    """A command was called with arguments that do not make sense together."""
+
+    code = "usage_error"
 
 
 class DatabaseError(SlackAgentError):

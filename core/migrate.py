@@ -17,8 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
-from core.db import Database
-from core.errors import DatabaseError
+from core.db import Database, database_error
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # An arbitrary, fixed 64-bit key: "slack-agent migrate" for every replica of every version.
@@ -72,6 +71,6 @@ async def upgrade(db: Database, revision: str = "head") -> tuple[str | None, str
                 conn = await conn.execution_options(sqlite_write=True)
                 result = await conn.run_sync(_run)
                 await conn.commit()
-    except SQLAlchemyError as exc:
-        raise DatabaseError(f"migration failed: {exc.__class__.__name__}: {exc}") from exc
+    except (SQLAlchemyError, OSError) as exc:
+        raise database_error(exc) from exc
     return result

@@ -1,0 +1,163 @@
+"""The ``slack-agent`` command (also ``python -m bot``): parse, call the core, print.
+
+Every failure a user can cause ends as one line on stderr and exit status 2; nothing is
+half-done, because each core call is one transaction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from core.errors import SlackAgentError, UsageError
+from core.logs import configure_logging
+from core.messages import message_text
+from core.operator import Operator
+from core.records import SessionInfo
+from core.settings import Settings, load_settings
+
+NOT_BUILT = {
+    "serve": "the Slack surface",
+    "chat": "the terminal client",
+    "demo": "the first-run demo",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slack-agent", description="A durable, lock-safe AI agent for Slack threads."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("serve", help="run the bot (migrates first)")
+    commands.add_parser("migrate", help="bring the database to the newest schema")
+    sweep = commands.add_parser("sweep", help="apply the retention rules")
+    sweep.add_argument("--once", action="store_true", help="one pass, printing what it deleted")
+
+    sessions = commands.add_parser("sessions", help="list, show or delete sessions")
+    session_cmds = sessions.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = session_cmds.add_parser("list", help="most recently updated first")
+    listing.add_argument("--limit", type=int, default=50)
+    for action in ("show", "delete"):
+        sub = session_cmds.add_parser(action, help=f"{action} one session")
+        sub.add_argument("session_id", type=int, metavar="ID")
+
+    retention = commands.add_parser("retention", help="show or set retention at run time")
+    retention_cmds = retention.add_subparsers(dest="action", required=True, metavar="ACTION")
+    retention_cmds.add_parser("show")
+    setter = retention_cmds.add_parser("set", help="0 turns a rule off")
+    setter.add_argument("--max-idle-days", type=float)
+    setter.add_argument("--max-per-user", type=int)
+
+    bench = commands.add_parser("bench", help="measure the core (no model)")
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.add_argument("--database-url", help="default: a fresh temporary SQLite file")
+    bench.add_argument("--quick", action="store_true", help="smaller sizes: under 30 s")
+
+    commands.add_parser("chat", help="continue a session from the terminal")
+    commands.add_parser("demo", help="the first-run experience")
+    return parser
+
+
+def _session_line(s: SessionInfo) -> str:
+    busy = "busy" if s.is_turn_active else "idle"
+    title = s.title or "(untitled)"
+    return (
+        f"{s.id:>6}  {s.updated_at:%Y-%m-%d %H:%M}  {busy:<4}  "
+        f"{s.project_name}:{s.project_session_id}  {title}"
+    )
+
+
+async def _run_operator(args: argparse.Namespace, settings: Settings) -> None:
+    op = Operator.open(settings)
+    try:
+        await _dispatch(op, args)
+    finally:
+        await op.close()
+
+
+async def _dispatch(op: Operator, args: argparse.Namespace) -> None:
+    if args.command == "migrate":
+        before, after = await op.migrate()
+        print(f"database at revision {after}" + ("" if before == after else f" (was {before})"))
+    elif args.command == "sweep":
+        if not args.once:
+            raise UsageError("sweep: pass --once (the periodic sweeper runs inside serve)")
+        report = await op.sweep_once()
+        print(
+            f"deleted {report.expired} expired, {report.idle} idle and {report.over_cap} "
+            f"over-cap sessions; collected {report.snapshot_contents} snapshot contents"
+        )
+    elif args.command == "retention":
+        if args.action == "set":
+            if args.max_idle_days is None and args.max_per_user is None:
+                raise UsageError("retention set: give --max-idle-days and/or --max-per-user")
+            try:
+                policy = await op.set_retention(
+                    max_idle_days=args.max_idle_days, max_per_user=args.max_per_user
+                )
+            except ValueError as exc:
+                raise UsageError(f"retention set: {exc}") from None
+        else:
+            policy = await op.retention()
+        print(f"max idle days: {policy.max_idle_days:g} (0 = off)")
+        print(f"max per user:  {policy.max_per_user} (0 = off)")
+    elif args.command == "sessions":
+        await _sessions(op, args)
+
+
+async def _sessions(op: Operator, args: argparse.Namespace) -> None:
+    if args.action == "list":
+        found = await op.list_sessions(limit=args.limit)
+        for session in found:
+            print(_session_line(session))
+        if not found:
+            print("no sessions")
+    elif args.action == "show":
+        session, messages = await op.show_session(args.session_id)
+        print(_session_line(session))
+        model = session.model_provider or "-"
+        print(f"owner user id {session.user_id}; model {model}/{session.model_name or '-'}")
+        for m in messages:
+            marker = "checkpoint" if m.is_compaction_message else m.role
+            text = " ".join(message_text(m.message).split())
+            print(f"  {m.position:>5} {marker:<10} {text[:100]}")
+    elif args.action == "delete":
+        session = await op.delete_session(args.session_id)
+        print(f"deleted session {session.id} ({session.project_name}:{session.project_session_id})"
+              " as the local operator")
+
+
+async def _bench(args: argparse.Namespace, settings: Settings) -> None:
+    from core.bench import format_table, run_bench
+
+    result = await run_bench(args.database_url, quick=args.quick)
+    print(json.dumps(result) if args.json else format_table(result))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command in NOT_BUILT:
+        print(
+            f"slack-agent {args.command}: {NOT_BUILT[args.command]} is not built yet",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        settings = load_settings()
+        configure_logging(settings.log_level, settings.log_format)
+        runner: Callable[[argparse.Namespace, Settings], Awaitable[Any]] = (
+            _bench if args.command == "bench" else _run_operator
+        )
+        asyncio.run(runner(args, settings))
+    except SlackAgentError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.code
+        print(f"slack-agent: {exc.code}: {first_line}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+

@@ -1,0 +1,96 @@
+"""The ``slack-agent`` command as an operator runs it: a real process on a real database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from core.messages import user_message
+from core.store import SessionStore
+from tests.helpers import ROOT, add_exchange, new_session
+
+EXE = Path(sys.executable).with_name("slack-agent")
+
+
+def cli(*args: str, database_url: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, **env}
+    if database_url is not None:
+        environment["DATABASE_URL"] = database_url
+    return subprocess.run(
+        [str(EXE), *args], capture_output=True, text=True, env=environment, timeout=120, check=False
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_migrate__creates_then_reports_schema(empty_database_url: str) -> None:
+    first = cli("migrate", database_url=empty_database_url)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "database at revision 0001 (was None)"
+    again = cli("migrate", database_url=empty_database_url)
+    assert again.stdout.strip() == "database at revision 0001"
+
+
+async def test_sessions__list_show_delete(store: SessionStore, database_url: str) -> None:
+    _, session = await new_session(store)
+    await add_exchange(store, session.id, 2)
+    listed = cli("sessions", "list", database_url=database_url)
+    assert listed.returncode == 0, listed.stderr
+    assert f"{session.id:>6}" in listed.stdout and "question 0" in listed.stdout
+    shown = cli("sessions", "show", str(session.id), database_url=database_url)
+    assert shown.returncode == 0, shown.stderr
+    assert [line.split()[:2] for line in shown.stdout.splitlines()[2:]] == [
+        ["0", "user"], ["1", "assistant"], ["2", "user"], ["3", "assistant"],
+    ]
+    tail = await store.tail(session.id)
+    lease = await store.start_turn(session.id, user_message=user_message("q"), last_message_id=tail.message_id if tail else None)
+    busy = cli("sessions", "delete", str(session.id), database_url=database_url)
+    assert one_line_error(busy).startswith("slack-agent: agent_session_busy:")
+    await store.release(lease)
+    deleted = cli("sessions", "delete", str(session.id), database_url=database_url)
+    assert deleted.returncode == 0, deleted.stderr
+    assert "as the local operator" in deleted.stdout
+    missing = cli("sessions", "show", str(session.id), database_url=database_url)
+    assert one_line_error(missing) == f"slack-agent: agent_session_not_found: session {session.id} does not exist"
+
+
+def test_retention_and_sweep(database_url: str) -> None:
+    shown = cli("retention", "show", database_url=database_url, AGENT_SESSION_MAX_PER_USER="12")
+    assert "max per user:  12" in shown.stdout
+    set_ = cli("retention", "set", "--max-idle-days", "7", database_url=database_url)
+    assert set_.returncode == 0 and "max idle days: 7" in set_.stdout
+    assert "max idle days: 7" in cli("retention", "show", database_url=database_url).stdout
+    bad = cli("retention", "set", "--max-per-user", "-1", database_url=database_url)
+    assert "max per user must be 0 (off) or more" in one_line_error(bad)
+    assert "max idle days: 7" in cli("retention", "show", database_url=database_url).stdout
+    swept = cli("sweep", "--once", database_url=database_url)
+    assert swept.returncode == 0, swept.stderr
+    assert swept.stdout.startswith("deleted 0 expired, 0 idle and 0 over-cap sessions")
+
+
+def test_bad_configuration__one_line_naming_it() -> None:
+    bad_scheme = cli("migrate", database_url="mysql://root@127.0.0.1/db")
+    assert one_line_error(bad_scheme).startswith(
+        "slack-agent: config_invalid: DATABASE_URL: unsupported scheme 'mysql'"
+    )
+    unreachable = cli("sessions", "list", database_url="postgresql://postgres@127.0.0.1:1/nowhere")
+    assert one_line_error(unreachable).startswith("slack-agent: database_error:")
+    bad_number = cli("sweep", "--once", SWEEPER_BATCH_SIZE="lots")
+    assert one_line_error(bad_number).startswith("slack-agent: config_invalid: SWEEPER_BATCH_SIZE")
+
+
+def test_unbuilt_commands_say_so_and_python_dash_m_works() -> None:
+    serve = cli("serve")
+    assert one_line_error(serve) == "slack-agent serve: the Slack surface is not built yet"
+    module = subprocess.run(
+        [sys.executable, "-m", "bot", "--help"], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert module.returncode == 0 and "migrate" in module.stdout
