@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from core.errors import SlackAgentError, UsageError
@@ -127,8 +127,10 @@ async def _sessions(op: Operator, args: argparse.Namespace) -> None:
             print(f"  {m.position:>5} {marker:<10} {text[:100]}")
     elif args.action == "delete":
         session = await op.delete_session(args.session_id)
-        print(f"deleted session {session.id} ({session.project_name}:{session.project_session_id})"
-              " as the local operator")
+        print(
+            f"deleted session {session.id} ({session.project_name}:{session.project_session_id})"
+            " as the local operator"
+        )
 
 
 async def _bench(args: argparse.Namespace, settings: Settings) -> None:
@@ -149,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
         configure_logging(settings.log_level, settings.log_format)
-        runner: Callable[[argparse.Namespace, Settings], Awaitable[Any]] = (
+        runner: Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, None]] = (
             _bench if args.command == "bench" else _run_operator
         )
         asyncio.run(runner(args, settings))
@@ -160,4 +162,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
-

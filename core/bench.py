@@ -57,10 +57,10 @@ from core.db import Database, ago, create_database
 from core.errors import AgentSessionBusy, AgentSessionError
 from core.messages import Message, assistant_message, user_message
 from core.migrate import upgrade
-from core.models import AgentSession, AgentSessionMessage
+from core.models import AgentSession, AgentSessionMessage, validate_message
 from core.records import Actor, ModelChoice, StoredMessage, TurnLease
 from core.retention import RetentionPolicy
-from core.store import ANY_TAIL, SessionStore, message_row
+from core.store import ANY_TAIL, SessionStore
 from core.sweeper import sweep
 from core.turn import run_turn
 
@@ -217,6 +217,17 @@ def transcript(
         else:
             rows.append((_exchange_message(position), False))
     return rows
+
+
+def _message_row(session_id: int, position: int, message: Message) -> dict[str, Any]:
+    """A message row for bulk set-up (the store's own invariant check gives ``message_id``)."""
+    return {
+        "session_id": session_id,
+        "position": position,
+        "message": message,
+        "message_id": validate_message(message),
+        "is_compaction_message": False,
+    }
 
 
 class _Bench:
@@ -411,7 +422,7 @@ class _Bench:
         per_session = self.sizes.sweep_messages_per_session
         for chunk in range(0, len(ids), 500):
             rows = [
-                message_row(session_id, position, _exchange_message(position))
+                _message_row(session_id, position, _exchange_message(position))
                 for session_id in ids[chunk : chunk + 500]
                 for position in range(per_session)
             ]

@@ -28,7 +28,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator
 
@@ -133,7 +132,7 @@ class Database:
         except (SQLAlchemyError, OSError) as exc:
             raise database_error(exc) from exc
 
-    def upsert(self, table: Table) -> Insert:
+    def upsert(self, table: Table) -> postgresql.Insert | sqlite.Insert:
         """INSERT with ``on_conflict_do_*`` (both dialects spell it the same, from their module)."""
         if self.dialect == "postgresql":
             return postgresql.insert(table)

@@ -7,16 +7,16 @@ same policy on its next pass without a restart.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import Table, select
 
 from core.db import Database, db_now
 from core.models import SystemSetting
 from core.settings import Settings
 
 RETENTION_KEY = "agent_session_retention"
-SETTINGS = SystemSetting.__table__
+SETTINGS = cast(Table, SystemSetting.__table__)
 
 
 @dataclass(frozen=True)

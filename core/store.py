@@ -1,6 +1,6 @@
-"""The session store: every statement of the turn protocol and the transcript, in one place.
+"""The session store: sessions, users and the turn lock; transcript operations mix in.
 
-Each public method is one transaction. What each one guarantees:
+Each public method is one transaction. What the turn protocol's statements guarantee:
 
 - ``start_turn``: the claim is one conditional UPDATE (free or stale lock -> ours, with a new
   fencing token, on the database clock); in the same transaction the tail is compared with the
@@ -8,71 +8,36 @@ Each public method is one transaction. What each one guarantees:
   it holds no other writer can move the tail; a refusal (busy, stale) rolls everything back.
 - ``heartbeat``, ``append``, ``finish``, ``release``: conditional on the fencing token, so a
   turn whose lock was taken over can neither extend, clear nor write into the new owner's turn.
-- ``truncate``, ``delete_session``: refused while a turn is active; they clear a stale lock's
-  token, so the dead turn it belonged to cannot write afterwards either.
-- ``branch``: reads only persisted messages, so it is allowed while the source is busy.
-- ``history``: the latest checkpoint and what follows, in one indexed query.
+- ``delete_session``: refused while a turn is active.
 
 Orchestration (a turn with its heartbeat task, compaction) lives above this module and never
-builds SQL; only this module and the sweeper speak to the tables of the session store.
+builds SQL; the statements live here, in ``core.transcript``, ``core.queries`` and the sweeper.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
-from sqlalchemy import (
-    Boolean,
-    ColumnElement,
-    Row,
-    Select,
-    and_,
-    delete,
-    func,
-    insert,
-    literal,
-    or_,
-    select,
-    type_coerce,
-    update,
-)
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Boolean, delete, func, literal, select, type_coerce, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from core.db import Database, ago, db_now, hence
+from core import queries as q
+from core.db import Database, db_now, hence
 from core.errors import (
     AgentSessionBusy,
-    AgentSessionForbidden,
     AgentSessionLockLost,
     AgentSessionNotFound,
     AgentSessionStale,
-    DuplicateMessage,
-    MessageNotFound,
 )
-from core.messages import Message, message_text, shorten, with_new_id
-from core.models import (
-    AgentSession,
-    AgentSessionMessage,
-    AgentSessionSnapshot,
-    User,
-    validate_message,
-)
-from core.records import (
-    Actor,
-    BranchResult,
-    ModelChoice,
-    SessionInfo,
-    StoredMessage,
-    TruncateResult,
-    TurnLease,
-)
+from core.messages import Message, message_text, shorten
+from core.models import validate_message
+from core.records import Actor, ModelChoice, SessionInfo, StoredMessage, TurnLease
+from core.transcript import TranscriptOperations
 
-SESSIONS: Final = AgentSession.__table__
-MESSAGES: Final = AgentSessionMessage.__table__
-SNAPSHOTS: Final = AgentSessionSnapshot.__table__
-USERS: Final = User.__table__
+SESSIONS: Final = q.SESSIONS
+USERS: Final = q.USERS
 
 
 class _Unset:
@@ -81,65 +46,8 @@ class _Unset:
 
 ANY_TAIL: Final = _Unset()
 
-_MESSAGE_COLUMNS = (
-    MESSAGES.c.message_id,
-    MESSAGES.c.position,
-    MESSAGES.c.message,
-    MESSAGES.c.is_compaction_message,
-)
 
-
-def _stored(row: Row[Any]) -> StoredMessage:
-    return StoredMessage(
-        message_id=row.message_id,
-        position=row.position,
-        message=row.message,
-        is_compaction_message=bool(row.is_compaction_message),
-    )
-
-
-def message_row(
-    session_id: int, position: int, message: Message, *, compaction: bool = False
-) -> dict[str, Any]:
-    """The one way a message becomes a row: its id is checked and ``message_id`` derived."""
-    return {
-        "session_id": session_id,
-        "position": position,
-        "message": message,
-        "message_id": validate_message(message),
-        "is_compaction_message": compaction,
-    }
-
-
-def history_statement(session_id: int) -> Select[Any]:
-    """The projection as one query whose cost follows the projected size, not the history.
-
-    Both bounds are index seeks (the latest checkpoint and the tail), and the range between them
-    is scanned on ``(session_id, position)``. The upper bound is redundant for correctness; it
-    is there so PostgreSQL's planner sees a bounded range (it estimates an open-ended
-    ``position >= $1`` at a third of the table and would scan the whole session).
-    """
-
-    def latest(*conditions: ColumnElement[bool]) -> Any:
-        return (
-            select(func.max(MESSAGES.c.position))
-            .where(MESSAGES.c.session_id == session_id, *conditions)
-            .scalar_subquery()
-        )
-
-    return (
-        select(*_MESSAGE_COLUMNS)
-        .where(
-            MESSAGES.c.session_id == session_id,
-            MESSAGES.c.position.between(
-                func.coalesce(latest(MESSAGES.c.is_compaction_message.is_(True)), 0), latest()
-            ),
-        )
-        .order_by(MESSAGES.c.position)
-    )
-
-
-class SessionStore:
+class SessionStore(TranscriptOperations):
     """Async API every surface calls (Slack, terminal client, command line)."""
 
     def __init__(
@@ -152,43 +60,6 @@ class SessionStore:
         self.db = db
         self.staleness_seconds = float(staleness_seconds)
         self.temporary_ttl_hours = float(temporary_ttl_hours)
-
-    # -- predicates ---------------------------------------------------------------------------
-
-    def _active(self) -> ColumnElement[bool]:
-        """The single definition of "a turn is active": a heartbeat within the staleness window."""
-        return and_(
-            SESSIONS.c.heartbeat_at.is_not(None),
-            SESSIONS.c.heartbeat_at >= ago(self.staleness_seconds),
-        )
-
-    def _claimable(self) -> ColumnElement[bool]:
-        return or_(
-            SESSIONS.c.heartbeat_at.is_(None),
-            SESSIONS.c.heartbeat_at < ago(self.staleness_seconds),
-        )
-
-    def _session_select(self) -> Any:
-        return select(*SESSIONS.c, type_coerce(self._active(), Boolean).label("is_turn_active"))
-
-    @staticmethod
-    def _info(row: Row[Any]) -> SessionInfo:
-        return SessionInfo(
-            id=row.id,
-            project_name=row.project_name,
-            project_session_id=row.project_session_id,
-            user_id=row.user_id,
-            title=row.title,
-            expires_at=row.expires_at,
-            heartbeat_at=row.heartbeat_at,
-            model_provider=row.model_provider,
-            model_name=row.model_name,
-            custom_provider_id=row.custom_provider_id,
-            builtin_provider=row.builtin_provider,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-            is_turn_active=bool(row.is_turn_active),
-        )
 
     # -- users and sessions -------------------------------------------------------------------
 
@@ -247,41 +118,45 @@ class SessionStore:
         async with self.db.read() as conn:
             row = (
                 await conn.execute(
-                    self._session_select().where(
+                    q.session_select(self.staleness_seconds).where(
                         SESSIONS.c.project_name == project_name,
                         SESSIONS.c.project_session_id == project_session_id,
                     )
                 )
             ).first()
-        return None if row is None else self._info(row)
+        return None if row is None else q.session_info(row)
 
     async def get_session(self, session_id: int) -> SessionInfo:
         async with self.db.read() as conn:
             row = (
-                await conn.execute(self._session_select().where(SESSIONS.c.id == session_id))
+                await conn.execute(
+                    q.session_select(self.staleness_seconds).where(SESSIONS.c.id == session_id)
+                )
             ).first()
         if row is None:
             raise AgentSessionNotFound(f"session {session_id} does not exist")
-        return self._info(row)
+        return q.session_info(row)
 
     async def list_sessions(
         self, *, user_id: int | None = None, project_name: str | None = None, limit: int = 50
     ) -> list[SessionInfo]:
         """Most recently updated first; the ``(user_id, updated_at)`` index serves user lists."""
-        stmt = self._session_select()
+        stmt = q.session_select(self.staleness_seconds)
         if user_id is not None:
             stmt = stmt.where(SESSIONS.c.user_id == user_id)
         if project_name is not None:
             stmt = stmt.where(SESSIONS.c.project_name == project_name)
         stmt = stmt.order_by(SESSIONS.c.updated_at.desc(), SESSIONS.c.id.desc()).limit(limit)
         async with self.db.read() as conn:
-            return [self._info(row) for row in await conn.execute(stmt)]
+            return [q.session_info(row) for row in await conn.execute(stmt)]
 
     async def is_turn_active(self, session_id: int) -> bool:
         """The one "busy" predicate every surface polls (SPEC §6.9); reads, never writes."""
         async with self.db.read() as conn:
             active = await conn.scalar(
-                select(type_coerce(self._active(), Boolean)).where(SESSIONS.c.id == session_id)
+                select(type_coerce(q.turn_active(self.staleness_seconds), Boolean)).where(
+                    SESSIONS.c.id == session_id
+                )
             )
         if active is None:
             raise AgentSessionNotFound(f"session {session_id} does not exist")
@@ -289,7 +164,7 @@ class SessionStore:
 
     async def set_title(self, session_id: int, title: str, actor: Actor) -> None:
         async with self.db.write() as conn:
-            await self._owned(conn, session_id, actor)
+            await q.check_owner(conn, session_id, actor)
             await conn.execute(
                 update(SESSIONS)
                 .where(SESSIONS.c.id == session_id)
@@ -299,24 +174,14 @@ class SessionStore:
     async def delete_session(self, session_id: int, actor: Actor) -> None:
         """Owner or admin only; refused while a turn is active, like a rewind."""
         async with self.db.write() as conn:
-            await self._owned(conn, session_id, actor)
+            await q.check_owner(conn, session_id, actor)
             result = await conn.execute(
-                delete(SESSIONS).where(SESSIONS.c.id == session_id, self._claimable())
+                delete(SESSIONS).where(
+                    SESSIONS.c.id == session_id, q.claimable(self.staleness_seconds)
+                )
             )
             if result.rowcount == 0:
                 raise AgentSessionBusy(f"session {session_id} has a turn in progress")
-
-    async def _owned(self, conn: AsyncConnection, session_id: int, actor: Actor) -> int | None:
-        owner = (
-            await conn.execute(select(SESSIONS.c.user_id).where(SESSIONS.c.id == session_id))
-        ).first()
-        if owner is None:
-            raise AgentSessionNotFound(f"session {session_id} does not exist")
-        if not actor.may_manage(owner.user_id):
-            raise AgentSessionForbidden(
-                f"only the session's owner or an admin may change session {session_id}"
-            )
-        return owner.user_id  # type: ignore[no-any-return]
 
     # -- the turn lock ------------------------------------------------------------------------
 
@@ -352,12 +217,12 @@ class SessionStore:
         async with self.db.write() as conn:
             claimed = await conn.execute(
                 update(SESSIONS)
-                .where(SESSIONS.c.id == session_id, self._claimable())
+                .where(SESSIONS.c.id == session_id, q.claimable(self.staleness_seconds))
                 .values(**claim)
             )
             if claimed.rowcount == 0:
-                await self._raise_missing_or_busy(conn, session_id)
-            tail = await self._tail(conn, session_id)
+                await q.raise_missing_or_busy(conn, session_id)
+            tail = await q.tail(conn, session_id)
             if not isinstance(last_message_id, _Unset):
                 actual = tail.message_id if tail else None
                 if actual != last_message_id:
@@ -368,15 +233,9 @@ class SessionStore:
                     )
             if user_message is not None:
                 position = tail.position + 1 if tail else 0
-                await self._insert(conn, [message_row(session_id, position, user_message)])
+                await q.insert_messages(conn, [q.message_row(session_id, position, user_message)])
                 tail = StoredMessage(user_message["id"], position, user_message, False)
         return TurnLease(session_id=session_id, token=token, tail=tail)
-
-    async def _raise_missing_or_busy(self, conn: AsyncConnection, session_id: int) -> None:
-        exists = await conn.scalar(select(SESSIONS.c.id).where(SESSIONS.c.id == session_id))
-        if exists is None:
-            raise AgentSessionNotFound(f"session {session_id} does not exist")
-        raise AgentSessionBusy(f"session {session_id} has a turn in progress")
 
     async def heartbeat(self, lease: TurnLease) -> None:
         async with self.db.write() as conn:
@@ -388,7 +247,9 @@ class SessionStore:
         """Append messages of the lease's turn (fenced), refreshing its heartbeat."""
         async with self.db.write() as conn:
             await self._fence(conn, lease)
-            return await self._append(conn, lease.session_id, messages, compaction=compaction)
+            return await q.append_messages(
+                conn, lease.session_id, [(m, compaction) for m in messages]
+            )
 
     async def finish(
         self, lease: TurnLease, messages: Sequence[Message] = ()
@@ -396,7 +257,7 @@ class SessionStore:
         """Append the turn's last messages and release the lock in one transaction."""
         async with self.db.write() as conn:
             await self._fence(conn, lease, release=True)
-            return await self._append(conn, lease.session_id, messages)
+            return await q.append_messages(conn, lease.session_id, [(m, False) for m in messages])
 
     async def release(self, lease: TurnLease) -> None:
         """Release the lock; ``AgentSessionLockLost`` if it is no longer ours (nothing changes)."""
@@ -420,259 +281,3 @@ class SessionStore:
             raise AgentSessionLockLost(
                 f"session {lease.session_id}: this turn's lock was taken over or released"
             )
-
-    async def _append(
-        self,
-        conn: AsyncConnection,
-        session_id: int,
-        messages: Sequence[Message],
-        *,
-        compaction: bool = False,
-    ) -> list[StoredMessage]:
-        if not messages:
-            return []
-        last = await conn.scalar(
-            select(func.max(MESSAGES.c.position)).where(MESSAGES.c.session_id == session_id)
-        )
-        start = -1 if last is None else int(last)
-        rows = [
-            message_row(session_id, start + 1 + i, m, compaction=compaction)
-            for i, m in enumerate(messages)
-        ]
-        await self._insert(conn, rows)
-        return [
-            StoredMessage(r["message_id"], r["position"], r["message"], compaction) for r in rows
-        ]
-
-    @staticmethod
-    async def _insert(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
-        try:
-            await conn.execute(insert(MESSAGES), rows)
-        except IntegrityError as exc:
-            raise DuplicateMessage(
-                "a message with this id is already stored: " + str(exc.orig)
-            ) from exc
-
-    @staticmethod
-    async def _tail(conn: AsyncConnection, session_id: int) -> StoredMessage | None:
-        row = (
-            await conn.execute(
-                select(*_MESSAGE_COLUMNS)
-                .where(MESSAGES.c.session_id == session_id)
-                .order_by(MESSAGES.c.position.desc())
-                .limit(1)
-            )
-        ).first()
-        return None if row is None else _stored(row)
-
-    # -- reading the transcript ---------------------------------------------------------------
-
-    async def tail(self, session_id: int) -> StoredMessage | None:
-        async with self.db.read() as conn:
-            return await self._tail(conn, session_id)
-
-    async def messages(self, session_id: int, *, after_position: int = -1) -> list[StoredMessage]:
-        """The whole persisted transcript after a position (what a client has not shown yet)."""
-        async with self.db.read() as conn:
-            rows = await conn.execute(
-                select(*_MESSAGE_COLUMNS)
-                .where(MESSAGES.c.session_id == session_id, MESSAGES.c.position > after_position)
-                .order_by(MESSAGES.c.position)
-            )
-            return [_stored(row) for row in rows]
-
-    async def history(self, session_id: int) -> list[StoredMessage]:
-        """The model's view (SPEC §7): the latest checkpoint and everything after it."""
-        async with self.db.read() as conn:
-            return [_stored(row) for row in await conn.execute(history_statement(session_id))]
-
-    async def find_message(self, message_id: str) -> tuple[int, StoredMessage] | None:
-        """The session and stored form of a message, by its id."""
-        async with self.db.read() as conn:
-            row = (
-                await conn.execute(
-                    select(MESSAGES.c.session_id, *_MESSAGE_COLUMNS).where(
-                        MESSAGES.c.message_id == message_id
-                    )
-                )
-            ).first()
-        return None if row is None else (int(row.session_id), _stored(row))
-
-    # -- transcript operations ----------------------------------------------------------------
-
-    async def truncate(self, session_id: int, message_id: str, actor: Actor) -> TruncateResult:
-        """Rewind (SPEC §7): one transaction, refused while a turn is active.
-
-        A user target is removed with everything after it and its text returned as a draft;
-        an assistant target stays and only what follows it goes.
-        """
-        async with self.db.write() as conn:
-            await self._owned(conn, session_id, actor)
-            target = await self._message_in(conn, session_id, message_id)
-            taken = await conn.execute(
-                update(SESSIONS)
-                .where(SESSIONS.c.id == session_id, self._claimable())
-                .values(updated_at=db_now(), heartbeat_at=None, lock_token=None)
-            )
-            if taken.rowcount == 0:
-                raise AgentSessionBusy(f"session {session_id} has a turn in progress")
-            is_user = target.role == "user"
-            cut = target.position if is_user else target.position + 1
-            deleted_ids = (
-                await conn.execute(
-                    delete(MESSAGES)
-                    .where(MESSAGES.c.session_id == session_id, MESSAGES.c.position >= cut)
-                    .returning(MESSAGES.c.message_id, MESSAGES.c.position)
-                )
-            ).all()
-            tail = await self._tail(conn, session_id)
-        ordered = tuple(row.message_id for row in sorted(deleted_ids, key=lambda r: r.position))
-        return TruncateResult(
-            deleted=len(ordered),
-            draft=message_text(target.message) if is_user else None,
-            tail_message_id=tail.message_id if tail else None,
-            deleted_message_ids=ordered,
-        )
-
-    async def _message_in(
-        self, conn: AsyncConnection, session_id: int, message_id: str
-    ) -> StoredMessage:
-        row = (
-            await conn.execute(
-                select(*_MESSAGE_COLUMNS).where(
-                    MESSAGES.c.session_id == session_id, MESSAGES.c.message_id == message_id
-                )
-            )
-        ).first()
-        if row is None:
-            raise MessageNotFound(f"message {message_id} is not in session {session_id}")
-        return _stored(row)
-
-    async def branch(
-        self,
-        session_id: int,
-        message_id: str,
-        *,
-        user_id: int | None,
-        project_name: str | None = None,
-        project_session_id: str | None = None,
-    ) -> BranchResult:
-        """Fork (SPEC §7): copy the prefix into a new session owned by ``user_id``.
-
-        Every message gets a new id; snapshots of copied messages are copied as references to
-        the same content (nothing is duplicated). The source is only read, so this works while
-        the source is busy.
-        """
-        async with self.db.write() as conn:
-            source = (
-                await conn.execute(select(*SESSIONS.c).where(SESSIONS.c.id == session_id))
-            ).first()
-            if source is None:
-                raise AgentSessionNotFound(f"session {session_id} does not exist")
-            target = await self._message_in(conn, session_id, message_id)
-            is_user = target.role == "user"
-            end = target.position - 1 if is_user else target.position
-            prefix = (
-                await conn.execute(
-                    select(
-                        MESSAGES.c.message_id, MESSAGES.c.message, MESSAGES.c.is_compaction_message
-                    )
-                    .where(MESSAGES.c.session_id == session_id, MESSAGES.c.position <= end)
-                    .order_by(MESSAGES.c.position)
-                )
-            ).all()
-            new_id = (
-                await conn.execute(
-                    insert(SESSIONS)
-                    .values(
-                        project_name=project_name or source.project_name,
-                        project_session_id=project_session_id or f"fork/{uuid.uuid4()}",
-                        user_id=user_id,
-                        title=source.title,
-                        model_provider=source.model_provider,
-                        model_name=source.model_name,
-                        custom_provider_id=source.custom_provider_id,
-                        builtin_provider=source.builtin_provider,
-                    )
-                    .returning(SESSIONS.c.id)
-                )
-            ).scalar_one()
-            id_map: dict[str, str] = {}
-            rows = []
-            for position, row in enumerate(prefix):
-                copy = with_new_id(row.message)
-                id_map[row.message_id] = copy["id"]
-                rows.append(
-                    message_row(new_id, position, copy, compaction=bool(row.is_compaction_message))
-                )
-            if rows:
-                await self._insert(conn, rows)
-                await self._copy_snapshots(conn, session_id, new_id, end, id_map)
-            info = (await conn.execute(self._session_select().where(SESSIONS.c.id == new_id))).one()
-        return BranchResult(
-            session=self._info(info),
-            draft=message_text(target.message) if is_user else None,
-            copied=len(rows),
-            message_id_map=id_map,
-        )
-
-    async def _copy_snapshots(
-        self,
-        conn: AsyncConnection,
-        source_id: int,
-        new_session_id: int,
-        end: int,
-        id_map: dict[str, str],
-    ) -> None:
-        snapshots = (
-            await conn.execute(
-                select(
-                    SNAPSHOTS.c.message_id,
-                    SNAPSHOTS.c.content_digest,
-                    SNAPSHOTS.c.raw_size,
-                    SNAPSHOTS.c.stored_size,
-                )
-                .join(MESSAGES, MESSAGES.c.message_id == SNAPSHOTS.c.message_id)
-                .where(SNAPSHOTS.c.session_id == source_id, MESSAGES.c.position <= end)
-            )
-        ).all()
-        if snapshots:
-            await conn.execute(
-                insert(SNAPSHOTS),
-                [
-                    {
-                        "message_id": id_map[s.message_id],
-                        "session_id": new_session_id,
-                        "content_digest": s.content_digest,
-                        "raw_size": s.raw_size,
-                        "stored_size": s.stored_size,
-                    }
-                    for s in snapshots
-                ],
-            )
-
-    # -- bulk loading (benchmarks, imports) -----------------------------------------------------
-
-    async def import_messages(
-        self, session_id: int, messages: Iterable[tuple[Message, bool]]
-    ) -> int:
-        """Append already-written messages outside any turn (refused while a turn is active)."""
-        async with self.db.write() as conn:
-            taken = await conn.execute(
-                update(SESSIONS)
-                .where(SESSIONS.c.id == session_id, self._claimable())
-                .values(updated_at=db_now())
-            )
-            if taken.rowcount == 0:
-                await self._raise_missing_or_busy(conn, session_id)
-            last = await conn.scalar(
-                select(func.max(MESSAGES.c.position)).where(MESSAGES.c.session_id == session_id)
-            )
-            start = 0 if last is None else int(last) + 1
-            rows = [
-                message_row(session_id, start + i, m, compaction=c)
-                for i, (m, c) in enumerate(messages)
-            ]
-            if rows:
-                await self._insert(conn, rows)
-        return len(rows)

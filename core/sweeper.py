@@ -15,22 +15,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, and_, delete, exists, func, or_, select
+from sqlalchemy import ColumnElement, Table, and_, delete, exists, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 
 from core.db import Database, ago
 from core.errors import DatabaseError
 from core.models import AgentSession, AgentSessionSnapshot, SnapshotContent
+from core.queries import claimable
 from core.retention import RetentionPolicy
 
 log = logging.getLogger(__name__)
 
-SESSIONS = AgentSession.__table__
-SNAPSHOTS = AgentSessionSnapshot.__table__
-CONTENTS = SnapshotContent.__table__
+SESSIONS = cast(Table, AgentSession.__table__)
+SNAPSHOTS = cast(Table, AgentSessionSnapshot.__table__)
+CONTENTS = cast(Table, SnapshotContent.__table__)
 
 # Content younger than this is never collected: a turn may be between storing the content and
 # storing the snapshot row that refers to it.
@@ -51,13 +52,6 @@ class SweepReport:
     @property
     def sessions(self) -> int:
         return self.expired + self.idle + self.over_cap
-
-
-def _inactive(staleness_seconds: float) -> ColumnElement[bool]:
-    return or_(
-        SESSIONS.c.heartbeat_at.is_(None),
-        SESSIONS.c.heartbeat_at < ago(staleness_seconds),
-    )
 
 
 def _over_cap(cap: int) -> ColumnElement[bool]:
@@ -117,7 +111,7 @@ async def sweep(
 ) -> SweepReport:
     """One pass of every rule. ``on_batch`` is called between select and delete (for tests)."""
     report = SweepReport()
-    inactive = _inactive(staleness_seconds)
+    inactive = claimable(staleness_seconds)
 
     expired = and_(SESSIONS.c.expires_at.is_not(None), SESSIONS.c.expires_at < ago(0), inactive)
     report.expired = await _delete_sessions(

@@ -1,4 +1,4 @@
-"""Small helpers for tests: building sessions, ageing locks on the database clock, child processes."""
+"""Test helpers: building sessions, ageing locks on the database clock, child processes."""
 
 from __future__ import annotations
 

@@ -14,7 +14,9 @@ from tests.helpers import ROOT, add_exchange, new_session
 EXE = Path(sys.executable).with_name("slack-agent")
 
 
-def cli(*args: str, database_url: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, database_url: str | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, **env}
     if database_url is not None:
         environment["DATABASE_URL"] = database_url
@@ -44,14 +46,22 @@ async def test_sessions__list_show_delete(store: SessionStore, database_url: str
     await add_exchange(store, session.id, 2)
     listed = cli("sessions", "list", database_url=database_url)
     assert listed.returncode == 0, listed.stderr
-    assert f"{session.id:>6}" in listed.stdout and "question 0" in listed.stdout
+    assert f"{session.id:>6}" in listed.stdout
+    assert "question 0" in listed.stdout
     shown = cli("sessions", "show", str(session.id), database_url=database_url)
     assert shown.returncode == 0, shown.stderr
     assert [line.split()[:2] for line in shown.stdout.splitlines()[2:]] == [
-        ["0", "user"], ["1", "assistant"], ["2", "user"], ["3", "assistant"],
+        ["0", "user"],
+        ["1", "assistant"],
+        ["2", "user"],
+        ["3", "assistant"],
     ]
     tail = await store.tail(session.id)
-    lease = await store.start_turn(session.id, user_message=user_message("q"), last_message_id=tail.message_id if tail else None)
+    lease = await store.start_turn(
+        session.id,
+        user_message=user_message("q"),
+        last_message_id=tail.message_id if tail else None,
+    )
     busy = cli("sessions", "delete", str(session.id), database_url=database_url)
     assert one_line_error(busy).startswith("slack-agent: agent_session_busy:")
     await store.release(lease)
@@ -59,14 +69,18 @@ async def test_sessions__list_show_delete(store: SessionStore, database_url: str
     assert deleted.returncode == 0, deleted.stderr
     assert "as the local operator" in deleted.stdout
     missing = cli("sessions", "show", str(session.id), database_url=database_url)
-    assert one_line_error(missing) == f"slack-agent: agent_session_not_found: session {session.id} does not exist"
+    assert (
+        one_line_error(missing)
+        == f"slack-agent: agent_session_not_found: session {session.id} does not exist"
+    )
 
 
 def test_retention_and_sweep(database_url: str) -> None:
     shown = cli("retention", "show", database_url=database_url, AGENT_SESSION_MAX_PER_USER="12")
     assert "max per user:  12" in shown.stdout
     set_ = cli("retention", "set", "--max-idle-days", "7", database_url=database_url)
-    assert set_.returncode == 0 and "max idle days: 7" in set_.stdout
+    assert set_.returncode == 0
+    assert "max idle days: 7" in set_.stdout
     assert "max idle days: 7" in cli("retention", "show", database_url=database_url).stdout
     bad = cli("retention", "set", "--max-per-user", "-1", database_url=database_url)
     assert "max per user must be 0 (off) or more" in one_line_error(bad)
@@ -91,6 +105,11 @@ def test_unbuilt_commands_say_so_and_python_dash_m_works() -> None:
     serve = cli("serve")
     assert one_line_error(serve) == "slack-agent serve: the Slack surface is not built yet"
     module = subprocess.run(
-        [sys.executable, "-m", "bot", "--help"], capture_output=True, text=True, cwd=ROOT, check=False
+        [sys.executable, "-m", "bot", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
     )
-    assert module.returncode == 0 and "migrate" in module.stdout
+    assert module.returncode == 0
+    assert "migrate" in module.stdout

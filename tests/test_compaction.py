@@ -40,10 +40,13 @@ async def test_compact__stores_checkpoint_that_projection_starts_from(store: Ses
     await add_exchange(store, session.id, 2)
     summariser = RecordingSummariser()
     stored = await compact(store, session.id, Actor(owner), summariser, focus="the report")
-    assert stored.is_compaction_message and stored.role == "user"
+    assert stored.is_compaction_message
+    assert stored.role == "user"
     text = message_text(stored.message)
-    assert text.startswith("<checkpoint>") and "<next_steps>" in text
-    assert "- path /srv/reports/q3.csv" in text and "- budget 4,200 EUR" in text
+    assert text.startswith("<checkpoint>")
+    assert "<next_steps>" in text
+    assert "- path /srv/reports/q3.csv" in text
+    assert "- budget 4,200 EUR" in text
     assert summariser.calls[0][0] == ["question 0", "answer 0", "question 1", "answer 1"]
     assert summariser.calls[0][2] == "the report"
     history = await store.history(session.id)
@@ -59,10 +62,12 @@ async def test_compact__updates_the_previous_checkpoint(store: SessionStore) -> 
     await add_exchange(store, session.id)
     second = await compact(store, session.id, Actor(owner), summariser)
     shown, previous, _ = summariser.calls[1]
-    assert previous is not None and previous.items("completed_work") == ["answer 0"]
+    assert previous is not None
+    assert previous.items("completed_work") == ["answer 0"]
     assert shown[0].startswith("<checkpoint>")  # the model sees only the old checkpoint + after
     checkpoint = parse_checkpoint(second)
-    assert checkpoint is not None and checkpoint.items("completed_work") == ["answer 0", "answer 0"]
+    assert checkpoint is not None
+    assert checkpoint.items("completed_work") == ["answer 0", "answer 0"]
 
 
 async def test_compact__already_compact_and_empty_are_refused(store: SessionStore) -> None:
@@ -86,7 +91,9 @@ async def test_compact__busy_and_forbidden_cost_no_summary(store: SessionStore) 
     summariser = RecordingSummariser()
     with pytest.raises(AgentSessionForbidden):
         await compact(store, session.id, Actor(stranger), summariser)
-    lease = await store.start_turn(session.id, user_message=user_message("q"), last_message_id=ids[-1])
+    lease = await store.start_turn(
+        session.id, user_message=user_message("q"), last_message_id=ids[-1]
+    )
     with pytest.raises(AgentSessionBusy):
         await compact(store, session.id, Actor(owner), summariser)
     await store.release(lease)
@@ -97,4 +104,5 @@ def test_checkpoint__rejects_unknown_sections_and_renders_all() -> None:
     with pytest.raises(ValueError, match="unknown checkpoint section"):
         Checkpoint({"feelings": ["fine"]})
     rendered = render_checkpoint(Checkpoint({"blockers": ["CI red"]}))
-    assert rendered.count("<") == 2 * 9 and "- CI red" in rendered
+    assert rendered.count("<") == 2 * 9
+    assert "- CI red" in rendered

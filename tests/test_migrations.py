@@ -1,4 +1,4 @@
-"""``alembic upgrade head`` builds exactly the ORM's schema, on both databases, safely in parallel."""
+"""``alembic upgrade head`` builds exactly the ORM's schema, on both databases, in parallel too."""
 
 from __future__ import annotations
 

@@ -38,7 +38,10 @@ async def test_orm__refuses_a_message_id_that_differs(store: SessionStore, db: D
     _, session = await new_session(store)
     with pytest.raises(InvalidMessage, match="differs"):
         AgentSessionMessage(
-            session_id=session.id, position=0, message=user_message("hi"), message_id=str(uuid.uuid4())
+            session_id=session.id,
+            position=0,
+            message=user_message("hi"),
+            message_id=str(uuid.uuid4()),
         )
     row = AgentSessionMessage(session_id=session.id, position=0, message=user_message("hi"))
     with pytest.raises(InvalidMessage):
@@ -58,7 +61,13 @@ async def test_orm__refuses_a_mutated_message_at_flush(store: SessionStore, db: 
 
 
 @pytest.mark.parametrize(
-    "bad_id", ["not-a-uuid", "", "A1B2C3D4-0000-4000-8000-000000000000", "{6f1e2d3c-4b5a-4978-8a6b-5c4d3e2f1a0b}"]
+    "bad_id",
+    [
+        "not-a-uuid",
+        "",
+        "A1B2C3D4-0000-4000-8000-000000000000",
+        "{6f1e2d3c-4b5a-4978-8a6b-5c4d3e2f1a0b}",
+    ],
 )
 async def test_orm__refuses_non_uuid_ids(store: SessionStore, db: Database, bad_id: str) -> None:
     _, session = await new_session(store)
@@ -73,11 +82,18 @@ async def test_store__refuses_invalid_messages_and_stores_nothing(
     store: SessionStore, db: Database
 ) -> None:
     _, session = await new_session(store)
-    for bad in ({"id": "nope", "role": "user", "parts": []}, {"role": "user"}, "text", {"id": str(uuid.uuid4()), "role": "robot", "parts": []}):
+    for bad in (
+        {"id": "nope", "role": "user", "parts": []},
+        {"role": "user"},
+        "text",
+        {"id": str(uuid.uuid4()), "role": "robot", "parts": []},
+    ):
         with pytest.raises(InvalidMessage):
             await store.start_turn(session.id, user_message=bad, last_message_id=None)  # type: ignore[arg-type]
     assert not await store.is_turn_active(session.id)
-    lease = await store.start_turn(session.id, user_message=user_message("ok"), last_message_id=None)
+    lease = await store.start_turn(
+        session.id, user_message=user_message("ok"), last_message_id=None
+    )
     with pytest.raises(InvalidMessage):
         await store.finish(lease, [{"id": "nope", "role": "assistant", "parts": []}])
     assert await stored_count(db) == 1

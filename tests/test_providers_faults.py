@@ -10,6 +10,7 @@ import dataclasses
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -29,6 +30,7 @@ from core.providers import (
     RetryPolicy,
     UserMessage,
 )
+from core.providers.streaming import parse_retry_after
 from tests import fake_anthropic, fake_openai
 from tests.providers_fixtures import (
     JsonReply,
@@ -324,3 +326,14 @@ async def test_closing_the_stream_early__releases_the_connection(wire: Wire) -> 
 
     assert text_of([first]) == "one "
     assert text_of(events) == "again"
+
+
+def test_parse_retry_after__seconds_milliseconds_and_http_dates() -> None:
+    now = datetime(2015, 10, 21, 7, 28, 0, tzinfo=UTC).timestamp()
+
+    assert parse_retry_after({"retry-after": "3"}) == 3.0
+    assert parse_retry_after({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
+    assert parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:10 GMT"}, now=now) == 10.0
+    assert parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:27:00 GMT"}, now=now) == 0.0
+    assert parse_retry_after({"retry-after": "soon"}) is None
+    assert parse_retry_after({}) is None

@@ -41,7 +41,9 @@ async def test_get_or_create_user__is_idempotent(store: SessionStore) -> None:
 
 async def test_temporary_session__expires_on_database_clock(store: SessionStore) -> None:
     owner = await store.get_or_create_user("slack:T1:U1")
-    session, _ = await store.get_or_create_session("slack", "T1/D1/1.0", user_id=owner, temporary=True)
+    session, _ = await store.get_or_create_session(
+        "slack", "T1/D1/1.0", user_id=owner, temporary=True
+    )
     assert session.expires_at is not None
     hours = (session.expires_at - session.created_at).total_seconds() / 3600
     assert 23.9 < hours < 24.1
@@ -69,10 +71,14 @@ async def test_set_title__owner_only(store: SessionStore) -> None:
 async def test_title__is_first_user_message_shortened(store: SessionStore) -> None:
     _, session = await new_session(store)
     long_text = "Please look at the deployment logs of the payments service " * 4
-    lease = await store.start_turn(session.id, user_message=user_message(long_text), last_message_id=None)
+    lease = await store.start_turn(
+        session.id, user_message=user_message(long_text), last_message_id=None
+    )
     await store.release(lease)
     title = (await store.get_session(session.id)).title
-    assert title is not None and title.endswith("…") and len(title) <= 80
+    assert title is not None
+    assert title.endswith("…")
+    assert len(title) <= 80
     assert long_text.startswith(title[:-1])
 
 
@@ -82,7 +88,9 @@ async def test_delete_session__rules(store: SessionStore) -> None:
     stranger = await store.get_or_create_user("slack:T1:U2")
     with pytest.raises(AgentSessionForbidden):
         await store.delete_session(session.id, Actor(stranger))
-    lease = await store.start_turn(session.id, user_message=user_message("q"), last_message_id=ids[-1])
+    lease = await store.start_turn(
+        session.id, user_message=user_message("q"), last_message_id=ids[-1]
+    )
     with pytest.raises(AgentSessionBusy):
         await store.delete_session(session.id, Actor(owner))
     await store.release(lease)
@@ -105,7 +113,12 @@ async def test_custom_provider_deleted__is_derived(store: SessionStore, db: obje
         provider_id = (
             await conn.execute(
                 insert(CustomProvider.__table__)
-                .values(name="team-llm", kind="openai", base_url="http://127.0.0.1:9/v1", api_key_env="TEAM_KEY")
+                .values(
+                    name="team-llm",
+                    kind="openai",
+                    base_url="http://127.0.0.1:9/v1",
+                    api_key_env="TEAM_KEY",
+                )
                 .returning(CustomProvider.__table__.c.id)
             )
         ).scalar_one()

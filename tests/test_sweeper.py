@@ -51,7 +51,8 @@ async def test_expired_pass__deletes_only_expired_temporary_sessions(
     persisted = await sessions(store, 2, owner="slack:T1:U3")
     await backdate(db, expired, expires_at=10)
     report = await sweep(db, OFF, staleness_seconds=60, batch_size=2)
-    assert report.expired == 3 and report.sessions == 3
+    assert report.expired == 3
+    assert report.sessions == 3
     assert await remaining(db) == set(fresh + persisted)
 
 
@@ -102,9 +103,7 @@ async def test_active_session__is_never_deleted_by_any_pass(
     assert await remaining(db) == {capped[0]}
 
 
-async def test_batches__recheck_each_row_before_deleting(
-    store: SessionStore, db: Database
-) -> None:
+async def test_batches__recheck_each_row_before_deleting(store: SessionStore, db: Database) -> None:
     idle = await sessions(store, 4)
     await backdate(db, idle, updated_at=40 * 86400)
     touched: list[int] = []
@@ -112,11 +111,16 @@ async def test_batches__recheck_each_row_before_deleting(
     async def between_select_and_delete(name: str, ids: list[Any]) -> None:
         if not touched:  # a user comes back to one candidate of the first batch
             touched.append(ids[0])
-            lease = await store.start_turn(ids[0], user_message=user_message("back"), last_message_id=None)
+            lease = await store.start_turn(
+                ids[0], user_message=user_message("back"), last_message_id=None
+            )
             await store.release(lease)
 
     report = await sweep(
-        db, RetentionPolicy(30, 0), staleness_seconds=60, batch_size=2,
+        db,
+        RetentionPolicy(30, 0),
+        staleness_seconds=60,
+        batch_size=2,
         on_batch=between_select_and_delete,
     )
     assert report.idle == 3
@@ -164,8 +168,11 @@ async def test_snapshot_contents__unreferenced_old_content_is_collected(
         )
         await conn.execute(
             AgentSessionSnapshot.__table__.insert().values(
-                message_id=ids[1], session_id=session.id, content_digest="a" * 64,
-                raw_size=1, stored_size=1,
+                message_id=ids[1],
+                session_id=session.id,
+                content_digest="a" * 64,
+                raw_size=1,
+                stored_size=1,
             )
         )
         await conn.execute(
@@ -185,8 +192,11 @@ async def test_extra_passes__run_and_are_reported(store: SessionStore, db: Datab
         seen.append(batch_size)
         return 7
 
-    report = await sweep(db, OFF, staleness_seconds=60, batch_size=9, extra_passes=[("events", bot_tables)])
-    assert report.extra == {"events": 7} and seen == [9]
+    report = await sweep(
+        db, OFF, staleness_seconds=60, batch_size=9, extra_passes=[("events", bot_tables)]
+    )
+    assert report.extra == {"events": 7}
+    assert seen == [9]
 
 
 async def test_retention__runtime_values_override_environment(db: Database) -> None:

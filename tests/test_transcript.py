@@ -19,8 +19,9 @@ from core.errors import (
 )
 from core.messages import assistant_message, user_message
 from core.models import AgentSessionSnapshot, SnapshotContent
+from core.queries import history_statement
 from core.records import Actor
-from core.store import SessionStore, history_statement
+from core.store import SessionStore
 from tests.helpers import add_exchange, new_session
 
 
@@ -55,7 +56,8 @@ async def test_truncate__assistant_target_is_kept(store: SessionStore) -> None:
     lease = await store.start_turn(
         session.id, user_message=user_message("again"), last_message_id=ids[3]
     )
-    assert lease.tail is not None and lease.tail.position == 4
+    assert lease.tail is not None
+    assert lease.tail.position == 4
     await store.release(lease)
 
 
@@ -126,7 +128,7 @@ async def checkpoint(store: SessionStore, session_id: int, label: str) -> str:
 
 
 async def test_branch__assistant_target_copies_through_it_with_new_ids(store: SessionStore) -> None:
-    owner, session = await new_session(store)
+    _owner, session = await new_session(store)
     ids = await add_exchange(store, session.id, 3)
     forker = await store.get_or_create_user("slack:T1:U2")
     result = await store.branch(session.id, ids[3], user_id=forker)

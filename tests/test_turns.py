@@ -51,7 +51,8 @@ async def test_start_turn__persists_user_message_and_stamps_model(store: Session
         "openai",
     )
     assert after.title == "Build me a report on Q3"
-    assert lease.tail is not None and lease.tail.message_id == message["id"]
+    assert lease.tail is not None
+    assert lease.tail.message_id == message["id"]
     assert [m.message_id for m in await store.messages(session.id)] == [message["id"]]
 
 
@@ -86,7 +87,8 @@ async def test_claim__stale_heartbeat_is_taken_over(store: SessionStore, db: Dat
     lease = await store.start_turn(
         session.id, user_message=user_message("two"), last_message_id=tail.message_id
     )
-    assert lease.tail is not None and lease.tail.position == 1
+    assert lease.tail is not None
+    assert lease.tail.position == 1
 
 
 async def test_staleness__is_decided_on_the_database_clock(
@@ -229,12 +231,16 @@ async def test_run_turn__failure_persists_partial_output_as_interrupted(
     store: SessionStore,
 ) -> None:
     _, session = await new_session(store)
-    with pytest.raises(RuntimeError, match="model fell over"):
+
+    async def model_fails_mid_answer() -> None:
         async with run_turn(
             store, session.id, user_message=user_message("q"), last_message_id=None
         ) as turn:
             turn.partial_text = "Half an ans"
             raise RuntimeError("model fell over")
+
+    with pytest.raises(RuntimeError, match="model fell over"):
+        await model_fails_mid_answer()
     messages = await store.messages(session.id)
     assert [m.role for m in messages] == ["user", "assistant"]
     assert messages[1].message["metadata"] == {"interrupted": True}

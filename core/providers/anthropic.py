@@ -177,7 +177,7 @@ class AnthropicProvider:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def stream(
+    def stream(
         self,
         messages: Sequence[ChatMessage],
         tools: Sequence[ToolSpec] = (),
@@ -193,8 +193,7 @@ class AnthropicProvider:
             max_tokens=self.max_tokens,
             tool_choice=tool_choice,
         )
-        async for event in self._http.stream(self.url, self._headers, body, self._parse):
-            yield event
+        return self._http.stream(self.url, self._headers, body, self._parse)
 
     def _bad(self, message: str) -> ModelProviderBadResponse:
         return ModelProviderBadResponse(f"{self.name}: {message}", provider=self.name)

@@ -134,7 +134,7 @@ class OpenAIProvider:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def stream(
+    def stream(
         self,
         messages: Sequence[ChatMessage],
         tools: Sequence[ToolSpec] = (),
@@ -146,8 +146,7 @@ class OpenAIProvider:
         body = request_body(
             messages, tools, model=model or self.default_model, tool_choice=tool_choice
         )
-        async for event in self._http.stream(self.url, self._headers, body, self._parse):
-            yield event
+        return self._http.stream(self.url, self._headers, body, self._parse)
 
     def _bad(self, message: str) -> ModelProviderBadResponse:
         return ModelProviderBadResponse(f"{self.name}: {message}", provider=self.name)

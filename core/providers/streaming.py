@@ -230,7 +230,7 @@ class SseStreamer:
                 f"{provider}: request to {url} timed out ({type(exc).__name__})",
                 provider=provider,
             ) from exc
-        except httpx.TransportError as exc:
+        except httpx.HTTPError as exc:
             if answered:  # the reply had begun: what we have is a cut stream
                 raise ModelProviderBadResponse(
                     f"{provider}: the stream from {url} was cut: {exc}", provider=provider

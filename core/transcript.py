@@ -1,0 +1,219 @@
+"""Transcript operations of the session store: reading, rewind (truncate) and fork (branch).
+
+Each public method is one transaction. ``truncate`` is refused while a turn is active and clears
+a stale lock's fencing token, so the dead turn that held it cannot write afterwards. ``branch``
+only reads the source's persisted messages, so it is allowed while the source is busy.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from core import queries as q
+from core.db import Database, db_now
+from core.errors import AgentSessionBusy, AgentSessionNotFound
+from core.messages import Message, message_text, with_new_id
+from core.records import Actor, BranchResult, StoredMessage, TruncateResult
+
+MESSAGES = q.MESSAGES
+SESSIONS = q.SESSIONS
+SNAPSHOTS = q.SNAPSHOTS
+
+
+class TranscriptOperations:
+    """Mixed into ``SessionStore``; needs only its database and staleness window."""
+
+    db: Database
+    staleness_seconds: float
+
+    async def tail(self, session_id: int) -> StoredMessage | None:
+        async with self.db.read() as conn:
+            return await q.tail(conn, session_id)
+
+    async def messages(self, session_id: int, *, after_position: int = -1) -> list[StoredMessage]:
+        """The persisted transcript after a position (what a client has not shown yet)."""
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                select(*q.MESSAGE_COLUMNS)
+                .where(MESSAGES.c.session_id == session_id, MESSAGES.c.position > after_position)
+                .order_by(MESSAGES.c.position)
+            )
+            return [q.stored(row) for row in rows]
+
+    async def history(self, session_id: int) -> list[StoredMessage]:
+        """The model's view (SPEC §7): the latest checkpoint and everything after it."""
+        async with self.db.read() as conn:
+            return [q.stored(row) for row in await conn.execute(q.history_statement(session_id))]
+
+    async def find_message(self, message_id: str) -> tuple[int, StoredMessage] | None:
+        """The session and stored form of a message, by its id."""
+        async with self.db.read() as conn:
+            row = (
+                await conn.execute(
+                    select(MESSAGES.c.session_id, *q.MESSAGE_COLUMNS).where(
+                        MESSAGES.c.message_id == message_id
+                    )
+                )
+            ).first()
+        return None if row is None else (int(row.session_id), q.stored(row))
+
+    async def truncate(self, session_id: int, message_id: str, actor: Actor) -> TruncateResult:
+        """Rewind (SPEC §7), owner or admin only.
+
+        A user target is removed with everything after it and its text returned as a draft;
+        an assistant target stays and only what follows it goes. Snapshots of deleted messages
+        go with them (FK cascade), so the sandbox state becomes that of the new tail.
+        """
+        async with self.db.write() as conn:
+            await q.check_owner(conn, session_id, actor)
+            target = await q.message_in(conn, session_id, message_id)
+            taken = await conn.execute(
+                update(SESSIONS)
+                .where(SESSIONS.c.id == session_id, q.claimable(self.staleness_seconds))
+                .values(updated_at=db_now(), heartbeat_at=None, lock_token=None)
+            )
+            if taken.rowcount == 0:
+                raise AgentSessionBusy(f"session {session_id} has a turn in progress")
+            is_user = target.role == "user"
+            cut = target.position if is_user else target.position + 1
+            deleted = (
+                await conn.execute(
+                    delete(MESSAGES)
+                    .where(MESSAGES.c.session_id == session_id, MESSAGES.c.position >= cut)
+                    .returning(MESSAGES.c.message_id, MESSAGES.c.position)
+                )
+            ).all()
+            tail = await q.tail(conn, session_id)
+        ordered = tuple(row.message_id for row in sorted(deleted, key=lambda r: r.position))
+        return TruncateResult(
+            deleted=len(ordered),
+            draft=message_text(target.message) if is_user else None,
+            tail_message_id=tail.message_id if tail else None,
+            deleted_message_ids=ordered,
+        )
+
+    async def branch(
+        self,
+        session_id: int,
+        message_id: str,
+        *,
+        user_id: int | None,
+        project_name: str | None = None,
+        project_session_id: str | None = None,
+    ) -> BranchResult:
+        """Fork (SPEC §7): copy the prefix into a new session owned by ``user_id``.
+
+        Up to the target for an assistant message, up to just before it (returned as a draft)
+        for a user message. Every message gets a new id; snapshots of copied messages are copied
+        as references to the same content, so nothing is duplicated.
+        """
+        async with self.db.write() as conn:
+            source = (
+                await conn.execute(select(*SESSIONS.c).where(SESSIONS.c.id == session_id))
+            ).first()
+            if source is None:
+                raise AgentSessionNotFound(f"session {session_id} does not exist")
+            target = await q.message_in(conn, session_id, message_id)
+            is_user = target.role == "user"
+            end = target.position - 1 if is_user else target.position
+            prefix = (
+                await conn.execute(
+                    select(
+                        MESSAGES.c.message_id, MESSAGES.c.message, MESSAGES.c.is_compaction_message
+                    )
+                    .where(MESSAGES.c.session_id == session_id, MESSAGES.c.position <= end)
+                    .order_by(MESSAGES.c.position)
+                )
+            ).all()
+            new_id = (
+                await conn.execute(
+                    insert(SESSIONS)
+                    .values(
+                        project_name=project_name or source.project_name,
+                        project_session_id=project_session_id or f"fork/{uuid.uuid4()}",
+                        user_id=user_id,
+                        title=source.title,
+                        model_provider=source.model_provider,
+                        model_name=source.model_name,
+                        custom_provider_id=source.custom_provider_id,
+                        builtin_provider=source.builtin_provider,
+                    )
+                    .returning(SESSIONS.c.id)
+                )
+            ).scalar_one()
+            id_map: dict[str, str] = {}
+            rows = []
+            for position, row in enumerate(prefix):
+                copy = with_new_id(row.message)
+                id_map[row.message_id] = copy["id"]
+                rows.append(
+                    q.message_row(
+                        new_id, position, copy, compaction=bool(row.is_compaction_message)
+                    )
+                )
+            if rows:
+                await q.insert_messages(conn, rows)
+                await _copy_snapshots(conn, session_id, new_id, end, id_map)
+            info = (
+                await conn.execute(
+                    q.session_select(self.staleness_seconds).where(SESSIONS.c.id == new_id)
+                )
+            ).one()
+        return BranchResult(
+            session=q.session_info(info),
+            draft=message_text(target.message) if is_user else None,
+            copied=len(rows),
+            message_id_map=id_map,
+        )
+
+    async def import_messages(
+        self, session_id: int, messages: Iterable[tuple[Message, bool]]
+    ) -> int:
+        """Append already-written ``(message, is_checkpoint)`` pairs outside any turn.
+
+        For imports and benchmarks; refused while a turn is active, like every other writer.
+        """
+        async with self.db.write() as conn:
+            taken = await conn.execute(
+                update(SESSIONS)
+                .where(SESSIONS.c.id == session_id, q.claimable(self.staleness_seconds))
+                .values(updated_at=db_now())
+            )
+            if taken.rowcount == 0:
+                await q.raise_missing_or_busy(conn, session_id)
+            return len(await q.append_messages(conn, session_id, list(messages)))
+
+
+async def _copy_snapshots(
+    conn: AsyncConnection, source_id: int, new_session_id: int, end: int, id_map: dict[str, str]
+) -> None:
+    snapshots = (
+        await conn.execute(
+            select(
+                SNAPSHOTS.c.message_id,
+                SNAPSHOTS.c.content_digest,
+                SNAPSHOTS.c.raw_size,
+                SNAPSHOTS.c.stored_size,
+            )
+            .join(MESSAGES, MESSAGES.c.message_id == SNAPSHOTS.c.message_id)
+            .where(SNAPSHOTS.c.session_id == source_id, MESSAGES.c.position <= end)
+        )
+    ).all()
+    if snapshots:
+        await conn.execute(
+            insert(SNAPSHOTS),
+            [
+                {
+                    "message_id": id_map[s.message_id],
+                    "session_id": new_session_id,
+                    "content_digest": s.content_digest,
+                    "raw_size": s.raw_size,
+                    "stored_size": s.stored_size,
+                }
+                for s in snapshots
+            ],
+        )

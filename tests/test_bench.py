@@ -1,0 +1,138 @@
+"""The benchmark (SPEC §13): its result has the documented shape on both databases, it leaves
+nothing behind, and a claim round that does not have exactly one winner fails the run.
+
+No timing is asserted here: timings depend on the machine; the figures live in the README.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from core.bench import QUICK, BenchError, claim_round, format_table, run_bench
+from core.db import create_database
+from core.errors import AgentSessionBusy
+from core.messages import Message
+from core.models import AgentSession, AgentSessionMessage
+from core.records import ModelChoice, TurnLease
+
+TIMINGS = ("turn", "append_message", "claim_round_50", "truncate", "branch")
+
+
+def assert_timing(value: Any) -> None:
+    assert set(value) == {"p50", "p95", "n"}
+    assert isinstance(value["n"], int)
+    assert value["n"] > 0
+    assert 0 <= value["p50"] <= value["p95"]
+
+
+async def count_rows(url: str) -> tuple[int, int]:
+    db = create_database(url)
+    try:
+        async with db.read() as conn:
+            sessions = await conn.scalar(select(func.count()).select_from(AgentSession))
+            messages = await conn.scalar(select(func.count()).select_from(AgentSessionMessage))
+    finally:
+        await db.dispose()
+    return int(sessions or 0), int(messages or 0)
+
+
+async def test_bench__quick_run_has_every_core_key_and_leaves_the_database_clean(
+    database_url: str, backend: str
+) -> None:
+    result = await run_bench(database_url, quick=True)
+
+    assert result["database"] == backend
+    assert result["quick"] is True
+    for key in TIMINGS:
+        assert_timing(result[key])
+    assert result["claim_round_50"]["n"] == QUICK.claim_rounds  # every round had one winner
+    assert result["turn_history"] == QUICK.turn_history
+    assert result["long_session"] == QUICK.long_session
+    for key in ("history_load", "history_load_no_checkpoint"):
+        assert sorted(result[key], key=int) == [str(size) for size in QUICK.history_sizes]
+        for timing in result[key].values():
+            assert_timing(timing)
+    assert result["sweep_sessions_per_second"] > 0
+    # Later issues add these; until then they are absent, never estimated.
+    for key in ("snapshot_bytes_per_message", "snapshot_restore", "ack", "idle_rss_bytes"):
+        assert key not in result
+
+    table = format_table(result)
+    for label in (backend, "claim_round_50", "history_load [1,000 msgs]", "sessions/s"):
+        assert label in table
+
+    assert await count_rows(database_url) == (0, 0)  # every bench session was deleted
+
+
+async def test_bench__default_database_is_a_temporary_file_removed_afterwards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    tiny = dataclasses.replace(
+        QUICK,
+        turn_samples=3,
+        append_samples=3,
+        history_sizes=(50,),
+        history_samples=3,
+        history_full_samples=2,
+        claim_rounds=2,
+        long_session=40,
+        truncate_samples=2,
+        branch_samples=2,
+        sweep_sessions=20,
+        warmup=1,
+    )
+    result = await run_bench(None, sizes=tiny)
+    assert result["database"] == "sqlite"
+    assert result["claim_round_50"]["n"] == 2
+    assert not any(tmp_path.iterdir())  # noqa: ASYNC240 (a test, after the run)
+
+
+class _FakeStore:
+    """Claims as scripted: ``winners`` of them succeed, the rest are busy."""
+
+    def __init__(self, winners: int, error: Exception | None = None) -> None:
+        self.winners = winners
+        self.error = error
+        self.calls = 0
+
+    async def start_turn(
+        self,
+        session_id: int,
+        *,
+        user_message: Message | None,
+        last_message_id: Any,
+        model: ModelChoice | None = None,
+    ) -> TurnLease:
+        self.calls += 1
+        if self.calls <= self.winners:
+            return TurnLease(session_id=session_id, token=f"t{self.calls}", tail=None)
+        if self.error is not None and self.calls == self.winners + 1:
+            raise self.error
+        raise AgentSessionBusy("busy")
+
+
+async def test_claim_round__exactly_one_winner_passes() -> None:
+    held: dict[str, TurnLease] = {}
+    _elapsed, lease = await claim_round(_FakeStore(1), 7, None, 50, held)
+    assert lease.token == "t1"
+    assert held == {"t1": lease}
+
+
+@pytest.mark.parametrize("winners", [0, 2])
+async def test_claim_round__anything_but_one_winner_fails_the_run(winners: int) -> None:
+    held: dict[str, TurnLease] = {}
+    with pytest.raises(BenchError, match="exactly one winner"):
+        await claim_round(_FakeStore(winners), 7, None, 50, held)
+    assert len(held) == winners  # handed back so the caller can release them
+
+
+async def test_claim_round__a_driver_error_fails_the_run() -> None:
+    with pytest.raises(BenchError, match="unexpected error"):
+        await claim_round(_FakeStore(1, error=RuntimeError("boom")), 7, None, 50)
