@@ -295,31 +295,47 @@ class _Bench:
         return summarize(samples)
 
     async def history_load(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        with_checkpoint: dict[str, Any] = {}
-        without: dict[str, Any] = {}
-        for size in self.sizes.history_sizes:
-            checkpointed = await self.new_session(
+        """Projection loads per size, with and without a checkpoint.
+
+        Every session is built first and the sizes are then sampled in turn (round-robin), so
+        a burst of load on the machine, or the database settling after a bulk insert, weighs
+        on every size alike instead of on whichever was being measured at the time.
+        """
+        sizes = self.sizes.history_sizes
+        checkpointed: dict[int, int] = {}
+        plain: dict[int, int] = {}
+        for size in sizes:
+            checkpointed[size] = await self.new_session(
                 f"history-{size}", size, checkpoint_at=max(0, size - AFTER_CHECKPOINT - 1)
             )
-            expected = min(size, AFTER_CHECKPOINT + 1)
+            plain[size] = await self.new_session(f"history-full-{size}", size)
 
-            async def load(session_id: int = checkpointed, expected: int = expected) -> None:
-                got = len(await self.store.history(session_id))
-                if got != expected:
-                    raise BenchError(f"history projected {got} messages, expected {expected}")
+        async def load(session_id: int, expected: int) -> float:
+            start = time.perf_counter()
+            got = len(await self.store.history(session_id))
+            elapsed = time.perf_counter() - start
+            if got != expected:
+                raise BenchError(f"history of session {session_id}: {got} messages, not {expected}")
+            return elapsed
 
-            samples = await _sample(self.sizes.history_samples, load, warmup=self.sizes.warmup)
-            with_checkpoint[str(size)] = summarize(samples)
+        async def interleaved(
+            sessions: dict[int, int], n: int, warmup: int, projected: Callable[[int], int]
+        ) -> dict[str, Any]:
+            samples: dict[int, list[float]] = {size: [] for size in sizes}
+            for i in range(warmup + n):
+                for size in sizes:
+                    elapsed = await load(sessions[size], projected(size))
+                    if i >= warmup:
+                        samples[size].append(elapsed)
+            return {str(size): summarize(samples[size]) for size in sizes}
 
-            plain = await self.new_session(f"history-full-{size}", size)
-
-            async def load_all(session_id: int = plain, expected: int = size) -> None:
-                got = len(await self.store.history(session_id))
-                if got != expected:
-                    raise BenchError(f"history loaded {got} messages, expected {expected}")
-
-            samples = await _sample(self.sizes.history_full_samples, load_all, warmup=2)
-            without[str(size)] = summarize(samples)
+        with_checkpoint = await interleaved(
+            checkpointed,
+            self.sizes.history_samples,
+            self.sizes.warmup,
+            lambda size: min(size, AFTER_CHECKPOINT + 1),
+        )
+        without = await interleaved(plain, self.sizes.history_full_samples, 2, lambda size: size)
         return with_checkpoint, without
 
     async def claim_round(self) -> dict[str, Any]:
