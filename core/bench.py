@@ -5,6 +5,9 @@
 - ``turn``: a whole turn's bookkeeping through ``run_turn`` (stale guard, claim, stamp, user
   message, then ``finish`` with one assistant message and the release) on a session of
   ``turn_history`` messages;
+- ``turn_async_commit`` (PostgreSQL given by URL): ``turn`` again on connections with
+  ``synchronous_commit=off`` (``POSTGRES_SYNCHRONOUS_COMMIT``), to show what the WAL flushes of
+  its two commits cost;
 - ``append_message``: one fenced ``store.append`` of a single message while a lease is held;
 - ``history_load``: ``store.history`` (the projection) for sessions of several total sizes with a
   checkpoint 20 messages before the end, keyed by the total size as a string; and
@@ -524,6 +527,17 @@ async def claim_round(
 # -- entry points ---------------------------------------------------------------------------------
 
 
+async def _async_commit_turn(database_url: str, sizes: BenchSizes) -> dict[str, Any]:
+    """``turn`` again with POSTGRES_SYNCHRONOUS_COMMIT=off: what the two WAL flushes cost."""
+    db = create_database(database_url, synchronous_commit=False)
+    bench = _Bench(db, sizes)
+    try:
+        return await bench.turn()
+    finally:
+        await bench.cleanup()
+        await db.dispose()
+
+
 @contextlib.asynccontextmanager
 async def _database(database_url: str | None) -> AsyncIterator[tuple[Database, bool]]:
     """The database to measure, and whether it is the bench's own temporary file."""
@@ -564,6 +578,8 @@ async def run_bench(
         try:
             result["turn_history"] = chosen.turn_history
             result["turn"] = await bench.turn()
+            if db.dialect == "postgresql" and database_url is not None:
+                result["turn_async_commit"] = await _async_commit_turn(database_url, chosen)
             result["append_message"] = await bench.append_message()
             history, history_full = await bench.history_load()
             result["history_load"] = history
@@ -635,6 +651,8 @@ def format_table(result: dict[str, Any]) -> str:
 def _label(key: str, result: dict[str, Any]) -> str:
     if key == "turn" and "turn_history" in result:
         return f"turn [{result['turn_history']:,} msgs]"
+    if key == "turn_async_commit" and "turn_history" in result:
+        return f"turn, synchronous_commit=off [{result['turn_history']:,} msgs]"
     if key in ("truncate", "branch") and "long_session" in result:
         return f"{key} [{result['long_session']:,} msgs]"
     return key

@@ -1,12 +1,12 @@
 """The only module that creates engines, and the SQL pieces that differ per database.
 
 SQLite is tuned for an agent's write pattern: WAL (readers never block the writer), foreign keys
-on, a busy timeout for other processes, and every write transaction opened with
-``BEGIN IMMEDIATE`` so a transaction never has to upgrade a read lock to a write lock (that
-upgrade fails at once with ``database is locked`` instead of waiting). Inside one process the
-writers are also queued on an ``asyncio.Lock`` (``Database.write``): SQLite admits one writer at a
-time anyway, and waiting on a lock in the event loop costs microseconds where SQLite's busy handler
-sleeps in steps of up to 100 ms.
+on, and every write transaction opened with ``BEGIN IMMEDIATE`` so a transaction never has to
+upgrade a read lock to a write lock (that upgrade fails at once with ``database is locked``
+instead of waiting). Inside one process the writers queue on an ``asyncio.Lock``: SQLite admits
+one writer at a time anyway, and waiting on a lock in the event loop costs microseconds where
+SQLite's busy handler sleeps in steps of up to 100 ms. Another process's write lock is waited
+for with ``asyncio.sleep`` (``Database.write``), so the event loop never sleeps inside SQLite.
 
 All time that decides anything (lock staleness, expiry, idleness) is the database's clock
 (``db_now``), so replicas with skewed clocks agree.
@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+import sqlite3
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import DateTime, Table, event
+from sqlalchemy import DateTime, Engine, String, Table, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import Connection, CursorResult, Dialect, ScalarResult
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator
@@ -34,7 +35,11 @@ from sqlalchemy.types import TypeDecorator
 from core.errors import DatabaseError
 from core.settings import normalize_database_url
 
-SQLITE_BUSY_TIMEOUT_MS = 30_000
+T = TypeVar("T")
+# How long a writer waits for another process's write lock before giving up.
+SQLITE_WRITE_WAIT_SECONDS = 30.0
+# Readers in WAL mode wait only in rare cases (another connection recovering the WAL).
+SQLITE_READ_BUSY_MS = 1_000
 # SQLite's strftime has millisecond precision; the trailing zeros give SQLAlchemy's own
 # six-digit storage format, so values written by SQL and by Python compare as strings.
 _SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f000', 'now')"
@@ -86,6 +91,78 @@ def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
     return f"(statement_timestamp() + make_interval(secs => CAST({seconds} AS double precision)))"
 
 
+class uuid7_hex(FunctionElement[str]):
+    """The 32 hex digits of a version 7 UUID, made by the database for each row of a copy.
+
+    ``uuid7_hex(position)``: the database clock's milliseconds, then the row's position (so a
+    copy's ids are ordered like its rows and land at the right edge of the ``message_id``
+    index), then 40 random bits; the layout of ``core.messages.new_message_id``. Compute it once
+    per row (a materialised CTE) and format it with ``uuid_text``.
+    """
+
+    type = String(32)
+    inherit_cache = True
+    name = "uuid7_hex"
+
+
+@compiles(uuid7_hex, "sqlite")
+def _sqlite_uuid7_hex(element: uuid7_hex, compiler: SQLCompiler, **kw: Any) -> str:
+    (position,) = (compiler.process(arg, **kw) for arg in element.clauses)
+    millis = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+    return (
+        f"(printf('%012x7%03x8%05x', {millis}, ({position} >> 20) & 4095, "
+        f"{position} & 1048575) || lower(hex(randomblob(5))))"
+    )
+
+
+@compiles(uuid7_hex, "postgresql")
+def _pg_uuid7_hex(element: uuid7_hex, compiler: SQLCompiler, **kw: Any) -> str:
+    # gen_random_uuid() is C and fast; its first 48 bits and version nibble are replaced by the
+    # time and 7 (position ordering is left out here: string building per row costs more in
+    # PostgreSQL than the index locality it would buy within one millisecond).
+    millis = "floor(extract(epoch from statement_timestamp()) * 1000)::bigint"
+    return (
+        f"(lpad(to_hex({millis}), 12, '0') || '7' || "
+        "substr(replace(CAST(gen_random_uuid() AS TEXT), '-', ''), 14, 19))"
+    )
+
+
+class uuid_text(FunctionElement[str]):
+    """32 hex digits in the canonical 8-4-4-4-12 form."""
+
+    type = String(36)
+    inherit_cache = True
+    name = "uuid_text"
+
+
+@compiles(uuid_text)
+def _uuid_text(element: uuid_text, compiler: SQLCompiler, **kw: Any) -> str:
+    (h,) = (compiler.process(arg, **kw) for arg in element.clauses)
+    return (
+        f"(substr({h}, 1, 8) || '-' || substr({h}, 9, 4) || '-' || substr({h}, 13, 4) || '-' "
+        f"|| substr({h}, 17, 4) || '-' || substr({h}, 21, 12))"
+    )
+
+
+class json_with_id(FunctionElement[Any]):
+    """``message`` with its ``id`` replaced: copies a UIMessage under a new id in SQL."""
+
+    inherit_cache = True
+    name = "json_with_id"
+
+
+@compiles(json_with_id, "sqlite")
+def _sqlite_json_with_id(element: json_with_id, compiler: SQLCompiler, **kw: Any) -> str:
+    message, new_id = (compiler.process(arg, **kw) for arg in element.clauses)
+    return f"json_set({message}, '$.id', {new_id})"
+
+
+@compiles(json_with_id, "postgresql")
+def _pg_json_with_id(element: json_with_id, compiler: SQLCompiler, **kw: Any) -> str:
+    message, new_id = (compiler.process(arg, **kw) for arg in element.clauses)
+    return f"jsonb_set({message}, '{{id}}', to_jsonb({new_id}))"
+
+
 def ago(seconds: float) -> db_now:
     """``db_now() - seconds``: the boundary for staleness and retention checks."""
     return db_now(-float(seconds))
@@ -96,39 +173,197 @@ def hence(seconds: float) -> db_now:
     return db_now(float(seconds))
 
 
-@dataclass
-class Database:
-    """An engine plus the in-process writer queue SQLite needs (see the module docstring)."""
+class Conn(Protocol):
+    """What a transaction body sees: ``AsyncConnection`` on PostgreSQL, ``InlineConnection`` on
+    SQLite. Only these methods are used, so the two are interchangeable."""
 
-    engine: AsyncEngine
-    _write_lock: asyncio.Lock | None = field(default=None, repr=False)
+    @property
+    def dialect(self) -> Dialect: ...
+
+    async def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[Any]: ...
+
+    async def scalar(self, statement: Executable, parameters: Any = None) -> Any: ...
+
+    async def scalars(self, statement: Executable, parameters: Any = None) -> ScalarResult[Any]: ...
+
+    async def run_sync(self, fn: Callable[[Connection], T]) -> T: ...
+
+
+class InlineConnection:
+    """An async face on a sync SQLite connection: each statement runs in place.
+
+    A SQLite statement of the turn protocol takes tens of microseconds; handing it to a worker
+    thread and back (what aiosqlite does, three or four times per statement) costs several times
+    that, and was most of a turn's time. Running in place blocks the event loop only for the
+    statement itself: waiting for another process's write lock happens in ``Database.write``
+    with ``asyncio.sleep``, never in SQLite's busy handler.
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self.sync_connection = connection
+
+    @property
+    def dialect(self) -> Dialect:
+        return self.sync_connection.dialect
+
+    async def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[Any]:
+        return self.sync_connection.execute(statement, parameters)
+
+    async def scalar(self, statement: Executable, parameters: Any = None) -> Any:
+        return self.sync_connection.scalar(statement, parameters)
+
+    async def scalars(self, statement: Executable, parameters: Any = None) -> ScalarResult[Any]:
+        return self.sync_connection.scalars(statement, parameters)
+
+    async def run_sync(self, fn: Callable[[Connection], T]) -> T:
+        return fn(self.sync_connection)
+
+
+class Database:
+    """The engine of one database, and how transactions are opened on it.
+
+    PostgreSQL: an async engine (asyncpg). SQLite: a sync engine (pysqlite) whose statements run
+    in place (``InlineConnection``); writers queue on an ``asyncio.Lock`` and open with
+    ``BEGIN IMMEDIATE``, retried with ``asyncio.sleep`` while another process writes.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        echo: bool = False,
+        pool_size: int = 10,
+        synchronous_commit: bool = True,
+    ) -> None:
+        self.url = normalize_database_url(url)
+        self._async: AsyncEngine | None = None
+        self._sqlite: Engine | None = None
+        self._write_lock = asyncio.Lock()
+        if self.url.startswith("sqlite"):
+            self._sqlite = create_engine(
+                self.url.replace("sqlite+aiosqlite", "sqlite+pysqlite", 1),
+                echo=echo,
+                pool_size=pool_size,
+                max_overflow=pool_size,
+                connect_args={"check_same_thread": False},
+            )
+            _configure_sqlite(self._sqlite)
+        else:
+            # synchronous_commit=off: a commit returns before its WAL record is flushed. A
+            # PostgreSQL crash may then lose the last fraction of a second of commits (never
+            # consistency); a crash of this process loses nothing. Off only when asked for.
+            server_settings = {} if synchronous_commit else {"synchronous_commit": "off"}
+            self._async = create_async_engine(
+                self.url,
+                echo=echo,
+                pool_size=pool_size,
+                max_overflow=pool_size,
+                connect_args={"server_settings": server_settings},
+            )
 
     @property
     def dialect(self) -> str:
-        return self.engine.dialect.name
+        return self.sync_engine.dialect.name
+
+    @property
+    def sync_engine(self) -> Engine:
+        """The engine events listen on (statement counting, plans), on either database."""
+        if self._sqlite is not None:
+            return self._sqlite
+        assert self._async is not None
+        return self._async.sync_engine
 
     @contextlib.asynccontextmanager
-    async def read(self) -> AsyncIterator[AsyncConnection]:
+    async def read(self) -> AsyncIterator[Conn]:
         """A short read transaction (deferred on SQLite: never blocks or is blocked by writers)."""
         try:
-            async with self.engine.connect() as conn:
-                yield conn
-        except (SQLAlchemyError, OSError) as exc:
+            if self._sqlite is not None:
+                with self._sqlite.connect() as conn:
+                    yield InlineConnection(conn)
+            else:
+                assert self._async is not None
+                async with self._async.connect() as aconn:
+                    yield aconn
+        except (SQLAlchemyError, OSError, sqlite3.Error) as exc:
             raise database_error(exc) from exc
 
     @contextlib.asynccontextmanager
-    async def write(self) -> AsyncIterator[AsyncConnection]:
+    async def write(self) -> AsyncIterator[Conn]:
         """One write transaction, committed on success and rolled back on any error."""
-        lock = self._write_lock
         try:
-            if lock is None:
-                async with self.engine.begin() as conn:
-                    yield conn
+            if self._sqlite is not None:
+                async with self._write_lock:
+                    conn = await self._sqlite_begin_immediate(self._sqlite)
+                    try:
+                        yield InlineConnection(conn)
+                        conn.commit()
+                    finally:
+                        conn.close()  # rolls back whatever was not committed
             else:
-                async with lock, self.engine.connect() as conn:
-                    conn = await conn.execution_options(sqlite_write=True)
-                    async with conn.begin():
-                        yield conn
+                assert self._async is not None
+                async with self._async.begin() as aconn:
+                    yield aconn
+        except (SQLAlchemyError, OSError, sqlite3.Error) as exc:
+            raise database_error(exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[Conn]:
+        """PostgreSQL: a connection outside any transaction, for a one-statement write (no
+        BEGIN or COMMIT round trips). SQLite: an ordinary write transaction."""
+        if self._async is None:
+            async with self.write() as conn:
+                yield conn
+            return
+        try:
+            async with self._async.connect() as aconn:
+                yield await aconn.execution_options(isolation_level="AUTOCOMMIT")
+        except (SQLAlchemyError, OSError) as exc:
+            raise database_error(exc) from exc
+
+    @staticmethod
+    async def _sqlite_begin_immediate(engine: Engine) -> Connection:
+        conn = engine.connect()
+        raw = _raw(conn)
+        delay, waited = 0.001, 0.0
+        try:
+            raw.execute("PRAGMA busy_timeout = 0")
+            while True:
+                try:
+                    raw.execute("BEGIN IMMEDIATE")
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) and "busy" not in str(exc):
+                        raise
+                    if waited >= SQLITE_WRITE_WAIT_SECONDS:
+                        raise
+                await asyncio.sleep(delay)
+                waited += delay
+                delay = min(delay * 2, 0.05)
+            raw.execute(f"PRAGMA busy_timeout = {SQLITE_READ_BUSY_MS}")
+            conn.begin()  # SQLAlchemy's view of the transaction BEGIN IMMEDIATE opened
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @contextlib.asynccontextmanager
+    async def advisory_lock(self, key: int) -> AsyncIterator[None]:
+        """Hold a PostgreSQL session-level advisory lock (replicas migrating one at a time).
+
+        On SQLite there is nothing to take: every writer already holds the write lock.
+        """
+        if self._async is None:
+            yield
+            return
+        try:
+            async with self._async.connect() as aconn:
+                await aconn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+                await aconn.commit()
+                try:
+                    yield
+                finally:
+                    await aconn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                    await aconn.commit()
         except (SQLAlchemyError, OSError) as exc:
             raise database_error(exc) from exc
 
@@ -139,7 +374,14 @@ class Database:
         return sqlite.insert(table)
 
     async def dispose(self) -> None:
-        await self.engine.dispose()
+        if self._sqlite is not None:
+            self._sqlite.dispose()
+        if self._async is not None:
+            await self._async.dispose()
+
+
+def _raw(conn: Connection) -> Any:
+    return conn.connection.dbapi_connection
 
 
 def database_error(exc: BaseException) -> DatabaseError:
@@ -149,40 +391,25 @@ def database_error(exc: BaseException) -> DatabaseError:
     return DatabaseError(f"{cause.__class__.__name__}: {detail}")
 
 
-def create_database(url: str, *, echo: bool = False, pool_size: int = 10) -> Database:
-    """Create the engine for ``url`` (normalised and checked, see ``normalize_database_url``)."""
-    url = normalize_database_url(url)
-    if url.startswith("sqlite"):
-        engine = create_async_engine(
-            url,
-            echo=echo,
-            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
-            pool_size=pool_size,
-            max_overflow=pool_size,
-        )
-        _configure_sqlite(engine)
-        return Database(engine, asyncio.Lock())
-    engine = create_async_engine(
-        url, echo=echo, pool_size=pool_size, max_overflow=pool_size * 4, pool_pre_ping=False
-    )
-    return Database(engine)
+def create_database(
+    url: str, *, echo: bool = False, pool_size: int = 10, synchronous_commit: bool = True
+) -> Database:
+    """The database for ``url`` (normalised and checked, see ``normalize_database_url``)."""
+    return Database(url, echo=echo, pool_size=pool_size, synchronous_commit=synchronous_commit)
 
 
-def _configure_sqlite(engine: AsyncEngine) -> None:
-    sync_engine = engine.sync_engine
-
-    @event.listens_for(sync_engine, "connect")
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite's own is always deferred).
+        # Transactions are begun explicitly (pysqlite's own BEGIN is always deferred).
         dbapi_conn.isolation_level = None
-        cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.close()
+        dbapi_conn.execute("PRAGMA journal_mode=WAL")
+        dbapi_conn.execute("PRAGMA foreign_keys=ON")
+        dbapi_conn.execute(f"PRAGMA busy_timeout={SQLITE_READ_BUSY_MS}")
+        dbapi_conn.execute("PRAGMA synchronous=NORMAL")
 
-    @event.listens_for(sync_engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        write = conn.get_execution_options().get("sqlite_write", False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        # Writers already hold BEGIN IMMEDIATE (Database.write); readers begin deferred.
+        if not _raw(conn).in_transaction:
+            conn.exec_driver_sql("BEGIN")

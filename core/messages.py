@@ -6,6 +6,8 @@ without a translation layer; these helpers are the only place that builds or rea
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 from typing import Any
 
@@ -17,7 +19,14 @@ _SLACK_NAMESPACE = uuid.UUID("5a1c7a9e-6f2b-4d7e-9a43-8f1c2b3d4e5f")
 
 
 def new_message_id() -> str:
-    return str(uuid.uuid4())
+    """A version 7 UUID: time-ordered, so a session's new messages land at the right edge of
+    the ``message_id`` index instead of at random places in it (fewer pages touched per insert,
+    on both databases)."""
+    millis = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (millis & (2**48 - 1)) << 80 | 0x7 << 76 | (rand >> 68) << 64 | 0b10 << 62
+    value |= rand & (2**62 - 1)
+    return str(uuid.UUID(int=value))
 
 
 def slack_message_id(team_id: str, channel_id: str, ts: str) -> str:

@@ -2,7 +2,7 @@
 
 PostgreSQL: the upgrade runs under a session-level advisory lock, so replicas migrate one at a
 time and the later ones find nothing to do. SQLite: the upgrade runs in a ``BEGIN IMMEDIATE``
-transaction, which other processes wait for through the busy timeout.
+transaction, which other processes wait for.
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import text
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import SQLAlchemyError
 
-from core.db import Database, database_error
+from core.db import Database
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # An arbitrary, fixed 64-bit key: "slack-agent migrate" for every replica of every version.
@@ -53,24 +51,5 @@ async def upgrade(db: Database, revision: str = "head") -> tuple[str | None, str
         command.upgrade(config, revision)
         return before, _current(connection)
 
-    try:
-        async with db.engine.connect() as conn:
-            if db.dialect == "postgresql":
-                await conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _ADVISORY_LOCK_KEY})
-                await conn.commit()
-                try:
-                    result = await conn.run_sync(_run)
-                    await conn.commit()
-                finally:
-                    await conn.rollback()
-                    await conn.execute(
-                        text("SELECT pg_advisory_unlock(:k)"), {"k": _ADVISORY_LOCK_KEY}
-                    )
-                    await conn.commit()
-            else:
-                conn = await conn.execution_options(sqlite_write=True)
-                result = await conn.run_sync(_run)
-                await conn.commit()
-    except (SQLAlchemyError, OSError) as exc:
-        raise database_error(exc) from exc
-    return result
+    async with db.advisory_lock(_ADVISORY_LOCK_KEY), db.write() as conn:
+        return await conn.run_sync(_run)

@@ -173,20 +173,73 @@ def _check_before_write(_mapper: Mapper[Any], _conn: Any, target: AgentSessionMe
 
 
 class SnapshotContent(Base):
-    """Snapshot bytes, content-addressed: identical content is stored once, whoever refers to it."""
+    """One bashkit snapshot object, content-addressed (``digest`` is bashkit's object id).
+
+    Identical objects are stored once, whichever message, session or fork refers to them. A row
+    is either self-contained (``base_id`` null: bashkit's own encoding, or zstd of the decoded
+    object) or a zstd delta whose dictionary is a self-contained row (``base_id``), so decoding
+    any row needs at most one other row: there are no chains to replay. A row may be rewritten
+    from a delta to self-contained, never the other way, so a row chosen as a base stays one.
+    """
 
     __tablename__ = "snapshot_contents"
+    __table_args__ = (
+        CheckConstraint(
+            "(codec = 'zstd-delta' AND base_id IS NOT NULL)"
+            " OR (codec <> 'zstd-delta' AND base_id IS NULL)",
+            name="delta_has_base",
+        ),
+    )
 
-    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    digest: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
     codec: Mapped[str] = mapped_column(String(20), nullable=False)
+    base_id: Mapped[int | None] = mapped_column(
+        Id, ForeignKey("snapshot_contents.id"), nullable=True, index=True
+    )
     raw_size: Mapped[int] = mapped_column(Id, nullable=False)
     stored_size: Mapped[int] = mapped_column(Id, nullable=False)
     data: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    # Also refreshed when a writer reuses an old row, so the sweeper's grace period protects it.
     created_at: Mapped[datetime] = _created()
 
 
+class SnapshotSet(Base):
+    """A content-addressed set of objects: a snapshot is the union of at most two of them.
+
+    A snapshot names a large *base* set (shared by the consecutive snapshots of a session and
+    by its forks) and a small *delta* set (the objects that are not in the base), so the
+    references a message adds grow with what changed, not with the size of the workspace.
+    """
+
+    __tablename__ = "snapshot_sets"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    digest: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+    size: Mapped[int] = mapped_column(Integer, nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
+class SnapshotSetMember(Base):
+    """Set membership as rows, so reachability (restore, garbage collection) is plain SQL."""
+
+    __tablename__ = "snapshot_set_members"
+    __table_args__ = (Index(None, "content_id"),)
+
+    set_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("snapshot_sets.id", ondelete="CASCADE"), primary_key=True
+    )
+    content_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("snapshot_contents.id"), primary_key=True
+    )
+
+
 class AgentSessionSnapshot(Base):
-    """The sandbox state after one message: a reference to content, never the bytes."""
+    """The sandbox state after one message: references to content, never the bytes.
+
+    ``content_digest`` is the bashkit commit to check out; the objects are the members of
+    ``base_set_id`` and ``delta_set_id`` (which always include the commit itself).
+    """
 
     __tablename__ = "agent_session_snapshots"
 
@@ -200,9 +253,14 @@ class AgentSessionSnapshot(Base):
     session_id: Mapped[int] = mapped_column(
         Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False, index=True
     )
-    content_digest: Mapped[str] = mapped_column(
-        String(64), ForeignKey("snapshot_contents.digest"), nullable=False, index=True
+    content_digest: Mapped[str] = mapped_column(String(64), nullable=False)
+    base_set_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("snapshot_sets.id"), nullable=False, index=True
     )
+    delta_set_id: Mapped[int | None] = mapped_column(
+        Id, ForeignKey("snapshot_sets.id"), nullable=True, index=True
+    )
+    # The state's decoded size, and the bytes its capture added to storage (content + refs).
     raw_size: Mapped[int] = mapped_column(Id, nullable=False)
     stored_size: Mapped[int] = mapped_column(Id, nullable=False)
     created_at: Mapped[datetime] = _created()

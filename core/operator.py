@@ -37,7 +37,9 @@ class Operator:
 
     @classmethod
     def open(cls, settings: Settings) -> Operator:
-        db = create_database(settings.database_url)
+        db = create_database(
+            settings.database_url, synchronous_commit=settings.postgres_synchronous_commit
+        )
         store = SessionStore(
             db,
             staleness_seconds=settings.turn_lock_staleness_seconds,

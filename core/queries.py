@@ -12,20 +12,26 @@ from typing import Any, Final, cast
 from sqlalchemy import (
     Boolean,
     ColumnElement,
+    Float,
+    Insert,
+    Integer,
     Row,
     Select,
+    String,
     Table,
+    Update,
     and_,
+    bindparam,
     func,
     insert,
     or_,
     select,
     type_coerce,
+    update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
-from core.db import ago
+from core.db import Conn, ago, db_now
 from core.errors import (
     AgentSessionBusy,
     AgentSessionForbidden,
@@ -38,6 +44,8 @@ from core.models import (
     AgentSession,
     AgentSessionMessage,
     AgentSessionSnapshot,
+    Id,
+    JsonDoc,
     User,
     validate_message,
 )
@@ -149,19 +157,12 @@ def history_statement(session_id: int) -> Select[Any]:
     )
 
 
-async def tail(conn: AsyncConnection, session_id: int) -> StoredMessage | None:
-    row = (
-        await conn.execute(
-            select(*MESSAGE_COLUMNS)
-            .where(MESSAGES.c.session_id == session_id)
-            .order_by(MESSAGES.c.position.desc())
-            .limit(1)
-        )
-    ).first()
+async def tail(conn: Conn, session_id: int) -> StoredMessage | None:
+    row = (await conn.execute(TAIL, {"sid": session_id})).first()
     return None if row is None else stored(row)
 
 
-async def message_in(conn: AsyncConnection, session_id: int, message_id: str) -> StoredMessage:
+async def message_in(conn: Conn, session_id: int, message_id: str) -> StoredMessage:
     row = (
         await conn.execute(
             select(*MESSAGE_COLUMNS).where(
@@ -174,35 +175,136 @@ async def message_in(conn: AsyncConnection, session_id: int, message_id: str) ->
     return stored(row)
 
 
-async def insert_messages(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
+async def insert_messages(conn: Conn, rows: list[dict[str, Any]]) -> None:
     try:
         await conn.execute(insert(MESSAGES), rows)
     except IntegrityError as exc:
         raise DuplicateMessage(f"a message with this id is already stored: {exc.orig}") from exc
 
 
-async def append_messages(
-    conn: AsyncConnection, session_id: int, messages: Sequence[tuple[Message, bool]]
-) -> list[StoredMessage]:
-    """Insert after the current tail; callers hold the session's lock (or its write lock)."""
-    if not messages:
-        return []
-    last = await conn.scalar(
-        select(func.max(MESSAGES.c.position)).where(MESSAGES.c.session_id == session_id)
+# -- the turn's hot path, built once with bind parameters ---------------------------------------
+# Building a statement costs more than SQLite takes to run it; these are built at import and
+# executed with parameters. Names: sid, token, staleness, title, provider, model_name,
+# custom_provider_id, builtin_provider; and for a fenced row p_position, p_message, p_message_id,
+# p_compaction.
+
+_LIVE_BOUNDARY = db_now(-bindparam("staleness", type_=Float()))
+
+
+def _claim(*, stamp: bool) -> Update:
+    values: dict[str, Any] = {
+        "heartbeat_at": db_now(),
+        "lock_token": bindparam("token", type_=String()),
+        "updated_at": db_now(),
+        "title": func.coalesce(SESSIONS.c.title, bindparam("title", type_=String())),
+    }
+    if stamp:  # stamp_session_model
+        values.update(
+            model_provider=bindparam("provider", type_=String()),
+            model_name=bindparam("model_name", type_=String()),
+            custom_provider_id=bindparam("custom_provider_id", type_=Id),
+            builtin_provider=bindparam("builtin_provider", type_=String()),
+        )
+    return (
+        update(SESSIONS)
+        .where(
+            SESSIONS.c.id == bindparam("sid", type_=Id),
+            or_(SESSIONS.c.heartbeat_at.is_(None), SESSIONS.c.heartbeat_at < _LIVE_BOUNDARY),
+        )
+        .values(values)
     )
-    start = 0 if last is None else int(last) + 1
+
+
+CLAIM: Final = _claim(stamp=False)
+CLAIM_AND_STAMP: Final = _claim(stamp=True)
+TAIL: Final = (
+    select(*MESSAGE_COLUMNS)
+    .where(MESSAGES.c.session_id == bindparam("sid", type_=Id))
+    .order_by(MESSAGES.c.position.desc())
+    .limit(1)
+)
+
+
+def _fence(*, release: bool) -> Update:
+    values: dict[str, Any] = {"updated_at": db_now()}
+    if release:
+        values.update(heartbeat_at=None, lock_token=None)
+    else:
+        values["heartbeat_at"] = db_now()
+    return (
+        update(SESSIONS)
+        .where(
+            SESSIONS.c.id == bindparam("sid", type_=Id),
+            SESSIONS.c.lock_token == bindparam("token", type_=String()),
+        )
+        .values(values)
+    )
+
+
+def _fenced_insert(fence: Update) -> Insert:
+    """PostgreSQL: insert one message only if ``fence`` changed the session's row.
+
+    One statement, so no transaction round trips: the UPDATE runs in a CTE and the INSERT takes
+    its row from it, inserting nothing when the fencing token no longer matches.
+    """
+    fenced = fence.returning(SESSIONS.c.id).cte("fenced")
+    return insert(MESSAGES).from_select(
+        ["session_id", "position", "message", "message_id", "is_compaction_message"],
+        select(
+            fenced.c.id,
+            bindparam("p_position", type_=Integer()),
+            bindparam("p_message", type_=JsonDoc),
+            bindparam("p_message_id", type_=String(36)),
+            bindparam("p_compaction", type_=Boolean()),
+        ),
+    )
+
+
+FENCE: Final = {False: _fence(release=False), True: _fence(release=True)}
+FENCED_INSERT: Final = {release: _fenced_insert(fence) for release, fence in FENCE.items()}
+
+
+async def fenced_insert(
+    conn: Conn, lease_params: dict[str, Any], row: dict[str, Any], *, release: bool
+) -> int:
+    """One message behind the fence, in one statement; returns 0 if the fence refused it."""
+    params = {
+        **lease_params,
+        "p_position": row["position"],
+        "p_message": row["message"],
+        "p_message_id": row["message_id"],
+        "p_compaction": row["is_compaction_message"],
+    }
+    try:
+        return (await conn.execute(FENCED_INSERT[release], params)).rowcount
+    except IntegrityError as exc:
+        raise DuplicateMessage(f"a message with this id is already stored: {exc.orig}") from exc
+
+
+async def append_messages(
+    conn: Conn, session_id: int, start: int, messages: Sequence[tuple[Message, bool]]
+) -> list[StoredMessage]:
+    """Insert ``(message, is_checkpoint)`` pairs from position ``start`` on."""
     rows = [
         message_row(session_id, start + i, message, compaction=compaction)
         for i, (message, compaction) in enumerate(messages)
     ]
-    await insert_messages(conn, rows)
+    if rows:
+        await insert_messages(conn, rows)
     return [
         StoredMessage(r["message_id"], r["position"], r["message"], r["is_compaction_message"])
         for r in rows
     ]
 
 
-async def check_owner(conn: AsyncConnection, session_id: int, actor: Actor) -> None:
+async def next_position(conn: Conn, session_id: int) -> int:
+    last = await conn.scalar(
+        select(func.max(MESSAGES.c.position)).where(MESSAGES.c.session_id == session_id)
+    )
+    return 0 if last is None else int(last) + 1
+
+
+async def check_owner(conn: Conn, session_id: int, actor: Actor) -> None:
     owner = (
         await conn.execute(select(SESSIONS.c.user_id).where(SESSIONS.c.id == session_id))
     ).first()
@@ -214,7 +316,7 @@ async def check_owner(conn: AsyncConnection, session_id: int, actor: Actor) -> N
         )
 
 
-async def raise_missing_or_busy(conn: AsyncConnection, session_id: int) -> None:
+async def raise_missing_or_busy(conn: Conn, session_id: int) -> None:
     """Explain why a conditional UPDATE on a session changed nothing."""
     exists = await conn.scalar(select(SESSIONS.c.id).where(SESSIONS.c.id == session_id))
     if exists is None:

@@ -70,13 +70,19 @@ class StoredMessage:
         return str(self.message.get("role"))
 
 
-@dataclass(frozen=True)
+@dataclass
 class TurnLease:
-    """Proof of holding a session's turn lock; every write of the turn presents its token."""
+    """Proof of holding a session's turn lock; every write of the turn presents its token.
+
+    ``next_position`` is where the turn's next message goes: while the lock is held no one else
+    appends, so the turn need not ask the database (the unique ``(session_id, position)``
+    constraint would refuse a mistake).
+    """
 
     session_id: int
     token: str
     tail: StoredMessage | None
+    next_position: int
 
 
 @dataclass(frozen=True)

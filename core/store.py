@@ -16,12 +16,14 @@ builds SQL; the statements live here, in ``core.transcript``, ``core.queries`` a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
-from sqlalchemy import Boolean, delete, func, literal, select, type_coerce, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Boolean, delete, select, type_coerce, update
 
 from core import queries as q
 from core.db import Database, db_now, hence
@@ -60,6 +62,8 @@ class SessionStore(TranscriptOperations):
         self.db = db
         self.staleness_seconds = float(staleness_seconds)
         self.temporary_ttl_hours = float(temporary_ttl_hours)
+        self._held = _HeldLeases(self.staleness_seconds)
+        self._claiming = _KeyedLocks()
 
     # -- users and sessions -------------------------------------------------------------------
 
@@ -196,30 +200,42 @@ class SessionStore(TranscriptOperations):
         """Stale guard, claim, stamp and persist the user message, atomically (SPEC §6.1-4).
 
         ``last_message_id=ANY_TAIL`` skips the stale guard (compaction, which adds no user text).
+        Claims on one session from this process queue here, and while this process holds the
+        session's live lease the answer is ``agent_session_busy`` without asking the database.
         """
+        self._held.refuse_if_live(session_id)
+        async with self._claiming.hold(session_id):
+            self._held.refuse_if_live(session_id)
+            lease = await self._claim(session_id, user_message, last_message_id, model)
+            self._held.confirm(lease)
+        return lease
+
+    async def _claim(
+        self,
+        session_id: int,
+        user_message: Message | None,
+        last_message_id: str | _Unset | None,
+        model: ModelChoice | None,
+    ) -> TurnLease:
         token = uuid.uuid4().hex
-        claim: dict[str, Any] = {
-            "heartbeat_at": db_now(),
-            "lock_token": token,
-            "updated_at": db_now(),
+        params: dict[str, Any] = {
+            "sid": session_id,
+            "token": token,
+            "staleness": self.staleness_seconds,
+            "title": None,
         }
-        if model is not None:  # stamp_session_model, inside the claim transaction
-            claim.update(
-                model_provider=model.provider,
+        if user_message is not None:
+            validate_message(user_message)
+            params["title"] = shorten(message_text(user_message)) or None
+        if model is not None:
+            params.update(
+                provider=model.provider,
                 model_name=model.name,
                 custom_provider_id=model.custom_provider_id,
                 builtin_provider=model.builtin_provider,
             )
-        if user_message is not None:
-            validate_message(user_message)
-            title = shorten(message_text(user_message)) or None
-            claim["title"] = func.coalesce(SESSIONS.c.title, literal(title))
         async with self.db.write() as conn:
-            claimed = await conn.execute(
-                update(SESSIONS)
-                .where(SESSIONS.c.id == session_id, q.claimable(self.staleness_seconds))
-                .values(**claim)
-            )
+            claimed = await conn.execute(q.CLAIM if model is None else q.CLAIM_AND_STAMP, params)
             if claimed.rowcount == 0:
                 await q.raise_missing_or_busy(conn, session_id)
             tail = await q.tail(conn, session_id)
@@ -231,53 +247,118 @@ class SessionStore(TranscriptOperations):
                         f"not {last_message_id}",
                         actual_last_message_id=actual,
                     )
+            position = tail.position + 1 if tail else 0
             if user_message is not None:
-                position = tail.position + 1 if tail else 0
-                await q.insert_messages(conn, [q.message_row(session_id, position, user_message)])
-                tail = StoredMessage(user_message["id"], position, user_message, False)
-        return TurnLease(session_id=session_id, token=token, tail=tail)
+                (tail,) = await q.append_messages(
+                    conn, session_id, position, [(user_message, False)]
+                )
+                position += 1
+        return TurnLease(session_id=session_id, token=token, tail=tail, next_position=position)
 
     async def heartbeat(self, lease: TurnLease) -> None:
-        async with self.db.write() as conn:
-            await self._fence(conn, lease)
+        await self._fenced_write(lease, [], release=False)
 
     async def append(
         self, lease: TurnLease, messages: Sequence[Message], *, compaction: bool = False
     ) -> list[StoredMessage]:
         """Append messages of the lease's turn (fenced), refreshing its heartbeat."""
-        async with self.db.write() as conn:
-            await self._fence(conn, lease)
-            return await q.append_messages(
-                conn, lease.session_id, [(m, compaction) for m in messages]
-            )
+        return await self._fenced_write(lease, [(m, compaction) for m in messages], release=False)
 
     async def finish(
         self, lease: TurnLease, messages: Sequence[Message] = ()
     ) -> list[StoredMessage]:
-        """Append the turn's last messages and release the lock in one transaction."""
-        async with self.db.write() as conn:
-            await self._fence(conn, lease, release=True)
-            return await q.append_messages(conn, lease.session_id, [(m, False) for m in messages])
+        """Append the turn's last messages and release the lock, atomically."""
+        return await self._fenced_write(lease, [(m, False) for m in messages], release=True)
 
     async def release(self, lease: TurnLease) -> None:
         """Release the lock; ``AgentSessionLockLost`` if it is no longer ours (nothing changes)."""
-        async with self.db.write() as conn:
-            await self._fence(conn, lease, release=True)
+        await self._fenced_write(lease, [], release=True)
 
-    async def _fence(
-        self, conn: AsyncConnection, lease: TurnLease, *, release: bool = False
-    ) -> None:
-        values: dict[str, Any] = {"updated_at": db_now()}
+    async def _fenced_write(
+        self, lease: TurnLease, messages: Sequence[tuple[Message, bool]], *, release: bool
+    ) -> list[StoredMessage]:
+        """The fence (token check, heartbeat or release) and the inserts, atomically.
+
+        One message on PostgreSQL is one autocommitted statement (the fenced UPDATE in a CTE
+        feeding the INSERT): one round trip instead of five, on the turn's hot path. Otherwise
+        the fence and the inserts run in one transaction.
+        """
+        rows = [
+            q.message_row(lease.session_id, lease.next_position + i, message, compaction=c)
+            for i, (message, c) in enumerate(messages)
+        ]
+        params = {"sid": lease.session_id, "token": lease.token}
+        try:
+            if self.db.dialect == "postgresql" and len(rows) == 1:
+                # The common case (a turn's answer): one round trip, no BEGIN/COMMIT.
+                async with self.db.autocommit() as conn:
+                    changed = await q.fenced_insert(conn, params, rows[0], release=release)
+            else:
+                async with self.db.write() as conn:
+                    changed = (await conn.execute(q.FENCE[release], params)).rowcount
+                    if changed and rows:
+                        await q.insert_messages(conn, rows)
+            if not changed:
+                raise AgentSessionLockLost(
+                    f"session {lease.session_id}: this turn's lock was taken over or released"
+                )
+        except AgentSessionLockLost:
+            self._held.forget(lease)
+            raise
         if release:
-            values.update(heartbeat_at=None, lock_token=None)
+            self._held.forget(lease)
         else:
-            values["heartbeat_at"] = db_now()
-        result = await conn.execute(
-            update(SESSIONS)
-            .where(SESSIONS.c.id == lease.session_id, SESSIONS.c.lock_token == lease.token)
-            .values(**values)
-        )
-        if result.rowcount == 0:
-            raise AgentSessionLockLost(
-                f"session {lease.session_id}: this turn's lock was taken over or released"
-            )
+            self._held.confirm(lease)
+        lease.next_position += len(rows)
+        return [
+            StoredMessage(r["message_id"], r["position"], r["message"], r["is_compaction_message"])
+            for r in rows
+        ]
+
+
+class _HeldLeases:
+    """The leases this process holds, with when the database last confirmed each one.
+
+    Knowing it holds a session's lock, the process can refuse a second claim at once. The record
+    is trusted only for 90% of the staleness window after the last confirmation (measured on the
+    local monotonic clock, which runs at the database clock's pace), so it never says "busy"
+    about a lock the database would already consider stale.
+    """
+
+    def __init__(self, staleness_seconds: float) -> None:
+        self._trust = staleness_seconds * 0.9
+        self._leases: dict[int, tuple[str, float]] = {}
+
+    def confirm(self, lease: TurnLease) -> None:
+        self._leases[lease.session_id] = (lease.token, time.monotonic())
+
+    def forget(self, lease: TurnLease) -> None:
+        held = self._leases.get(lease.session_id)
+        if held is not None and held[0] == lease.token:
+            del self._leases[lease.session_id]
+
+    def refuse_if_live(self, session_id: int) -> None:
+        held = self._leases.get(session_id)
+        if held is not None and time.monotonic() - held[1] < self._trust:
+            raise AgentSessionBusy(f"session {session_id} has a turn in progress")
+
+
+class _KeyedLocks:
+    """One ``asyncio.Lock`` per key while anyone waits on it; dropped when the last one leaves."""
+
+    def __init__(self) -> None:
+        self._locks: dict[int, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: int) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)

@@ -77,4 +77,3 @@ def model_summariser(provider: ModelProvider, *, model: str | None = None) -> Su
         return Checkpoint(_sections(call))
 
     return summarise
-

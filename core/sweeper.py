@@ -17,25 +17,22 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Table, and_, delete, exists, func, or_, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import ColumnElement, Table, and_, delete, func, or_, select
 from sqlalchemy.orm import aliased
 
+from core import snapshots
 from core.db import Database, ago
-from core.errors import DatabaseError
-from core.models import AgentSession, AgentSessionSnapshot, SnapshotContent
+from core.models import AgentSession
 from core.queries import claimable
 from core.retention import RetentionPolicy
 
 log = logging.getLogger(__name__)
 
 SESSIONS = cast(Table, AgentSession.__table__)
-SNAPSHOTS = cast(Table, AgentSessionSnapshot.__table__)
-CONTENTS = cast(Table, SnapshotContent.__table__)
 
 # Content younger than this is never collected: a turn may be between storing the content and
-# storing the snapshot row that refers to it.
-CONTENT_GRACE_SECONDS = 3600.0
+# storing the snapshot row that refers to it (writers refresh content they reuse, see there).
+CONTENT_GRACE_SECONDS = snapshots.CONTENT_GRACE_SECONDS
 
 BatchHook = Callable[[str, list[Any]], Awaitable[None]]
 ExtraPass = Callable[[Database, int], Awaitable[int]]
@@ -171,35 +168,9 @@ async def sweep(
 
 
 async def collect_snapshot_contents(db: Database, batch_size: int) -> int:
-    """Delete snapshot content no snapshot refers to (older than the grace period)."""
-    unreferenced = and_(
-        ~exists().where(SNAPSHOTS.c.content_digest == CONTENTS.c.digest),
-        CONTENTS.c.created_at < ago(CONTENT_GRACE_SECONDS),
-    )
-    deleted = 0
-    while True:
-        async with db.read() as conn:
-            digests = list(
-                (
-                    await conn.execute(
-                        select(CONTENTS.c.digest).where(unreferenced).limit(batch_size)
-                    )
-                ).scalars()
-            )
-        if not digests:
-            return deleted
-        try:
-            async with db.write() as conn:
-                result = await conn.execute(
-                    delete(CONTENTS).where(CONTENTS.c.digest.in_(digests), unreferenced)
-                )
-        except DatabaseError as exc:
-            # A snapshot started referring to one of these between our check and the delete:
-            # leave the batch for the next pass rather than fail the sweep.
-            if isinstance(exc.__cause__, IntegrityError):
-                log.info("snapshot content became referenced during collection; skipped a batch")
-                return deleted
-            raise
-        deleted += result.rowcount
-        if len(digests) < batch_size:
-            return deleted
+    """Delete snapshot content no snapshot refers to (older than the grace period).
+
+    The statements live with the other snapshot SQL (``core.snapshots.collect_garbage``):
+    unreferenced sets first, then content no set contains and no delta needs as its base.
+    """
+    return await snapshots.collect_garbage(db, batch_size, grace_seconds=CONTENT_GRACE_SECONDS)

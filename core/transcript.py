@@ -10,13 +10,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 
-from sqlalchemy import delete, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Insert, delete, insert, literal, select, update
 
 from core import queries as q
-from core.db import Database, db_now
+from core.db import Conn, Database, db_now, json_with_id, uuid7_hex, uuid_text
 from core.errors import AgentSessionBusy, AgentSessionNotFound
-from core.messages import Message, message_text, with_new_id
+from core.messages import Message, message_text
+from core.models import Id
 from core.records import Actor, BranchResult, StoredMessage, TruncateResult
 
 MESSAGES = q.MESSAGES
@@ -120,15 +120,6 @@ class TranscriptOperations:
             target = await q.message_in(conn, session_id, message_id)
             is_user = target.role == "user"
             end = target.position - 1 if is_user else target.position
-            prefix = (
-                await conn.execute(
-                    select(
-                        MESSAGES.c.message_id, MESSAGES.c.message, MESSAGES.c.is_compaction_message
-                    )
-                    .where(MESSAGES.c.session_id == session_id, MESSAGES.c.position <= end)
-                    .order_by(MESSAGES.c.position)
-                )
-            ).all()
             new_id = (
                 await conn.execute(
                     insert(SESSIONS)
@@ -145,18 +136,9 @@ class TranscriptOperations:
                     .returning(SESSIONS.c.id)
                 )
             ).scalar_one()
-            id_map: dict[str, str] = {}
-            rows = []
-            for position, row in enumerate(prefix):
-                copy = with_new_id(row.message)
-                id_map[row.message_id] = copy["id"]
-                rows.append(
-                    q.message_row(
-                        new_id, position, copy, compaction=bool(row.is_compaction_message)
-                    )
-                )
-            if rows:
-                await q.insert_messages(conn, rows)
+            await conn.execute(_copy_prefix(session_id, new_id, end))
+            id_map = await _id_map(conn, session_id, new_id, end)
+            if id_map:
                 await _copy_snapshots(conn, session_id, new_id, end, id_map)
             info = (
                 await conn.execute(
@@ -166,7 +148,7 @@ class TranscriptOperations:
         return BranchResult(
             session=q.session_info(info),
             draft=message_text(target.message) if is_user else None,
-            copied=len(rows),
+            copied=len(id_map),
             message_id_map=id_map,
         )
 
@@ -185,35 +167,64 @@ class TranscriptOperations:
             )
             if taken.rowcount == 0:
                 await q.raise_missing_or_busy(conn, session_id)
-            return len(await q.append_messages(conn, session_id, list(messages)))
+            start = await q.next_position(conn, session_id)
+            return len(await q.append_messages(conn, session_id, start, list(messages)))
+
+
+def _copy_prefix(source_id: int, new_session_id: int, end: int) -> Insert:
+    """Copy messages ``0..end`` under new ids in one statement: no row passes through Python.
+
+    The new id is made once per row in a materialised CTE and used twice, for ``message_id``
+    and inside the JSON, so the two stay equal (the invariant ``validate_message`` keeps for
+    rows written from Python).
+    """
+    source = (
+        select(
+            MESSAGES.c.position,
+            MESSAGES.c.message,
+            MESSAGES.c.is_compaction_message,
+            uuid7_hex(MESSAGES.c.position).label("new_id"),
+        )
+        .where(MESSAGES.c.session_id == source_id, MESSAGES.c.position <= end)
+        .cte("source")
+        .prefix_with("MATERIALIZED")
+    )
+    new_id = uuid_text(source.c.new_id)
+    return insert(MESSAGES).from_select(
+        ["session_id", "position", "message", "message_id", "is_compaction_message"],
+        select(
+            literal(new_session_id, Id),
+            source.c.position,
+            json_with_id(source.c.message, new_id),
+            new_id,
+            source.c.is_compaction_message,
+        ),
+    )
+
+
+async def _id_map(conn: Conn, source_id: int, new_session_id: int, end: int) -> dict[str, str]:
+    old, new = MESSAGES.alias("old"), MESSAGES.alias("new")
+    rows = await conn.execute(
+        select(old.c.message_id, new.c.message_id.label("new_id"))
+        .join(
+            new,
+            (new.c.session_id == new_session_id) & (new.c.position == old.c.position),
+        )
+        .where(old.c.session_id == source_id, old.c.position <= end)
+    )
+    return {row.message_id: row.new_id for row in rows}
 
 
 async def _copy_snapshots(
-    conn: AsyncConnection, source_id: int, new_session_id: int, end: int, id_map: dict[str, str]
+    conn: Conn, source_id: int, new_session_id: int, end: int, id_map: dict[str, str]
 ) -> None:
-    snapshots = (
-        await conn.execute(
-            select(
-                SNAPSHOTS.c.message_id,
-                SNAPSHOTS.c.content_digest,
-                SNAPSHOTS.c.raw_size,
-                SNAPSHOTS.c.stored_size,
-            )
-            .join(MESSAGES, MESSAGES.c.message_id == SNAPSHOTS.c.message_id)
-            .where(SNAPSHOTS.c.session_id == source_id, MESSAGES.c.position <= end)
-        )
-    ).all()
-    if snapshots:
-        await conn.execute(
-            insert(SNAPSHOTS),
-            [
-                {
-                    "message_id": id_map[s.message_id],
-                    "session_id": new_session_id,
-                    "content_digest": s.content_digest,
-                    "raw_size": s.raw_size,
-                    "stored_size": s.stored_size,
-                }
-                for s in snapshots
-            ],
-        )
+    """The fork's snapshots: new rows naming the same content, so nothing is duplicated."""
+    from core.snapshots import copy_snapshots  # all SQL on snapshot tables lives there
+
+    await copy_snapshots(
+        conn,
+        source_session_id=source_id,
+        new_session_id=new_session_id,
+        up_to_position=end,
+        message_ids=id_map,
+    )

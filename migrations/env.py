@@ -39,9 +39,8 @@ async def _run_with_engine() -> None:
     url = config.get_main_option("sqlalchemy.url") or load_settings().database_url
     db = create_database(url)
     try:
-        async with db.engine.connect() as conn:
+        async with db.write() as conn:
             await conn.run_sync(_run)
-            await conn.commit()
     finally:
         await db.dispose()
 

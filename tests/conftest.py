@@ -151,6 +151,14 @@ async def store(db: Database) -> SessionStore:
     return SessionStore(db, staleness_seconds=60)
 
 
+@pytest.fixture
+async def replica(database_url: str) -> AsyncIterator[SessionStore]:
+    """A second store on its own engine: another replica (or process) on the same database."""
+    database = create_database(database_url)
+    yield SessionStore(database, staleness_seconds=60)
+    await database.dispose()
+
+
 @pytest.fixture(autouse=True)
 def _scrub_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Tests never see the developer's configuration (variables or a ``.env`` file)."""

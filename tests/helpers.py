@@ -7,10 +7,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import event, update
 
 from core.db import Database, ago
 from core.messages import assistant_message, user_message
@@ -90,3 +91,18 @@ def stop_workers(procs: list[subprocess.Popen[str]], *, wait: float = 0) -> None
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+@contextlib.contextmanager
+def statements(db: Database) -> Iterator[list[tuple[str, Any]]]:
+    """Record every statement the engine runs and the number of rows each returned."""
+    seen: list[tuple[str, Any]] = []
+
+    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append((statement, None))
+
+    event.listen(db.sync_engine, "before_cursor_execute", before)
+    try:
+        yield seen
+    finally:
+        event.remove(db.sync_engine, "before_cursor_execute", before)

@@ -112,7 +112,9 @@ class _FakeStore:
     ) -> TurnLease:
         self.calls += 1
         if self.calls <= self.winners:
-            return TurnLease(session_id=session_id, token=f"t{self.calls}", tail=None)
+            return TurnLease(
+                session_id=session_id, token=f"t{self.calls}", tail=None, next_position=0
+            )
         if self.error is not None and self.calls == self.winners + 1:
             raise self.error
         raise AgentSessionBusy("busy")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from core.messages import user_message
+from core.migrate import head_revision
 from core.store import SessionStore
 from tests.helpers import ROOT, add_exchange, new_session
 
@@ -36,9 +37,9 @@ def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
 def test_migrate__creates_then_reports_schema(empty_database_url: str) -> None:
     first = cli("migrate", database_url=empty_database_url)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.strip() == "database at revision 0001 (was None)"
+    assert first.stdout.strip() == f"database at revision {head_revision()} (was None)"
     again = cli("migrate", database_url=empty_database_url)
-    assert again.stdout.strip() == "database at revision 0001"
+    assert again.stdout.strip() == f"database at revision {head_revision()}"
 
 
 async def test_sessions__list_show_delete(store: SessionStore, database_url: str) -> None:

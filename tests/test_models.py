@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
 
 from core.db import Database
 from core.errors import InvalidMessage
@@ -26,11 +27,16 @@ async def stored_count(db: Database) -> int:
 async def test_orm__message_id_is_derived_from_message(store: SessionStore, db: Database) -> None:
     _, session = await new_session(store)
     message = user_message("hi")
-    async with AsyncSession(db.engine, expire_on_commit=False) as orm:
-        row = AgentSessionMessage(session_id=session.id, position=0, message=message)
-        orm.add(row)
-        await orm.commit()
-        assert row.message_id == message["id"]
+
+    def add(connection: Connection) -> str:
+        with Session(bind=connection) as orm:
+            row = AgentSessionMessage(session_id=session.id, position=0, message=message)
+            orm.add(row)
+            orm.flush()
+            return row.message_id
+
+    async with db.write() as conn:
+        assert await conn.run_sync(add) == message["id"]
     assert await stored_count(db) == 1
 
 
@@ -51,12 +57,17 @@ async def test_orm__refuses_a_message_id_that_differs(store: SessionStore, db: D
 
 async def test_orm__refuses_a_mutated_message_at_flush(store: SessionStore, db: Database) -> None:
     _, session = await new_session(store)
-    async with AsyncSession(db.engine, expire_on_commit=False) as orm:
-        row = AgentSessionMessage(session_id=session.id, position=0, message=user_message("hi"))
-        row.message["id"] = str(uuid.uuid4())  # mutate the dict behind the validator's back
-        orm.add(row)
-        with pytest.raises(InvalidMessage):
-            await orm.commit()
+
+    def add_mutated(connection: Connection) -> None:
+        with Session(bind=connection) as orm:
+            row = AgentSessionMessage(session_id=session.id, position=0, message=user_message("x"))
+            row.message["id"] = str(uuid.uuid4())  # mutate the dict behind the validator's back
+            orm.add(row)
+            orm.flush()
+
+    with pytest.raises(InvalidMessage):
+        async with db.write() as conn:
+            await conn.run_sync(add_mutated)
     assert await stored_count(db) == 0
 
 

@@ -10,7 +10,13 @@ from sqlalchemy import select, update
 
 from core.db import Database, ago
 from core.messages import user_message
-from core.models import AgentSession, AgentSessionSnapshot, SnapshotContent
+from core.models import (
+    AgentSession,
+    AgentSessionSnapshot,
+    SnapshotContent,
+    SnapshotSet,
+    SnapshotSetMember,
+)
 from core.retention import RetentionPolicy, load_policy, set_policy
 from core.store import SessionStore
 from core.sweeper import sweep
@@ -158,19 +164,30 @@ async def test_snapshot_contents__unreferenced_old_content_is_collected(
     _, session = await new_session(store)
     ids = await add_exchange(store, session.id)
     contents = SnapshotContent.__table__
+    sets = SnapshotSet.__table__
     async with db.write() as conn:
         await conn.execute(
             contents.insert(),
             [
-                {"digest": d * 64, "codec": "raw", "raw_size": 1, "stored_size": 1, "data": b"x"}
+                {"digest": d * 64, "codec": "zstd", "raw_size": 1, "stored_size": 1, "data": b"x"}
                 for d in "abc"
             ],
+        )
+        by_digest = dict((await conn.execute(select(contents.c.digest, contents.c.id))).all())
+        set_id = (
+            await conn.execute(sets.insert().values(digest="d" * 64, size=1).returning(sets.c.id))
+        ).scalar_one()
+        await conn.execute(
+            SnapshotSetMember.__table__.insert().values(
+                set_id=set_id, content_id=by_digest["a" * 64]
+            )
         )
         await conn.execute(
             AgentSessionSnapshot.__table__.insert().values(
                 message_id=ids[1],
                 session_id=session.id,
                 content_digest="a" * 64,
+                base_set_id=set_id,
                 raw_size=1,
                 stored_size=1,
             )
@@ -178,6 +195,7 @@ async def test_snapshot_contents__unreferenced_old_content_is_collected(
         await conn.execute(
             update(contents).where(contents.c.digest != "c" * 64).values(created_at=ago(7200))
         )
+        await conn.execute(update(sets).values(created_at=ago(7200)))
     report = await sweep(db, OFF, staleness_seconds=60)
     assert report.snapshot_contents == 1  # b: unreferenced and old; c is too young to collect
     async with db.read() as conn:

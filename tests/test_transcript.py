@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from core.db import Database
 from core.errors import (
@@ -18,11 +15,11 @@ from core.errors import (
     MessageNotFound,
 )
 from core.messages import assistant_message, user_message
-from core.models import AgentSessionSnapshot, SnapshotContent
+from core.models import AgentSessionSnapshot, SnapshotContent, SnapshotSet, SnapshotSetMember
 from core.queries import history_statement
 from core.records import Actor
 from core.store import SessionStore
-from tests.helpers import add_exchange, new_session
+from tests.helpers import add_exchange, new_session, statements
 
 
 async def texts(store: SessionStore, session_id: int) -> list[str]:
@@ -188,10 +185,22 @@ async def test_branch__carries_checkpoint_flag_model_and_snapshots(
     cp = await checkpoint(store, session.id, "one")
     more = await add_exchange(store, session.id)
     async with db.write() as conn:
-        await conn.execute(
-            SnapshotContent.__table__.insert().values(
-                digest="ab" * 32, codec="raw", raw_size=3, stored_size=3, data=b"abc"
+        content_id = (
+            await conn.execute(
+                SnapshotContent.__table__.insert()
+                .values(digest="ab" * 32, codec="zstd", raw_size=3, stored_size=3, data=b"abc")
+                .returning(SnapshotContent.__table__.c.id)
             )
+        ).scalar_one()
+        set_id = (
+            await conn.execute(
+                SnapshotSet.__table__.insert()
+                .values(digest="cd" * 32, size=1)
+                .returning(SnapshotSet.__table__.c.id)
+            )
+        ).scalar_one()
+        await conn.execute(
+            SnapshotSetMember.__table__.insert().values(set_id=set_id, content_id=content_id)
         )
         await conn.execute(
             AgentSessionSnapshot.__table__.insert(),
@@ -200,6 +209,7 @@ async def test_branch__carries_checkpoint_flag_model_and_snapshots(
                     "message_id": m,
                     "session_id": session.id,
                     "content_digest": "ab" * 32,
+                    "base_set_id": set_id,
                     "raw_size": 3,
                     "stored_size": 3,
                 }
@@ -221,7 +231,7 @@ async def test_branch__carries_checkpoint_flag_model_and_snapshots(
     assert sorted(r.message_id for r in rows) == sorted(
         result.message_id_map[m] for m in (ids[1], more[1])
     )
-    assert {r.content_digest for r in rows} == {"ab" * 32}
+    assert {(r.content_digest, r.base_set_id) for r in rows} == {("ab" * 32, set_id)}
 
 
 async def test_branch__unknown_session_or_message(store: SessionStore) -> None:
@@ -253,21 +263,6 @@ async def test_history__without_checkpoint_is_everything(store: SessionStore) ->
     _, session = await new_session(store)
     ids = await add_exchange(store, session.id, 3)
     assert [m.message_id for m in await store.history(session.id)] == ids
-
-
-@contextmanager
-def statements(db: Database) -> Iterator[list[tuple[str, Any]]]:
-    """Record every statement the engine runs and the number of rows each returned."""
-    seen: list[tuple[str, Any]] = []
-
-    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        seen.append((statement, None))
-
-    event.listen(db.engine.sync_engine, "before_cursor_execute", before)
-    try:
-        yield seen
-    finally:
-        event.remove(db.engine.sync_engine, "before_cursor_execute", before)
 
 
 async def long_session(store: SessionStore, total: int, tail_after_checkpoint: int) -> int:
@@ -305,18 +300,18 @@ async def test_history__query_plan_uses_indexes(store: SessionStore, db: Databas
     session_id = await long_session(store, 3000, 5)
     query = str(
         history_statement(session_id).compile(
-            dialect=db.engine.dialect, compile_kwargs={"literal_binds": True}
+            dialect=db.sync_engine.dialect, compile_kwargs={"literal_binds": True}
         )
     )
     async with db.read() as conn:
         if db.dialect == "sqlite":
-            rows = await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {query}")
+            rows = await conn.execute(text(f"EXPLAIN QUERY PLAN {query}"))
             plan = " | ".join(str(r[-1]) for r in rows)
             assert "SCAN" not in plan, plan
             assert plan.count("USING") >= 2, plan
         else:
             await conn.execute(text("ANALYZE agent_session_messages"))
-            rows = await conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {query}")
+            rows = await conn.execute(text(f"EXPLAIN (FORMAT JSON) {query}"))
             plan = json.dumps(rows.scalar())
             assert "Seq Scan" not in plan, plan
             assert "Index" in plan, plan

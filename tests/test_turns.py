@@ -20,7 +20,7 @@ from core.models import AgentSessionMessage
 from core.records import ModelChoice
 from core.store import SessionStore
 from core.turn import run_turn
-from tests.helpers import add_exchange, age_lock, new_session
+from tests.helpers import add_exchange, age_lock, new_session, statements
 
 
 async def count_messages(db: Database, session_id: int) -> int:
@@ -77,9 +77,11 @@ async def test_claim__unknown_session_is_not_found(store: SessionStore) -> None:
         await store.start_turn(999_999, user_message=user_message("x"), last_message_id=None)
 
 
-async def test_claim__stale_heartbeat_is_taken_over(store: SessionStore, db: Database) -> None:
+async def test_claim__stale_heartbeat_is_taken_over(
+    store: SessionStore, replica: SessionStore, db: Database
+) -> None:
     _, session = await new_session(store)
-    await store.start_turn(session.id, user_message=user_message("one"), last_message_id=None)
+    await replica.start_turn(session.id, user_message=user_message("one"), last_message_id=None)
     await age_lock(db, session.id, 61)
     assert not await store.is_turn_active(session.id)
     tail = await store.tail(session.id)
@@ -92,11 +94,11 @@ async def test_claim__stale_heartbeat_is_taken_over(store: SessionStore, db: Dat
 
 
 async def test_staleness__is_decided_on_the_database_clock(
-    store: SessionStore, db: Database
+    store: SessionStore, replica: SessionStore, db: Database
 ) -> None:
     """A heartbeat just inside the window (by the database's clock) still holds the lock."""
     _, session = await new_session(store)
-    await store.start_turn(session.id, user_message=user_message("one"), last_message_id=None)
+    await replica.start_turn(session.id, user_message=user_message("one"), last_message_id=None)
     await age_lock(db, session.id, 55)
     assert await store.is_turn_active(session.id)
     tail = await store.tail(session.id)
@@ -163,20 +165,22 @@ async def test_stale__an_append_racing_the_claim_cannot_slip_through(
 
 
 async def test_fencing__taken_over_turn_cannot_heartbeat_append_or_release(
-    store: SessionStore, db: Database
+    store: SessionStore, replica: SessionStore, db: Database
 ) -> None:
     _, session = await new_session(store)
-    old = await store.start_turn(session.id, user_message=user_message("one"), last_message_id=None)
+    old = await replica.start_turn(
+        session.id, user_message=user_message("one"), last_message_id=None
+    )
     assert old.tail is not None
     await age_lock(db, session.id, 120)
     new = await store.start_turn(
         session.id, user_message=user_message("two"), last_message_id=old.tail.message_id
     )
     for attempt in (
-        store.heartbeat(old),
-        store.append(old, [assistant_message("late answer")]),
-        store.finish(old, [assistant_message("late answer")]),
-        store.release(old),
+        replica.heartbeat(old),
+        replica.append(old, [assistant_message("late answer")]),
+        replica.finish(old, [assistant_message("late answer")]),
+        replica.release(old),
     ):
         with pytest.raises(AgentSessionLockLost) as lost:
             await attempt
@@ -191,19 +195,21 @@ async def test_fencing__taken_over_turn_cannot_heartbeat_append_or_release(
     assert not await store.is_turn_active(session.id)
 
 
-async def test_fencing__rewound_stale_turn_cannot_write(store: SessionStore, db: Database) -> None:
+async def test_fencing__rewound_stale_turn_cannot_write(
+    store: SessionStore, replica: SessionStore, db: Database
+) -> None:
     """A rewind that takes over a stale lock clears its token: the dead turn stays dead."""
     from core.records import Actor
 
     user_id, session = await new_session(store)
     ids = await add_exchange(store, session.id)
-    old = await store.start_turn(
+    old = await replica.start_turn(
         session.id, user_message=user_message("two"), last_message_id=ids[-1]
     )
     await age_lock(db, session.id, 120)
     await store.truncate(session.id, ids[1], Actor(user_id))
     with pytest.raises(AgentSessionLockLost):
-        await store.append(old, [assistant_message("zombie")])
+        await replica.append(old, [assistant_message("zombie")])
     assert [m.message_id for m in await store.messages(session.id)] == ids
 
 
@@ -249,7 +255,7 @@ async def test_run_turn__failure_persists_partial_output_as_interrupted(
 
 
 async def test_run_turn__heartbeat_keeps_the_lock_and_detects_takeover(
-    store: SessionStore, db: Database
+    store: SessionStore, replica: SessionStore, db: Database
 ) -> None:
     _, session = await new_session(store)
     async with run_turn(
@@ -268,11 +274,41 @@ async def test_run_turn__heartbeat_keeps_the_lock_and_detects_takeover(
             await asyncio.sleep(0.01)
         assert await short.is_turn_active(session.id)
         await age_lock(db, session.id, 120)
-        thief = await store.start_turn(
+        thief = await replica.start_turn(
             session.id,
             user_message=user_message("mine now"),
             last_message_id=turn.lease.tail.message_id,  # type: ignore[union-attr]
         )
         await asyncio.wait_for(turn.lost.wait(), timeout=10)
     assert await store.is_turn_active(session.id)  # the exit did not release the thief's lock
-    await store.release(thief)
+    await replica.release(thief)
+
+
+async def test_claim__same_process_claims_queue_and_refuse_without_a_query(
+    store: SessionStore, db: Database
+) -> None:
+    """Claims from one process for one session: one wins, the rest are refused in-process."""
+    _, session = await new_session(store)
+    ids = await add_exchange(store, session.id)
+    results = await asyncio.gather(
+        *(
+            store.start_turn(
+                session.id, user_message=user_message(f"m{i}"), last_message_id=ids[-1]
+            )
+            for i in range(20)
+        ),
+        return_exceptions=True,
+    )
+    winners = [r for r in results if not isinstance(r, BaseException)]
+    assert len(winners) == 1
+    assert all(isinstance(r, AgentSessionBusy) for r in results if r is not winners[0])
+    with statements(db) as seen, pytest.raises(AgentSessionBusy):
+        await store.start_turn(
+            session.id, user_message=user_message("again"), last_message_id=ids[-1]
+        )
+    assert seen == []
+    await store.release(winners[0])
+    lease = await store.start_turn(
+        session.id, user_message=user_message("after"), last_message_id=winners[0].tail.message_id
+    )
+    await store.release(lease)
