@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -161,4 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug of ours: one line for the user, the traceback in the log
+        logging.getLogger("slack-agent").debug("unexpected error", exc_info=True)
+        print(
+            f"slack-agent: internal_error: {exc.__class__.__name__}: {exc} "
+            "(LOG_LEVEL=DEBUG shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
     return 0

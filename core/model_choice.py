@@ -61,24 +61,29 @@ class ProviderCache:
 
 
 async def resolve_model(db: Database, cache: ProviderCache, session: SessionInfo) -> ResolvedModel:
+    """The model for the session's next turn, and what to tell the user about it, once.
+
+    A notice is given only when the session's model changes because of a fallback: once stamped
+    with the builtin provider, the session no longer names the missing one.
+    """
     settings = cache.settings
     builtin = resolve_builtin(settings)
+    name = custom_provider_name(settings)
     notice = None
     if session.custom_provider_deleted:
         notice = (
             f"The custom model provider {session.model_provider!r} this conversation used was "
             f"removed; continuing with the builtin {builtin!r} provider."
         )
-    else:
-        name = custom_provider_name(settings)
-        found = await get_custom_provider(db, name) if name else None
+    elif name:
+        found = await get_custom_provider(db, name)
         if found is not None:
             provider_id, spec = found
             provider = cache.custom(spec)
             return ResolvedModel(
                 ModelChoice(spec.name, provider.default_model, provider_id, builtin), provider
             )
-        if name:
+        if session.model_provider != builtin:
             notice = (
                 f"The configured model provider {name!r} is not registered; "
                 f"using the builtin {builtin!r} provider."

@@ -36,6 +36,7 @@ from core.errors import (
 from core.messages import Message, message_text, shorten
 from core.models import validate_message
 from core.records import Actor, ModelChoice, SessionInfo, StoredMessage, TurnLease
+from core.snapshots import SnapshotRef, attach_snapshot
 from core.transcript import TranscriptOperations
 
 SESSIONS: Final = q.SESSIONS
@@ -259,23 +260,79 @@ class SessionStore(TranscriptOperations):
         await self._fenced_write(lease, [], release=False)
 
     async def append(
-        self, lease: TurnLease, messages: Sequence[Message], *, compaction: bool = False
+        self,
+        lease: TurnLease,
+        messages: Sequence[Message],
+        *,
+        compaction: bool = False,
+        snapshot: SnapshotRef | None = None,
     ) -> list[StoredMessage]:
-        """Append messages of the lease's turn (fenced), refreshing its heartbeat."""
-        return await self._fenced_write(lease, [(m, compaction) for m in messages], release=False)
+        """Append messages of the lease's turn (fenced), refreshing its heartbeat.
+
+        ``snapshot`` (stored content, see ``core.snapshots.store_content``) becomes the sandbox
+        state of the last message, in the same transaction.
+        """
+        return await self._fenced_write(
+            lease, [(m, compaction) for m in messages], release=False, snapshot=snapshot
+        )
 
     async def finish(
-        self, lease: TurnLease, messages: Sequence[Message] = ()
+        self,
+        lease: TurnLease,
+        messages: Sequence[Message] = (),
+        *,
+        snapshot: SnapshotRef | None = None,
     ) -> list[StoredMessage]:
-        """Append the turn's last messages and release the lock, atomically."""
-        return await self._fenced_write(lease, [(m, False) for m in messages], release=True)
+        """Append the turn's last messages (and their snapshot) and release the lock, atomically."""
+        return await self._fenced_write(
+            lease, [(m, False) for m in messages], release=True, snapshot=snapshot
+        )
+
+    async def insert_checkpoint_before_tail(
+        self, lease: TurnLease, checkpoint: Message
+    ) -> StoredMessage:
+        """Auto-compaction: put a checkpoint just before the turn's own user message.
+
+        The user message was persisted with the claim (nothing the user said may be lost), so a
+        checkpoint appended after it would hide it from the model. Instead the user message moves
+        up one position and the checkpoint takes its place, in one fenced transaction; the user
+        message keeps its id, so every surface still finds it.
+        """
+        tail_position = lease.next_position - 1
+        row = q.message_row(lease.session_id, tail_position, checkpoint, compaction=True)
+        async with self.db.write() as conn:
+            fenced = await conn.execute(
+                q.FENCE[False], {"sid": lease.session_id, "token": lease.token}
+            )
+            if not fenced.rowcount:
+                self._held.forget(lease)
+                raise AgentSessionLockLost(
+                    f"session {lease.session_id}: this turn's lock was taken over or released"
+                )
+            await conn.execute(
+                update(q.MESSAGES)
+                .where(
+                    q.MESSAGES.c.session_id == lease.session_id,
+                    q.MESSAGES.c.position == tail_position,
+                )
+                .values(position=tail_position + 1)
+            )
+            await q.insert_messages(conn, [row])
+        lease.next_position += 1
+        self._held.confirm(lease)
+        return StoredMessage(row["message_id"], tail_position, checkpoint, True)
 
     async def release(self, lease: TurnLease) -> None:
         """Release the lock; ``AgentSessionLockLost`` if it is no longer ours (nothing changes)."""
         await self._fenced_write(lease, [], release=True)
 
     async def _fenced_write(
-        self, lease: TurnLease, messages: Sequence[tuple[Message, bool]], *, release: bool
+        self,
+        lease: TurnLease,
+        messages: Sequence[tuple[Message, bool]],
+        *,
+        release: bool,
+        snapshot: SnapshotRef | None = None,
     ) -> list[StoredMessage]:
         """The fence (token check, heartbeat or release) and the inserts, atomically.
 
@@ -289,7 +346,7 @@ class SessionStore(TranscriptOperations):
         ]
         params = {"sid": lease.session_id, "token": lease.token}
         try:
-            if self.db.dialect == "postgresql" and len(rows) == 1:
+            if self.db.dialect == "postgresql" and len(rows) == 1 and snapshot is None:
                 # The common case (a turn's answer): one round trip, no BEGIN/COMMIT.
                 async with self.db.autocommit() as conn:
                     changed = await q.fenced_insert(conn, params, rows[0], release=release)
@@ -298,6 +355,13 @@ class SessionStore(TranscriptOperations):
                     changed = (await conn.execute(q.FENCE[release], params)).rowcount
                     if changed and rows:
                         await q.insert_messages(conn, rows)
+                        if snapshot is not None:
+                            await attach_snapshot(
+                                conn,
+                                session_id=lease.session_id,
+                                message_id=rows[-1]["message_id"],
+                                ref=snapshot,
+                            )
             if not changed:
                 raise AgentSessionLockLost(
                     f"session {lease.session_id}: this turn's lock was taken over or released"

@@ -6,6 +6,9 @@ claim, user message: see ``SessionStore.start_turn``), refreshes the heartbeat e
 partial output marked ``metadata.interrupted = true`` (SPEC §6.7), then releases the lock in a
 ``finally``. If the heartbeat finds the lock taken over, ``Turn.lost`` is set so the caller can
 stop early; every later write of the turn fails with ``AgentSessionLockLost`` anyway.
+
+The caller keeps ``Turn.partial`` up to date (the assistant message as streamed so far); that is
+what is persisted, marked interrupted, if the turn ends by an exception or a cancellation.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 
 from core.errors import AgentSessionLockLost
-from core.messages import Message, assistant_message
+from core.messages import Message
 from core.records import ModelChoice, StoredMessage, TurnLease
+from core.snapshots import SnapshotRef
 from core.store import SessionStore, _Unset
 
 log = logging.getLogger(__name__)
@@ -28,7 +32,7 @@ class Turn:
         self.store = store
         self.lease = lease
         self.lost = asyncio.Event()
-        self.partial_text = ""
+        self.partial: Message | None = None
         self.finished = False
 
     @property
@@ -43,8 +47,10 @@ class Turn:
     ) -> list[StoredMessage]:
         return await self.store.append(self.lease, messages, compaction=compaction)
 
-    async def finish(self, messages: Sequence[Message] = ()) -> list[StoredMessage]:
-        stored = await self.store.finish(self.lease, messages)
+    async def finish(
+        self, messages: Sequence[Message] = (), *, snapshot: SnapshotRef | None = None
+    ) -> list[StoredMessage]:
+        stored = await self.store.finish(self.lease, messages, snapshot=snapshot)
         self.finished = True
         return stored
 
@@ -79,8 +85,9 @@ async def run_turn(
     try:
         yield turn
     except BaseException:
-        if turn.partial_text and not turn.finished:
-            partial = assistant_message(turn.partial_text, interrupted=True)
+        if turn.partial is not None and turn.partial.get("parts") and not turn.finished:
+            metadata = {**turn.partial.get("metadata", {}), "interrupted": True}
+            partial = {**turn.partial, "metadata": metadata}
             with contextlib.suppress(AgentSessionLockLost):
                 await asyncio.shield(store.finish(lease, [partial]))
                 turn.finished = True

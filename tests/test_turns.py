@@ -242,7 +242,7 @@ async def test_run_turn__failure_persists_partial_output_as_interrupted(
         async with run_turn(
             store, session.id, user_message=user_message("q"), last_message_id=None
         ) as turn:
-            turn.partial_text = "Half an ans"
+            turn.partial = assistant_message("Half an ans")
             raise RuntimeError("model fell over")
 
     with pytest.raises(RuntimeError, match="model fell over"):
