@@ -17,10 +17,13 @@ No chain is replayed.
 Writing happens in two steps so that no lock is held while bytes move: ``store_content`` writes
 objects and sets in their own short transaction, idempotently, before the turn ends;
 ``attach_snapshot`` adds the small snapshot row inside the fenced transaction that persists the
-assistant message. Content between the two steps is unreferenced; the sweeper's grace period
-(``CONTENT_GRACE_SECONDS``) protects it, and a writer that reuses a row close to the end of its
-grace period refreshes ``created_at`` in the same transaction, so a sweeper running at the same
-moment re-checks the row (its DELETE repeats every condition) and skips it.
+assistant message. Between the two, the new sets are named by no snapshot: the sweeper's grace
+period (``CONTENT_GRACE_SECONDS``) protects them, and through their members the content. A
+writer that reuses a row or set past half its grace period refreshes its ``created_at`` in the
+same transaction; the sweeper's DELETE re-checks every condition row by row, so it either sees
+the refreshed row and skips it, or deleted it first and the writer, finding it gone, stores it
+again. A base set read back with a state needs nothing: the snapshot it came from names it, and
+that snapshot stays while the turn holds its session's lock (rewinds and deletions wait).
 
 Garbage collection is SQL only: sets no snapshot names, then content that no set contains and no
 delta uses as its base (a base goes in the round after its last delta), all past the grace
@@ -182,7 +185,8 @@ _INSERT_SET: Final = {d: _insert_set(d) for d in ("postgresql", "sqlite")}
 async def store_content(db: Database, captured: Captured) -> SnapshotRef:
     """Write a captured state's objects and sets; idempotent, in its own short transaction.
 
-    Run it before the transaction that ends the turn, outside the session's lock.
+    Run it before the fenced transaction that ends the turn (``attach_snapshot`` goes there),
+    not inside it: the turn's lock then never waits on bytes being written.
     """
     async with db.write() as conn:
         stored = await _store_objects(conn, captured.objects)

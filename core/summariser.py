@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from core.compaction import SECTIONS, Checkpoint, Summariser, render_checkpoint
+from core.checkpoint import SECTIONS, Checkpoint, Summariser, render_checkpoint
 from core.errors import ModelProviderBadResponse
 from core.providers.base import ModelProvider, ToolCall, ToolSpec, UserMessage
 from core.providers.uimessages import ui_to_chat

@@ -19,6 +19,7 @@ import json
 import re
 from collections.abc import Sequence
 
+from core.checkpoint import SECTIONS
 from core.errors import ModelProviderRejected
 from core.messages import shorten
 from core.providers.base import (
@@ -40,17 +41,7 @@ OFFLINE_MODEL = "offline-stand-in"
 SHELL_TOOL = "shell"
 CHECKPOINT_TOOL = "write_checkpoint"
 COMMAND_PREFIX = "$ "
-# The sections of SPEC §7, in the order core.compaction renders them.
-CHECKPOINT_SECTIONS: tuple[str, ...] = (
-    "objectives",
-    "constraints",
-    "decisions",
-    "completed_work",
-    "active_work",
-    "blockers",
-    "next_steps",
-    "important_details",
-)
+CHECKPOINT_SECTIONS = SECTIONS  # the sections of SPEC §7, in rendering order
 
 _OUTPUT_LIMIT = 1500
 _CONSTRAINT_WORDS = re.compile(r"\b(must|never|always|do not|don't|only)\b", re.IGNORECASE)

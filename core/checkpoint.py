@@ -1,0 +1,66 @@
+"""The checkpoint's shape (SPEC §7): its sections, how it is rendered, how it is stored.
+
+Kept apart from ``core.compaction`` (the operation, which needs the store and the turn lock) so
+the model providers, the offline stand-in included, can know the shape without the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.messages import Message, user_message
+from core.records import StoredMessage
+
+SECTIONS: tuple[str, ...] = (
+    "objectives",
+    "constraints",
+    "decisions",
+    "completed_work",
+    "active_work",
+    "blockers",
+    "next_steps",
+    "important_details",
+)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    sections: dict[str, list[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.sections) - set(SECTIONS)
+        if unknown:
+            raise ValueError(f"unknown checkpoint section(s): {', '.join(sorted(unknown))}")
+
+    def items(self, section: str) -> list[str]:
+        return list(self.sections.get(section, []))
+
+
+Summariser = Callable[
+    [Sequence[StoredMessage], Checkpoint | None, str | None], Awaitable[Checkpoint]
+]
+
+
+def render_checkpoint(checkpoint: Checkpoint) -> str:
+    """The text the model reads in place of the history the checkpoint replaced."""
+    lines = ["<checkpoint>"]
+    for section in SECTIONS:
+        lines.append(f"<{section}>")
+        lines.extend(f"- {item}" for item in checkpoint.items(section))
+        lines.append(f"</{section}>")
+    lines.append("</checkpoint>")
+    return "\n".join(lines)
+
+
+def checkpoint_message(checkpoint: Checkpoint, *, focus: str | None = None) -> Message:
+    meta: dict[str, Any] = {"compaction": {"sections": checkpoint.sections, "focus": focus}}
+    return user_message(render_checkpoint(checkpoint), **meta)
+
+
+def parse_checkpoint(message: StoredMessage) -> Checkpoint | None:
+    if not message.is_compaction_message:
+        return None
+    sections = message.message.get("metadata", {}).get("compaction", {}).get("sections", {})
+    return Checkpoint({k: list(v) for k, v in sections.items() if k in SECTIONS})
