@@ -22,7 +22,6 @@ from core.records import SessionInfo
 from core.settings import Settings, load_settings
 
 NOT_BUILT = {
-    "serve": "the Slack surface",
     "chat": "the terminal client",
     "demo": "the first-run demo",
 }
@@ -134,6 +133,12 @@ async def _sessions(op: Operator, args: argparse.Namespace) -> None:
         )
 
 
+async def _serve(args: argparse.Namespace, settings: Settings) -> None:
+    from bot.serve import serve
+
+    await serve(settings)
+
+
 async def _bench(args: argparse.Namespace, settings: Settings) -> None:
     from core.bench import format_table, run_bench
 
@@ -153,7 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings()
         configure_logging(settings.log_level, settings.log_format)
         runner: Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, None]] = (
-            _bench if args.command == "bench" else _run_operator
+            _bench
+            if args.command == "bench"
+            else _serve
+            if args.command == "serve"
+            else _run_operator
         )
         asyncio.run(runner(args, settings))
     except SlackAgentError as exc:

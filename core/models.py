@@ -24,6 +24,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Text,
     UniqueConstraint,
     event,
     false,
@@ -273,4 +274,83 @@ class SystemSetting(Base):
 
     key: Mapped[str] = mapped_column(String(100), primary_key=True)
     value: Mapped[Any] = mapped_column(JsonDoc, nullable=False)
+    updated_at: Mapped[datetime] = _created()
+
+
+# -- surface state: what a chat surface (Slack) remembers beside the sessions ----------------------
+# Keyed by a surface name ("slack"), so the core stays surface-neutral; the statements live in
+# ``core.surface_state``.
+
+
+class SurfaceThread(Base):
+    """A surface's thread showing a session, and the tail that thread last showed (stale guard)."""
+
+    __tablename__ = "surface_threads"
+    __table_args__ = (UniqueConstraint("surface", "thread_key"), Index(None, "session_id"))
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    surface: Mapped[str] = mapped_column(String(50), nullable=False)
+    thread_key: Mapped[str] = mapped_column(String(255), nullable=False)
+    session_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False
+    )
+    last_shown_message_id: Mapped[str | None] = mapped_column(String(36))
+    updated_at: Mapped[datetime] = _created()
+
+
+class SurfaceMessageRef(Base):
+    """A message as the surface shows it (a Slack ts) and the transcript message it stands for.
+
+    No foreign key on ``message_id``: after a rewind the surface still needs to find (and mark)
+    its posts of the deleted messages.
+    """
+
+    __tablename__ = "surface_message_refs"
+    __table_args__ = (
+        UniqueConstraint("surface", "ref_key"),
+        Index(None, "message_id"),
+        Index(None, "session_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    surface: Mapped[str] = mapped_column(String(50), nullable=False)
+    ref_key: Mapped[str] = mapped_column(String(255), nullable=False)
+    session_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False
+    )
+    message_id: Mapped[str] = mapped_column(String(36), nullable=False)
+    kind: Mapped[str] = mapped_column(String(20), nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
+class ProcessedEvent(Base):
+    """A delivery a surface has taken on: the first INSERT wins, on any replica."""
+
+    __tablename__ = "processed_events"
+    __table_args__ = (Index(None, "created_at"),)
+
+    surface: Mapped[str] = mapped_column(String(50), primary_key=True)
+    event_key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    created_at: Mapped[datetime] = _created()
+
+
+class WaitingDraft(Base):
+    """A message that was not sent (busy or stale session), kept until sent, discarded or
+    timed out, so a button click on any replica finds it."""
+
+    __tablename__ = "waiting_drafts"
+    __table_args__ = (Index(None, "session_id", "state", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    surface: Mapped[str] = mapped_column(String(50), nullable=False)
+    session_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False
+    )
+    author: Mapped[str] = mapped_column(String(255), nullable=False)
+    message_id: Mapped[str] = mapped_column(String(36), nullable=False)
+    text: Mapped[str] = mapped_column(Text, nullable=False)
+    reason: Mapped[str] = mapped_column(String(20), nullable=False)
+    state: Mapped[str] = mapped_column(String(20), nullable=False)
+    context: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()

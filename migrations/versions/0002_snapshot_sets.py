@@ -71,9 +71,7 @@ def upgrade() -> None:
         sa.UniqueConstraint("digest", name=op.f("uq_snapshot_contents_digest")),
     )
     with op.batch_alter_table("snapshot_contents", schema=None) as batch_op:
-        batch_op.create_index(
-            batch_op.f("ix_snapshot_contents_base_id"), ["base_id"], unique=False
-        )
+        batch_op.create_index(batch_op.f("ix_snapshot_contents_base_id"), ["base_id"], unique=False)
 
     op.create_table(
         "snapshot_sets",

@@ -1,0 +1,171 @@
+"""The Bolt app: Slack payload in, a core call (via ``Conversations``/``SessionActions``), out.
+
+Every listener acknowledges first and hands the work to a background task, so Slack gets its
+answer within milliseconds whatever the model does (events are acknowledged by Bolt itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.context.async_context import AsyncBoltContext
+from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
+from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot import messages as text
+from bot.conversations import Conversations, Post
+from bot.session_actions import SessionActions
+from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_MENTION = re.compile(r"<@[A-Z0-9]+>")
+# Message subtypes that are a person talking; everything else (edits, deletions, bot messages,
+# joins) starts no turn.
+_HUMAN_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
+
+
+def web_client(settings: Settings, token: str | None = None) -> AsyncWebClient:
+    """Every Web API client of the app: SLACK_API_URL, and 429s waited out as Retry-After says."""
+    client = AsyncWebClient(token=token, base_url=settings.slack_api_url)
+    client.retry_handlers.append(AsyncRateLimitErrorRetryHandler(max_retry_count=3))
+    return client
+
+
+def build_app(
+    settings: Settings,
+    conversations: Conversations,
+    actions: SessionActions,
+    *,
+    oauth_settings: AsyncOAuthSettings | None = None,
+) -> AsyncApp:
+    multi = oauth_settings is not None
+    app = AsyncApp(
+        client=web_client(settings, None if multi else settings.slack_bot_token),
+        signing_secret=settings.slack_signing_secret or "",
+        oauth_settings=oauth_settings,
+        process_before_response=False,
+        # url_verification needs no token; everything else is authorised as usual.
+        ignoring_self_events_enabled=True,
+    )
+
+    @app.middleware
+    async def same_workspace_only(
+        context: AsyncBoltContext, body: dict[str, Any], next: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Single-workspace mode: a payload from another workspace changes nothing here."""
+        result = context.authorize_result
+        if not multi and result is not None and result.team_id:
+            team = _team_of(body)
+            if team and team != result.team_id and not body.get("is_enterprise_install"):
+                log.warning("dropping a payload from workspace %s", team)
+                if context.ack is not None:
+                    await context.ack()
+                return
+        await next()
+
+    async def on_message(
+        event: dict[str, Any],
+        body: dict[str, Any],
+        context: AsyncBoltContext,
+        client: AsyncWebClient,
+    ) -> None:
+        if event.get("subtype") not in _HUMAN_SUBTYPES or event.get("bot_id"):
+            return
+        user = event.get("user")
+        channel = event.get("channel")
+        ts = event.get("ts")
+        team = body.get("team_id") or event.get("team")
+        if not (user and channel and ts and team) or user == context.bot_user_id:
+            return
+        raw = str(event.get("text") or "")
+        thread_ts = event.get("thread_ts")
+        is_dm = event.get("channel_type") == "im" or str(channel).startswith("D")
+        mentioned = event.get("type") == "app_mention" or (
+            context.bot_user_id is not None and f"<@{context.bot_user_id}>" in raw
+        )
+        if is_dm:
+            surface = "assistant" if event.get("assistant_thread") or thread_ts else "dm"
+        else:
+            surface = "channel"
+            if not mentioned and (
+                thread_ts is None or not await conversations.known_thread(team, channel, thread_ts)
+            ):
+                return
+        body_text = _MENTION.sub("", raw).strip()
+        if not body_text:
+            return
+        post = Post(team, channel, thread_ts or ts, ts, user, surface)
+        await conversations.take_message(post, body_text, client)
+
+    app.event("message")(on_message)
+    app.event("app_mention")(on_message)
+
+    @app.event("assistant_thread_started")
+    async def on_assistant_thread(event: dict[str, Any]) -> None:
+        return None
+
+    @app.event("assistant_thread_context_changed")
+    async def on_assistant_context(event: dict[str, Any]) -> None:
+        return None
+
+    async def on_draft_button(
+        ack: AsyncAck, body: dict[str, Any], action: dict[str, Any], client: AsyncWebClient
+    ) -> None:
+        await ack()
+        send = action.get("action_id") == text.SEND_DRAFT
+        user = str(body.get("user", {}).get("id", ""))
+        conversations.spawn(
+            conversations.click_draft(str(action.get("value", "")), user, send, client)
+        )
+
+    app.action(text.SEND_DRAFT)(on_draft_button)
+    app.action(text.DISCARD_DRAFT)(on_draft_button)
+
+    @app.action(re.compile(f"^{text.COMPACT_PICK}:"))
+    async def on_compact_pick(
+        ack: AsyncAck, body: dict[str, Any], action: dict[str, Any], client: AsyncWebClient
+    ) -> None:
+        await ack()
+        conversations.spawn(actions.compact_picked(body, str(action.get("value", "")), client))
+
+    for callback_id, handler in (
+        ("rewind_session", actions.rewind),
+        ("fork_session", actions.fork),
+        ("compact_session", actions.compact_shortcut),
+    ):
+        app.shortcut(callback_id)(_shortcut(conversations, handler))
+
+    @app.command("/compact")
+    async def on_compact(ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient) -> None:
+        await ack()
+        conversations.spawn(actions.compact_command(body, client))
+
+    return app
+
+
+def _shortcut(
+    conversations: Conversations,
+    handler: Callable[[dict[str, Any], AsyncWebClient], Coroutine[Any, Any, None]],
+) -> Callable[..., Awaitable[None]]:
+    async def listener(ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient) -> None:
+        await ack()
+        conversations.spawn(handler(body, client))
+
+    return listener
+
+
+def _team_of(body: dict[str, Any]) -> str | None:
+    team = body.get("team_id")
+    if isinstance(team, str):
+        return team
+    nested = body.get("team")
+    if isinstance(nested, dict) and isinstance(nested.get("id"), str):
+        return str(nested["id"])
+    return None

@@ -1,0 +1,236 @@
+"""Every text a Slack user reads, and the blocks that carry buttons, in one place.
+
+Tone: short, plain, says what happened and what the reader can do next. Nothing else in ``bot``
+writes user-facing words; listeners call these functions.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# Action ids of the buttons (the listeners match on them).
+SEND_DRAFT = "draft_send"
+DISCARD_DRAFT = "draft_discard"
+COMPACT_PICK = "compact_pick"
+
+WORKING_STATUS = "is working…"
+THINKING = "_Thinking…_"
+
+
+def busy_notice() -> str:
+    return (
+        ":hourglass_flowing_sand: This session is being used elsewhere (another reply is being "
+        "written). Your message has not been added yet; I'll let you know when it's free."
+    )
+
+
+def busy_queued_notice() -> str:
+    return (
+        ":hourglass_flowing_sand: This session is being used elsewhere. Your message has not "
+        "been added yet; it will be sent automatically, in order, when the session is free."
+    )
+
+
+def free_offer(text: str) -> str:
+    return f"The session is free now. Send your waiting message?\n>{_quote(text)}"
+
+
+def busy_timeout(text: str) -> str:
+    return (
+        "I stopped waiting: the session stayed busy too long, so your message was not sent. "
+        f"Here it is, to post again:\n>{_quote(text)}"
+    )
+
+
+def draft_sent() -> str:
+    return "Sent."
+
+
+def draft_discarded() -> str:
+    return "Discarded; nothing was added to the conversation."
+
+
+def draft_gone() -> str:
+    return "That message was already sent or discarded."
+
+
+def stale_refresh(unseen: list[tuple[str, str]], rewound: bool) -> str:
+    head = (
+        ":arrows_counterclockwise: This conversation was rewound elsewhere since this thread "
+        "last showed it."
+        if rewound
+        else ":arrows_counterclockwise: This conversation continued elsewhere (for example in "
+        "the terminal client) since this thread last showed it."
+    )
+    if not unseen:
+        return head
+    lines = [head, "Here is what this thread had not shown:"]
+    for role, text in unseen:
+        who = "*agent*" if role == "assistant" else "*user*"
+        lines.append(f"{who}: {_quote(text, 500)}")
+    return "\n".join(lines)
+
+
+def stale_offer(text: str) -> str:
+    return (
+        "Your message was not sent because the conversation changed elsewhere; the thread now "
+        f"shows what changed. Send it anyway?\n>{_quote(text)}"
+    )
+
+
+def turn_failed(code: str) -> str:
+    return f":warning: The model could not finish this reply ({code}). What it wrote is kept."
+
+
+def lock_lost() -> str:
+    return ":warning: This reply was interrupted: the session was taken over elsewhere."
+
+
+def internal_error() -> str:
+    return ":warning: Something went wrong on my side; nothing of your message was lost."
+
+
+def no_session() -> str:
+    return (
+        "That message isn't part of an agent conversation. Use this on a message in a thread "
+        "I'm taking part in."
+    )
+
+
+def not_in_transcript() -> str:
+    return (
+        "That message isn't part of the conversation itself (it's a notice). Pick one of the "
+        "questions or replies in the thread."
+    )
+
+
+def forbidden(action: str) -> str:
+    return (
+        f"Only the person who started this conversation (or an admin) can {action} it. "
+        "Nothing was changed. You can fork it instead."
+    )
+
+
+def busy_action(action: str) -> str:
+    return (
+        f"This session is being used elsewhere right now, so I can't {action} it. "
+        "Try again when the reply is done."
+    )
+
+
+def rewound(deleted: int, by_user: str) -> str:
+    return (
+        f":rewind: <@{by_user}> rewound the conversation to here; {deleted} later "
+        f"message{'s' if deleted != 1 else ''} left the conversation."
+    )
+
+
+def rewound_reply(original: str) -> str:
+    return f"~(rewound: no longer part of the conversation)~\n{original}"
+
+
+def returned_draft(text: str) -> str:
+    return (
+        "Your message was taken out of the conversation. Here it is, to edit and post again:"
+        f"\n>{_quote(text)}"
+    )
+
+
+def forked_from(permalink: str, by_user: str) -> str:
+    return (
+        f":fork_and_knife: Forked from {permalink} by <@{by_user}>. "
+        "Continue the new conversation in this thread."
+    )
+
+
+def fork_copied(copied: int) -> str:
+    plural = "s" if copied != 1 else ""
+    return f"This thread starts with the {copied} message{plural} of the original, up to the fork."
+
+
+def fork_done(permalink: str) -> str:
+    return f"Forked. The new conversation is here: {permalink}"
+
+
+def compacted(checkpoint: str) -> str:
+    return f":compression: The conversation was compacted into a checkpoint:\n{checkpoint}"
+
+
+def already_compact() -> str:
+    return "This conversation already ends in a checkpoint; there is nothing new to compact."
+
+
+def compact_picker_empty() -> str:
+    return (
+        "You have no conversations in this channel to compact. Give a thread link: "
+        "`/compact <thread link> [focus]`."
+    )
+
+
+def compact_picker() -> str:
+    return "Which conversation should I compact?"
+
+
+def compact_started() -> str:
+    return "Compacting…"
+
+
+def compact_bad_link() -> str:
+    return (
+        "I couldn't read that thread link. Copy it with *Copy link* on the thread's first message."
+    )
+
+
+def notice(text: str) -> str:
+    return f"_{text}_"
+
+
+def tool_started(command: str) -> str:
+    return f"\n`$ {_quote(command, 200)}`\n"
+
+
+def permalink(team_domain: str | None, channel: str, ts: str) -> str:
+    host = f"{team_domain}.slack.com" if team_domain else "slack.com"
+    return f"https://{host}/archives/{channel}/p{ts.replace('.', '')}"
+
+
+def offer_blocks(text: str, draft_id: str, send_label: str = "Send") -> list[dict[str, Any]]:
+    return [
+        {"type": "section", "text": {"type": "mrkdwn", "text": text}},
+        {
+            "type": "actions",
+            "elements": [
+                _button(send_label, SEND_DRAFT, draft_id, style="primary"),
+                _button("Discard", DISCARD_DRAFT, draft_id),
+            ],
+        },
+    ]
+
+
+def picker_blocks(choices: list[tuple[int, str]], focus: str | None) -> list[dict[str, Any]]:
+    buttons = [
+        _button(title[:70] or f"session {sid}", COMPACT_PICK, json.dumps([sid, focus]))
+        for sid, title in choices[:5]
+    ]
+    return [
+        {"type": "section", "text": {"type": "mrkdwn", "text": compact_picker()}},
+        {"type": "actions", "elements": buttons},
+    ]
+
+
+def _button(label: str, action_id: str, value: str, style: str | None = None) -> dict[str, Any]:
+    button: dict[str, Any] = {
+        "type": "button",
+        "text": {"type": "plain_text", "text": label},
+        "action_id": action_id if action_id != COMPACT_PICK else f"{COMPACT_PICK}:{value}",
+        "value": value,
+    }
+    if style:
+        button["style"] = style
+    return button
+
+
+def _quote(text: str, limit: int = 300) -> str:
+    folded = " ".join(text.split())
+    return folded if len(folded) <= limit else folded[: limit - 1] + "…"

@@ -1,0 +1,128 @@
+"""A reply that streams into a thread as the agent writes it.
+
+Slack's streaming methods (``chat.startStream`` / ``appendStream`` / ``stopStream``) where the
+workspace has them; otherwise one ``chat.postMessage`` updated with ``chat.update``. Either way
+at most about one Web API call a second while text arrives (Slack rate-limits both), and the
+first text goes out at once. 429s are retried by slack_sdk's retry handler (see ``bot.app``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+log = logging.getLogger(__name__)
+
+
+class ReplyStream:
+    def __init__(
+        self,
+        client: AsyncWebClient,
+        *,
+        channel: str,
+        thread_ts: str,
+        team: str | None,
+        user: str | None,
+        interval: float = 1.0,
+    ) -> None:
+        self.client = client
+        self.channel = channel
+        self.thread_ts = thread_ts
+        self.team = team
+        self.user = user
+        self.interval = interval
+        self.ts: str | None = None
+        self.streaming = False
+        self.text = ""  # everything shown so far (and pending)
+        self._sent = 0  # characters of ``text`` already sent
+        self._last = 0.0
+        self._pending: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def append(self, text: str) -> None:
+        if not text:
+            return
+        self.text += text
+        if self.ts is None or time.monotonic() - self._last >= self.interval:
+            await self._flush()
+        elif self._pending is None:
+            self._pending = asyncio.create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - self._last)))
+        self._pending = None
+        await self._flush()
+
+    async def _flush(self) -> None:
+        async with self._lock:
+            chunk = self.text[self._sent :]
+            if not chunk and self.ts is not None:
+                return
+            self._last = time.monotonic()
+            if self.ts is None:
+                await self._start(chunk)
+            elif self.streaming:
+                await self.client.chat_appendStream(
+                    channel=self.channel, ts=self.ts, markdown_text=chunk
+                )
+            else:
+                await self.client.chat_update(channel=self.channel, ts=self.ts, text=self.text)
+            self._sent = len(self.text)
+
+    async def _start(self, chunk: str) -> None:
+        try:
+            kwargs: dict[str, Any] = {"channel": self.channel, "thread_ts": self.thread_ts}
+            if self.team and self.user:
+                kwargs.update(recipient_team_id=self.team, recipient_user_id=self.user)
+            response = await self.client.chat_startStream(markdown_text=chunk, **kwargs)
+            ts = response.get("ts")
+            if response.get("ok") and isinstance(ts, str):
+                self.ts, self.streaming = ts, True
+                return
+        except SlackApiError as exc:
+            log.debug("streaming unavailable (%s); falling back to chat.update", exc)
+        response = await self.client.chat_postMessage(
+            channel=self.channel, thread_ts=self.thread_ts, text=chunk or "…"
+        )
+        self.ts = str(response["ts"])
+
+    async def finish(self, final_text: str | None = None) -> str | None:
+        """Send what is pending and close the reply; returns its ts (None if nothing was shown).
+
+        ``final_text`` replaces the whole text (fallback mode) or is appended after what streamed.
+        """
+        if self._pending is not None:
+            self._pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pending
+            self._pending = None
+        if final_text is not None and final_text != self.text:
+            if final_text.startswith(self.text):
+                self.text = final_text
+            elif self.ts is None or not self.streaming:
+                self.text = final_text
+                self._sent = 0 if self.ts is None else self._sent
+            else:
+                self.text += "\n" + final_text
+        if self.ts is None and not self.text:
+            return None
+        if self.ts is None:
+            await self._flush()
+        if self.streaming:
+            assert self.ts is not None
+            rest = self.text[self._sent :]
+            kwargs: dict[str, Any] = {"markdown_text": rest} if rest else {}
+            await self.client.chat_stopStream(channel=self.channel, ts=self.ts, **kwargs)
+            self._sent = len(self.text)
+        else:
+            async with self._lock:
+                assert self.ts is not None
+                await self.client.chat_update(channel=self.channel, ts=self.ts, text=self.text)
+                self._sent = len(self.text)
+        return self.ts

@@ -1,0 +1,290 @@
+"""``slack-agent serve``: migrate, then run the bot until SIGTERM/SIGINT (SPEC §4).
+
+HTTP mode: an aiohttp server on HOST:PORT with ``POST /slack/events`` (Bolt verifies the
+signature and the 5-minute timestamp window: 401 otherwise), ``GET /healthz`` (200 while the
+database answers) and, with OAuth configured, ``/slack/install`` and ``/slack/oauth_redirect``.
+Bodies over ``MAX_BODY_BYTES`` get 413, undecodable ones 400; neither disturbs the process.
+Socket Mode when SLACK_APP_TOKEN is set. The sweeper runs in a thread with its own event loop
+and engine unless SWEEPER_INTERVAL_SECONDS=0.
+
+Shutdown: stop taking events (the listener closes), give running turns ``SHUTDOWN_GRACE_SECONDS``
+to finish, then cancel them (the core persists partial output, marked interrupted, and releases
+the lock), stop the sweeper, close the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import threading
+from typing import Any
+
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
+from slack_bolt.request.async_request import AsyncBoltRequest
+
+from bot.app import build_app, web_client
+from bot.conversations import SURFACE, Conversations
+from bot.session_actions import SessionActions
+from core.agent import Agent, AgentConfig
+from core.db import Database, create_database
+from core.errors import ConfigError
+from core.installations import InstallStores, open_install_stores
+from core.migrate import upgrade
+from core.model_choice import ProviderCache
+from core.retention import RetentionPolicy, load_policy
+from core.settings import Settings
+from core.store import SessionStore
+from core.surface_state import SurfaceState, database_answers, sweep_processed_events
+from core.sweeper import sweep
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 1 << 20  # Slack's payloads are a few kilobytes
+SHUTDOWN_GRACE_SECONDS = 5.0
+
+
+def check_config(settings: Settings) -> None:
+    """One line naming the variable a mode needs (never a traceback)."""
+    oauth = [settings.slack_client_id, settings.slack_client_secret, settings.slack_state_secret]
+    if any(oauth) and not all(oauth):
+        missing = ("SLACK_CLIENT_ID", "SLACK_CLIENT_SECRET", "SLACK_STATE_SECRET")[
+            [bool(v) for v in oauth].index(False)
+        ]
+        raise ConfigError(f"{missing}: required with the other SLACK_CLIENT_* OAuth settings")
+    if settings.slack_app_token:
+        if not settings.slack_app_token.startswith("xapp-"):
+            raise ConfigError("SLACK_APP_TOKEN: an app-level token starts with xapp-")
+        if not settings.slack_bot_token:
+            raise ConfigError("SLACK_BOT_TOKEN: required in Socket Mode (SLACK_APP_TOKEN is set)")
+        return
+    if not settings.slack_signing_secret:
+        raise ConfigError("SLACK_SIGNING_SECRET: required to verify Slack's HTTP requests")
+    if not settings.slack_bot_token and not all(oauth):
+        raise ConfigError(
+            "SLACK_BOT_TOKEN: required (or SLACK_CLIENT_ID/SECRET/STATE_SECRET for OAuth installs)"
+        )
+
+
+class SweeperThread(threading.Thread):
+    """The sweeper on its own loop and engine, every interval ± jitter, on every replica."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(name="sweeper", daemon=True)
+        self.settings = settings
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        s = self.settings
+        db = create_database(s.database_url, pool_size=2)
+        try:
+            while True:
+                jitter = random.uniform(-s.sweeper_jitter_seconds, s.sweeper_jitter_seconds)
+                delay = max(0.05, s.sweeper_interval_seconds + jitter)
+                if await asyncio.to_thread(self._stop.wait, delay):
+                    return
+                try:
+                    policy = await load_policy(db, RetentionPolicy.from_settings(s))
+                    report = await sweep(
+                        db,
+                        policy,
+                        staleness_seconds=s.turn_lock_staleness_seconds,
+                        batch_size=s.sweeper_batch_size,
+                        extra_passes=[("processed_events", sweep_processed_events)],
+                    )
+                except Exception:
+                    log.exception("sweeper pass failed; will try again next period")
+                    continue
+                log.info(
+                    "sweeper: deleted %d expired, %d idle, %d over-cap sessions; "
+                    "%d snapshot contents; %d processed events",
+                    report.expired,
+                    report.idle,
+                    report.over_cap,
+                    report.snapshot_contents,
+                    report.extra.get("processed_events", 0),
+                )
+        finally:
+            await db.dispose()
+
+
+class Bot:
+    """Everything ``serve`` runs, built from settings (tests and the demo build one too)."""
+
+    def __init__(self, settings: Settings, db: Database, installs: InstallStores | None) -> None:
+        self.settings = settings
+        self.db = db
+        self.installs = installs
+        self.store = SessionStore(
+            db,
+            staleness_seconds=settings.turn_lock_staleness_seconds,
+            temporary_ttl_hours=settings.temporary_agent_session_time_to_live_hours,
+        )
+        self.providers = ProviderCache(settings)
+        self.agent = Agent(
+            self.store,
+            self.providers,
+            AgentConfig(
+                auto_compact_tokens=settings.auto_compact_tokens,
+                heartbeat_seconds=settings.turn_heartbeat_seconds,
+            ),
+        )
+        self.conversations = Conversations(
+            settings, self.store, self.agent, SurfaceState(db, SURFACE)
+        )
+        self.actions = SessionActions(self.conversations)
+        oauth: AsyncOAuthSettings | None = None
+        if installs is not None:
+            oauth = AsyncOAuthSettings(
+                client_id=settings.slack_client_id,
+                client_secret=settings.slack_client_secret,
+                scopes=BOT_SCOPES,
+                installation_store=installs.installations,
+                state_store=installs.states,
+                install_path="/slack/install",
+                redirect_uri_path="/slack/oauth_redirect",
+            )
+        self.app: AsyncApp = build_app(
+            settings, self.conversations, self.actions, oauth_settings=oauth
+        )
+
+    @classmethod
+    async def open(cls, settings: Settings) -> Bot:
+        check_config(settings)
+        db = create_database(
+            settings.database_url, synchronous_commit=settings.postgres_synchronous_commit
+        )
+        try:
+            await upgrade(db)
+            installs = None
+            if settings.slack_client_id and settings.slack_client_secret:
+                installs = await open_install_stores(
+                    settings.database_url, settings.slack_client_id
+                )
+        except BaseException:
+            await db.dispose()
+            raise
+        return cls(settings, db, installs)
+
+    async def close(self) -> None:
+        await self.conversations.shutdown(SHUTDOWN_GRACE_SECONDS)
+        await self.providers.aclose()
+        if self.installs is not None:
+            await self.installs.dispose()
+        await self.db.dispose()
+
+    # -- HTTP -----------------------------------------------------------------------------------
+
+    def web_app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/slack/events", self._events)
+        app.router.add_get("/healthz", self._health)
+        if self.installs is not None:
+            app.router.add_get("/slack/install", self._events)
+            app.router.add_get("/slack/oauth_redirect", self._events)
+        return app
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        if self.conversations.closing:
+            return web.Response(status=503, text="shutting down")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return web.Response(status=413, text="request body too large")
+        try:
+            body = raw.decode("utf-8")
+            bolt_request = AsyncBoltRequest(
+                body=body,
+                query=request.query_string,
+                headers={k.lower(): v for k, v in request.headers.items()},
+            )
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
+            return web.Response(status=400, text="malformed request body")
+        try:
+            response = await self.app.async_dispatch(bolt_request)
+        except Exception:
+            log.exception("dispatch failed")
+            return web.Response(status=400, text="malformed request")
+        return await to_aiohttp_response(response)
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        if await database_answers(self.db):
+            return web.Response(text="ok")
+        return web.Response(status=503, text="database unavailable")
+
+
+BOT_SCOPES = [
+    "app_mentions:read",
+    "assistant:write",
+    "channels:history",
+    "chat:write",
+    "commands",
+    "groups:history",
+    "im:history",
+    "mpim:history",
+    "users:read",
+]
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM/SIGINT."""
+    bot = await Bot.open(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    sweeper: SweeperThread | None = None
+    if settings.sweeper_interval_seconds > 0:
+        sweeper = SweeperThread(settings)
+        sweeper.start()
+    runner: web.AppRunner | None = None
+    socket: Any = None
+    try:
+        if settings.slack_app_token:
+            from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
+
+            socket = AsyncSocketModeHandler(
+                bot.app,
+                settings.slack_app_token,
+                web_client=web_client(settings, settings.slack_bot_token),
+            )
+            await socket.connect_async()
+            log.info("connected to Slack in Socket Mode")
+        else:
+            runner = web.AppRunner(bot.web_app(), access_log=None, shutdown_timeout=2.0)
+            await runner.setup()
+            site = web.TCPSite(runner, settings.host, settings.port)
+            try:
+                await site.start()
+            except OSError as exc:
+                raise ConfigError(
+                    f"PORT: cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
+                ) from None
+            log.info("listening on http://%s:%d/slack/events", settings.host, settings.port)
+        await stop.wait()
+        log.info("stopping: no new events; finishing or interrupting running turns")
+    finally:
+        bot.conversations.closing = True
+        if socket is not None:
+            with contextlib.suppress(Exception):
+                await socket.close_async()
+        if runner is not None:
+            await runner.cleanup()
+        await bot.close()
+        if sweeper is not None:
+            sweeper.stop()
+            await asyncio.to_thread(sweeper.join, 10)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        log.info("stopped")

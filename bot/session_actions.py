@@ -1,0 +1,284 @@
+"""Message shortcuts (rewind, fork, compact) and ``/compact`` (SPEC §10).
+
+A shortcut names a Slack message; its ref (``{team}/{channel}/{ts}``) leads to a transcript
+message and session of the same workspace only, so a payload from another workspace finds
+nothing here. Permissions are the core's (``Actor``): owner or ADMIN_USER_IDS for rewind and
+compact, anyone for fork; every refusal is an ephemeral and changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot import messages as text
+from bot.conversations import PROJECT, Conversations, Post, thread_key
+from core.agent import Agent
+from core.checkpoint import render_checkpoint
+from core.compaction import parse_checkpoint
+from core.errors import (
+    AgentSessionAlreadyCompact,
+    AgentSessionBusy,
+    AgentSessionForbidden,
+    AgentSessionNotFound,
+    MessageNotFound,
+)
+from core.messages import message_text
+from core.store import SessionStore
+from core.surface_state import MessageRef, SurfaceState
+
+log = logging.getLogger(__name__)
+
+_LINK = re.compile(r"/archives/(?P<channel>[A-Z0-9]+)/p(?P<secs>\d{10})(?P<micros>\d{6})")
+_THREAD_TS = re.compile(r"[?&]thread_ts=(?P<ts>\d+\.\d+)")
+
+
+class SessionActions:
+    def __init__(self, conversations: Conversations) -> None:
+        self.conv = conversations
+
+    @property
+    def store(self) -> SessionStore:
+        return self.conv.store
+
+    @property
+    def state(self) -> SurfaceState:
+        return self.conv.state
+
+    @property
+    def agent(self) -> Agent:
+        return self.conv.agent
+
+    # -- shared ---------------------------------------------------------------------------------
+
+    async def _target(
+        self, body: dict[str, Any], client: AsyncWebClient
+    ) -> tuple[Post, MessageRef] | None:
+        """The shortcut's message as a transcript message, or an ephemeral saying why not."""
+        team = str(body.get("team", {}).get("id", ""))
+        channel = str(body.get("channel", {}).get("id", ""))
+        user = str(body.get("user", {}).get("id", ""))
+        message = body.get("message") or {}
+        ts = str(message.get("ts", ""))
+        root = str(message.get("thread_ts") or ts)
+        post = Post(team, channel, root, ts, user, "channel")
+        ref = await self.state.find_ref(thread_key(team, channel, ts))
+        if ref is None:
+            in_session = await self.state.get_thread(thread_key(team, channel, root))
+            await self._say(
+                client, post, text.not_in_transcript() if in_session else text.no_session()
+            )
+            return None
+        thread = await self.state.thread_of_session(ref.session_id)
+        if thread is not None:
+            root = thread.thread_key.rsplit("/", 1)[1]
+            post = Post(team, channel, root, ts, user, "channel")
+        return post, ref
+
+    async def _say(self, client: AsyncWebClient, post: Post, body: str) -> None:
+        await client.chat_postEphemeral(
+            channel=post.channel, user=post.user, thread_ts=post.thread_ts, text=body
+        )
+
+    # -- rewind ---------------------------------------------------------------------------------
+
+    async def rewind(self, body: dict[str, Any], client: AsyncWebClient) -> None:
+        found = await self._target(body, client)
+        if found is None:
+            return
+        post, ref = found
+        actor = await self.conv.actor(post.team, post.user)
+        before = {m.message_id: m for m in await self.store.messages(ref.session_id)}
+        try:
+            result = await self.store.truncate(ref.session_id, ref.message_id, actor)
+        except AgentSessionForbidden:
+            await self._say(client, post, text.forbidden("rewind"))
+            return
+        except AgentSessionBusy:
+            await self._say(client, post, text.busy_action("rewind"))
+            return
+        except (AgentSessionNotFound, MessageNotFound):
+            await self._say(client, post, text.not_in_transcript())
+            return
+        await self.state.set_shown(ref.session_id, result.tail_message_id)
+        await client.chat_postMessage(
+            channel=post.channel,
+            thread_ts=post.thread_ts,
+            text=text.rewound(result.deleted, post.user),
+        )
+        for gone in await self.state.refs_for(list(result.deleted_message_ids)):
+            if gone.kind != "reply":
+                continue
+            channel, ts = gone.ref_key.split("/")[1:3]
+            original = before.get(gone.message_id)
+            await client.chat_update(
+                channel=channel,
+                ts=ts,
+                text=text.rewound_reply(message_text(original.message) if original else ""),
+            )
+        if result.draft:
+            target = before.get(ref.message_id)
+            meta = target.message.get("metadata") if target else None
+            author = meta.get("slack_user") if isinstance(meta, dict) else None
+            await client.chat_postEphemeral(
+                channel=post.channel,
+                user=str(author or post.user),
+                thread_ts=post.thread_ts,
+                text=text.returned_draft(result.draft),
+            )
+
+    # -- fork -----------------------------------------------------------------------------------
+
+    async def fork(self, body: dict[str, Any], client: AsyncWebClient) -> None:
+        found = await self._target(body, client)
+        if found is None:
+            return
+        post, ref = found
+        actor = await self.conv.actor(post.team, post.user)
+        domain = body.get("team", {}).get("domain")
+        source_link = text.permalink(domain, post.channel, post.ts)
+        head = await client.chat_postMessage(
+            channel=post.channel, text=text.forked_from(source_link, post.user)
+        )
+        new_ts = str(head["ts"])
+        key = thread_key(post.team, post.channel, new_ts)
+        try:
+            result = await self.store.branch(
+                ref.session_id,
+                ref.message_id,
+                user_id=actor.user_id,
+                project_name=PROJECT,
+                project_session_id=key,
+            )
+        except (AgentSessionNotFound, MessageNotFound):
+            await client.chat_delete(channel=post.channel, ts=new_ts)
+            await self._say(client, post, text.not_in_transcript())
+            return
+        tail = await self.store.tail(result.session.id)
+        await self.state.bind_thread(key, result.session.id, tail.message_id if tail else None)
+        await client.chat_postMessage(
+            channel=post.channel, thread_ts=new_ts, text=text.fork_copied(result.copied)
+        )
+        await self._say(client, post, text.fork_done(text.permalink(domain, post.channel, new_ts)))
+        if result.draft:
+            await client.chat_postEphemeral(
+                channel=post.channel,
+                user=post.user,
+                thread_ts=new_ts,
+                text=text.returned_draft(result.draft),
+            )
+
+    # -- compact --------------------------------------------------------------------------------
+
+    async def compact_shortcut(self, body: dict[str, Any], client: AsyncWebClient) -> None:
+        found = await self._target(body, client)
+        if found is None:
+            return
+        post, ref = found
+        await self._compact(post, ref.session_id, None, client)
+
+    async def compact_command(self, body: dict[str, Any], client: AsyncWebClient) -> None:
+        team = str(body.get("team_id", ""))
+        channel = str(body.get("channel_id", ""))
+        user = str(body.get("user_id", ""))
+        args = str(body.get("text", "")).strip()
+        here = Post(team, channel, "", "", user, "channel")
+        first, _, rest = args.partition(" ")
+        link = first.strip("<>").split("|", 1)[0]
+        match = _LINK.search(link)
+        if match is None:
+            if "/archives/" in link:
+                await self._say_here(client, here, text.compact_bad_link())
+                return
+            await self._picker(here, args or None, client)
+            return
+        link_channel = match["channel"]
+        ts = f"{match['secs']}.{match['micros']}"
+        threaded = _THREAD_TS.search(link)
+        root = threaded["ts"] if threaded else ts
+        thread = await self.state.get_thread(thread_key(team, link_channel, root))
+        if thread is None:
+            ref = await self.state.find_ref(thread_key(team, link_channel, ts))
+            session_id = ref.session_id if ref else None
+        else:
+            session_id = thread.session_id
+        if session_id is None:
+            await self._say_here(client, here, text.no_session())
+            return
+        post = Post(team, link_channel, root, ts, user, "channel")
+        await self._compact(post, session_id, rest.strip() or None, client)
+
+    async def _say_here(self, client: AsyncWebClient, here: Post, body: str) -> None:
+        await client.chat_postEphemeral(channel=here.channel, user=here.user, text=body)
+
+    async def _picker(self, here: Post, focus: str | None, client: AsyncWebClient) -> None:
+        actor = await self.conv.actor(here.team, here.user)
+        prefix = thread_key(here.team, here.channel, "")
+        sessions = [
+            s
+            for s in await self.store.list_sessions(user_id=actor.user_id, project_name=PROJECT)
+            if s.project_session_id.startswith(prefix)
+        ]
+        if not sessions:
+            await self._say_here(client, here, text.compact_picker_empty())
+            return
+        await client.chat_postEphemeral(
+            channel=here.channel,
+            user=here.user,
+            text=text.compact_picker(),
+            blocks=text.picker_blocks([(s.id, s.title or "") for s in sessions], focus),
+        )
+
+    async def compact_picked(
+        self, body: dict[str, Any], value: str, client: AsyncWebClient
+    ) -> None:
+        try:
+            session_id, focus = json.loads(value)
+        except (ValueError, TypeError):
+            return
+        team = str(body.get("team", {}).get("id", ""))
+        user = str(body.get("user", {}).get("id", ""))
+        channel = str(
+            body.get("channel", {}).get("id", "") or body.get("container", {}).get("channel_id", "")
+        )
+        try:
+            session = await self.store.get_session(int(session_id))
+        except AgentSessionNotFound:
+            return
+        if not session.project_session_id.startswith(f"{team}/"):
+            return  # another workspace's session: nothing to see here
+        _, chan, root = session.project_session_id.split("/", 2)
+        post = Post(team, chan or channel, root, root, user, "channel")
+        await self._compact(post, session.id, focus if isinstance(focus, str) else None, client)
+
+    async def _compact(
+        self, post: Post, session_id: int, focus: str | None, client: AsyncWebClient
+    ) -> None:
+        actor = await self.conv.actor(post.team, post.user)
+        try:
+            stored = await self.agent.compact(session_id, actor, focus=focus)
+        except AgentSessionForbidden:
+            await self._say(client, post, text.forbidden("compact"))
+            return
+        except AgentSessionBusy:
+            await self._say(client, post, text.busy_action("compact"))
+            return
+        except AgentSessionAlreadyCompact:
+            await self._say(client, post, text.already_compact())
+            return
+        checkpoint = parse_checkpoint(stored)
+        rendered = render_checkpoint(checkpoint) if checkpoint else message_text(stored.message)
+        await self.state.set_shown(session_id, stored.message_id)
+        reply = await client.chat_postMessage(
+            channel=post.channel, thread_ts=post.thread_ts, text=text.compacted(rendered)
+        )
+        await self.state.add_ref(
+            thread_key(post.team, post.channel, str(reply["ts"])),
+            session_id,
+            stored.message_id,
+            "checkpoint",
+        )

@@ -1,0 +1,372 @@
+"""Stand-ins for what the bot talks to, as real HTTP servers on 127.0.0.1.
+
+``FakeSlack``: the Slack Web API (``SLACK_API_URL`` points at it). It records every call
+(method and decoded arguments) and answers like Slack: ``ok: true`` with fresh ``ts`` values.
+``streaming=False`` makes ``chat.startStream`` fail as in a workspace without streaming.
+
+``GatedModel``: an OpenAI-compatible Chat Completions server whose answers wait for the test to
+open a gate, counting requests in flight, so tests can hold a turn open (busy) and check that a
+session never has two model calls at once.
+
+``SlackClient``: sends correctly signed requests (v0 signature, ``X-Slack-Request-Timestamp``)
+to a running bot, the way Slack does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import io
+import itertools
+import json
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from tests.fake_openai import DONE, text_frames, usage_chunk
+from tests.providers_fixtures import sse_frame
+
+TEAM = "T1"
+BOT_USER = "UBOT"
+BOT_ID = "BBOT"
+SIGNING_SECRET = "test-signing-secret"
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    args: dict[str, Any]
+
+    @property
+    def text(self) -> str:
+        return str(self.args.get("text") or self.args.get("markdown_text") or "")
+
+
+class _Server:
+    def __init__(self) -> None:
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> _Server:
+        app = web.Application()
+        self.routes(app)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+
+class FakeSlack(_Server):
+    def __init__(self, *, streaming: bool = True, team: str = TEAM) -> None:
+        super().__init__()
+        self.streaming = streaming
+        self.team = team
+        self.calls: list[Call] = []
+        self._changed = asyncio.Event()
+        self._ts = itertools.count(1)
+
+    @property
+    def api_url(self) -> str:
+        return self.url + "/api/"
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/api/{method}", self._handle)
+
+    def next_ts(self) -> str:
+        return f"1800000000.{next(self._ts):06d}"
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        if request.content_type == "application/json":
+            args = dict(await request.json())
+        else:
+            args = dict(await request.post())
+        for key in ("blocks", "metadata"):
+            if isinstance(args.get(key), str):
+                args[key] = json.loads(args[key])
+        self.calls.append(Call(method, args))
+        self._changed.set()
+        return web.json_response(self._answer(method, args))
+
+    def _answer(self, method: str, args: dict[str, Any]) -> dict[str, Any]:
+        channel = args.get("channel") or args.get("channel_id")
+        if method == "auth.test":
+            return {
+                "ok": True,
+                "url": "https://test.slack.com/",
+                "team": "Test",
+                "user": "agent",
+                "team_id": self.team,
+                "user_id": BOT_USER,
+                "bot_id": BOT_ID,
+            }
+        if method == "chat.startStream" and not self.streaming:
+            return {"ok": False, "error": "unknown_method"}
+        if method in ("chat.postMessage", "chat.startStream"):
+            ts = self.next_ts()
+            return {"ok": True, "channel": channel, "ts": ts, "message": {"ts": ts}}
+        if method in ("chat.update", "chat.appendStream", "chat.stopStream"):
+            return {"ok": True, "channel": channel, "ts": args.get("ts")}
+        if method == "chat.postEphemeral":
+            return {"ok": True, "message_ts": self.next_ts()}
+        return {"ok": True}
+
+    # -- what tests look at ---------------------------------------------------------------------
+
+    def named(self, *methods: str) -> list[Call]:
+        return [c for c in self.calls if c.method in methods]
+
+    def ephemerals(self, user: str | None = None) -> list[Call]:
+        return [
+            c
+            for c in self.named("chat.postEphemeral")
+            if user is None or c.args.get("user") == user
+        ]
+
+    def replies(self, thread_ts: str) -> list[Call]:
+        """Posts of the app into a thread (top-level of the reply: postMessage or startStream)."""
+        return [
+            c
+            for c in self.named("chat.postMessage", "chat.startStream")
+            if c.args.get("thread_ts") == thread_ts
+        ]
+
+    async def wait_for(self, condition: Callable[[], Any], timeout: float = 20.0) -> Any:
+        """Wait until ``condition()`` is truthy (re-checked on each recorded call)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = condition()
+            if found:
+                return found
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"timed out; calls so far: {[c.method for c in self.calls]}")
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.25))
+            except TimeoutError:
+                pass
+
+
+class GatedModel(_Server):
+    """Answers "answer N" (N counting from 1) once the gate is open; records concurrency."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.arrived = asyncio.Event()
+        self.requests = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self._handle)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        self.requests += 1
+        number = self.requests
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.arrived.set()
+        try:
+            await self.gate.wait()
+            response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await response.prepare(request)
+            for frame in [*text_frames(f"answer {number}"), sse_frame(usage_chunk(5, 2)), DONE]:
+                await response.write(frame.encode())
+            await response.write_eof()
+            return response
+        finally:
+            self.in_flight -= 1
+
+
+def signed_headers(
+    body: str, *, secret: str = SIGNING_SECRET, timestamp: int | None = None
+) -> dict[str, str]:
+    ts = str(int(time.time()) if timestamp is None else timestamp)
+    base = f"v0:{ts}:{body}".encode()
+    signature = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
+    return {"X-Slack-Request-Timestamp": ts, "X-Slack-Signature": signature}
+
+
+class SlackClient:
+    """Sends what Slack sends, signed, to ``{url}/slack/events``."""
+
+    def __init__(self, url: str, *, team: str = TEAM) -> None:
+        self.url = url.rstrip("/") + "/slack/events"
+        self.team = team
+        self._session: aiohttp.ClientSession | None = None
+        self._event_ids = itertools.count(1)
+        self._ts = itertools.count(1)
+
+    async def __aenter__(self) -> SlackClient:
+        self._session = aiohttp.ClientSession()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._session is not None
+        await self._session.close()
+
+    def new_ts(self) -> str:
+        return f"1700000000.{next(self._ts):06d}"
+
+    async def raw(
+        self, body: str, headers: dict[str, str], content_type: str = "application/json"
+    ) -> tuple[int, str]:
+        assert self._session is not None
+        async with self._session.post(
+            self.url, data=io.BytesIO(body.encode()), headers={**headers, "Content-Type": content_type}
+        ) as response:
+            return response.status, await response.text()
+
+    async def event(
+        self, event: dict[str, Any], *, retry: int | None = None, event_id: str | None = None,
+        team: str | None = None,
+    ) -> int:
+        payload = {
+            "token": "legacy",
+            "team_id": team or self.team,
+            "api_app_id": "A1",
+            "type": "event_callback",
+            "event_id": event_id or f"Ev{next(self._event_ids):08d}",
+            "event_time": int(time.time()),
+            "event": event,
+        }
+        body = json.dumps(payload)
+        headers = signed_headers(body)
+        if retry is not None:
+            headers["X-Slack-Retry-Num"] = str(retry)
+            headers["X-Slack-Retry-Reason"] = "http_timeout"
+        status, _ = await self.raw(body, headers)
+        return status
+
+    async def message(
+        self,
+        text: str,
+        *,
+        user: str = "U1",
+        channel: str = "C1",
+        ts: str | None = None,
+        thread_ts: str | None = None,
+        mention: bool = False,
+        kind: str = "message",
+        channel_type: str = "channel",
+        retry: int | None = None,
+        team: str | None = None,
+    ) -> str:
+        """A human message (``kind="app_mention"`` for the mention event); returns its ts."""
+        ts = ts or self.new_ts()
+        event: dict[str, Any] = {
+            "type": kind,
+            "user": user,
+            "text": (f"<@{BOT_USER}> " if mention else "") + text,
+            "ts": ts,
+            "channel": channel,
+            "event_ts": ts,
+            "channel_type": channel_type,
+            "team": team or self.team,
+        }
+        if thread_ts:
+            event["thread_ts"] = thread_ts
+        status = await self.event(event, retry=retry, team=team)
+        assert status == 200, status
+        return ts
+
+    async def interaction(self, payload: dict[str, Any]) -> int:
+        body = urllib.parse.urlencode({"payload": json.dumps(payload)})
+        status, _ = await self.raw(
+            body, signed_headers(body), "application/x-www-form-urlencoded"
+        )
+        return status
+
+    async def shortcut(
+        self,
+        callback_id: str,
+        *,
+        message_ts: str,
+        thread_ts: str | None,
+        user: str = "U1",
+        channel: str = "C1",
+        team: str | None = None,
+    ) -> int:
+        message: dict[str, Any] = {"type": "message", "ts": message_ts, "text": "…"}
+        if thread_ts:
+            message["thread_ts"] = thread_ts
+        return await self.interaction(
+            {
+                "type": "message_action",
+                "callback_id": callback_id,
+                "trigger_id": "trig",
+                "team": {"id": team or self.team, "domain": "test"},
+                "user": {"id": user, "team_id": team or self.team},
+                "channel": {"id": channel, "name": "general"},
+                "message": message,
+                "message_ts": message_ts,
+                "response_url": "http://127.0.0.1:1/unused",
+                "token": "legacy",
+            }
+        )
+
+    async def button(
+        self, action_id: str, value: str, *, user: str = "U1", channel: str = "C1"
+    ) -> int:
+        return await self.interaction(
+            {
+                "type": "block_actions",
+                "team": {"id": self.team, "domain": "test"},
+                "user": {"id": user, "team_id": self.team},
+                "channel": {"id": channel},
+                "container": {"type": "message", "channel_id": channel, "is_ephemeral": True},
+                "trigger_id": "trig",
+                "token": "legacy",
+                "response_url": "http://127.0.0.1:1/unused",
+                "actions": [
+                    {"type": "button", "action_id": action_id, "value": value, "block_id": "b"}
+                ],
+            }
+        )
+
+    async def command(
+        self, command: str, text: str, *, user: str = "U1", channel: str = "C1"
+    ) -> int:
+        body = urllib.parse.urlencode(
+            {
+                "token": "legacy",
+                "team_id": self.team,
+                "team_domain": "test",
+                "channel_id": channel,
+                "user_id": user,
+                "command": command,
+                "text": text,
+                "response_url": "http://127.0.0.1:1/unused",
+                "trigger_id": "trig",
+            }
+        )
+        status, _ = await self.raw(
+            body, signed_headers(body), "application/x-www-form-urlencoded"
+        )
+        return status

@@ -1,0 +1,141 @@
+"""Running the real bot for scenario tests: in this process (``running_bot``) or as a real
+``slack-agent serve`` child process (``ServeProcess``), always reached over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from bot.serve import Bot
+from core.settings import load_settings
+from tests.fake_slack import SIGNING_SECRET, FakeSlack
+from tests.helpers import ROOT
+
+
+@dataclass
+class RunningBot:
+    url: str
+    bot: Bot
+
+
+def bot_settings(database_url: str, slack: FakeSlack, **overrides: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "slack_bot_token": "xoxb-test",
+        "slack_signing_secret": SIGNING_SECRET,
+        "slack_api_url": slack.api_url,
+        "model_provider": "offline",
+        "sweeper_interval_seconds": 0,
+        "busy_poll_seconds": 0.05,
+        "host": "127.0.0.1",
+        "port": 0,
+    }
+    values.update(overrides)
+    return values
+
+
+@contextlib.asynccontextmanager
+async def running_bot(
+    database_url: str, slack: FakeSlack, **overrides: Any
+) -> AsyncIterator[RunningBot]:
+    bot = await Bot.open(load_settings(**bot_settings(database_url, slack, **overrides)))
+    bot.conversations.update_interval = 0.05
+    runner = web.AppRunner(bot.web_app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield RunningBot(f"http://127.0.0.1:{port}", bot)
+    finally:
+        await runner.cleanup()
+        await bot.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServeProcess:
+    """``python -m bot serve`` as a child process with the given environment."""
+
+    def __init__(self, database_url: str, slack: FakeSlack, **env: Any) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        values = {
+            "DATABASE_URL": database_url,
+            "SLACK_BOT_TOKEN": "xoxb-test",
+            "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+            "SLACK_API_URL": slack.api_url,
+            "MODEL_PROVIDER": "offline",
+            "SWEEPER_INTERVAL_SECONDS": "0",
+            "BUSY_POLL_SECONDS": "0.05",
+            "HOST": "127.0.0.1",
+            "PORT": str(self.port),
+        }
+        values.update({k.upper(): str(v) for k, v in env.items()})
+        clean = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SLACK_", "OPENAI_", "ANTHROPIC_", "MODEL_"))
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bot", "serve"],
+            env={**clean, **values, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    async def ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise AssertionError(f"serve exited: {self.output()}")
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(self.url + "/healthz") as response:
+                        if response.status == 200:
+                            return
+                await asyncio.sleep(0.05)
+        raise AssertionError("serve did not become ready")
+
+    def output(self) -> str:
+        if self.proc.poll() is None:
+            return ""
+        out, err = self.proc.communicate()
+        return out + err
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    async def wait(self, timeout: float = 30.0) -> int:
+        return await asyncio.to_thread(self.proc.wait, timeout)
+
+    def stop(self) -> str:
+        self.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        out, err = self.proc.communicate()
+        return out + err

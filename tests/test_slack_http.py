@@ -1,0 +1,174 @@
+"""The Slack surface over real HTTP: signatures, bad input, conversations (SPEC §10)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from core.db import create_database
+from core.messages import slack_message_id
+from core.store import SessionStore
+from tests.fake_slack import BOT_USER, FakeSlack, SlackClient, signed_headers
+from tests.slack_harness import RunningBot, running_bot
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def running(database_url: str, slack: FakeSlack) -> AsyncIterator[RunningBot]:
+    async with running_bot(database_url, slack) as bot:
+        yield bot
+
+
+@pytest.fixture
+async def client(running: RunningBot) -> AsyncIterator[SlackClient]:
+    async with SlackClient(running.url) as c:
+        yield c
+
+
+def final_text(slack: FakeSlack, thread_ts: str) -> str:
+    """What the thread shows of the app's reply: the streamed text as it ended."""
+    shown = ""
+    for call in slack.calls:
+        if call.method == "chat.startStream" and call.args.get("thread_ts") == thread_ts:
+            shown = call.text
+        elif call.method in ("chat.appendStream", "chat.stopStream") and shown:
+            shown += call.text
+    return shown
+
+
+async def test_events__wrong_signature_is_401(client: SlackClient) -> None:
+    body = json.dumps({"type": "event_callback", "team_id": "T1", "event": {}})
+    headers = signed_headers(body, secret="not-the-secret")
+    status, _ = await client.raw(body, headers)
+    assert status == 401
+
+
+async def test_events__timestamp_outside_five_minutes_is_401(client: SlackClient) -> None:
+    body = json.dumps({"type": "event_callback", "team_id": "T1", "event": {}})
+    headers = signed_headers(body, timestamp=int(time.time()) - 6 * 60)
+    status, _ = await client.raw(body, headers)
+    assert status == 401
+
+
+async def test_events__malformed_and_oversized_bodies_are_4xx_and_serving_goes_on(
+    client: SlackClient, slack: FakeSlack
+) -> None:
+    broken = "{not json"
+    status, _ = await client.raw(broken, signed_headers(broken))
+    assert 400 <= status < 500
+    form = "payload=%7Bnope"
+    status, _ = await client.raw(form, signed_headers(form), "application/x-www-form-urlencoded")
+    assert 400 <= status < 500
+    huge = json.dumps({"type": "event_callback", "pad": "x" * (2 << 20)})
+    status, _ = await client.raw(huge, signed_headers(huge))
+    assert status == 413
+    ts = await client.message("still there?", mention=True)
+    await slack.wait_for(lambda: slack.replies(ts))
+
+
+async def test_events__url_verification_answers_the_challenge(client: SlackClient) -> None:
+    body = json.dumps({"type": "url_verification", "challenge": "abc123", "token": "legacy"})
+    status, text = await client.raw(body, signed_headers(body))
+    assert status == 200
+    assert "abc123" in text
+
+
+async def test_mention__gets_a_streamed_threaded_reply(
+    client: SlackClient, slack: FakeSlack, database_url: str
+) -> None:
+    ts = await client.message("hello agent", mention=True, kind="app_mention")
+    await slack.wait_for(lambda: slack.named("chat.stopStream"))
+    (start,) = slack.replies(ts)
+    assert start.method == "chat.startStream"
+    assert "hello agent" in final_text(slack, ts)
+    assert slack.named("assistant.threads.setStatus")
+
+    db = create_database(database_url)
+    try:
+        store = SessionStore(db)
+        session = await store.find_session("slack", f"T1/C1/{ts}")
+        assert session is not None
+        assert session.title == "hello agent"
+        messages = await store.messages(session.id)
+        assert [m.role for m in messages] == ["user", "assistant"]
+        assert messages[0].message_id == slack_message_id("T1", "C1", ts)
+    finally:
+        await db.dispose()
+
+
+async def test_thread__follow_up_without_mention_continues_the_session(
+    client: SlackClient, slack: FakeSlack
+) -> None:
+    root = await client.message("first", mention=True)
+    await slack.wait_for(lambda: slack.named("chat.stopStream"))
+    await client.message("second, no mention", thread_ts=root)
+    await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    assert len(slack.replies(root)) == 2
+    assert "second, no mention" in slack.named("chat.stopStream")[-1].text or any(
+        "second, no mention" in c.text for c in slack.named("chat.startStream")
+    )
+
+
+async def test_channel__messages_without_mention_outside_a_session_are_ignored(
+    client: SlackClient, slack: FakeSlack
+) -> None:
+    root = await client.message("just chatting")
+    await client.message("in a thread nobody asked me into", thread_ts=root)
+    marker = await client.message("now me", mention=True)
+    await slack.wait_for(lambda: slack.replies(marker))
+    assert not slack.replies(root)
+
+
+async def test_dm__starts_a_session_in_its_own_thread(
+    client: SlackClient, slack: FakeSlack
+) -> None:
+    ts = await client.message("hi in private", channel="D1", channel_type="im")
+    await slack.wait_for(lambda: slack.replies(ts))
+    assert slack.replies(ts)[0].args["channel"] == "D1"
+
+
+async def test_bot_messages_and_edits__start_no_turn(client: SlackClient, slack: FakeSlack) -> None:
+    own = client.new_ts()
+    await client.event(
+        {"type": "message", "subtype": "bot_message", "bot_id": "BBOT", "text": f"<@{BOT_USER}> x",
+         "ts": own, "channel": "C1", "channel_type": "channel"}
+    )
+    edited = client.new_ts()
+    await client.event(
+        {"type": "message", "subtype": "message_changed", "channel": "C1", "ts": edited,
+         "message": {"text": f"<@{BOT_USER}> y", "user": "U1", "ts": edited}}
+    )
+    marker = await client.message("marker", mention=True)
+    await slack.wait_for(lambda: slack.replies(marker))
+    assert not slack.replies(own)
+    assert not slack.replies(edited)
+
+
+async def test_fallback__without_streaming_the_reply_is_posted_and_updated(
+    database_url: str,
+) -> None:
+    async with FakeSlack(streaming=False) as slack, running_bot(database_url, slack) as bot:
+        async with SlackClient(bot.url) as client:
+            ts = await client.message("no streaming here", mention=True)
+            await slack.wait_for(lambda: slack.named("chat.postMessage"))
+            await slack.wait_for(
+                lambda: any("no streaming here" in c.text for c in slack.named("chat.update"))
+                or any("no streaming here" in c.text for c in slack.named("chat.postMessage"))
+            )
+    (post,) = [c for c in slack.named("chat.postMessage") if c.args.get("thread_ts") == ts]
+    assert post.args["thread_ts"] == ts
+
+
+async def test_healthz__answers_200_while_the_database_answers(running: RunningBot) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.get(running.url + "/healthz") as r:
+        assert r.status == 200
