@@ -21,7 +21,10 @@
 - ``branch``: forking the same session at its last message (copies all ``long_session``
   messages; the fork is deleted untimed between samples);
 - ``sweep_sessions_per_second``: ``core.sweeper.sweep`` over ``sweep_sessions`` expired temporary
-  sessions of ``sweep_messages_per_session`` messages each.
+  sessions of ``sweep_messages_per_session`` messages each;
+- the snapshot keys of ``core.snapshot_bench`` (``snapshot_bytes_per_message``,
+  ``snapshot_store``, ``snapshot_restore``, …) for a ~1 MB workspace with a one-file edit per
+  message.
 
 Timings are ``{"p50": ms, "p95": ms, "n": samples}`` (p95 by nearest rank), taken with
 ``time.perf_counter`` after untimed warm-up iterations, so connection set-up and statement
@@ -63,6 +66,7 @@ from core.migrate import upgrade
 from core.models import AgentSession, AgentSessionMessage, validate_message
 from core.records import Actor, ModelChoice, StoredMessage, TurnLease
 from core.retention import RetentionPolicy
+from core.snapshot_bench import bench_snapshots
 from core.store import ANY_TAIL, SessionStore
 from core.sweeper import sweep
 from core.turn import run_turn
@@ -593,6 +597,7 @@ async def run_bench(
             result["sweep_sessions"] = chosen.sweep_sessions
             result["sweep_messages_per_session"] = chosen.sweep_messages_per_session
             result["sweep_sessions_per_second"] = await bench.sweep_rate()
+            result.update(await bench_snapshots(db, quick=quick))
         finally:
             if not temporary:
                 await bench.cleanup()
@@ -635,6 +640,11 @@ def format_table(result: dict[str, Any]) -> str:
             f"({result.get('sweep_sessions', '?')} expired sessions, "
             f"{result.get('sweep_messages_per_session', '?')} messages each)",
         ]
+    if "snapshot_bytes_per_message" in result:
+        lines.append(
+            f"snapshots: {result['snapshot_bytes_per_message']:,.0f} bytes stored per message "
+            f"(one-file edit in a {result.get('snapshot_workspace_bytes', 0):,} byte workspace)"
+        )
     load = result.get("load_average")
     if isinstance(load, dict):
         lines.append(

@@ -229,7 +229,8 @@ async def test_custom_provider__used_then_fallback_after_deletion_said_once(
     assert (await store.get_session(session.id)).custom_provider_deleted
     events = Events()
     second = await turn(agent, session.id, "still there?", events)
-    assert "team-llm" in second.notices[0] and "offline" in second.notices[0]
+    assert "team-llm" in second.notices[0]
+    assert "offline" in second.notices[0]
     assert [e.text for e in events.seen if isinstance(e, Notice)] == list(second.notices)
     assert second.text.startswith("[offline stand-in]")
     third = await turn(agent, session.id, "and now?")
