@@ -128,9 +128,8 @@ async def bench_snapshots(db: Database, *, quick: bool) -> dict[str, Any]:
     edits = 24 if quick else 60
     restores = 20 if quick else 100
     store = SessionStore(db)
-    user_id = await store.get_or_create_user("bench:snapshots")
     session, _ = await store.get_or_create_session(
-        "bench", f"snapshots/{uuid.uuid4()}", user_id=user_id
+        "bench", f"snapshots/{uuid.uuid4()}", user_id=None
     )
     try:
         files = workspace()
@@ -174,4 +173,4 @@ async def bench_snapshots(db: Database, *, quick: bool) -> dict[str, Any]:
             result["snapshot_disk_bytes_per_message"] = round((after_disk - initial_disk) / edits)
         return result
     finally:
-        await store.delete_session(session.id, Actor(user_id=user_id, admin=True))
+        await store.delete_session(session.id, Actor(user_id=None, admin=True))
