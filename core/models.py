@@ -28,6 +28,7 @@ from sqlalchemy import (
     UniqueConstraint,
     event,
     false,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, mapped_column, validates
@@ -137,8 +138,15 @@ class AgentSessionMessage(Base):
     __tablename__ = "agent_session_messages"
     __table_args__ = (
         UniqueConstraint("session_id", "position"),
-        # Finds the latest checkpoint of a session without reading its history.
-        Index(None, "session_id", "is_compaction_message", "position"),
+        # Finds the latest checkpoint of a session without reading its history. Partial: only
+        # checkpoints are indexed, so ordinary inserts (and a fork's bulk copy) skip it.
+        Index(
+            "ix_agent_session_messages_checkpoints",
+            "session_id",
+            "position",
+            postgresql_where=text("is_compaction_message = true"),
+            sqlite_where=text("is_compaction_message = 1"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)

@@ -26,6 +26,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    true,
     type_coerce,
     update,
 )
@@ -150,7 +151,7 @@ def history_statement(session_id: int) -> Select[Any]:
         .where(
             MESSAGES.c.session_id == session_id,
             MESSAGES.c.position.between(
-                func.coalesce(latest(MESSAGES.c.is_compaction_message.is_(True)), 0), latest()
+                func.coalesce(latest(MESSAGES.c.is_compaction_message == true()), 0), latest()
             ),
         )
         .order_by(MESSAGES.c.position)

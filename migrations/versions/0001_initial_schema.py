@@ -175,9 +175,11 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("agent_session_messages", schema=None) as batch_op:
         batch_op.create_index(
-            batch_op.f("ix_agent_session_messages_session_id_is_compaction_message_position"),
-            ["session_id", "is_compaction_message", "position"],
+            "ix_agent_session_messages_checkpoints",
+            ["session_id", "position"],
             unique=False,
+            postgresql_where=sa.text("is_compaction_message = true"),
+            sqlite_where=sa.text("is_compaction_message = 1"),
         )
 
     op.create_table(
@@ -236,9 +238,7 @@ def downgrade() -> None:
 
     op.drop_table("agent_session_snapshots")
     with op.batch_alter_table("agent_session_messages", schema=None) as batch_op:
-        batch_op.drop_index(
-            batch_op.f("ix_agent_session_messages_session_id_is_compaction_message_position")
-        )
+        batch_op.drop_index("ix_agent_session_messages_checkpoints")
 
     op.drop_table("agent_session_messages")
     with op.batch_alter_table("agent_sessions", schema=None) as batch_op:
