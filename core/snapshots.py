@@ -42,7 +42,6 @@ from sqlalchemy import (
     Table,
     and_,
     bindparam,
-    delete,
     exists,
     func,
     insert,
@@ -51,10 +50,11 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import BindParameter
 
+from core.batched import delete_in_batches
 from core.db import Conn, Database, ago, db_now
 from core.errors import DatabaseError
 from core.models import (
@@ -469,37 +469,6 @@ def _unreferenced_content(grace_seconds: float) -> ColumnElement[bool]:
     )
 
 
-async def _delete_batches(
-    db: Database, table: Table, condition: ColumnElement[bool], batch_size: int
-) -> int:
-    deleted = 0
-    while True:
-        async with db.read() as conn:
-            ids = list(
-                (
-                    await conn.execute(
-                        select(table.c.id).where(condition).order_by(table.c.id).limit(batch_size)
-                    )
-                ).scalars()
-            )
-        if not ids:
-            return deleted
-        try:
-            async with db.write() as conn:
-                result = await conn.execute(delete(table).where(table.c.id.in_(ids), condition))
-        except DatabaseError as exc:
-            # A writer started referring to one of these between our check and the delete:
-            # leave the batch for the next pass rather than fail the sweep.
-            if isinstance(exc.__cause__, IntegrityError):
-                log.info("snapshot %s became referenced during collection; skipped", table.name)
-                return deleted
-            raise
-        deleted += result.rowcount
-        if len(ids) < batch_size or result.rowcount == 0:
-            # A short batch is the last; an empty delete means another sweeper has these rows.
-            return deleted
-
-
 async def collect_garbage(
     db: Database, batch_size: int, *, grace_seconds: float = CONTENT_GRACE_SECONDS
 ) -> int:
@@ -507,11 +476,25 @@ async def collect_garbage(
 
     Content goes in rounds: a delta's base is referenced until the delta itself is gone.
     """
-    await _delete_batches(db, SETS, _unreferenced_set(grace_seconds), batch_size)
+    sets = _unreferenced_set(grace_seconds)
+    await delete_in_batches(
+        db,
+        SETS,
+        select(SETS.c.id).where(sets).order_by(SETS.c.id),
+        sets,
+        batch_size,
+        name="snapshot sets",
+    )
     total = 0
     while True:
-        deleted = await _delete_batches(
-            db, CONTENTS, _unreferenced_content(grace_seconds), batch_size
+        unreferenced = _unreferenced_content(grace_seconds)
+        deleted = await delete_in_batches(
+            db,
+            CONTENTS,
+            select(CONTENTS.c.id).where(unreferenced).order_by(CONTENTS.c.id),
+            unreferenced,
+            batch_size,
+            name="snapshot contents",
         )
         total += deleted
         if deleted == 0:

@@ -15,12 +15,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
-from sqlalchemy import ColumnElement, Table, and_, delete, func, or_, select
+from sqlalchemy import ColumnElement, Table, and_, func, or_, select
 from sqlalchemy.orm import aliased
 
 from core import snapshots
+from core.batched import BatchHook, delete_in_batches
 from core.db import Database, ago
 from core.models import AgentSession
 from core.queries import claimable
@@ -34,7 +35,6 @@ SESSIONS = cast(Table, AgentSession.__table__)
 # storing the snapshot row that refers to it (writers refresh content they reuse, see there).
 CONTENT_GRACE_SECONDS = snapshots.CONTENT_GRACE_SECONDS
 
-BatchHook = Callable[[str, list[Any]], Awaitable[None]]
 ExtraPass = Callable[[Database, int], Awaitable[int]]
 
 
@@ -72,31 +72,6 @@ def _over_cap(cap: int) -> ColumnElement[bool]:
     )
 
 
-async def _delete_sessions(
-    db: Database,
-    name: str,
-    candidates: Any,
-    condition: ColumnElement[bool],
-    batch_size: int,
-    on_batch: BatchHook | None,
-) -> int:
-    deleted = 0
-    while True:
-        async with db.read() as conn:
-            ids = list((await conn.execute(candidates.limit(batch_size))).scalars())
-        if not ids:
-            return deleted
-        if on_batch is not None:
-            await on_batch(name, ids)
-        async with db.write() as conn:
-            result = await conn.execute(delete(SESSIONS).where(SESSIONS.c.id.in_(ids), condition))
-        deleted += result.rowcount
-        if len(ids) < batch_size or result.rowcount == 0:
-            # A short batch is the last one; an empty delete means another sweeper is working
-            # through the same rows, and it (or our next run) will finish them.
-            return deleted
-
-
 async def sweep(
     db: Database,
     policy: RetentionPolicy,
@@ -111,13 +86,14 @@ async def sweep(
     inactive = claimable(staleness_seconds)
 
     expired = and_(SESSIONS.c.expires_at.is_not(None), SESSIONS.c.expires_at < ago(0), inactive)
-    report.expired = await _delete_sessions(
+    report.expired = await delete_in_batches(
         db,
-        "expired",
+        SESSIONS,
         select(SESSIONS.c.id).where(expired).order_by(SESSIONS.c.id),
         expired,
         batch_size,
-        on_batch,
+        name="expired",
+        on_batch=on_batch,
     )
 
     if policy.max_idle_days > 0:
@@ -126,13 +102,14 @@ async def sweep(
             SESSIONS.c.updated_at < ago(policy.max_idle_days * 86400),
             inactive,
         )
-        report.idle = await _delete_sessions(
+        report.idle = await delete_in_batches(
             db,
-            "idle",
+            SESSIONS,
             select(SESSIONS.c.id).where(idle).order_by(SESSIONS.c.id),
             idle,
             batch_size,
-            on_batch,
+            name="idle",
+            on_batch=on_batch,
         )
 
     if policy.max_per_user > 0:
@@ -156,8 +133,14 @@ async def sweep(
             .where(ranked.c.rank > cap, inactive)
             .order_by(ranked.c.id)
         )
-        report.over_cap = await _delete_sessions(
-            db, "over_cap", candidates, and_(_over_cap(cap), inactive), batch_size, on_batch
+        report.over_cap = await delete_in_batches(
+            db,
+            SESSIONS,
+            candidates,
+            and_(_over_cap(cap), inactive),
+            batch_size,
+            name="over_cap",
+            on_batch=on_batch,
         )
 
     report.snapshot_contents = await collect_snapshot_contents(db, batch_size)
