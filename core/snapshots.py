@@ -32,7 +32,6 @@ period, in batches, each DELETE re-checking its condition row by row.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
@@ -71,8 +70,6 @@ from core.sandbox import (
     SetRef,
     StoredObject,
 )
-
-log = logging.getLogger(__name__)
 
 CONTENTS: Final = cast(Table, SnapshotContent.__table__)
 SETS: Final = cast(Table, SnapshotSet.__table__)

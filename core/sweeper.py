@@ -12,7 +12,6 @@ snapshot refers to. Surfaces add their own passes (``extra_passes``) for their o
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -26,8 +25,6 @@ from core.db import Database, ago
 from core.models import AgentSession
 from core.queries import claimable
 from core.retention import RetentionPolicy
-
-log = logging.getLogger(__name__)
 
 SESSIONS = cast(Table, AgentSession.__table__)
 
