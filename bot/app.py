@@ -15,6 +15,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
+from slack_bolt.response import BoltResponse
 from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -50,7 +51,9 @@ def build_app(
         client=web_client(settings, None if multi else settings.slack_bot_token),
         signing_secret=settings.slack_signing_secret or "",
         oauth_settings=oauth_settings,
-        process_before_response=False,
+        # Listeners run inside the dispatch (they only acknowledge and hand work to a task),
+        # so the few dispatcher tasks of bot.serve bound how much runs behind the HTTP acks.
+        process_before_response=True,
         # url_verification needs no token; everything else is authorised as usual.
         ignoring_self_events_enabled=True,
     )
@@ -58,17 +61,16 @@ def build_app(
     @app.middleware
     async def same_workspace_only(
         context: AsyncBoltContext, body: dict[str, Any], next: Callable[[], Awaitable[None]]
-    ) -> None:
+    ) -> BoltResponse | None:
         """Single-workspace mode: a payload from another workspace changes nothing here."""
         result = context.authorize_result
         if not multi and result is not None and result.team_id:
             team = _team_of(body)
             if team and team != result.team_id and not body.get("is_enterprise_install"):
                 log.warning("dropping a payload from workspace %s", team)
-                if context.ack is not None:
-                    await context.ack()
-                return
+                return BoltResponse(status=200, body="")
         await next()
+        return None
 
     async def on_message(
         event: dict[str, Any],

@@ -101,6 +101,7 @@ class Conversations:
         state: SurfaceState,
         *,
         update_interval: float = 1.0,
+        max_turns: int = 8,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -109,6 +110,10 @@ class Conversations:
         self.update_interval = update_interval
         self.admins = frozenset(settings.admin_user_ids)
         self._tasks: set[asyncio.Task[None]] = set()
+        # New messages worked on at once by this process: more would only lengthen the event
+        # loop's ready queue (acknowledgements wait behind it) without finishing sooner; the
+        # rest wait here, already acknowledged.
+        self._turn_slots = asyncio.Semaphore(max_turns)
         self.closing = False
 
     # -- background work ------------------------------------------------------------------------
@@ -160,6 +165,10 @@ class Conversations:
         self.spawn(self._converse(post, body_text, client))
 
     async def _converse(self, post: Post, body: str, client: AsyncWebClient) -> None:
+        async with self._turn_slots:
+            await self._converse_now(post, body, client)
+
+    async def _converse_now(self, post: Post, body: str, client: AsyncWebClient) -> None:
         user_id = await self.store.get_or_create_user(external_user(post.team, post.user))
         temporary = post.surface in self.settings.temporary_session_surfaces
         session, _ = await self.store.get_or_create_session(
@@ -245,14 +254,13 @@ class Conversations:
             final += "\n" + text.turn_failed(result.error.code)
         ts = await stream.finish(final)
         await self._status(client, post, "")
-        if result.answer is not None:
-            if ts is not None:
-                await self.state.add_ref(
-                    thread_key(post.team, post.channel, ts),
-                    session.id,
-                    result.answer.message_id,
-                    "reply",
-                )
+        if result.answer is not None and ts is not None:
+            await self.state.add_ref(
+                thread_key(post.team, post.channel, ts),
+                session.id,
+                result.answer.message_id,
+                "reply",
+            )
 
     async def _only_this_thread_moved(self, session_id: int, shown: str | None) -> bool:
         """Everything after ``shown`` is Slack's own: user messages posted in Slack (they have

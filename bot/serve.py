@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import signal
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
@@ -27,6 +29,7 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
 from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.signature import SignatureVerifier
 
 from bot.app import build_app, web_client
 from bot.conversations import SURFACE, Conversations
@@ -47,6 +50,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1 << 20  # Slack's payloads are a few kilobytes
 SHUTDOWN_GRACE_SECONDS = 5.0
+DISPATCHERS = 4  # background Bolt dispatches at once (each quickly hands off to a task)
 
 
 def check_config(settings: Settings) -> None:
@@ -155,6 +159,15 @@ class Bot:
                 install_path="/slack/install",
                 redirect_uri_path="/slack/oauth_redirect",
             )
+        self._verifier = (
+            SignatureVerifier(settings.slack_signing_secret)
+            if settings.slack_signing_secret
+            else None
+        )
+        self._inbox: asyncio.Queue[tuple[str, dict[str, str | Sequence[str]], str]] = (
+            asyncio.Queue()
+        )
+        self._dispatchers: list[asyncio.Task[None]] = []
         self.app: AsyncApp = build_app(
             settings, self.conversations, self.actions, oauth_settings=oauth
         )
@@ -178,6 +191,7 @@ class Bot:
         return cls(settings, db, installs)
 
     async def close(self) -> None:
+        await self.drain(SHUTDOWN_GRACE_SECONDS)
         await self.conversations.shutdown(SHUTDOWN_GRACE_SECONDS)
         await self.providers.aclose()
         if self.installs is not None:
@@ -202,14 +216,22 @@ class Bot:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return web.Response(status=413, text="request body too large")
+        headers: dict[str, str | Sequence[str]] = {k.lower(): v for k, v in request.headers.items()}
         try:
             body = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return web.Response(status=400, text="malformed request body")
+        if self._verifier is not None and request.content_type == "application/json":
+            fast = self._acknowledge_event(body, headers, request.query_string)
+            if fast is not None:
+                return fast
+        try:
             bolt_request = AsyncBoltRequest(
                 body=body,
                 query=request.query_string,
-                headers={k.lower(): v for k, v in request.headers.items()},
+                headers=headers,
             )
-        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError):
             return web.Response(status=400, text="malformed request body")
         try:
             response = await self.app.async_dispatch(bolt_request)
@@ -217,6 +239,71 @@ class Bot:
             log.exception("dispatch failed")
             return web.Response(status=400, text="malformed request")
         return await to_aiohttp_response(response)
+
+    def _acknowledge_event(
+        self, body: str, headers: dict[str, str | Sequence[str]], query: str
+    ) -> web.Response | None:
+        """Events API fast path: verify, answer 200 at once, dispatch in the background.
+
+        Slack wants the answer within 3 s whatever the load; Bolt's middleware chain and the
+        turns' work run after it, through a few dispatcher tasks, so the ready queue an
+        acknowledgement waits behind stays short. Anything else (URL verification, bad JSON)
+        goes through Bolt in the request.
+        """
+        assert self._verifier is not None
+        try:
+            timestamp, signature = (
+                headers.get("x-slack-request-timestamp"),
+                headers.get("x-slack-signature"),
+            )
+            valid = (
+                isinstance(timestamp, str)
+                and isinstance(signature, str)
+                and self._verifier.is_valid(body, timestamp, signature)
+            )
+        except ValueError:
+            valid = False
+        if not valid:
+            return web.Response(status=401, text="invalid signature")
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return web.Response(status=400, text="malformed JSON")
+        if not isinstance(payload, dict) or payload.get("type") != "event_callback":
+            return None
+        self._ensure_dispatchers()
+        self._inbox.put_nowait((body, headers, query))
+        return web.Response(status=200)
+
+    def _ensure_dispatchers(self) -> None:
+        if not self._dispatchers:
+            self._dispatchers = [
+                asyncio.create_task(self._dispatch_loop()) for _ in range(DISPATCHERS)
+            ]
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            body, headers, query = await self._inbox.get()
+            try:
+                await self.app.async_dispatch(
+                    AsyncBoltRequest(body=body, query=query, headers=dict(headers.items()))
+                )
+            except Exception:
+                log.exception("event dispatch failed")
+            finally:
+                self._inbox.task_done()
+
+    async def drain(self, grace: float) -> None:
+        """Dispatch what was acknowledged but not yet dispatched, then stop the dispatchers."""
+        if self._dispatchers:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._inbox.join(), grace)
+        for task in self._dispatchers:
+            task.cancel()
+        for task in self._dispatchers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._dispatchers = []
 
     async def _health(self, _request: web.Request) -> web.Response:
         if await database_answers(self.db):

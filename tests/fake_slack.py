@@ -15,6 +15,7 @@ to a running bot, the way Slack does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import io
@@ -37,12 +38,14 @@ TEAM = "T1"
 BOT_USER = "UBOT"
 BOT_ID = "BBOT"
 SIGNING_SECRET = "test-signing-secret"
+_MESSAGE_TS = itertools.count(1)
 
 
 @dataclass(frozen=True)
 class Call:
     method: str
     args: dict[str, Any]
+    result: dict[str, Any]
 
     @property
     def text(self) -> str:
@@ -60,7 +63,7 @@ class _Server:
     async def __aenter__(self) -> _Server:
         app = web.Application()
         self.routes(app)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
@@ -69,10 +72,19 @@ class _Server:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         assert self._runner is not None
+        self.release()
+        for ws in getattr(self, "sockets", []):
+            await ws.close()
         await self._runner.cleanup()
+
+    def release(self) -> None:
+        """Let anything the server holds back go (before it stops)."""
 
 
 class FakeSlack(_Server):
@@ -81,6 +93,8 @@ class FakeSlack(_Server):
         self.streaming = streaming
         self.team = team
         self.calls: list[Call] = []
+        self.sockets: list[web.WebSocketResponse] = []
+        self.socket_acks: list[dict[str, Any]] = []
         self._changed = asyncio.Event()
         self._ts = itertools.count(1)
 
@@ -90,6 +104,29 @@ class FakeSlack(_Server):
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/api/{method}", self._handle)
+        app.router.add_get("/socket", self._socket)
+
+    # -- Socket Mode: apps.connections.open hands out this server's WebSocket ------------------
+
+    async def _socket(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self.sockets.append(ws)
+        await ws.send_json({"type": "hello", "num_connections": 1, "debug_info": {}})
+        self._changed.set()
+        async for frame in ws:
+            if frame.type == aiohttp.WSMsgType.TEXT:
+                self.socket_acks.append(json.loads(frame.data))
+                self._changed.set()
+        return ws
+
+    async def push(self, envelope: dict[str, Any]) -> None:
+        """Send an envelope to the app over its Socket Mode connection."""
+        for ws in self.sockets:
+            if not ws.closed:
+                await ws.send_json(envelope)
+                return
+        raise AssertionError("no Socket Mode connection")
 
     def next_ts(self) -> str:
         return f"1800000000.{next(self._ts):06d}"
@@ -103,9 +140,10 @@ class FakeSlack(_Server):
         for key in ("blocks", "metadata"):
             if isinstance(args.get(key), str):
                 args[key] = json.loads(args[key])
-        self.calls.append(Call(method, args))
+        result = self._answer(method, args)
+        self.calls.append(Call(method, args, result))
         self._changed.set()
-        return web.json_response(self._answer(method, args))
+        return web.json_response(result)
 
     def _answer(self, method: str, args: dict[str, Any]) -> dict[str, Any]:
         channel = args.get("channel") or args.get("channel_id")
@@ -119,6 +157,8 @@ class FakeSlack(_Server):
                 "user_id": BOT_USER,
                 "bot_id": BOT_ID,
             }
+        if method == "apps.connections.open":
+            return {"ok": True, "url": self.url.replace("http://", "ws://") + "/socket"}
         if method == "chat.startStream" and not self.streaming:
             return {"ok": False, "error": "unknown_method"}
         if method in ("chat.postMessage", "chat.startStream"):
@@ -150,9 +190,9 @@ class FakeSlack(_Server):
             if c.args.get("thread_ts") == thread_ts
         ]
 
-    async def wait_for(self, condition: Callable[[], Any], timeout: float = 20.0) -> Any:
+    async def wait_for(self, condition: Callable[[], Any], within: float = 20.0) -> Any:
         """Wait until ``condition()`` is truthy (re-checked on each recorded call)."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + within
         while True:
             found = condition()
             if found:
@@ -161,17 +201,16 @@ class FakeSlack(_Server):
             if remaining <= 0:
                 raise AssertionError(f"timed out; calls so far: {[c.method for c in self.calls]}")
             self._changed.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), min(remaining, 0.25))
-            except TimeoutError:
-                pass
 
 
 class GatedModel(_Server):
     """Answers "answer N" (N counting from 1) once the gate is open; records concurrency."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, early: str = "") -> None:
         super().__init__()
+        self.early = early  # text streamed before waiting at the gate
         self.gate = asyncio.Event()
         self.arrived = asyncio.Event()
         self.requests = 0
@@ -182,6 +221,9 @@ class GatedModel(_Server):
     def base_url(self) -> str:
         return self.url + "/v1"
 
+    def release(self) -> None:
+        self.gate.set()
+
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._handle)
 
@@ -191,12 +233,21 @@ class GatedModel(_Server):
         number = self.requests
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        self.arrived.set()
         try:
-            await self.gate.wait()
             response = web.StreamResponse(headers={"content-type": "text/event-stream"})
             await response.prepare(request)
-            for frame in [*text_frames(f"answer {number}"), sse_frame(usage_chunk(5, 2)), DONE]:
+            frames = (
+                text_frames(self.early, f"answer {number}")
+                if self.early
+                else text_frames(f"answer {number}")
+            )
+            cut = 2 if self.early else 1
+            head, tail = frames[:cut], frames[cut:]
+            for frame in head:
+                await response.write(frame.encode())
+            self.arrived.set()
+            await self.gate.wait()
+            for frame in [*tail, sse_frame(usage_chunk(5, 2)), DONE]:
                 await response.write(frame.encode())
             await response.write_eof()
             return response
@@ -221,7 +272,6 @@ class SlackClient:
         self.team = team
         self._session: aiohttp.ClientSession | None = None
         self._event_ids = itertools.count(1)
-        self._ts = itertools.count(1)
 
     async def __aenter__(self) -> SlackClient:
         self._session = aiohttp.ClientSession()
@@ -232,19 +282,26 @@ class SlackClient:
         await self._session.close()
 
     def new_ts(self) -> str:
-        return f"1700000000.{next(self._ts):06d}"
+        """Unique across clients (two clients stand for one Slack talking to two replicas)."""
+        return f"1700000000.{next(_MESSAGE_TS):06d}"
 
     async def raw(
         self, body: str, headers: dict[str, str], content_type: str = "application/json"
     ) -> tuple[int, str]:
         assert self._session is not None
         async with self._session.post(
-            self.url, data=io.BytesIO(body.encode()), headers={**headers, "Content-Type": content_type}
+            self.url,
+            data=io.BytesIO(body.encode()),
+            headers={**headers, "Content-Type": content_type},
         ) as response:
             return response.status, await response.text()
 
     async def event(
-        self, event: dict[str, Any], *, retry: int | None = None, event_id: str | None = None,
+        self,
+        event: dict[str, Any],
+        *,
+        retry: int | None = None,
+        event_id: str | None = None,
         team: str | None = None,
     ) -> int:
         payload = {
@@ -298,9 +355,7 @@ class SlackClient:
 
     async def interaction(self, payload: dict[str, Any]) -> int:
         body = urllib.parse.urlencode({"payload": json.dumps(payload)})
-        status, _ = await self.raw(
-            body, signed_headers(body), "application/x-www-form-urlencoded"
-        )
+        status, _ = await self.raw(body, signed_headers(body), "application/x-www-form-urlencoded")
         return status
 
     async def shortcut(
@@ -366,7 +421,5 @@ class SlackClient:
                 "trigger_id": "trig",
             }
         )
-        status, _ = await self.raw(
-            body, signed_headers(body), "application/x-www-form-urlencoded"
-        )
+        status, _ = await self.raw(body, signed_headers(body), "application/x-www-form-urlencoded")
         return status

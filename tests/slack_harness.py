@@ -101,8 +101,8 @@ class ServeProcess:
             text=True,
         )
 
-    async def ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
+    async def ready(self, within: float = 30.0) -> None:
+        deadline = time.monotonic() + within
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
@@ -128,10 +128,11 @@ class ServeProcess:
         if self.proc.poll() is None:
             self.proc.kill()
 
-    async def wait(self, timeout: float = 30.0) -> int:
-        return await asyncio.to_thread(self.proc.wait, timeout)
+    async def wait(self, within: float = 30.0) -> int:
+        return await asyncio.to_thread(self.proc.wait, within)
 
     def stop(self) -> str:
+        """SIGTERM, wait, and return what the process printed."""
         self.terminate()
         try:
             self.proc.wait(timeout=20)

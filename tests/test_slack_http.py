@@ -138,13 +138,25 @@ async def test_dm__starts_a_session_in_its_own_thread(
 async def test_bot_messages_and_edits__start_no_turn(client: SlackClient, slack: FakeSlack) -> None:
     own = client.new_ts()
     await client.event(
-        {"type": "message", "subtype": "bot_message", "bot_id": "BBOT", "text": f"<@{BOT_USER}> x",
-         "ts": own, "channel": "C1", "channel_type": "channel"}
+        {
+            "type": "message",
+            "subtype": "bot_message",
+            "bot_id": "BBOT",
+            "text": f"<@{BOT_USER}> x",
+            "ts": own,
+            "channel": "C1",
+            "channel_type": "channel",
+        }
     )
     edited = client.new_ts()
     await client.event(
-        {"type": "message", "subtype": "message_changed", "channel": "C1", "ts": edited,
-         "message": {"text": f"<@{BOT_USER}> y", "user": "U1", "ts": edited}}
+        {
+            "type": "message",
+            "subtype": "message_changed",
+            "channel": "C1",
+            "ts": edited,
+            "message": {"text": f"<@{BOT_USER}> y", "user": "U1", "ts": edited},
+        }
     )
     marker = await client.message("marker", mention=True)
     await slack.wait_for(lambda: slack.replies(marker))
@@ -155,14 +167,19 @@ async def test_bot_messages_and_edits__start_no_turn(client: SlackClient, slack:
 async def test_fallback__without_streaming_the_reply_is_posted_and_updated(
     database_url: str,
 ) -> None:
-    async with FakeSlack(streaming=False) as slack, running_bot(database_url, slack) as bot:
-        async with SlackClient(bot.url) as client:
-            ts = await client.message("no streaming here", mention=True)
-            await slack.wait_for(lambda: slack.named("chat.postMessage"))
-            await slack.wait_for(
-                lambda: any("no streaming here" in c.text for c in slack.named("chat.update"))
+    async with (
+        FakeSlack(streaming=False) as slack,
+        running_bot(database_url, slack) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        ts = await client.message("no streaming here", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.postMessage"))
+        await slack.wait_for(
+            lambda: (
+                any("no streaming here" in c.text for c in slack.named("chat.update"))
                 or any("no streaming here" in c.text for c in slack.named("chat.postMessage"))
             )
+        )
     (post,) = [c for c in slack.named("chat.postMessage") if c.args.get("thread_ts") == ts]
     assert post.args["thread_ts"] == ts
 

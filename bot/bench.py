@@ -1,0 +1,246 @@
+"""Benchmark of the Slack surface (SPEC §13 keys ``ack`` and ``idle_rss_bytes``).
+
+``bench_ack``: the real app (``Bot``) serving HTTP on 127.0.0.1 against the local Slack
+stand-in, with the offline model; first a wave of mentions starts turns, then 100 signed events
+are sent at once while those turns run, and each one's time to its HTTP response (Slack's 3 s
+acknowledgement) is measured. ``idle_rss_bytes``: resident memory of a ``slack-agent serve``
+process that has migrated and answered its health check, then sat idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from asyncio.subprocess import Process
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bot.standin import TEAM, signed
+
+SECRET = "bench-signing-secret"
+
+
+def _percentiles(samples: list[float]) -> dict[str, float | int]:
+    ordered = sorted(samples)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+    return {
+        "p50": round(statistics.median(ordered), 3),
+        "p95": at(0.95),
+        "p99": at(0.99),
+        "n": len(ordered),
+    }
+
+
+def _event(ts: str) -> str:
+    return json.dumps(
+        {
+            "team_id": TEAM,
+            "api_app_id": "A0BENCH",
+            "type": "event_callback",
+            "event_id": f"Ev{ts.replace('.', '')}",
+            "event_time": int(time.time()),
+            "event": {
+                "type": "app_mention",
+                "user": "U0BENCH",
+                "text": f"<@U0AGENT> benchmark message {ts}",
+                "ts": ts,
+                "channel": "C0BENCH",
+                "event_ts": ts,
+                "channel_type": "channel",
+            },
+        }
+    )
+
+
+async def _standin_process() -> tuple[Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.standin", stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    if not line:
+        raise RuntimeError("the Slack stand-in did not start")
+    return proc, line.decode().strip()
+
+
+async def _serve_process(url: str, api_url: str, cwd: str) -> tuple[Process, int]:
+    with contextlib.closing(socket.socket()) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLACK_", "DATABASE_URL", "MODEL_"))
+    }
+    env.update(
+        DATABASE_URL=url,
+        SLACK_BOT_TOKEN="xoxb-bench",
+        SLACK_SIGNING_SECRET=SECRET,
+        SLACK_API_URL=api_url,
+        MODEL_PROVIDER="offline",
+        HOST="127.0.0.1",
+        PORT=str(port),
+        LOG_LEVEL="WARNING",
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        "serve",
+        env=env,
+        cwd=cwd,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL if not os.environ.get("BENCH_SERVE_LOG") else open(os.environ["BENCH_SERVE_LOG"], "w"),
+    )
+    async with aiohttp.ClientSession() as http:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.returncode is not None or time.monotonic() > deadline:
+                raise RuntimeError("slack-agent serve did not start")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"http://127.0.0.1:{port}/healthz") as r:
+                    if r.status == 200:
+                        return proc, port
+            await asyncio.sleep(0.1)
+
+
+def _request(port: int, ts: str) -> bytes:
+    """A signed Events API request, as bytes on the wire (built before the clock starts)."""
+    body = _event(ts)
+    headers = signed(body, SECRET)
+    lines = [
+        "POST /slack/events HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        f"Content-Length: {len(body.encode())}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n" + body).encode()
+
+
+class _Connection:
+    """One keep-alive connection, as Slack holds them: write a request, time its answer.
+
+    A plain stream rather than an HTTP client library, so the client's own per-request work
+    (which would run on the measuring loop) is not counted as the server's latency.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int) -> _Connection:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        return cls(reader, writer)
+
+    async def send(self, raw: bytes) -> float:
+        started = time.perf_counter()
+        self.writer.write(raw)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        elapsed = (time.perf_counter() - started) * 1000
+        status = head.split(b" ", 2)[1]
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        if length:
+            await self.reader.readexactly(length)
+        if status != b"200":
+            raise RuntimeError(f"/slack/events answered {status.decode()}")
+        return elapsed
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def _stop(proc: Process) -> None:
+    if proc.returncode is None:
+        proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), 20)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+async def _measure(
+    database_url: str | None, *, events: int, settle_seconds: float
+) -> dict[str, Any]:
+    """One ``slack-agent serve`` child: its idle RSS, then ack latency under load.
+
+    The load comes from this process, as Slack's requests come from elsewhere: a wave of 20
+    mentions starts turns, then ``events`` signed mentions are sent at once on warm connections
+    and each one's time to its HTTP response is measured.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        url = database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
+        standin, api_url = await _standin_process()
+        proc, port = await _serve_process(url, api_url, tmp)
+        try:
+            await asyncio.sleep(settle_seconds)
+            rss = _rss_bytes(proc.pid)
+            base = int(time.time())
+            # Warm connections (as many as the measured wave uses) and the authorisation
+            # cache; then a wave of turns running while the measured wave arrives.
+            connections = [await _Connection.open(port) for _ in range(events)]
+            try:
+                await asyncio.gather(
+                    *(c.send(_request(port, f"{base}.{i:06d}")) for i, c in enumerate(connections))
+                )
+                await asyncio.gather(
+                    *(
+                        c.send(_request(port, f"{base + 1}.{i:06d}"))
+                        for i, c in enumerate(connections[:20])
+                    )
+                )
+                wave = [_request(port, f"{base + 2}.{i:06d}") for i in range(events)]
+                samples = await asyncio.gather(
+                    *(c.send(raw) for c, raw in zip(connections, wave, strict=True))
+                )
+            finally:
+                for c in connections:
+                    c.close()
+        finally:
+            await _stop(proc)
+            await _stop(standin)
+    return {"ack": _percentiles(list(samples)), "idle_rss_bytes": rss}
+
+
+async def bench_ack(database_url: str | None = None, *, events: int = 100) -> dict[str, Any]:
+    """SPEC §13 ``ack``: ms from sending to the HTTP answer, ``events`` signed events at once."""
+    result = await _measure(database_url, events=events, settle_seconds=0.5)
+    return {"ack": result["ack"]}
+
+
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc")
+
+
+async def idle_rss_bytes(database_url: str | None = None, *, settle_seconds: float = 2.0) -> int:
+    """SPEC §13 ``idle_rss_bytes``: an idle ``slack-agent serve`` (HTTP, sweeper thread on)."""
+    result = await _measure(database_url, events=1, settle_seconds=settle_seconds)
+    return int(result["idle_rss_bytes"])
+
+
+async def bench_slack(database_url: str | None = None) -> dict[str, Any]:
+    """Both keys from one serve process, for ``slack-agent bench`` to merge."""
+    return await _measure(database_url, events=100, settle_seconds=2.0)
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(bench_slack(sys.argv[1] if len(sys.argv) > 1 else None))))

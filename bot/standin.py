@@ -1,0 +1,163 @@
+"""A local stand-in for the Slack Web API, for the demo and the benchmark (SPEC §12, §13).
+
+A real HTTP server on 127.0.0.1 (``SLACK_API_URL`` points at it) that answers like Slack
+(``ok: true``, fresh ``ts`` values, streaming methods included) and keeps what was posted, so the
+demo can print a thread as a Slack user would see it. It is not a test double of Slack's rules.
+Also: ``signed`` builds the headers Slack signs its requests with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+TEAM = "T0DEMO"
+BOT_USER = "U0AGENT"
+
+
+@dataclass
+class Posted:
+    """One message as a Slack client would show it (ephemerals only to ``visible_to``)."""
+
+    ts: str
+    channel: str
+    thread_ts: str | None
+    text: str
+    visible_to: str | None = None
+    buttons: list[str] = field(default_factory=list)
+    values: list[str] = field(default_factory=list)
+
+
+class SlackStandIn:
+    def __init__(self, team: str = TEAM) -> None:
+        self.team = team
+        self.url = ""
+        self.posted: dict[str, Posted] = {}
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.changed = asyncio.Event()
+        self._ts = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def api_url(self) -> str:
+        return self.url + "/api/"
+
+    def next_ts(self) -> str:
+        return f"{int(time.time())}.{next(self._ts):06d}"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/api/{method}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        if request.content_type == "application/json":
+            args: dict[str, Any] = dict(await request.json())
+        else:
+            args = {k: str(v) for k, v in (await request.post()).items()}
+        if isinstance(args.get("blocks"), str):
+            args["blocks"] = json.loads(args["blocks"])
+        self.calls.append((method, args))
+        result = self._answer(method, args)
+        self.changed.set()
+        return web.json_response(result)
+
+    def _answer(self, method: str, args: dict[str, Any]) -> dict[str, Any]:
+        channel = str(args.get("channel") or args.get("channel_id") or "")
+        text = str(args.get("text") or args.get("markdown_text") or "")
+        if method == "auth.test":
+            return {
+                "ok": True,
+                "team_id": self.team,
+                "user_id": BOT_USER,
+                "bot_id": "B0AGENT",
+                "team": "Demo",
+                "user": "agent",
+                "url": "https://demo.slack.com/",
+            }
+        if method in ("chat.postMessage", "chat.startStream", "chat.postEphemeral"):
+            ts = self.next_ts()
+            posted = Posted(ts, channel, args.get("thread_ts"), text)
+            if method == "chat.postEphemeral":
+                posted.visible_to = str(args.get("user"))
+                for block in args.get("blocks") or []:
+                    for element in block.get("elements", []):
+                        if element.get("type") == "button":
+                            posted.buttons.append(str(element["text"]["text"]))
+                            posted.values.append(
+                                f"{element['action_id']}\x00{element.get('value', '')}"
+                            )
+            self.posted[ts] = posted
+            if method == "chat.postEphemeral":
+                return {"ok": True, "message_ts": ts}
+            return {"ok": True, "channel": channel, "ts": ts, "message": {"ts": ts}}
+        if method in ("chat.update", "chat.appendStream", "chat.stopStream"):
+            ts = str(args.get("ts"))
+            found = self.posted.get(ts)
+            if found is not None:
+                found.text = text if method == "chat.update" else found.text + text
+            return {"ok": True, "channel": channel, "ts": ts}
+        if method == "chat.delete":
+            self.posted.pop(str(args.get("ts")), None)
+        return {"ok": True}
+
+    def thread(self, channel: str, root: str, viewer: str | None = None) -> list[Posted]:
+        """The thread's messages in order, as ``viewer`` sees them (their ephemerals too)."""
+        return sorted(
+            (
+                p
+                for p in self.posted.values()
+                if p.channel == channel
+                and (p.thread_ts == root or p.ts == root)
+                and (p.visible_to is None or p.visible_to == viewer)
+            ),
+            key=lambda p: p.ts,
+        )
+
+
+def signed(body: str, secret: str, timestamp: int | None = None) -> dict[str, str]:
+    """The headers Slack sends with a request: timestamp and v0 HMAC-SHA256 signature."""
+    ts = str(int(time.time()) if timestamp is None else timestamp)
+    digest = hmac.new(secret.encode(), f"v0:{ts}:{body}".encode(), hashlib.sha256).hexdigest()
+    return {
+        "X-Slack-Request-Timestamp": ts,
+        "X-Slack-Signature": f"v0={digest}",
+        "Content-Type": "application/json",
+    }
+
+
+async def _serve_forever() -> None:
+    standin = SlackStandIn()
+    await standin.start()
+    print(standin.api_url, flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await standin.stop()
+
+
+if __name__ == "__main__":  # a stand-in in its own process (the benchmark's load generator
+    # must not share an event loop with the server the bot calls back)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve_forever())
