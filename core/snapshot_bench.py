@@ -108,12 +108,7 @@ async def _turn(
     started = time.perf_counter()
     captured = await sandbox.capture()
     ref = None if captured is None else await snapshots.store_content(db, captured)
-    await store.finish(lease, [answer])
-    if ref is not None:
-        async with db.write() as conn:
-            await snapshots.attach_snapshot(
-                conn, session_id=session_id, message_id=answer["id"], ref=ref
-            )
+    await store.finish(lease, [answer], snapshot=ref)  # the answer and its snapshot, together
     return answer["id"], time.perf_counter() - started
 
 
