@@ -22,6 +22,7 @@ from sqlalchemy import (
     Update,
     and_,
     bindparam,
+    false,
     func,
     insert,
     or_,
@@ -224,6 +225,60 @@ TAIL: Final = (
     .order_by(MESSAGES.c.position.desc())
     .limit(1)
 )
+
+
+def _insert_if_tail_is() -> Insert:
+    """The user message at the next position, only if the session's tail is ``last`` (NULL:
+    empty). Runs after the claim in the same transaction, so it reads the tail as it is now."""
+    sid = bindparam("sid", type_=Id)
+    tail_id = (
+        select(MESSAGES.c.message_id)
+        .where(MESSAGES.c.session_id == sid)
+        .order_by(MESSAGES.c.position.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    next_position = func.coalesce(func.max(MESSAGES.c.position) + 1, 0)
+    source = (
+        select(
+            sid,
+            next_position,
+            bindparam("p_message", type_=JsonDoc),
+            bindparam("p_message_id", type_=String(36)),
+            false(),
+        )
+        .select_from(MESSAGES)
+        .where(MESSAGES.c.session_id == sid)
+        .having(tail_id.is_not_distinct_from(bindparam("last", type_=String(36))))
+    )
+    return (
+        insert(MESSAGES)
+        .from_select(
+            ["session_id", "position", "message", "message_id", "is_compaction_message"], source
+        )
+        .returning(MESSAGES.c.position)
+    )
+
+
+INSERT_IF_TAIL_IS: Final = _insert_if_tail_is()
+
+
+async def insert_if_tail_is(
+    conn: Conn, row: dict[str, Any], last_message_id: str | None
+) -> int | None:
+    """Insert ``row`` (its position is chosen here) if the tail is ``last_message_id``; return
+    the position it got, or None when the tail is something else."""
+    params = {
+        "sid": row["session_id"],
+        "p_message": row["message"],
+        "p_message_id": row["message_id"],
+        "last": last_message_id,
+    }
+    try:
+        position = (await conn.execute(INSERT_IF_TAIL_IS, params)).scalar()
+    except IntegrityError as exc:
+        raise DuplicateMessage(f"a message with this id is already stored: {exc.orig}") from exc
+    return None if position is None else int(position)
 
 
 def _fence(*, release: bool) -> Update:

@@ -21,12 +21,12 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from sqlalchemy import Boolean, delete, select, type_coerce, update
 
 from core import queries as q
-from core.db import Database, db_now, hence
+from core.db import Conn, Database, db_now, hence
 from core.errors import (
     AgentSessionBusy,
     AgentSessionLockLost,
@@ -239,15 +239,20 @@ class SessionStore(TranscriptOperations):
             claimed = await conn.execute(q.CLAIM if model is None else q.CLAIM_AND_STAMP, params)
             if claimed.rowcount == 0:
                 await q.raise_missing_or_busy(conn, session_id)
+            if user_message is not None and not isinstance(last_message_id, _Unset):
+                # The usual turn: the stale guard and the insert are one statement (a round
+                # trip less); it inserts nothing when the tail is not what the client saw.
+                row = q.message_row(session_id, 0, user_message)
+                inserted_at = await q.insert_if_tail_is(conn, row, last_message_id)
+                if inserted_at is None:
+                    await self._raise_stale(conn, session_id, last_message_id)
+                message = StoredMessage(row["message_id"], inserted_at, user_message, False)
+                return TurnLease(session_id, token, message, next_position=inserted_at + 1)
             tail = await q.tail(conn, session_id)
             if not isinstance(last_message_id, _Unset):
                 actual = tail.message_id if tail else None
                 if actual != last_message_id:
-                    raise AgentSessionStale(
-                        f"session {session_id} has moved on: its last message is {actual}, "
-                        f"not {last_message_id}",
-                        actual_last_message_id=actual,
-                    )
+                    await self._raise_stale(conn, session_id, last_message_id)
             position = tail.position + 1 if tail else 0
             if user_message is not None:
                 (tail,) = await q.append_messages(
@@ -255,6 +260,16 @@ class SessionStore(TranscriptOperations):
                 )
                 position += 1
         return TurnLease(session_id=session_id, token=token, tail=tail, next_position=position)
+
+    @staticmethod
+    async def _raise_stale(conn: Conn, session_id: int, last_message_id: str | None) -> NoReturn:
+        tail = await q.tail(conn, session_id)
+        actual = tail.message_id if tail else None
+        raise AgentSessionStale(
+            f"session {session_id} has moved on: its last message is {actual}, "
+            f"not {last_message_id}",
+            actual_last_message_id=actual,
+        )
 
     async def heartbeat(self, lease: TurnLease) -> None:
         await self._fenced_write(lease, [], release=False)
