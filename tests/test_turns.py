@@ -312,3 +312,36 @@ async def test_claim__same_process_claims_queue_and_refuse_without_a_query(
         session.id, user_message=user_message("after"), last_message_id=winners[0].tail.message_id
     )
     await store.release(lease)
+
+
+async def test_checkpoint_before_tail__moves_the_user_message_up_and_is_fenced(
+    store: SessionStore, replica: SessionStore, db: Database
+) -> None:
+    _, session = await new_session(store)
+    ids = await add_exchange(store, session.id)
+    lease = await store.start_turn(
+        session.id, user_message=user_message("new question"), last_message_id=ids[-1]
+    )
+    checkpoint = user_message("<checkpoint/>")
+    stored = await store.insert_checkpoint_before_tail(lease, checkpoint)
+    answer = assistant_message("answer")
+    await store.finish(lease, [answer])
+    messages = await store.messages(session.id)
+    assert [m.message_id for m in messages] == [
+        *ids,
+        stored.message_id,
+        lease.tail.message_id,
+        answer["id"],
+    ]  # type: ignore[union-attr]
+    assert [m.position for m in messages] == [0, 1, 2, 3, 4]
+
+    stale = await replica.start_turn(
+        session.id, user_message=user_message("q"), last_message_id=answer["id"]
+    )
+    await age_lock(db, session.id, 120)
+    await store.start_turn(
+        session.id, user_message=user_message("r"), last_message_id=stale.tail.message_id
+    )  # type: ignore[union-attr]
+    with pytest.raises(AgentSessionLockLost):
+        await replica.insert_checkpoint_before_tail(stale, user_message("<checkpoint/>"))
+    assert len(await store.messages(session.id)) == 7
