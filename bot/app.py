@@ -32,6 +32,17 @@ _MENTION = re.compile(r"<@[A-Z0-9]+>")
 _HUMAN_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
 
 
+class _TokenFromClient(logging.Filter):
+    """Bolt warns that ``SLACK_BOT_TOKEN`` (which it reads itself) is unused when a client is
+    given; the client is given precisely so it carries that token and SLACK_API_URL."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`token` will be unused" not in record.getMessage()
+
+
+logging.getLogger("slack_bolt.AsyncApp").addFilter(_TokenFromClient())
+
+
 def web_client(settings: Settings, token: str | None = None) -> AsyncWebClient:
     """Every Web API client of the app: SLACK_API_URL, and 429s waited out as Retry-After says."""
     client = AsyncWebClient(token=token, base_url=settings.slack_api_url)

@@ -102,7 +102,7 @@ async def _serve_process(url: str, api_url: str, cwd: str) -> tuple[Process, int
         env=env,
         cwd=cwd,
         stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL if not os.environ.get("BENCH_SERVE_LOG") else open(os.environ["BENCH_SERVE_LOG"], "w"),
+        stderr=asyncio.subprocess.DEVNULL,
     )
     async with aiohttp.ClientSession() as http:
         deadline = time.monotonic() + 60
@@ -237,9 +237,9 @@ async def idle_rss_bytes(database_url: str | None = None, *, settle_seconds: flo
     return int(result["idle_rss_bytes"])
 
 
-async def bench_slack(database_url: str | None = None) -> dict[str, Any]:
+async def bench_slack(database_url: str | None = None, *, events: int = 100) -> dict[str, Any]:
     """Both keys from one serve process, for ``slack-agent bench`` to merge."""
-    return await _measure(database_url, events=100, settle_seconds=2.0)
+    return await _measure(database_url, events=events, settle_seconds=2.0)
 
 
 if __name__ == "__main__":

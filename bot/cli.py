@@ -23,7 +23,6 @@ from core.settings import Settings, load_settings
 
 NOT_BUILT = {
     "chat": "the terminal client",
-    "demo": "the first-run demo",
 }
 
 
@@ -90,6 +89,7 @@ async def _dispatch(op: Operator, args: argparse.Namespace) -> None:
         print(
             f"deleted {report.expired} expired, {report.idle} idle and {report.over_cap} "
             f"over-cap sessions; collected {report.snapshot_contents} snapshot contents"
+            f" and {report.extra.get('processed_events', 0)} old delivery records"
         )
     elif args.command == "retention":
         if args.action == "set":
@@ -139,6 +139,14 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> None:
     await serve(settings)
 
 
+async def _demo(args: argparse.Namespace, settings: Settings) -> None:
+    from bot.demo import run_demo
+
+    if settings.log_level.upper() == "INFO":  # the demo prints the threads; logs would drown them
+        logging.getLogger().setLevel(logging.WARNING)
+    await run_demo()
+
+
 async def _bench(args: argparse.Namespace, settings: Settings) -> None:
     from core.bench import format_table, run_bench
 
@@ -162,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "bench"
             else _serve
             if args.command == "serve"
+            else _demo
+            if args.command == "demo"
             else _run_operator
         )
         asyncio.run(runner(args, settings))

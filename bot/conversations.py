@@ -32,7 +32,6 @@ from core.errors import (
     AgentSessionNotFound,
     AgentSessionStale,
     DuplicateMessage,
-    SlackAgentError,
 )
 from core.messages import message_text, slack_message_id, user_message
 from core.records import Actor, SessionInfo
@@ -43,6 +42,10 @@ from core.surface_state import Draft, SurfaceState
 log = logging.getLogger(__name__)
 
 SURFACE = "slack"
+# How long a follow-up waits for its thread's first message to be stored (it normally is within
+# milliseconds; a replica that died in between must not hold the follow-up up for long).
+ROOT_WAIT_SECONDS = 10.0
+ROOT_POLL_SECONDS = 0.05
 PROJECT = "slack"
 
 
@@ -88,6 +91,12 @@ class Post:
         return cls(
             **{k: str(data[k]) for k in ("team", "channel", "thread_ts", "ts", "user", "surface")}
         )
+
+
+async def _let_others_run() -> None:
+    """Yield to the event loop. SQLite statements run in place (``core.db``), so a chain of
+    them never suspends; without these, HTTP acknowledgements would wait behind whole chains."""
+    await asyncio.sleep(0)
 
 
 class Conversations:
@@ -141,6 +150,7 @@ class Conversations:
         self.closing = True
         pending = set(self._tasks)
         if pending:
+            log.info("waiting up to %gs for %d running task(s)", grace, len(pending))
             _, pending = await asyncio.wait(pending, timeout=grace)
         for task in pending:
             task.cancel()
@@ -155,29 +165,60 @@ class Conversations:
     # -- a message in a thread ------------------------------------------------------------------
 
     async def known_thread(self, team: str, channel: str, thread_ts: str) -> bool:
-        return await self.state.get_thread(thread_key(team, channel, thread_ts)) is not None
+        """A session thread, or one whose first message was taken for the agent a moment ago
+        (its session may not be bound yet when a quick follow-up arrives)."""
+        key = thread_key(team, channel, thread_ts)
+        if await self.state.get_thread(key) is not None:
+            return True
+        return await self.state.event_claimed(f"msg:{key}")
 
     async def take_message(self, post: Post, body_text: str, client: AsyncWebClient) -> None:
         """A human message for the agent: exactly one replica and one delivery proceeds."""
+        if self.closing:
+            return  # not claimed: a retry may still reach another replica
+        await _let_others_run()
         if not await self.state.claim_event(f"msg:{post.ref}"):
             log.debug("message %s already taken", post.ref)
             return
         self.spawn(self._converse(post, body_text, client))
 
     async def _converse(self, post: Post, body: str, client: AsyncWebClient) -> None:
-        async with self._turn_slots:
+        try:
+            if post.ts != post.thread_ts:  # before taking a slot its root may need
+                await self._after_the_thread_root(post)
+            await self._turn_slots.acquire()
+        except asyncio.CancelledError:
+            log.warning("shutting down: message %s was acknowledged but not answered", post.ref)
+            raise
+        try:
             await self._converse_now(post, body, client)
+        finally:
+            self._turn_slots.release()
 
     async def _converse_now(self, post: Post, body: str, client: AsyncWebClient) -> None:
         user_id = await self.store.get_or_create_user(external_user(post.team, post.user))
+        await _let_others_run()
         temporary = post.surface in self.settings.temporary_session_surfaces
         session, _ = await self.store.get_or_create_session(
             PROJECT, post.thread, user_id=user_id, title=body, temporary=temporary
         )
+        await _let_others_run()
         await self.state.bind_thread(post.thread, session.id)
         message_id = slack_message_id(post.team, post.channel, post.ts)
         await self.state.add_ref(post.ref, session.id, message_id, "user")
+        await _let_others_run()
         await self.send(session, post, body, message_id, client)
+
+    async def _after_the_thread_root(self, post: Post) -> None:
+        """Keep Slack's order: a follow-up that overtook its thread's first message (taken a
+        moment ago, here or on another replica) waits until that message is in the transcript."""
+        if not await self.state.event_claimed(f"msg:{post.thread}"):
+            return
+        root_id = slack_message_id(post.team, post.channel, post.thread_ts)
+        for _ in range(int(ROOT_WAIT_SECONDS / ROOT_POLL_SECONDS)):
+            if await self.store.find_message(root_id) is not None:
+                return
+            await asyncio.sleep(ROOT_POLL_SECONDS)
 
     async def send(
         self,
@@ -245,6 +286,13 @@ class Conversations:
             with contextlib.suppress(Exception):
                 await asyncio.shield(stream.finish())
             raise
+        except Exception:
+            log.exception("turn for message %s failed", message_id)
+            await self._status(client, post, "")
+            with contextlib.suppress(Exception):
+                await stream.finish()
+                await self._ephemeral(client, post, text.internal_error())
+            return
         if draft is not None:
             await self.state.take_draft(draft.id, ("sending",), "sent")
         if result.answer is not None:
@@ -443,7 +491,3 @@ class Conversations:
             text=offer,
             blocks=text.offer_blocks(offer, draft.id, send_label="Send anyway"),
         )
-
-
-def error_text(exc: SlackAgentError) -> str:
-    return f"{exc.code}: {exc}"

@@ -88,7 +88,7 @@ def lock_lost() -> str:
 
 
 def internal_error() -> str:
-    return ":warning: Something went wrong on my side; nothing of your message was lost."
+    return ":warning: Something went wrong on my side and I could not answer that. Try again?"
 
 
 def no_session() -> str:

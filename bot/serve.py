@@ -43,7 +43,7 @@ from core.model_choice import ProviderCache
 from core.retention import RetentionPolicy, load_policy
 from core.settings import Settings
 from core.store import SessionStore
-from core.surface_state import SurfaceState, database_answers, sweep_processed_events
+from core.surface_state import SURFACE_SWEEPS, SurfaceState, database_answers
 from core.sweeper import sweep
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class SweeperThread(threading.Thread):
                         policy,
                         staleness_seconds=s.turn_lock_staleness_seconds,
                         batch_size=s.sweeper_batch_size,
-                        extra_passes=[("processed_events", sweep_processed_events)],
+                        extra_passes=SURFACE_SWEEPS,
                     )
                 except Exception:
                     log.exception("sweeper pass failed; will try again next period")
@@ -205,9 +205,26 @@ class Bot:
         app.router.add_post("/slack/events", self._events)
         app.router.add_get("/healthz", self._health)
         if self.installs is not None:
-            app.router.add_get("/slack/install", self._events)
-            app.router.add_get("/slack/oauth_redirect", self._events)
+            app.router.add_get("/slack/install", self._install)
+            app.router.add_get("/slack/oauth_redirect", self._oauth_redirect)
         return app
+
+    async def _install(self, request: web.Request) -> web.StreamResponse:
+        flow = self.app.oauth_flow
+        assert flow is not None
+        response = await flow.handle_installation(self._get_request(request))
+        return await to_aiohttp_response(response)
+
+    async def _oauth_redirect(self, request: web.Request) -> web.StreamResponse:
+        flow = self.app.oauth_flow
+        assert flow is not None
+        response = await flow.handle_callback(self._get_request(request))
+        return await to_aiohttp_response(response)
+
+    @staticmethod
+    def _get_request(request: web.Request) -> AsyncBoltRequest:
+        headers: dict[str, str | Sequence[str]] = {k.lower(): v for k, v in request.headers.items()}
+        return AsyncBoltRequest(body="", query=request.query_string, headers=headers)
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         if self.conversations.closing:
@@ -284,6 +301,7 @@ class Bot:
     async def _dispatch_loop(self) -> None:
         while True:
             body, headers, query = await self._inbox.get()
+            await asyncio.sleep(0)  # acknowledgements first (see Conversations)
             try:
                 await self.app.async_dispatch(
                     AsyncBoltRequest(body=body, query=query, headers=dict(headers.items()))
@@ -324,6 +342,20 @@ BOT_SCOPES = [
 ]
 
 
+async def _close_socket(client: Any) -> None:
+    """Close a Socket Mode connection at once. slack_sdk's ``close`` closes the WebSocket while
+    its receiver task still reads from it, so the close handshake waits out aiohttp's 10 s
+    timeout; stopping the background tasks first makes it immediate."""
+    client.closed = True
+    client.auto_reconnect_enabled = False
+    for task in (client.message_processor, client.current_session_monitor, client.message_receiver):
+        if task is not None:
+            task.cancel()
+    await client.disconnect()
+    if client.aiohttp_client_session is not None:
+        await client.aiohttp_client_session.close()
+
+
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM/SIGINT."""
     bot = await Bot.open(settings)
@@ -362,10 +394,11 @@ async def serve(settings: Settings) -> None:
         await stop.wait()
         log.info("stopping: no new events; finishing or interrupting running turns")
     finally:
-        bot.conversations.closing = True
+        # Intake stops first (socket closed, listener closed); what was acknowledged but not
+        # yet dispatched is still dispatched (Bot.close drains) before turns are wound down.
         if socket is not None:
             with contextlib.suppress(Exception):
-                await socket.close_async()
+                await asyncio.wait_for(_close_socket(socket.client), 5)
         if runner is not None:
             await runner.cleanup()
         await bot.close()

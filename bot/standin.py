@@ -33,6 +33,7 @@ class Posted:
     thread_ts: str | None
     text: str
     visible_to: str | None = None
+    author: str = "agent"
     buttons: list[str] = field(default_factory=list)
     values: list[str] = field(default_factory=list)
 
@@ -121,6 +122,12 @@ class SlackStandIn:
         if method == "chat.delete":
             self.posted.pop(str(args.get("ts")), None)
         return {"ok": True}
+
+    def user_post(self, channel: str, user: str, text: str, thread_ts: str | None) -> str:
+        """A person's message, as Slack would store it (the app hears it as an event)."""
+        ts = self.next_ts()
+        self.posted[ts] = Posted(ts, channel, thread_ts, text, author=user)
+        return ts
 
     def thread(self, channel: str, root: str, viewer: str | None = None) -> list[Posted]:
         """The thread's messages in order, as ``viewer`` sees them (their ephemerals too)."""

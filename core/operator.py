@@ -15,6 +15,7 @@ from core.records import Actor, SessionInfo, StoredMessage
 from core.retention import RetentionPolicy, load_policy, set_policy
 from core.settings import Settings
 from core.store import SessionStore
+from core.surface_state import SURFACE_SWEEPS
 from core.sweeper import SweepReport, sweep
 
 
@@ -76,6 +77,7 @@ class Operator:
             await self.retention(),
             staleness_seconds=self.settings.turn_lock_staleness_seconds,
             batch_size=self.settings.sweeper_batch_size,
+            extra_passes=SURFACE_SWEEPS,
         )
 
     async def list_sessions(self, *, limit: int) -> list[SessionInfo]:

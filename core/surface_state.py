@@ -90,6 +90,15 @@ class SurfaceState:
             )
             return result.first() is not None
 
+    async def event_claimed(self, event_key: str) -> bool:
+        async with self.db.read() as conn:
+            found = await conn.scalar(
+                select(EVENTS.c.event_key).where(
+                    EVENTS.c.surface == self.surface, EVENTS.c.event_key == event_key
+                )
+            )
+        return found is not None
+
     # -- threads --------------------------------------------------------------------------------
 
     async def bind_thread(
@@ -277,6 +286,10 @@ async def sweep_processed_events(db: Database, batch_size: int) -> int:
                 deleted += result.rowcount
         if len(keys) < batch_size:
             return deleted
+
+
+# The sweeper passes over surface tables (``serve``'s sweeper thread and ``sweep --once``).
+SURFACE_SWEEPS: Final = (("processed_events", sweep_processed_events),)
 
 
 async def database_answers(db: Database) -> bool:

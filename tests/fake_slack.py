@@ -93,6 +93,7 @@ class FakeSlack(_Server):
         self.streaming = streaming
         self.team = team
         self.calls: list[Call] = []
+        self.rate_limit_once: set[str] = set()  # methods answered 429 once, then normally
         self.sockets: list[web.WebSocketResponse] = []
         self.socket_acks: list[dict[str, Any]] = []
         self._changed = asyncio.Event()
@@ -140,6 +141,12 @@ class FakeSlack(_Server):
         for key in ("blocks", "metadata"):
             if isinstance(args.get(key), str):
                 args[key] = json.loads(args[key])
+        if method in self.rate_limit_once:
+            self.rate_limit_once.discard(method)
+            self.calls.append(Call(method, args, {"ok": False, "error": "ratelimited"}))
+            return web.json_response(
+                {"ok": False, "error": "ratelimited"}, status=429, headers={"Retry-After": "1"}
+            )
         result = self._answer(method, args)
         self.calls.append(Call(method, args, result))
         self._changed.set()
@@ -156,6 +163,19 @@ class FakeSlack(_Server):
                 "team_id": self.team,
                 "user_id": BOT_USER,
                 "bot_id": BOT_ID,
+            }
+        if method == "oauth.v2.access":
+            return {
+                "ok": True,
+                "app_id": "A1",
+                "authed_user": {"id": "U1"},
+                "scope": "chat:write,app_mentions:read",
+                "token_type": "bot",
+                "access_token": "xoxb-installed",
+                "bot_user_id": BOT_USER,
+                "team": {"id": self.team, "name": "Test"},
+                "enterprise": None,
+                "is_enterprise_install": False,
             }
         if method == "apps.connections.open":
             return {"ok": True, "url": self.url.replace("http://", "ws://") + "/socket"}

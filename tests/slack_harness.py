@@ -131,6 +131,10 @@ class ServeProcess:
     async def wait(self, within: float = 30.0) -> int:
         return await asyncio.to_thread(self.proc.wait, within)
 
+    async def astop(self) -> str:
+        """``stop`` without blocking this event loop (fake servers in it must keep answering)."""
+        return await asyncio.to_thread(self.stop)
+
     def stop(self) -> str:
         """SIGTERM, wait, and return what the process printed."""
         self.terminate()

@@ -189,3 +189,102 @@ async def test_healthz__answers_200_while_the_database_answers(running: RunningB
 
     async with aiohttp.ClientSession() as session, session.get(running.url + "/healthz") as r:
         assert r.status == 200
+
+
+# slack_sdk's oauth.v2.access uses aiohttp's BasicAuth, which newer aiohttp deprecates.
+@pytest.mark.filterwarnings("ignore:BasicAuth is deprecated:DeprecationWarning")
+async def test_oauth__install_then_events_are_authorised_from_the_database(
+    database_url: str, slack: FakeSlack
+) -> None:
+    import re
+
+    import aiohttp
+
+    oauth = {
+        "slack_bot_token": None,
+        "slack_client_id": "111.222",
+        "slack_client_secret": "client-secret",
+        "slack_state_secret": "state-secret",
+    }
+    async with (
+        running_bot(database_url, slack, **oauth) as bot,
+        aiohttp.ClientSession() as http,
+    ):
+        async with http.get(bot.url + "/slack/install", allow_redirects=False) as r:
+            assert r.status in (200, 302)
+            page = await r.text() + r.headers.get("Location", "")
+            cookie = r.headers["Set-Cookie"].split(";", 1)[0]  # Secure: sent by hand over http
+        found = re.search(r"state=([\w-]+)", page)
+        assert found is not None, page
+        callback = f"{bot.url}/slack/oauth_redirect?code=the-code&state={found[1]}"
+        async with http.get(callback, allow_redirects=False, headers={"Cookie": cookie}) as r:
+            assert r.status in (200, 302), await r.text()
+        assert slack.named("oauth.v2.access")
+        async with SlackClient(bot.url) as client:
+            ts = await client.message("installed and talking", mention=True)
+            await slack.wait_for(lambda: slack.replies(ts))
+    # Replies were sent with the installed bot token, read from the installation store.
+    # (The stand-in records arguments, not headers: that the reply exists is the proof that
+    # authorisation found the installation.)
+    db = create_database(database_url)
+    try:
+        store = SessionStore(db)
+        assert await store.find_session("slack", f"T1/C1/{ts}") is not None
+    finally:
+        await db.dispose()
+
+
+async def test_rate_limited__waits_as_told_and_posts_once(
+    client: SlackClient, slack: FakeSlack
+) -> None:
+    slack.rate_limit_once = {"chat.startStream"}
+    ts = await client.message("slow down", mention=True)
+    await slack.wait_for(lambda: slack.named("chat.stopStream"))
+    attempts = [c for c in slack.replies(ts) if c.method == "chat.startStream"]
+    assert [c.result["ok"] for c in attempts] == [False, True]  # one retry, one reply
+    assert not [c for c in slack.named("chat.postMessage") if c.args.get("thread_ts") == ts]
+
+
+async def test_temporary_surfaces__a_dm_session_expires_a_channel_one_does_not(
+    database_url: str, slack: FakeSlack
+) -> None:
+    async with (
+        running_bot(database_url, slack, temporary_session_surfaces="dm") as bot,
+        SlackClient(bot.url) as client,
+    ):
+        dm = await client.message("private and passing", channel="D9", channel_type="im")
+        public = await client.message("kept", mention=True)
+        await slack.wait_for(lambda: slack.replies(dm) and slack.replies(public))
+    db = create_database(database_url)
+    try:
+        store = SessionStore(db)
+        dm_session = await store.find_session("slack", f"T1/D9/{dm}")
+        channel_session = await store.find_session("slack", f"T1/C1/{public}")
+        assert dm_session is not None
+        assert channel_session is not None
+        assert dm_session.expires_at is not None
+        assert channel_session.expires_at is None
+    finally:
+        await db.dispose()
+
+
+async def test_thread__a_follow_up_right_after_the_mention_is_not_dropped(
+    database_url: str, slack: FakeSlack
+) -> None:
+    async with (
+        running_bot(database_url, slack, busy_mode="queue") as bot,
+        SlackClient(bot.url) as client,
+    ):
+        root = await client.message("first", mention=True)
+        await client.message("right behind it", thread_ts=root)
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    db = create_database(database_url)
+    try:
+        store = SessionStore(db)
+        session = await store.find_session("slack", f"T1/C1/{root}")
+        assert session is not None
+        messages = await store.messages(session.id)
+        assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
+        assert messages[0].message_id == slack_message_id("T1", "C1", root)
+    finally:
+        await db.dispose()

@@ -1,0 +1,20 @@
+"""``slack-agent demo`` plays its whole story on a fresh machine (SPEC §12)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.demo import run_demo
+
+
+async def test_demo__plays_every_step_and_loses_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    await run_demo()
+    out = capsys.readouterr().out
+    assert "[offline stand-in]" in out
+    assert "This session is being used elsewhere" in out
+    assert "[Send] [Discard]" in out
+    assert "Forked from" in out
+    assert "step one done" in out.split("Bob's fork")[1]  # the sandbox came with the fork
+    assert "rewound the conversation" in out
+    assert "compacted into a checkpoint" in out
+    assert "nothing lost" in out

@@ -1,0 +1,320 @@
+"""Exactly-once delivery, busy and stale sessions, on both databases (SPEC §10)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from bot import messages as text
+from core.db import create_database
+from core.messages import assistant_message, message_text, user_message
+from core.records import Actor, StoredMessage
+from core.store import SessionStore
+from tests.fake_slack import FakeSlack, GatedModel, SlackClient
+from tests.slack_harness import running_bot
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[GatedModel]:
+    async with GatedModel() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[SessionStore]:
+    db = create_database(database_url)
+    yield SessionStore(db)
+    await db.dispose()
+
+
+def gated(model: GatedModel, **extra: Any) -> dict[str, Any]:
+    return {
+        "model_provider": "openai",
+        "openai_api_key": "sk-test",
+        "openai_base_url": model.base_url,
+        **extra,
+    }
+
+
+async def transcript(store: SessionStore, thread_ts: str) -> list[StoredMessage]:
+    session = await store.find_session("slack", f"T1/C1/{thread_ts}")
+    assert session is not None
+    return await store.messages(session.id)
+
+
+def with_blocks(slack: FakeSlack, user: str = "U1") -> list[Any]:
+    return [c for c in slack.ephemerals(user) if c.args.get("blocks")]
+
+
+def draft_id(call: Any) -> str:
+    (actions,) = [b for b in call.args["blocks"] if b["type"] == "actions"]
+    return str(actions["elements"][0]["value"])
+
+
+async def test_retries_and_double_delivery__one_turn_one_reply(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        ts = client.new_ts()
+        await asyncio.gather(
+            client.message("only once", ts=ts, mention=True, kind="app_mention"),
+            client.message("only once", ts=ts, mention=True, kind="message"),
+            *(
+                client.message("only once", ts=ts, mention=True, kind=kind, retry=n)
+                for n in (1, 2, 3)
+                for kind in ("app_mention", "message")
+            ),
+        )
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        later = await client.message("marker", mention=True)
+        await slack.wait_for(
+            lambda: slack.replies(later) and len(slack.named("chat.stopStream")) == 2
+        )
+    assert len(slack.replies(ts)) == 1
+    assert [m.role for m in await transcript(store, ts)] == ["user", "assistant"]
+
+
+async def test_retry_storm__across_two_replicas_still_one_turn_each(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with (
+        running_bot(database_url, slack) as one,
+        running_bot(database_url, slack) as two,
+        SlackClient(one.url) as a,
+        SlackClient(two.url) as b,
+    ):
+        stamps = [a.new_ts() for _ in range(5)]
+        await asyncio.gather(
+            *(
+                c.message(f"storm {i}", ts=ts, mention=True, kind=kind, retry=retry)
+                for i, ts in enumerate(stamps)
+                for c in (a, b)
+                for kind in ("app_mention", "message")
+                for retry in (None, 1)
+            )
+        )
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) >= 5)
+    for ts in stamps:
+        assert len(slack.replies(ts)) == 1
+        assert [m.role for m in await transcript(store, ts)] == ["user", "assistant"]
+
+
+async def busy_start(client: SlackClient, slack: FakeSlack, model: GatedModel) -> tuple[str, str]:
+    """A turn held open by the model, and a second message in its thread meeting it busy."""
+    root = await client.message("first", mention=True)
+    await asyncio.wait_for(model.arrived.wait(), 20)
+    second = await client.message("second", thread_ts=root)
+    await slack.wait_for(lambda: any(text.busy_notice() == c.text for c in slack.ephemerals()))
+    return root, second
+
+
+async def test_busy_ask__notice_then_send_offered_when_free(
+    database_url: str, slack: FakeSlack, model: GatedModel, store: SessionStore
+) -> None:
+    async with (
+        running_bot(database_url, slack, **gated(model)) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        root, _ = await busy_start(client, slack, model)
+        (notice,) = slack.ephemerals()
+        assert notice.args["thread_ts"] == root
+        assert "has not been added yet" in notice.text
+        assert [m.role for m in await transcript(store, root)] == ["user"]
+        model.gate.set()
+        offer = (await slack.wait_for(lambda: with_blocks(slack)))[0]
+        # The waiting message is not in the transcript until it is sent.
+        assert [message_text(m.message) for m in await transcript(store, root)] == [
+            "first",
+            "answer 1",
+        ]
+        assert await client.button(text.SEND_DRAFT, draft_id(offer)) == 200
+        await slack.wait_for(lambda: len(slack.replies(root)) == 2)
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    assert [message_text(m.message) for m in await transcript(store, root)] == [
+        "first",
+        "answer 1",
+        "second",
+        "answer 2",
+    ]
+    assert model.max_in_flight == 1
+
+
+async def test_busy_ask__discard_adds_nothing(
+    database_url: str, slack: FakeSlack, model: GatedModel, store: SessionStore
+) -> None:
+    async with (
+        running_bot(database_url, slack, **gated(model)) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        root, _ = await busy_start(client, slack, model)
+        model.gate.set()
+        offer = (await slack.wait_for(lambda: with_blocks(slack)))[0]
+        await client.button(text.DISCARD_DRAFT, draft_id(offer))
+        await slack.wait_for(
+            lambda: any(c.text == text.draft_discarded() for c in slack.ephemerals())
+        )
+        await client.button(text.SEND_DRAFT, draft_id(offer))
+        await slack.wait_for(lambda: any(c.text == text.draft_gone() for c in slack.ephemerals()))
+    assert len(await transcript(store, root)) == 2
+
+
+async def test_busy_ask__the_click_can_land_on_another_replica(
+    database_url: str, slack: FakeSlack, model: GatedModel, store: SessionStore
+) -> None:
+    async with (
+        running_bot(database_url, slack, **gated(model)) as one,
+        running_bot(database_url, slack, **gated(model)) as two,
+        SlackClient(one.url) as a,
+        SlackClient(two.url) as b,
+    ):
+        root, _ = await busy_start(a, slack, model)
+        model.gate.set()
+        offer = (await slack.wait_for(lambda: with_blocks(slack)))[0]
+        await b.button(text.SEND_DRAFT, draft_id(offer))
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    assert [m.role for m in await transcript(store, root)] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+
+
+async def test_busy_queue__waiting_messages_are_answered_in_order(
+    database_url: str, slack: FakeSlack, model: GatedModel, store: SessionStore
+) -> None:
+    async with (
+        running_bot(database_url, slack, **gated(model, busy_mode="queue")) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        root = await client.message("first", mention=True)
+        await asyncio.wait_for(model.arrived.wait(), 20)
+        await client.message("second", thread_ts=root)
+        await slack.wait_for(lambda: len(slack.ephemerals()) == 1)
+        await client.message("third", thread_ts=root)
+        await slack.wait_for(lambda: len(slack.ephemerals()) == 2)
+        assert all(c.text == text.busy_queued_notice() for c in slack.ephemerals())
+        model.gate.set()
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 3)
+    texts = [message_text(m.message) for m in await transcript(store, root)]
+    assert texts == ["first", "answer 1", "second", "answer 2", "third", "answer 3"]
+    assert model.max_in_flight == 1
+    assert not with_blocks(slack)
+
+
+async def test_busy__gives_up_after_the_poll_timeout(
+    database_url: str, slack: FakeSlack, model: GatedModel, store: SessionStore
+) -> None:
+    async with (
+        running_bot(database_url, slack, **gated(model, busy_poll_timeout_seconds=0.2)) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        root, _ = await busy_start(client, slack, model)
+        await slack.wait_for(
+            lambda: any(c.text == text.busy_timeout("second") for c in slack.ephemerals())
+        )
+        model.gate.set()
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+    assert [message_text(m.message) for m in await transcript(store, root)] == [
+        "first",
+        "answer 1",
+    ]
+
+
+async def test_stale__refresh_once_then_send_anyway(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root = await client.message("from slack", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        # The terminal client continues the session meanwhile.
+        session = await store.find_session("slack", f"T1/C1/{root}")
+        assert session is not None
+        tail = await store.tail(session.id)
+        assert tail is not None
+        lease = await store.start_turn(
+            session.id,
+            user_message=user_message("from the terminal"),
+            last_message_id=tail.message_id,
+        )
+        await store.finish(lease, [assistant_message("terminal answer")])
+
+        await client.message("slack again", thread_ts=root)
+        offer = (await slack.wait_for(lambda: with_blocks(slack)))[0]
+        (refresh,) = [c for c in slack.named("chat.postMessage") if c.args.get("thread_ts") == root]
+        assert "continued elsewhere" in refresh.text
+        assert "from the terminal" in refresh.text
+        assert "terminal answer" in refresh.text
+        assert len(await store.messages(session.id)) == 4  # not sent
+        await client.button(text.SEND_DRAFT, draft_id(offer))
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    texts = [message_text(m.message) for m in await store.messages(session.id)]
+    assert texts[:5] == [
+        "from slack",
+        texts[1],
+        "from the terminal",
+        "terminal answer",
+        "slack again",
+    ]
+    assert len(texts) == 6
+
+
+async def test_busy__a_turn_held_by_the_terminal_client_counts_too(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root = await client.message("start here", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        session = await store.find_session("slack", f"T1/C1/{root}")
+        assert session is not None
+        tail = await store.tail(session.id)
+        assert tail is not None
+        # The terminal client holds a turn (its own process, its own engine: `store`).
+        lease = await store.start_turn(
+            session.id,
+            user_message=user_message("from the terminal"),
+            last_message_id=tail.message_id,
+        )
+        await client.message("meanwhile in slack", thread_ts=root)
+        await slack.wait_for(lambda: text.busy_notice() in [c.text for c in slack.ephemerals()])
+        await store.finish(lease, [assistant_message("terminal done")])
+        offer = (await slack.wait_for(lambda: with_blocks(slack)))[0]
+        await client.button(text.SEND_DRAFT, draft_id(offer))
+        # The terminal's turn moved the session on: the thread is refreshed first.
+        stale_offer = await slack.wait_for(
+            lambda: [c for c in with_blocks(slack) if "Send anyway" in json.dumps(c.args["blocks"])]
+        )
+        await client.button(text.SEND_DRAFT, draft_id(stale_offer[0]))
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    texts = [message_text(m.message) for m in await store.messages(session.id)]
+    assert texts[2:5] == ["from the terminal", "terminal done", "meanwhile in slack"]
+    assert len(texts) == 6
+
+
+async def test_stale__a_rewind_elsewhere_is_shown_as_such(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root = await client.message("one", mention=True)
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 1)
+        await client.message("two", thread_ts=root)
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+        session = await store.find_session("slack", f"T1/C1/{root}")
+        assert session is not None
+        messages = await store.messages(session.id)
+        await store.truncate(session.id, messages[1].message_id, Actor(None, admin=True))
+        await client.message("three", thread_ts=root)
+        await slack.wait_for(lambda: with_blocks(slack))
+    refresh = [c for c in slack.named("chat.postMessage") if "rewound elsewhere" in c.text]
+    assert len(refresh) == 1
+    assert len(await store.messages(session.id)) == 2

@@ -1,0 +1,233 @@
+"""Rewind, fork and compact from Slack, with permissions and workspace isolation (SPEC §10)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bot import messages as text
+from core.db import create_database
+from core.messages import message_text
+from core.store import SessionStore
+from tests.fake_slack import FakeSlack, SlackClient
+from tests.slack_harness import RunningBot, running_bot
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def running(database_url: str, slack: FakeSlack) -> AsyncIterator[RunningBot]:
+    async with running_bot(database_url, slack, admin_user_ids="UADMIN") as bot:
+        yield bot
+
+
+@pytest.fixture
+async def client(running: RunningBot) -> AsyncIterator[SlackClient]:
+    async with SlackClient(running.url) as c:
+        yield c
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[SessionStore]:
+    db = create_database(database_url)
+    yield SessionStore(db)
+    await db.dispose()
+
+
+async def conversation(
+    client: SlackClient, slack: FakeSlack, turns: int = 2
+) -> tuple[str, list[str], list[str]]:
+    """A session thread with ``turns`` exchanges; returns root ts, user ts's, reply ts's."""
+    users: list[str] = []
+    root = ""
+    for i in range(turns):
+        before = len(slack.named("chat.stopStream"))
+        ts = await client.message(f"question {i}", mention=i == 0, thread_ts=root or None)
+        root = root or ts
+        users.append(ts)
+        await slack.wait_for(lambda n=before + 1: len(slack.named("chat.stopStream")) == n)
+    replies = [str(c.result["ts"]) for c in slack.named("chat.startStream")]
+    return root, users, replies
+
+
+async def texts(store: SessionStore, root: str, team: str = "T1", channel: str = "C1") -> list[str]:
+    session = await store.find_session("slack", f"{team}/{channel}/{root}")
+    assert session is not None
+    return [message_text(m.message) for m in await store.messages(session.id)]
+
+
+def ephemeral_texts(slack: FakeSlack, user: str | None = None) -> list[str]:
+    return [c.text for c in slack.ephemerals(user)]
+
+
+async def test_rewind__to_a_reply_keeps_it_and_marks_the_later_replies(
+    client: SlackClient, slack: FakeSlack, store: SessionStore
+) -> None:
+    root, _, replies = await conversation(client, slack, turns=3)
+    assert await client.shortcut("rewind_session", message_ts=replies[0], thread_ts=root) == 200
+    await slack.wait_for(
+        lambda: len([c for c in slack.named("chat.update") if "rewound" in c.text]) == 2
+    )
+    marked = [c for c in slack.named("chat.update") if "rewound" in c.text]
+    assert {c.args["ts"] for c in marked} == set(replies[1:])
+    assert any("rewound the conversation" in c.text for c in slack.named("chat.postMessage"))
+    assert len(await texts(store, root)) == 2
+
+
+async def test_rewind__to_a_user_message_returns_it_as_a_draft(
+    client: SlackClient, slack: FakeSlack, store: SessionStore
+) -> None:
+    root, users, _ = await conversation(client, slack, turns=2)
+    await client.shortcut("rewind_session", message_ts=users[1], thread_ts=root)
+    await slack.wait_for(lambda: any("question 1" in t for t in ephemeral_texts(slack, "U1")))
+    assert await texts(store, root) == ["question 0", (await texts(store, root))[1]]
+
+
+async def test_rewind__by_someone_else_is_refused_and_changes_nothing(
+    client: SlackClient, slack: FakeSlack, store: SessionStore
+) -> None:
+    root, _, replies = await conversation(client, slack, turns=2)
+    await client.shortcut("rewind_session", message_ts=replies[0], thread_ts=root, user="U2")
+    await slack.wait_for(lambda: text.forbidden("rewind") in ephemeral_texts(slack, "U2"))
+    assert len(await texts(store, root)) == 4
+
+
+async def test_rewind__an_admin_may_rewind_anyones_session(
+    client: SlackClient, slack: FakeSlack, store: SessionStore
+) -> None:
+    root, _, replies = await conversation(client, slack, turns=2)
+    await client.shortcut("rewind_session", message_ts=replies[0], thread_ts=root, user="UADMIN")
+    await slack.wait_for(lambda: [c for c in slack.named("chat.update") if "rewound" in c.text])
+    assert len(await texts(store, root)) == 2
+
+
+async def test_shortcut__on_a_message_of_no_session_gets_a_friendly_ephemeral(
+    client: SlackClient, slack: FakeSlack
+) -> None:
+    stray = client.new_ts()
+    await client.shortcut("rewind_session", message_ts=stray, thread_ts=None)
+    await slack.wait_for(lambda: text.no_session() in ephemeral_texts(slack))
+
+
+async def test_fork__anyone_may_fork_into_a_new_thread_they_own(
+    client: SlackClient, slack: FakeSlack, store: SessionStore
+) -> None:
+    root, _, replies = await conversation(client, slack, turns=2)
+    await client.shortcut("fork_session", message_ts=replies[0], thread_ts=root, user="U2")
+    await slack.wait_for(lambda: any("Forked." in t for t in ephemeral_texts(slack, "U2")))
+    head = [c for c in slack.named("chat.postMessage") if "Forked from" in c.text]
+    new_root = str(head[0].result["ts"])
+    assert "thread_ts" not in head[0].args
+    forked = await store.find_session("slack", f"T1/C1/{new_root}")
+    assert forked is not None
+    owner = await store.get_or_create_user("slack:T1:U2")
+    assert forked.user_id == owner
+    assert len(await texts(store, new_root)) == 2
+    assert len(await texts(store, root)) == 4  # the source is untouched
+    # The new thread is a session: a message there continues it without a mention.
+    before = len(slack.named("chat.stopStream"))
+    await client.message("continue the fork", thread_ts=new_root, user="U2")
+    await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == before + 1)
+    assert (await texts(store, new_root))[2] == "continue the fork"
+
+
+async def test_compact__shortcut_posts_the_checkpoint_and_refuses_twice(
+    client: SlackClient, slack: FakeSlack, store: SessionStore
+) -> None:
+    root, users, _ = await conversation(client, slack, turns=2)
+    await client.shortcut("compact_session", message_ts=users[0], thread_ts=root)
+    await slack.wait_for(
+        lambda: [c for c in slack.named("chat.postMessage") if "compacted" in c.text]
+    )
+    session = await store.find_session("slack", f"T1/C1/{root}")
+    assert session is not None
+    tail = await store.tail(session.id)
+    assert tail is not None
+    assert tail.is_compaction_message
+    await client.shortcut("compact_session", message_ts=users[0], thread_ts=root)
+    await slack.wait_for(lambda: text.already_compact() in ephemeral_texts(slack))
+
+
+async def test_compact__by_someone_else_is_refused(
+    client: SlackClient, slack: FakeSlack, store: SessionStore
+) -> None:
+    root, users, _ = await conversation(client, slack, turns=1)
+    await client.shortcut("compact_session", message_ts=users[0], thread_ts=root, user="U2")
+    await slack.wait_for(lambda: text.forbidden("compact") in ephemeral_texts(slack, "U2"))
+    assert len(await texts(store, root)) == 2
+
+
+async def test_slash_compact__with_a_thread_link_and_focus(
+    client: SlackClient, slack: FakeSlack, store: SessionStore
+) -> None:
+    root, _, _ = await conversation(client, slack, turns=1)
+    link = f"https://test.slack.com/archives/C1/p{root.replace('.', '')}"
+    assert await client.command("/compact", f"{link} the deployment plan") == 200
+    await slack.wait_for(
+        lambda: [c for c in slack.named("chat.postMessage") if "compacted" in c.text]
+    )
+    session = await store.find_session("slack", f"T1/C1/{root}")
+    assert session is not None
+    tail = await store.tail(session.id)
+    assert tail is not None
+    assert tail.is_compaction_message
+
+
+async def test_slash_compact__without_a_link_offers_a_picker(
+    client: SlackClient, slack: FakeSlack, store: SessionStore
+) -> None:
+    root, _, _ = await conversation(client, slack, turns=1)
+    await client.command("/compact", "")
+    picker = await slack.wait_for(lambda: [c for c in slack.ephemerals() if c.args.get("blocks")])
+    (actions,) = [b for b in picker[0].args["blocks"] if b["type"] == "actions"]
+    button = actions["elements"][0]
+    session = await store.find_session("slack", f"T1/C1/{root}")
+    assert session is not None
+    assert json.loads(button["value"])[0] == session.id
+    await client.button(button["action_id"], button["value"])
+    await slack.wait_for(
+        lambda: [c for c in slack.named("chat.postMessage") if "compacted" in c.text]
+    )
+
+
+async def test_foreign_workspace__payloads_change_nothing(
+    client: SlackClient, slack: FakeSlack, store: SessionStore
+) -> None:
+    root, _, replies = await conversation(client, slack, turns=2)
+    calls = len(slack.calls)
+    await client.shortcut("rewind_session", message_ts=replies[0], thread_ts=root, team="T2")
+    await client.message("hello from elsewhere", mention=True, team="T2")
+    await client.message("into your thread", thread_ts=root, team="T2")
+    marker = await client.message("marker", mention=True)
+    await slack.wait_for(lambda: slack.replies(marker))
+    assert len(await texts(store, root)) == 4
+    foreign = [c for c in slack.calls[calls:] if c.method != "assistant.threads.setStatus"]
+    assert all(c.args.get("thread_ts") in (marker, None) for c in foreign)
+    assert not any(c.method == "chat.postEphemeral" for c in foreign)
+
+
+async def test_fork__at_a_user_message_hands_it_to_the_forker_as_a_draft(
+    client: SlackClient, slack: FakeSlack, store: SessionStore
+) -> None:
+    root, users, _ = await conversation(client, slack, turns=2)
+    await client.shortcut("fork_session", message_ts=users[1], thread_ts=root, user="U2")
+    await slack.wait_for(lambda: any("question 1" in t for t in ephemeral_texts(slack, "U2")))
+    head = next(c for c in slack.named("chat.postMessage") if "Forked from" in c.text)
+    assert len(await texts(store, str(head.result["ts"]))) == 2  # up to just before it
+
+
+async def test_compact__an_admin_may_compact_anyones_session(
+    client: SlackClient, slack: FakeSlack, store: SessionStore
+) -> None:
+    root, users, _ = await conversation(client, slack, turns=1)
+    await client.shortcut("compact_session", message_ts=users[0], thread_ts=root, user="UADMIN")
+    await slack.wait_for(
+        lambda: [c for c in slack.named("chat.postMessage") if "compacted" in c.text]
+    )
+    assert len(await texts(store, root)) == 3
