@@ -148,9 +148,12 @@ async def _demo(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def _bench(args: argparse.Namespace, settings: Settings) -> None:
+    """The core's measurements, then the Slack surface's (ack latency, idle memory of serve)."""
+    from bot.bench import bench_slack
     from core.bench import format_table, run_bench
 
     result = await run_bench(args.database_url, quick=args.quick)
+    result.update(await bench_slack(args.database_url))
     print(json.dumps(result) if args.json else format_table(result))
 
 
@@ -165,15 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
         configure_logging(settings.log_level, settings.log_format)
-        runner: Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, None]] = (
-            _bench
-            if args.command == "bench"
-            else _serve
-            if args.command == "serve"
-            else _demo
-            if args.command == "demo"
-            else _run_operator
-        )
+        runners: dict[str, Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, None]]]
+        runners = {"bench": _bench, "serve": _serve, "demo": _demo}
+        runner = runners.get(args.command, _run_operator)
         asyncio.run(runner(args, settings))
     except SlackAgentError as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.code

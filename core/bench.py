@@ -645,6 +645,8 @@ def format_table(result: dict[str, Any]) -> str:
             f"snapshots: {result['snapshot_bytes_per_message']:,.0f} bytes stored per message "
             f"(one-file edit in a {result.get('snapshot_workspace_bytes', 0):,} byte workspace)"
         )
+    if "idle_rss_bytes" in result:
+        lines.append(f"idle serve: {result['idle_rss_bytes'] / 2**20:,.1f} MiB resident")
     load = result.get("load_average")
     if isinstance(load, dict):
         lines.append(
