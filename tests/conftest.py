@@ -24,6 +24,7 @@ import pytest
 from core.db import Database, create_database
 from core.migrate import upgrade
 from core.store import SessionStore
+from tests.fake_slack import FakeSlack, GatedModel
 
 PG_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 PG_REQUIRED = bool(os.environ.get("CI") or os.environ.get("SLACK_AGENT_REQUIRE_POSTGRES"))
@@ -157,6 +158,20 @@ async def replica(database_url: str) -> AsyncIterator[SessionStore]:
     database = create_database(database_url)
     yield SessionStore(database, staleness_seconds=60)
     await database.dispose()
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    """A stand-in for the Slack Web API on 127.0.0.1 (records calls, answers like Slack)."""
+    async with FakeSlack() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[GatedModel]:
+    """An OpenAI-wire model server whose answers wait until the test releases them."""
+    async with GatedModel() as fake:
+        yield fake
 
 
 @pytest.fixture(autouse=True)

@@ -4,37 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
-
 from bot import messages as text
-from core.db import create_database
 from core.messages import assistant_message, message_text, user_message
 from core.records import Actor, StoredMessage
 from core.store import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
 from tests.slack_harness import running_bot
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def model() -> AsyncIterator[GatedModel]:
-    async with GatedModel() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[SessionStore]:
-    db = create_database(database_url)
-    yield SessionStore(db)
-    await db.dispose()
 
 
 def gated(model: GatedModel, **extra: Any) -> dict[str, Any]:

@@ -16,12 +16,6 @@ from tests.slack_harness import RunningBot, running_bot
 
 
 @pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
-
-
-@pytest.fixture
 async def running(database_url: str, slack: FakeSlack) -> AsyncIterator[RunningBot]:
     async with running_bot(database_url, slack) as bot:
         yield bot

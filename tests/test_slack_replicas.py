@@ -6,14 +6,12 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from sqlalchemy import insert, select
 
 from bot import messages as text
-from core.db import ago, create_database
+from core.db import ago
 from core.messages import message_text
 from core.models import ProcessedEvent
 from core.records import StoredMessage
@@ -21,19 +19,6 @@ from core.store import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
 from tests.helpers import ROOT
 from tests.slack_harness import ServeProcess
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[SessionStore]:
-    db = create_database(database_url)
-    yield SessionStore(db)
-    await db.dispose()
 
 
 def model_env(model: GatedModel, **extra: Any) -> dict[str, Any]:

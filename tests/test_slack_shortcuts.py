@@ -8,17 +8,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot import messages as text
-from core.db import create_database
 from core.messages import message_text
 from core.store import SessionStore
 from tests.fake_slack import FakeSlack, SlackClient
 from tests.slack_harness import RunningBot, running_bot
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
 
 
 @pytest.fixture
@@ -31,13 +24,6 @@ async def running(database_url: str, slack: FakeSlack) -> AsyncIterator[RunningB
 async def client(running: RunningBot) -> AsyncIterator[SlackClient]:
     async with SlackClient(running.url) as c:
         yield c
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[SessionStore]:
-    db = create_database(database_url)
-    yield SessionStore(db)
-    await db.dispose()
 
 
 async def conversation(
