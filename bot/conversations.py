@@ -345,18 +345,7 @@ class Conversations:
         draft: Draft | None,
     ) -> None:
         queue = self.settings.busy_mode == "queue"
-        if draft is None:
-            draft = await self.state.add_draft(
-                session_id=session.id,
-                author=post.user,
-                message_id=message_id,
-                text=body,
-                reason="busy",
-                state="waiting",
-                context=post.context(),
-            )
-        else:
-            draft = await self.state.take_draft(draft.id, ("sending",), "waiting") or draft
+        draft = await self._keep_draft(draft, session, post, body, message_id, "busy", "waiting")
         await client.chat_postEphemeral(
             channel=post.channel,
             user=post.user,
@@ -438,6 +427,30 @@ class Conversations:
                 client, post, text.draft_discarded() if taken else text.draft_gone()
             )
 
+    async def _keep_draft(
+        self,
+        draft: Draft | None,
+        session: SessionInfo,
+        post: Post,
+        body: str,
+        message_id: str,
+        reason: str,
+        state: str,
+    ) -> Draft:
+        """Store a message that was not sent (or move a draft being sent back to ``state``), so
+        a button click on any replica finds it."""
+        if draft is None:
+            return await self.state.add_draft(
+                session_id=session.id,
+                author=post.user,
+                message_id=message_id,
+                text=body,
+                reason=reason,
+                state=state,
+                context=post.context(),
+            )
+        return await self.state.take_draft(draft.id, ("sending",), state) or draft
+
     async def _ephemeral(self, client: AsyncWebClient, post: Post, body: str) -> None:
         await client.chat_postEphemeral(
             channel=post.channel, user=post.user, thread_ts=post.thread_ts, text=body
@@ -471,18 +484,7 @@ class Conversations:
         await client.chat_postMessage(
             channel=post.channel, thread_ts=post.thread_ts, text=text.stale_refresh(unseen, rewound)
         )
-        if draft is None:
-            draft = await self.state.add_draft(
-                session_id=session.id,
-                author=post.user,
-                message_id=message_id,
-                text=body,
-                reason="stale",
-                state="stale",
-                context=post.context(),
-            )
-        else:
-            draft = await self.state.take_draft(draft.id, ("sending",), "stale") or draft
+        draft = await self._keep_draft(draft, session, post, body, message_id, "stale", "stale")
         offer = text.stale_offer(body)
         await client.chat_postEphemeral(
             channel=post.channel,
