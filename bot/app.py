@@ -1,7 +1,10 @@
 """The Bolt app: Slack payload in, a core call (via ``Conversations``/``SessionActions``), out.
 
-Every listener acknowledges first and hands the work to a background task, so Slack gets its
-answer within milliseconds whatever the model does (events are acknowledged by Bolt itself).
+A message for the agent is recorded durably inside its listener, which Bolt runs before it
+acknowledges (``process_before_response``): once Slack hears "received", the record guarantees
+an answer (``bot.delivery``); if the record cannot be written, the request fails with 500 and
+Slack sends it again. The answer itself is worked out after the acknowledgement, as is
+everything the other listeners do (they acknowledge first and hand the work to a task).
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
 from slack_bolt.response import BoltResponse
-from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import messages as text
-from bot.conversations import Conversations, Post
+from bot.conversations import Conversations, Post, thread_key
+from bot.delivery import DeliveryWorker
 from bot.session_actions import SessionActions
+from bot.web import web_client
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,16 +47,10 @@ class _TokenFromClient(logging.Filter):
 logging.getLogger("slack_bolt.AsyncApp").addFilter(_TokenFromClient())
 
 
-def web_client(settings: Settings, token: str | None = None) -> AsyncWebClient:
-    """Every Web API client of the app: SLACK_API_URL, and 429s waited out as Retry-After says."""
-    client = AsyncWebClient(token=token, base_url=settings.slack_api_url)
-    client.retry_handlers.append(AsyncRateLimitErrorRetryHandler(max_retry_count=3))
-    return client
-
-
 def build_app(
     settings: Settings,
     conversations: Conversations,
+    worker: DeliveryWorker,
     actions: SessionActions,
     *,
     oauth_settings: AsyncOAuthSettings | None = None,
@@ -62,8 +60,8 @@ def build_app(
         client=web_client(settings, None if multi else settings.slack_bot_token),
         signing_secret=settings.slack_signing_secret or "",
         oauth_settings=oauth_settings,
-        # Listeners run inside the dispatch (they only acknowledge and hand work to a task),
-        # so the few dispatcher tasks of bot.serve bound how much runs behind the HTTP acks.
+        # Listeners run before the acknowledgement: a message is recorded before Slack hears
+        # "received" (they then hand the work to a task).
         process_before_response=True,
         # url_verification needs no token; everything else is authorised as usual.
         ignoring_self_events_enabled=True,
@@ -108,14 +106,15 @@ def build_app(
         else:
             surface = "channel"
             if not mentioned and (
-                thread_ts is None or not await conversations.known_thread(team, channel, thread_ts)
+                thread_ts is None
+                or not await worker.known_thread(thread_key(team, channel, thread_ts))
             ):
                 return
         body_text = _MENTION.sub("", raw).strip()
         if not body_text:
             return
         post = Post(team, channel, thread_ts or ts, ts, user, surface)
-        await conversations.take_message(post, body_text, client)
+        await worker.receive(post, body_text, client)
 
     app.event("message")(on_message)
     app.event("app_mention")(on_message)
@@ -134,9 +133,7 @@ def build_app(
         await ack()
         send = action.get("action_id") == text.SEND_DRAFT
         user = str(body.get("user", {}).get("id", ""))
-        conversations.spawn(
-            conversations.click_draft(str(action.get("value", "")), user, send, client)
-        )
+        conversations.spawn(worker.click(str(action.get("value", "")), user, send, client))
 
     app.action(text.SEND_DRAFT)(on_draft_button)
     app.action(text.DISCARD_DRAFT)(on_draft_button)

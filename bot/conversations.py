@@ -1,9 +1,10 @@
-"""Slack threads as agent sessions: a message in, a turn, a streamed reply out (SPEC §10).
+"""Slack threads as agent sessions: one try at answering a received message (SPEC §10).
 
-The listeners in ``bot.app`` acknowledge and hand work here as background tasks (``spawn``);
-everything that touches a session is a core call (``SessionStore``, ``Agent``,
-``SurfaceState``). Busy and stale refusals come from the core before any model call; the waiting
-message lives in the database as a draft, so whichever replica gets the button click finds it.
+``bot.delivery`` decides *when* a received message is tried (its thread's line, a busy session,
+a take-over after a replica died); this module makes one try: find or create the thread's
+session, run the turn through the core, stream the reply, and say what came of it
+(``Outcome``). Busy and stale refusals come from the core before any model call. Everything
+that touches a session is a core call (``SessionStore``, ``Agent``, ``SurfaceState``).
 
 Keys: a thread is ``{team}/{channel}/{thread_ts}`` (the session's ``project_session_id``), a
 Slack message ``{team}/{channel}/{ts}``; a user message's id is ``slack_message_id(team,
@@ -14,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
-import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,28 +26,28 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import messages as text
 from bot.reply import ReplyStream
-from core.agent import Agent, AgentEvent, Notice, TextChunk, ToolStarted
+from core.agent import Agent, AgentEvent, Notice, TextChunk, ToolStarted, TurnStarted
+from core.deliveries import DeliveryRecord
 from core.errors import (
     AgentSessionBusy,
     AgentSessionLockLost,
-    AgentSessionNotFound,
     AgentSessionStale,
     DuplicateMessage,
+    TurnInterrupted,
 )
-from core.messages import message_text, slack_message_id, user_message
+from core.messages import message_text, user_message
 from core.records import Actor, SessionInfo
 from core.settings import Settings
 from core.store import SessionStore
-from core.surface_state import Draft, SurfaceState
+from core.surface_state import SurfaceState
 
 log = logging.getLogger(__name__)
 
 SURFACE = "slack"
-# How long a follow-up waits for its thread's first message to be stored (it normally is within
-# milliseconds; a replica that died in between must not hold the follow-up up for long).
-ROOT_WAIT_SECONDS = 10.0
-ROOT_POLL_SECONDS = 0.05
 PROJECT = "slack"
+SHUTDOWN = "shutdown"  # the cancellation message of a turn stopped by a shutdown
+
+OnStarted = Callable[[int], Awaitable[None]]
 
 
 def thread_key(team: str, channel: str, thread_ts: str) -> str:
@@ -93,6 +94,12 @@ class Post:
         )
 
 
+class Outcome(enum.Enum):
+    ANSWERED = "answered"  # answered now, or found answered (or interrupted) already
+    BUSY = "busy"  # the session's lock is held elsewhere; nothing was written
+    STALE = "stale"  # the session moved on elsewhere; the thread got its refresh
+
+
 async def _let_others_run() -> None:
     """Yield to the event loop. SQLite statements run in place (``core.db``), so a chain of
     them never suspends; without these, HTTP acknowledgements would wait behind whole chains."""
@@ -100,7 +107,7 @@ async def _let_others_run() -> None:
 
 
 class Conversations:
-    """What the listeners call. One per process; holds the background tasks it started."""
+    """What the listeners and the delivery worker call. One per process."""
 
     def __init__(
         self,
@@ -110,7 +117,6 @@ class Conversations:
         state: SurfaceState,
         *,
         update_interval: float = 1.0,
-        max_turns: int = 8,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -119,13 +125,9 @@ class Conversations:
         self.update_interval = update_interval
         self.admins = frozenset(settings.admin_user_ids)
         self._tasks: set[asyncio.Task[None]] = set()
-        # New messages worked on at once by this process: more would only lengthen the event
-        # loop's ready queue (acknowledgements wait behind it) without finishing sooner; the
-        # rest wait here, already acknowledged.
-        self._turn_slots = asyncio.Semaphore(max_turns)
         self.closing = False
 
-    # -- background work ------------------------------------------------------------------------
+    # -- background work that is not a delivery (shortcuts, commands) ---------------------------
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         if self.closing:
@@ -144,16 +146,14 @@ class Conversations:
         except Exception:
             log.exception("background Slack work failed")
 
-    async def shutdown(self, grace: float = 5.0) -> None:
-        """Stop: let running turns finish for ``grace`` seconds, then interrupt them (the core
-        persists partial output and releases locks on cancellation)."""
+    async def shutdown(self, grace: float) -> None:
+        """Let running shortcut work finish for ``grace`` seconds, then cancel it."""
         self.closing = True
         pending = set(self._tasks)
         if pending:
-            log.info("waiting up to %gs for %d running task(s)", grace, len(pending))
             _, pending = await asyncio.wait(pending, timeout=grace)
         for task in pending:
-            task.cancel()
+            task.cancel(SHUTDOWN)
         for task in pending:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -162,76 +162,77 @@ class Conversations:
         user_id = await self.store.get_or_create_user(external_user(team, user))
         return Actor(user_id=user_id, admin=user in self.admins)
 
-    # -- a message in a thread ------------------------------------------------------------------
+    # -- one try at a received message ----------------------------------------------------------
 
-    async def known_thread(self, team: str, channel: str, thread_ts: str) -> bool:
-        """A session thread, or one whose first message was taken for the agent a moment ago
-        (its session may not be bound yet when a quick follow-up arrives)."""
-        key = thread_key(team, channel, thread_ts)
-        if await self.state.get_thread(key) is not None:
-            return True
-        return await self.state.event_claimed(f"msg:{key}")
+    async def session_of(self, record: DeliveryRecord) -> SessionInfo | None:
+        """The session of the record's thread, if it exists yet."""
+        if record.session_id is not None:
+            return await self.store.get_session(record.session_id)
+        thread = await self.state.get_thread(record.thread_key)
+        return None if thread is None else await self.store.get_session(thread.session_id)
 
-    async def take_message(self, post: Post, body_text: str, client: AsyncWebClient) -> None:
-        """A human message for the agent: exactly one replica and one delivery proceeds."""
-        if self.closing:
-            return  # not claimed: a retry may still reach another replica
-        await _let_others_run()
-        if not await self.state.claim_event(f"msg:{post.ref}"):
-            log.debug("message %s already taken", post.ref)
-            return
-        self.spawn(self._converse(post, body_text, client))
+    async def attempt(
+        self,
+        record: DeliveryRecord,
+        client: AsyncWebClient,
+        *,
+        resumed: bool,
+        on_started: OnStarted,
+    ) -> Outcome:
+        """Answer ``record`` now if the session lets us.
 
-    async def _converse(self, post: Post, body: str, client: AsyncWebClient) -> None:
-        try:
-            if post.ts != post.thread_ts:  # before taking a slot its root may need
-                await self._after_the_thread_root(post)
-            await self._turn_slots.acquire()
-        except asyncio.CancelledError:
-            log.warning("shutting down: message %s was acknowledged but not answered", post.ref)
-            raise
-        try:
-            await self._converse_now(post, body, client)
-        finally:
-            self._turn_slots.release()
-
-    async def _converse_now(self, post: Post, body: str, client: AsyncWebClient) -> None:
+        ``resumed``: the record was taken over from a replica that died or stopped, so its
+        user message may already be in the transcript; the transcript says what is left to do.
+        """
+        post = Post.from_context(record.context)
         user_id = await self.store.get_or_create_user(external_user(post.team, post.user))
         await _let_others_run()
-        temporary = post.surface in self.settings.temporary_session_surfaces
         session, _ = await self.store.get_or_create_session(
-            PROJECT, post.thread, user_id=user_id, title=body, temporary=temporary
+            PROJECT,
+            post.thread,
+            user_id=user_id,
+            title=record.text,
+            temporary=post.surface in self.settings.temporary_session_surfaces,
         )
         await _let_others_run()
         await self.state.bind_thread(post.thread, session.id)
-        message_id = slack_message_id(post.team, post.channel, post.ts)
-        await self.state.add_ref(post.ref, session.id, message_id, "user")
+        await self.state.add_ref(post.ref, session.id, record.message_id, "user")
         await _let_others_run()
-        await self.send(session, post, body, message_id, client)
+        if not resumed:
+            try:
+                return await self._turn(session, post, record, client, on_started, resume=False)
+            except DuplicateMessage:
+                log.info("message %s is already in the transcript", record.message_id)
+        return await self._resume(session, post, record, client, on_started)
 
-    async def _after_the_thread_root(self, post: Post) -> None:
-        """Keep Slack's order: a follow-up that overtook its thread's first message (taken a
-        moment ago, here or on another replica) waits until that message is in the transcript."""
-        if not await self.state.event_claimed(f"msg:{post.thread}"):
-            return
-        root_id = slack_message_id(post.team, post.channel, post.thread_ts)
-        for _ in range(int(ROOT_WAIT_SECONDS / ROOT_POLL_SECONDS)):
-            if await self.store.find_message(root_id) is not None:
-                return
-            await asyncio.sleep(ROOT_POLL_SECONDS)
-
-    async def send(
+    async def _resume(
         self,
         session: SessionInfo,
         post: Post,
-        body: str,
-        message_id: str,
+        record: DeliveryRecord,
         client: AsyncWebClient,
-        draft: Draft | None = None,
+        on_started: OnStarted,
+    ) -> Outcome:
+        """Carry on from what the transcript holds (SPEC §6.10): a user message that is the tail
+        is answered from there (never stored again); one with anything after it was answered."""
+        tail = await self.store.tail(session.id)
+        if tail is not None and tail.message_id == record.message_id:
+            return await self._turn(session, post, record, client, on_started, resume=True)
+        if await self.store.find_message(record.message_id) is None:
+            return await self._turn(session, post, record, client, on_started, resume=False)
+        return Outcome.ANSWERED
+
+    async def _turn(
+        self,
+        session: SessionInfo,
+        post: Post,
+        record: DeliveryRecord,
+        client: AsyncWebClient,
+        on_started: OnStarted,
         *,
+        resume: bool,
         retry: bool = True,
-    ) -> None:
-        """One turn for ``body``; busy and stale refusals become drafts and notices."""
+    ) -> Outcome:
         thread = await self.state.get_thread(post.thread)
         shown = thread.last_shown_message_id if thread else None
         stream = ReplyStream(
@@ -245,7 +246,11 @@ class Conversations:
         await self._status(client, post, text.WORKING_STATUS)
 
         async def on_event(event: AgentEvent) -> None:
-            if isinstance(event, TextChunk):
+            if isinstance(event, TurnStarted):
+                await on_started(session.id)
+                if resume:
+                    await stream.append(text.notice(text.resumed()) + "\n")
+            elif isinstance(event, TextChunk):
                 await stream.append(event.text)
             elif isinstance(event, ToolStarted):
                 await stream.append(text.tool_started(event.command))
@@ -255,46 +260,58 @@ class Conversations:
         try:
             result = await self.agent.run_turn(
                 session.id,
-                user_message=user_message(body, message_id=message_id, slack_user=post.user),
-                last_message_id=shown,
+                user_message=None
+                if resume
+                else user_message(record.text, message_id=record.message_id, slack_user=post.user),
+                last_message_id=record.message_id if resume else shown,
                 on_event=on_event,
             )
         except AgentSessionBusy:
             await self._status(client, post, "")
-            await self._busy(session, post, body, message_id, client, draft)
-            return
+            return Outcome.BUSY
         except AgentSessionStale as exc:
-            if retry and await self._only_this_thread_moved(session.id, shown):
+            await self._status(client, post, "")
+            if resume:  # something was added after the message meanwhile: it was answered
+                return Outcome.ANSWERED
+            if not retry:
+                await self._refresh_stale(session, post, client, exc)
+                return Outcome.STALE
+            if await self._only_this_thread_moved(session.id, shown):
                 # The thread's own previous turn finished a moment ago; nothing came from
                 # elsewhere, so this is not stale for the person typing here.
                 await self.state.set_shown(session.id, exc.actual_last_message_id)
-                await self.send(session, post, body, message_id, client, draft, retry=False)
-                return
-            await self._status(client, post, "")
-            await self._stale(session, post, body, message_id, client, exc, draft)
-            return
-        except DuplicateMessage:
-            await self._status(client, post, "")
-            log.info("message %s is already in the transcript", message_id)
-            if draft is not None:
-                await self.state.take_draft(draft.id, ("sending",), "sent")
-            return
+            elif record.wait_reason in ("ask", "queue"):
+                # The poster was told the session was in use elsewhere and chose to send (or
+                # queued): the thread is shown what changed, then the message goes.
+                await self._refresh_stale(session, post, client, exc)
+            else:
+                await self._refresh_stale(session, post, client, exc)
+                return Outcome.STALE
+            return await self._turn(
+                session, post, record, client, on_started, resume=False, retry=False
+            )
         except AgentSessionLockLost:
             await stream.finish(stream.text + "\n" + text.lock_lost())
-            return
+            return Outcome.ANSWERED
+        except TurnInterrupted:
+            await stream.finish(stream.text + "\n" + text.stopped())
+            return Outcome.ANSWERED
         except asyncio.CancelledError:
+            # A shutdown past its grace: the core kept the partial answer; say so in the thread.
             with contextlib.suppress(Exception):
-                await asyncio.shield(stream.finish())
+                await asyncio.shield(stream.finish(stream.text + "\n" + text.shut_down()))
+            raise
+        except DuplicateMessage:
+            await self._status(client, post, "")
             raise
         except Exception:
-            log.exception("turn for message %s failed", message_id)
-            await self._status(client, post, "")
+            # A database or Slack failure mid-turn: the record stays ours until its lease lapses,
+            # then a replica resumes it from the transcript.
             with contextlib.suppress(Exception):
-                await stream.finish()
-                await self._ephemeral(client, post, text.internal_error())
-            return
-        if draft is not None:
-            await self.state.take_draft(draft.id, ("sending",), "sent")
+                await self._status(client, post, "")
+                if stream.ts is not None:
+                    await stream.finish(stream.text + "\n" + text.will_retry())
+            raise
         if result.answer is not None:
             await self.state.set_shown(session.id, result.answer.message_id)
         final = stream.text or result.text
@@ -309,6 +326,7 @@ class Conversations:
                 result.answer.message_id,
                 "reply",
             )
+        return Outcome.ANSWERED
 
     async def _only_this_thread_moved(self, session_id: int, shown: str | None) -> bool:
         """Everything after ``shown`` is Slack's own: user messages posted in Slack (they have
@@ -326,148 +344,11 @@ class Conversations:
         known = {r.message_id for r in await self.state.refs_for(users)}
         return set(users) <= known
 
-    async def _status(self, client: AsyncWebClient, post: Post, status: str) -> None:
-        """The thread's "working" status; only assistant threads have one, so errors are fine."""
-        with contextlib.suppress(SlackApiError):
-            await client.assistant_threads_setStatus(
-                channel_id=post.channel, thread_ts=post.thread_ts, status=status
-            )
-
-    # -- busy ------------------------------------------------------------------------------------
-
-    async def _busy(
-        self,
-        session: SessionInfo,
-        post: Post,
-        body: str,
-        message_id: str,
-        client: AsyncWebClient,
-        draft: Draft | None,
+    async def _refresh_stale(
+        self, session: SessionInfo, post: Post, client: AsyncWebClient, exc: AgentSessionStale
     ) -> None:
-        queue = self.settings.busy_mode == "queue"
-        draft = await self._keep_draft(draft, session, post, body, message_id, "busy", "waiting")
-        await client.chat_postEphemeral(
-            channel=post.channel,
-            user=post.user,
-            thread_ts=post.thread_ts,
-            text=text.busy_queued_notice() if queue else text.busy_notice(),
-        )
-        self.spawn(self.wait_until_free(draft, client))
-
-    async def wait_until_free(self, draft: Draft, client: AsyncWebClient) -> None:
-        """Poll the database every BUSY_POLL_SECONDS; offer (ask) or send (queue) when free."""
-        post = Post.from_context(draft.context)
-        deadline = time.monotonic() + self.settings.busy_poll_timeout_seconds
-        queue = self.settings.busy_mode == "queue"
-        while True:
-            await asyncio.sleep(self.settings.busy_poll_seconds)
-            current = await self.state.get_draft(draft.id)
-            if current is None or current.state != "waiting":
-                return
-            try:
-                busy = await self.store.is_turn_active(draft.session_id)
-            except AgentSessionNotFound:
-                return
-            if not busy:
-                if not queue:
-                    offered = await self.state.take_draft(draft.id, ("waiting",), "offered")
-                    if offered is not None:
-                        await client.chat_postEphemeral(
-                            channel=post.channel,
-                            user=post.user,
-                            thread_ts=post.thread_ts,
-                            text=text.free_offer(draft.text),
-                            blocks=text.offer_blocks(text.free_offer(draft.text), draft.id),
-                        )
-                    return
-                first = await self.state.first_waiting(draft.session_id, ("waiting",))
-                if first == draft.id:
-                    taken = await self.state.take_draft(draft.id, ("waiting",), "sending")
-                    if taken is not None:
-                        await self.send_draft(taken, client)
-                        return
-            if time.monotonic() >= deadline:
-                if await self.state.take_draft(draft.id, ("waiting",), "expired"):
-                    await client.chat_postEphemeral(
-                        channel=post.channel,
-                        user=post.user,
-                        thread_ts=post.thread_ts,
-                        text=text.busy_timeout(draft.text),
-                    )
-                return
-
-    async def send_draft(self, draft: Draft, client: AsyncWebClient) -> None:
-        """Send a draft already moved to ``sending`` (by a click or the queue)."""
-        post = Post.from_context(draft.context)
-        try:
-            session = await self.store.get_session(draft.session_id)
-        except AgentSessionNotFound:
-            await self.state.take_draft(draft.id, ("sending",), "discarded")
-            return
-        await self.send(session, post, draft.text, draft.message_id, client, draft)
-
-    async def click_draft(
-        self, draft_id: str, user: str, send: bool, client: AsyncWebClient
-    ) -> None:
-        draft = await self.state.get_draft(draft_id)
-        if draft is None or draft.author != user:
-            return
-        post = Post.from_context(draft.context)
-        if send:
-            taken = await self.state.take_draft(draft_id, ("offered", "stale"), "sending")
-            if taken is None:
-                await self._ephemeral(client, post, text.draft_gone())
-                return
-            await self.send_draft(taken, client)
-        else:
-            taken = await self.state.take_draft(
-                draft_id, ("offered", "stale", "waiting"), "discarded"
-            )
-            await self._ephemeral(
-                client, post, text.draft_discarded() if taken else text.draft_gone()
-            )
-
-    async def _keep_draft(
-        self,
-        draft: Draft | None,
-        session: SessionInfo,
-        post: Post,
-        body: str,
-        message_id: str,
-        reason: str,
-        state: str,
-    ) -> Draft:
-        """Store a message that was not sent (or move a draft being sent back to ``state``), so
-        a button click on any replica finds it."""
-        if draft is None:
-            return await self.state.add_draft(
-                session_id=session.id,
-                author=post.user,
-                message_id=message_id,
-                text=body,
-                reason=reason,
-                state=state,
-                context=post.context(),
-            )
-        return await self.state.take_draft(draft.id, ("sending",), state) or draft
-
-    async def _ephemeral(self, client: AsyncWebClient, post: Post, body: str) -> None:
-        await client.chat_postEphemeral(
-            channel=post.channel, user=post.user, thread_ts=post.thread_ts, text=body
-        )
-
-    # -- stale -----------------------------------------------------------------------------------
-
-    async def _stale(
-        self,
-        session: SessionInfo,
-        post: Post,
-        body: str,
-        message_id: str,
-        client: AsyncWebClient,
-        exc: AgentSessionStale,
-        draft: Draft | None,
-    ) -> None:
+        """One refresh per change: what the thread had not shown, and the thread now shows the
+        current tail (the poster's message waits for **Send anyway**)."""
         thread = await self.state.get_thread(post.thread)
         shown = thread.last_shown_message_id if thread else None
         history = await self.store.messages(session.id)
@@ -479,17 +360,42 @@ class Conversations:
             for m in (history[start:] if not rewound else history[-3:])
             if message_text(m.message)
         ]
-        # One refresh per change: the thread now shows the current tail.
         await self.state.set_shown(session.id, exc.actual_last_message_id)
         await client.chat_postMessage(
             channel=post.channel, thread_ts=post.thread_ts, text=text.stale_refresh(unseen, rewound)
         )
-        draft = await self._keep_draft(draft, session, post, body, message_id, "stale", "stale")
-        offer = text.stale_offer(body)
+
+    async def _status(self, client: AsyncWebClient, post: Post, status: str) -> None:
+        """The thread's "working" status; only assistant threads have one, so errors are fine."""
+        with contextlib.suppress(SlackApiError):
+            await client.assistant_threads_setStatus(
+                channel_id=post.channel, thread_ts=post.thread_ts, status=status
+            )
+
+    # -- what the poster is told ----------------------------------------------------------------
+
+    async def tell(self, client: AsyncWebClient, post: Post, body: str) -> bool:
+        """An ephemeral to the poster; False (logged) if Slack would not take it, so a notice
+        that failed never stops the message it is about from being answered."""
+        try:
+            await client.chat_postEphemeral(
+                channel=post.channel, user=post.user, thread_ts=post.thread_ts, text=body
+            )
+        except SlackApiError as exc:
+            log.warning("could not tell %s in %s: %s", post.user, post.thread, exc)
+            return False
+        return True
+
+    async def offer(self, client: AsyncWebClient, record: DeliveryRecord, *, stale: bool) -> None:
+        """The poster decides: **Send** (or **Send anyway**) / **Discard**."""
+        post = Post.from_context(record.context)
+        body = text.stale_offer(record.text) if stale else text.free_offer(record.text)
         await client.chat_postEphemeral(
             channel=post.channel,
             user=post.user,
             thread_ts=post.thread_ts,
-            text=offer,
-            blocks=text.offer_blocks(offer, draft.id, send_label="Send anyway"),
+            text=body,
+            blocks=text.offer_blocks(
+                body, str(record.id), send_label="Send anyway" if stale else "Send"
+            ),
         )

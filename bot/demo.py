@@ -25,6 +25,8 @@ from aiohttp import web
 
 from bot.serve import Bot
 from bot.standin import BOT_USER, TEAM, Posted, SlackStandIn, signed
+from core.messages import assistant_message, user_message
+from core.records import TurnLease
 from core.settings import load_settings
 
 SECRET = "demo-signing-secret"
@@ -52,6 +54,7 @@ class Replica:
         )
         bot = await Bot.open(settings)
         bot.conversations.update_interval = 0.2
+        bot.start()
         runner = web.AppRunner(bot.web_app(), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -211,13 +214,25 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
     # 1. A mention starts a session in the thread; the reply streams into it.
     root = await slack.say(a, alice, "hello! what can you do?")
     await slack.until(_settled(standin, root, 1))
-    # 2. A slow turn (a shell command in the sandbox) on replica A; Bob writes meanwhile and
-    #    his message lands on replica B, which finds the session busy.
+    # 2. A slow turn (a shell command in the sandbox) on replica A; Bob writes in the thread
+    #    meanwhile and his message lands on replica B: it waits for the thread's own turn and
+    #    is answered right after, by whichever replica, in order.
     await slack.say(
         a, alice, "$ sleep 2; echo 'step one done' > notes.txt; cat notes.txt", thread_ts=root
     )
     await slack.until(lambda: len(_replies(standin, root)) >= 2)
     await slack.say(b, bob, "is the build done?", thread_ts=root)
+    await slack.until(
+        lambda: any("right after" in p.text for p in standin.thread(CHANNEL, root, bob))
+    )
+    print_thread(standin, root, bob, "#general, while replica A works")
+    await slack.until(lambda: len(_replies(standin, root)) >= 3 and _done(standin, 3))
+    print_thread(standin, root, bob, "#general, once the first reply was done")
+
+    # 2b. Someone continues the same session from the terminal; Bob's next message meets a
+    #     session busy elsewhere, waits, and is offered to him once the terminal is done.
+    terminal = await _terminal_turn(a.bot, root, "(from the terminal) summarise the thread")
+    await slack.say(b, bob, "and the tests?", thread_ts=root)
 
     def offer() -> Posted | None:
         return next((p for p in standin.thread(CHANNEL, root, bob) if p.buttons), None)
@@ -225,11 +240,11 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
     await slack.until(
         lambda: any("used elsewhere" in p.text for p in standin.thread(CHANNEL, root, bob))
     )
-    print_thread(standin, root, bob, "#general, while replica A works")
+    await a.bot.store.finish(terminal, [assistant_message("(terminal) the thread so far: …")])
     waiting = await slack.until(offer)
+    print_thread(standin, root, bob, "#general, while the terminal client held the session")
     await slack.click(b, bob, waiting, "Send")
-    await slack.until(lambda: len(_replies(standin, root)) >= 3 and _done(standin, 3))
-    print_thread(standin, root, bob, "#general, once the session was free")
+    await slack.until(lambda: len(_replies(standin, root)) >= 5 and _done(standin, 4))
 
     # 3. Bob forks from the reply that made notes.txt: the files come along.
     replies = _replies(standin, root)
@@ -240,7 +255,7 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
     )
     fork_head = next(p for p in standin.posted.values() if "Forked from" in p.text)
     await slack.say(b, bob, "$ cat notes.txt", thread_ts=fork_head.ts)
-    await slack.until(lambda: len(_replies(standin, fork_head.ts)) >= 2 and _done(standin, 4))
+    await slack.until(lambda: len(_replies(standin, fork_head.ts)) >= 2 and _done(standin, 5))
     print_thread(standin, fork_head.ts, bob, "#general, Bob's fork")
 
     # 4. Alice rewinds her thread to the first reply; the later replies are marked.
@@ -268,6 +283,18 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
         f"{'nothing lost' if before == after else 'MISMATCH'}."
     )
     print("Next: create the app from manifest.yml and run `slack-agent serve` (see README).")
+
+
+async def _terminal_turn(bot: Bot, root: str, question: str) -> TurnLease:
+    """A turn started outside Slack, as ``slack-agent chat`` starts one (the core, directly)."""
+    session = await bot.store.find_session("slack", f"{TEAM}/{CHANNEL}/{root}")
+    assert session is not None
+    tail = await bot.store.tail(session.id)
+    return await bot.store.start_turn(
+        session.id,
+        user_message=user_message(question),
+        last_message_id=tail.message_id if tail else None,
+    )
 
 
 def _done(standin: SlackStandIn, streams: int) -> bool:

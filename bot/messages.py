@@ -32,6 +32,13 @@ def busy_queued_notice() -> str:
     )
 
 
+def follow_up_notice() -> str:
+    return (
+        ":speech_balloon: Got it. I'm still answering the message before this one; "
+        "I'll answer yours right after."
+    )
+
+
 def free_offer(text: str) -> str:
     return f"The session is free now. Send your waiting message?\n>{_quote(text)}"
 
@@ -41,10 +48,6 @@ def busy_timeout(text: str) -> str:
         "I stopped waiting: the session stayed busy too long, so your message was not sent. "
         f"Here it is, to post again:\n>{_quote(text)}"
     )
-
-
-def draft_sent() -> str:
-    return "Sent."
 
 
 def draft_discarded() -> str:
@@ -85,6 +88,32 @@ def turn_failed(code: str) -> str:
 
 def lock_lost() -> str:
     return ":warning: This reply was interrupted: the session was taken over elsewhere."
+
+
+def stopped() -> str:
+    return ":black_square_for_stop: Stopped. What I wrote so far is kept."
+
+
+def shut_down() -> str:
+    return (
+        ":warning: This reply was interrupted because the app was restarting. What it wrote "
+        "so far is kept; send your message again to continue."
+    )
+
+
+def resumed() -> str:
+    return "Picking this back up: the reply to this message was interrupted by a restart."
+
+
+def will_retry() -> str:
+    return ":warning: Something went wrong while answering; I'll pick this back up shortly."
+
+
+def gave_up(text: str) -> str:
+    return (
+        ":warning: I couldn't answer this message after several tries, so I stopped. "
+        f"Here it is, to post again:\n>{_quote(text)}"
+    )
 
 
 def internal_error() -> str:

@@ -1,9 +1,14 @@
-"""A reply that streams into a thread as the agent writes it.
+"""A reply that streams into a thread as the agent writes it, and always arrives whole.
 
 Slack's streaming methods (``chat.startStream`` / ``appendStream`` / ``stopStream``) where the
 workspace has them; otherwise one ``chat.postMessage`` updated with ``chat.update``. Either way
 at most about one Web API call a second while text arrives (Slack rate-limits both), and the
-first text goes out at once. 429s are retried by slack_sdk's retry handler (see ``bot.app``).
+first text goes out at once. 429s, 5xx answers and dropped connections are retried by
+slack_sdk's retry handlers (``bot.web``).
+
+A call that still fails does not fail the turn: the stream is marked broken, the text keeps
+accumulating, and ``finish`` delivers whatever Slack has not confirmed in a new message in the
+thread. A chunk Slack took but could not confirm may then show twice; nothing is ever lost.
 """
 
 from __future__ import annotations
@@ -14,10 +19,14 @@ import logging
 import time
 from typing import Any
 
+from aiohttp import ClientError
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 log = logging.getLogger(__name__)
+
+# What a Web API call raises once slack_sdk's retries are spent.
+SLACK_FAILURES = (SlackApiError, ClientError, asyncio.TimeoutError)
 
 
 class ReplyStream:
@@ -39,8 +48,9 @@ class ReplyStream:
         self.interval = interval
         self.ts: str | None = None
         self.streaming = False
+        self.broken = False  # a call failed after retries: the rest goes out at ``finish``
         self.text = ""  # everything shown so far (and pending)
-        self._sent = 0  # characters of ``text`` already sent
+        self._sent = 0  # characters of ``text`` Slack confirmed
         self._last = 0.0
         self._pending: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -49,6 +59,8 @@ class ReplyStream:
         if not text:
             return
         self.text += text
+        if self.broken:
+            return
         if self.ts is None or time.monotonic() - self._last >= self.interval:
             await self._flush()
         elif self._pending is None:
@@ -61,18 +73,27 @@ class ReplyStream:
 
     async def _flush(self) -> None:
         async with self._lock:
+            if self.broken:
+                return
             chunk = self.text[self._sent :]
             if not chunk and self.ts is not None:
                 return
             self._last = time.monotonic()
-            if self.ts is None:
-                await self._start(chunk)
-            elif self.streaming:
-                await self.client.chat_appendStream(
-                    channel=self.channel, ts=self.ts, markdown_text=chunk
+            try:
+                if self.ts is None:
+                    await self._start(chunk)
+                elif self.streaming:
+                    await self.client.chat_appendStream(
+                        channel=self.channel, ts=self.ts, markdown_text=chunk
+                    )
+                else:
+                    await self.client.chat_update(channel=self.channel, ts=self.ts, text=self.text)
+            except SLACK_FAILURES as exc:
+                log.warning(
+                    "reply in %s: Slack call failed (%s); finishing later", self.channel, exc
                 )
-            else:
-                await self.client.chat_update(channel=self.channel, ts=self.ts, text=self.text)
+                self.broken = True
+                return
             self._sent = len(self.text)
 
     async def _start(self, chunk: str) -> None:
@@ -112,17 +133,45 @@ class ReplyStream:
                 self.text += "\n" + final_text
         if self.ts is None and not self.text:
             return None
+        async with self._lock:
+            if not self.broken:
+                try:
+                    await self._close()
+                    return self.ts
+                except SLACK_FAILURES as exc:
+                    log.warning(
+                        "reply in %s: closing failed (%s); posting the rest", self.channel, exc
+                    )
+                    self.broken = True
+            return await self._rescue()
+
+    async def _close(self) -> None:
         if self.ts is None:
-            await self._flush()
+            await self._start(self.text)
+            self._sent = len(self.text)
+            if not self.streaming:
+                return
         if self.streaming:
             assert self.ts is not None
             rest = self.text[self._sent :]
             kwargs: dict[str, Any] = {"markdown_text": rest} if rest else {}
             await self.client.chat_stopStream(channel=self.channel, ts=self.ts, **kwargs)
-            self._sent = len(self.text)
         else:
-            async with self._lock:
-                assert self.ts is not None
-                await self.client.chat_update(channel=self.channel, ts=self.ts, text=self.text)
-                self._sent = len(self.text)
+            assert self.ts is not None
+            await self.client.chat_update(channel=self.channel, ts=self.ts, text=self.text)
+        self._sent = len(self.text)
+
+    async def _rescue(self) -> str | None:
+        """After a failed call: close the stream if Slack lets us, and post what it did not
+        confirm as a message of its own, so the reply is complete in the thread."""
+        if self.streaming and self.ts is not None:
+            with contextlib.suppress(*SLACK_FAILURES):
+                await self.client.chat_stopStream(channel=self.channel, ts=self.ts)
+        rest = self.text[self._sent :]
+        if rest.strip():
+            response = await self.client.chat_postMessage(
+                channel=self.channel, thread_ts=self.thread_ts, text=rest
+            )
+            self.ts = self.ts or str(response["ts"])
+        self._sent = len(self.text)
         return self.ts

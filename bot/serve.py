@@ -1,22 +1,24 @@
 """``slack-agent serve``: migrate, then run the bot until SIGTERM/SIGINT (SPEC §4).
 
 HTTP mode: an aiohttp server on HOST:PORT with ``POST /slack/events`` (Bolt verifies the
-signature and the 5-minute timestamp window: 401 otherwise), ``GET /healthz`` (200 while the
-database answers) and, with OAuth configured, ``/slack/install`` and ``/slack/oauth_redirect``.
-Bodies over ``MAX_BODY_BYTES`` get 413, undecodable ones 400; neither disturbs the process.
-Socket Mode when SLACK_APP_TOKEN is set. The sweeper runs in a thread with its own event loop
-and engine unless SWEEPER_INTERVAL_SECONDS=0.
+signature and the 5-minute timestamp window: 401 otherwise), and, with OAuth configured,
+``/slack/install`` and ``/slack/oauth_redirect``. Bodies over ``MAX_BODY_BYTES`` get 413,
+undecodable ones 400; neither disturbs the process. Socket Mode when SLACK_APP_TOKEN is set; the
+same HTTP listener then serves only the operator's endpoints. In both modes ``GET /healthz``
+answers 200 while the database answers (503 otherwise) and ``GET /metrics`` serves Prometheus
+metrics. The sweeper runs in a thread with its own event loop and engine unless
+SWEEPER_INTERVAL_SECONDS=0.
 
-Shutdown: stop taking events (the listener closes), give running turns ``SHUTDOWN_GRACE_SECONDS``
-to finish, then cancel them (the core persists partial output, marked interrupted, and releases
-the lock), stop the sweeper, close the database.
+Stopping (SIGTERM/SIGINT): events stop (the socket closes; HTTP events get 503, which Slack
+retries elsewhere), messages not yet in a turn are released for the next replica at once,
+running turns get ``SHUTDOWN_GRACE_SECONDS`` to finish and are then interrupted (partial answer
+and sandbox state kept, the thread told, the lock released), and the process exits with 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import signal
@@ -29,28 +31,30 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
 from slack_bolt.request.async_request import AsyncBoltRequest
-from slack_sdk.signature import SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.app import build_app, web_client
+from bot.app import build_app
 from bot.conversations import SURFACE, Conversations
+from bot.delivery import DeliveryWorker
 from bot.session_actions import SessionActions
+from bot.web import web_client
+from core import metrics
 from core.agent import Agent, AgentConfig
 from core.db import Database, create_database
-from core.errors import ConfigError
+from core.deliveries import Deliveries
+from core.errors import ConfigError, DatabaseError
 from core.installations import InstallStores, open_install_stores
 from core.migrate import upgrade
 from core.model_choice import ProviderCache
 from core.retention import RetentionPolicy, load_policy
 from core.settings import Settings
 from core.store import SessionStore
-from core.surface_state import SURFACE_SWEEPS, SurfaceState, database_answers
+from core.surface_state import SURFACE_SWEEPS, SurfaceState
 from core.sweeper import sweep
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1 << 20  # Slack's payloads are a few kilobytes
-SHUTDOWN_GRACE_SECONDS = 5.0
-DISPATCHERS = 4  # background Bolt dispatches at once (each quickly hands off to a task)
 
 
 def check_config(settings: Settings) -> None:
@@ -81,10 +85,10 @@ class SweeperThread(threading.Thread):
     def __init__(self, settings: Settings) -> None:
         super().__init__(name="sweeper", daemon=True)
         self.settings = settings
-        self._stop = threading.Event()
+        self._stopping = threading.Event()  # not ``_stop``: Thread.join calls a method of that name
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
     def run(self) -> None:
         asyncio.run(self._main())
@@ -96,7 +100,7 @@ class SweeperThread(threading.Thread):
             while True:
                 jitter = random.uniform(-s.sweeper_jitter_seconds, s.sweeper_jitter_seconds)
                 delay = max(0.05, s.sweeper_interval_seconds + jitter)
-                if await asyncio.to_thread(self._stop.wait, delay):
+                if await asyncio.to_thread(self._stopping.wait, delay):
                     return
                 try:
                     policy = await load_policy(db, RetentionPolicy.from_settings(s))
@@ -112,12 +116,12 @@ class SweeperThread(threading.Thread):
                     continue
                 log.info(
                     "sweeper: deleted %d expired, %d idle, %d over-cap sessions; "
-                    "%d snapshot contents; %d processed events",
+                    "%d snapshot contents; %d finished delivery records",
                     report.expired,
                     report.idle,
                     report.over_cap,
                     report.snapshot_contents,
-                    report.extra.get("processed_events", 0),
+                    report.extra.get("deliveries", 0),
                 )
         finally:
             await db.dispose()
@@ -147,6 +151,16 @@ class Bot:
         self.conversations = Conversations(
             settings, self.store, self.agent, SurfaceState(db, SURFACE)
         )
+        self.deliveries = Deliveries(
+            db, SURFACE, staleness_seconds=settings.turn_lock_staleness_seconds
+        )
+        self.worker = DeliveryWorker(
+            settings,
+            self.deliveries,
+            self.conversations,
+            self.client_for,
+            max_turns=settings.max_concurrent_turns,
+        )
         self.actions = SessionActions(self.conversations)
         oauth: AsyncOAuthSettings | None = None
         if installs is not None:
@@ -159,17 +173,8 @@ class Bot:
                 install_path="/slack/install",
                 redirect_uri_path="/slack/oauth_redirect",
             )
-        self._verifier = (
-            SignatureVerifier(settings.slack_signing_secret)
-            if settings.slack_signing_secret
-            else None
-        )
-        self._inbox: asyncio.Queue[tuple[str, dict[str, str | Sequence[str]], str]] = (
-            asyncio.Queue()
-        )
-        self._dispatchers: list[asyncio.Task[None]] = []
         self.app: AsyncApp = build_app(
-            settings, self.conversations, self.actions, oauth_settings=oauth
+            settings, self.conversations, self.worker, self.actions, oauth_settings=oauth
         )
 
     @classmethod
@@ -190,23 +195,41 @@ class Bot:
             raise
         return cls(settings, db, installs)
 
+    def start(self) -> None:
+        """Begin renewing leases and taking over what stopped or dead replicas left."""
+        self.worker.start()
+
     async def close(self) -> None:
-        await self.drain(SHUTDOWN_GRACE_SECONDS)
-        await self.conversations.shutdown(SHUTDOWN_GRACE_SECONDS)
+        """Stop cleanly: see the module's docstring."""
+        grace = self.settings.shutdown_grace_seconds
+        self.conversations.closing = True
+        await asyncio.gather(self.worker.stop(grace), self.conversations.shutdown(grace))
         await self.providers.aclose()
         if self.installs is not None:
             await self.installs.dispose()
         await self.db.dispose()
 
+    async def client_for(self, team: str) -> AsyncWebClient | None:
+        """A Web API client for a workspace (for records taken over outside any request)."""
+        if self.installs is None:
+            return self.app.client
+        bot = await self.installs.installations.async_find_bot(enterprise_id=None, team_id=team)
+        if bot is None or not bot.bot_token:
+            return None
+        return web_client(self.settings, bot.bot_token)
+
     # -- HTTP -----------------------------------------------------------------------------------
 
-    def web_app(self) -> web.Application:
+    def web_app(self, *, events: bool = True) -> web.Application:
+        """The HTTP listener: Slack's requests (``events``, HTTP mode) and the operator's."""
         app = web.Application(client_max_size=MAX_BODY_BYTES)
-        app.router.add_post("/slack/events", self._events)
         app.router.add_get("/healthz", self._health)
-        if self.installs is not None:
-            app.router.add_get("/slack/install", self._install)
-            app.router.add_get("/slack/oauth_redirect", self._oauth_redirect)
+        app.router.add_get("/metrics", self._metrics)
+        if events:
+            app.router.add_post("/slack/events", self._events)
+            if self.installs is not None:
+                app.router.add_get("/slack/install", self._install)
+                app.router.add_get("/slack/oauth_redirect", self._oauth_redirect)
         return app
 
     async def _install(self, request: web.Request) -> web.StreamResponse:
@@ -227,7 +250,8 @@ class Bot:
         return AsyncBoltRequest(body="", query=request.query_string, headers=headers)
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
-        if self.conversations.closing:
+        """Bolt's dispatch, in the request: a message is recorded before the 200 goes out."""
+        if self.worker.closing:
             return web.Response(status=503, text="shutting down")
         try:
             raw = await request.read()
@@ -236,18 +260,7 @@ class Bot:
         headers: dict[str, str | Sequence[str]] = {k.lower(): v for k, v in request.headers.items()}
         try:
             body = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return web.Response(status=400, text="malformed request body")
-        if self._verifier is not None and request.content_type == "application/json":
-            fast = self._acknowledge_event(body, headers, request.query_string)
-            if fast is not None:
-                return fast
-        try:
-            bolt_request = AsyncBoltRequest(
-                body=body,
-                query=request.query_string,
-                headers=headers,
-            )
+            bolt_request = AsyncBoltRequest(body=body, query=request.query_string, headers=headers)
         except (ValueError, TypeError, KeyError):
             return web.Response(status=400, text="malformed request body")
         try:
@@ -257,76 +270,33 @@ class Bot:
             return web.Response(status=400, text="malformed request")
         return await to_aiohttp_response(response)
 
-    def _acknowledge_event(
-        self, body: str, headers: dict[str, str | Sequence[str]], query: str
-    ) -> web.Response | None:
-        """Events API fast path: verify, answer 200 at once, dispatch in the background.
-
-        Slack wants the answer within 3 s whatever the load; Bolt's middleware chain and the
-        turns' work run after it, through a few dispatcher tasks, so the ready queue an
-        acknowledgement waits behind stays short. Anything else (URL verification, bad JSON)
-        goes through Bolt in the request.
-        """
-        assert self._verifier is not None
-        try:
-            timestamp, signature = (
-                headers.get("x-slack-request-timestamp"),
-                headers.get("x-slack-signature"),
-            )
-            valid = (
-                isinstance(timestamp, str)
-                and isinstance(signature, str)
-                and self._verifier.is_valid(body, timestamp, signature)
-            )
-        except ValueError:
-            valid = False
-        if not valid:
-            return web.Response(status=401, text="invalid signature")
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            return web.Response(status=400, text="malformed JSON")
-        if not isinstance(payload, dict) or payload.get("type") != "event_callback":
-            return None
-        self._ensure_dispatchers()
-        self._inbox.put_nowait((body, headers, query))
-        return web.Response(status=200)
-
-    def _ensure_dispatchers(self) -> None:
-        if not self._dispatchers:
-            self._dispatchers = [
-                asyncio.create_task(self._dispatch_loop()) for _ in range(DISPATCHERS)
-            ]
-
-    async def _dispatch_loop(self) -> None:
-        while True:
-            body, headers, query = await self._inbox.get()
-            await asyncio.sleep(0)  # acknowledgements first (see Conversations)
-            try:
-                await self.app.async_dispatch(
-                    AsyncBoltRequest(body=body, query=query, headers=dict(headers.items()))
-                )
-            except Exception:
-                log.exception("event dispatch failed")
-            finally:
-                self._inbox.task_done()
-
-    async def drain(self, grace: float) -> None:
-        """Dispatch what was acknowledged but not yet dispatched, then stop the dispatchers."""
-        if self._dispatchers:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._inbox.join(), grace)
-        for task in self._dispatchers:
-            task.cancel()
-        for task in self._dispatchers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._dispatchers = []
-
     async def _health(self, _request: web.Request) -> web.Response:
-        if await database_answers(self.db):
+        if await self.db.answers():
             return web.Response(text="ok")
         return web.Response(status=503, text="database unavailable")
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        """Prometheus text; the delivery gauges are read from the database now (if it answers:
+        counters are served either way)."""
+        try:
+            counts = await self.deliveries.counts()
+        except DatabaseError:
+            log.warning("/metrics: the database did not answer; delivery gauges not updated")
+        else:
+            metrics.DELIVERIES.clear()
+            metrics.DELIVERY_AGE.clear()
+            oldest: dict[str, float] = {}
+            for c in counts:
+                metrics.DELIVERIES.labels(c.state, c.wait_reason or "").set(c.count)
+                oldest[c.state] = max(oldest.get(c.state, 0.0), c.oldest_age_seconds)
+            for state, age in oldest.items():
+                metrics.DELIVERY_AGE.labels(state).set(age)
+            metrics.WAITING_MESSAGES.set(sum(c.count for c in counts if c.state == "waiting"))
+        body, content_type = metrics.exposition()
+        response = web.Response(body=body)
+        response.content_type = content_type.split(";")[0]
+        response.charset = "utf-8"
+        return response
 
 
 BOT_SCOPES = [
@@ -356,21 +326,38 @@ async def _close_socket(client: Any) -> None:
         await client.aiohttp_client_session.close()
 
 
+async def _listen(bot: Bot, settings: Settings, *, events: bool) -> web.AppRunner:
+    runner = web.AppRunner(bot.web_app(events=events), access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(
+            f"PORT: cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
+        ) from None
+    return runner
+
+
 async def serve(settings: Settings) -> None:
-    """Run until SIGTERM/SIGINT."""
+    """Run until SIGTERM/SIGINT, then stop cleanly (see the module's docstring)."""
     bot = await Bot.open(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     sweeper: SweeperThread | None = None
-    if settings.sweeper_interval_seconds > 0:
-        sweeper = SweeperThread(settings)
-        sweeper.start()
     runner: web.AppRunner | None = None
     socket: Any = None
     try:
-        if settings.slack_app_token:
+        socket_mode = bool(settings.slack_app_token)
+        runner = await _listen(bot, settings, events=not socket_mode)
+        bot.start()
+        if settings.sweeper_interval_seconds > 0:
+            sweeper = SweeperThread(settings)
+            sweeper.start()
+        if socket_mode:
             from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 
             socket = AsyncSocketModeHandler(
@@ -379,23 +366,20 @@ async def serve(settings: Settings) -> None:
                 web_client=web_client(settings, settings.slack_bot_token),
             )
             await socket.connect_async()
-            log.info("connected to Slack in Socket Mode")
+            log.info(
+                "connected to Slack in Socket Mode; /healthz and /metrics on http://%s:%d",
+                settings.host,
+                settings.port,
+            )
         else:
-            runner = web.AppRunner(bot.web_app(), access_log=None, shutdown_timeout=2.0)
-            await runner.setup()
-            site = web.TCPSite(runner, settings.host, settings.port)
-            try:
-                await site.start()
-            except OSError as exc:
-                raise ConfigError(
-                    f"PORT: cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
-                ) from None
             log.info("listening on http://%s:%d/slack/events", settings.host, settings.port)
         await stop.wait()
-        log.info("stopping: no new events; finishing or interrupting running turns")
+        log.info(
+            "stopping: no new events; waiting messages go back to the database; running turns "
+            "get %gs to finish",
+            settings.shutdown_grace_seconds,
+        )
     finally:
-        # Intake stops first (socket closed, listener closed); what was acknowledged but not
-        # yet dispatched is still dispatched (Bot.close drains) before turns are wound down.
         if socket is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(_close_socket(socket.client), 5)

@@ -19,6 +19,7 @@ tool output that dominates long sessions.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -101,7 +102,14 @@ class Notice:
     text: str
 
 
-AgentEvent = TextChunk | ToolStarted | ToolFinished | Notice
+@dataclass(frozen=True)
+class TurnStarted:
+    """The claim held and the user message is persisted (or, resuming, was already)."""
+
+    user: StoredMessage | None
+
+
+AgentEvent = TurnStarted | TextChunk | ToolStarted | ToolFinished | Notice
 OnEvent = Callable[[AgentEvent], Awaitable[None]]
 
 
@@ -163,10 +171,13 @@ class Agent:
         self,
         session_id: int,
         *,
-        user_message: Message,
+        user_message: Message | None,
         last_message_id: str | _Unset | None,
         on_event: OnEvent | None = None,
     ) -> TurnResult:
+        """One turn. ``user_message=None`` answers the user message that is already the tail,
+        named by ``last_message_id``: a turn resumed after the process running it died (SPEC
+        §6.10); the stale guard makes sure nothing was added after it meanwhile."""
         emit = on_event or _ignore
         session = await self.store.get_session(session_id)
         model = await resolve_model(self.store.db, self.providers, session)
@@ -179,6 +190,7 @@ class Agent:
             model=model.choice,
             heartbeat_seconds=self.config.heartbeat_seconds,
         ) as turn:
+            await emit(TurnStarted(turn.lease.tail))
             if model.notice:
                 notices.append(model.notice)
                 await emit(Notice(model.notice))
@@ -197,6 +209,13 @@ class Agent:
                 await self._loop(turn, model, sandbox, answer, emit)
             except ModelProviderError as exc:
                 error = exc
+                turn.outcome = "model_error"
+            except asyncio.CancelledError:
+                # Stopped (a shutdown past its grace, a stop button, a lost lock): what the
+                # commands already did to the sandbox is kept with the partial answer.
+                turn.partial = answer.message()
+                turn.partial_snapshot = await self._snapshot(sandbox)
+                raise
             metadata: dict[str, Any] = {}
             if error is not None:
                 metadata = {
@@ -247,8 +266,6 @@ class Agent:
             for call in calls:
                 await self._run_tool(call, sandbox, answer, emit)
                 turn.partial = answer.message()
-            if turn.lost.is_set():
-                return  # the next write fails with AgentSessionLockLost; stop spending tokens
 
     @staticmethod
     async def _run_tool(call: ToolCall, sandbox: Sandbox, answer: _Answer, emit: OnEvent) -> None:

@@ -40,6 +40,7 @@ T = TypeVar("T")
 SQLITE_WRITE_WAIT_SECONDS = 30.0
 # Readers in WAL mode wait only in rare cases (another connection recovering the WAL).
 SQLITE_READ_BUSY_MS = 1_000
+HEALTH_TIMEOUT_SECONDS = 5.0
 # SQLite's strftime has millisecond precision; the trailing zeros give SQLAlchemy's own
 # six-digit storage format, so values written by SQL and by Python compare as strings.
 _SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f000', 'now')"
@@ -366,6 +367,26 @@ class Database:
                     await aconn.commit()
         except (SQLAlchemyError, OSError) as exc:
             raise database_error(exc) from exc
+
+    async def answers(self) -> bool:
+        """Health check for load balancers: a read of a real table, within a few seconds.
+
+        SQLite: on a new connection that may not create the file, because pooled connections
+        keep reading a file that was deleted or whose volume went away."""
+        query = "SELECT version_num FROM alembic_version LIMIT 1"
+        try:
+            if self._sqlite is not None:
+                path = self._sqlite.url.database or ""
+                with contextlib.closing(
+                    sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=1.0)
+                ) as probe:
+                    probe.execute(query).fetchall()
+                return True
+            async with asyncio.timeout(HEALTH_TIMEOUT_SECONDS), self.read() as conn:
+                await conn.execute(text(query))
+        except (DatabaseError, TimeoutError, sqlite3.Error):
+            return False
+        return True
 
     def upsert(self, table: Table) -> postgresql.Insert | sqlite.Insert:
         """INSERT with ``on_conflict_do_*`` (both dialects spell it the same, from their module)."""

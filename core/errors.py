@@ -15,6 +15,7 @@ never leave ``core``; the store translates them at its boundary with ``raise ...
     │   ├── AgentSessionStale            agent_session_stale
     │   ├── AgentSessionAlreadyCompact   agent_session_already_compact
     │   ├── AgentSessionLockLost         agent_session_lock_lost
+    │   ├── TurnInterrupted              agent_session_turn_interrupted
     │   ├── MessageNotFound              agent_session_message_not_found
     │   ├── DuplicateMessage             agent_session_message_duplicate
     │   └── InvalidMessage               agent_session_message_invalid
@@ -100,6 +101,17 @@ class AgentSessionLockLost(AgentSessionError):
     """This turn's lock went stale and another turn took it over (fencing token mismatch)."""
 
     code = "agent_session_lock_lost"
+
+
+class TurnInterrupted(AgentSessionError):
+    """The turn was stopped on purpose (``Turn.interrupt``: a stop button, a shutdown); its
+    partial output and sandbox state are kept, marked interrupted, and the lock released."""
+
+    code = "agent_session_turn_interrupted"
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class MessageNotFound(AgentSessionError):

@@ -6,7 +6,7 @@ builtin provider on its next turn and says so once: the fallback is stamped, so 
 longer names a deleted provider and the notice is not repeated.
 
 Providers are built once per process and reused (``ProviderCache``): each one owns an HTTP
-client and its connection pool.
+client and its connection pool, and is wrapped so its requests are counted (``core.metrics``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from core.custom_providers import get_custom_provider
 from core.db import Database
+from core.metrics import ObservedProvider
 from core.providers.base import ModelProvider
 from core.providers.registry import (
     CustomProviderSpec,
@@ -45,13 +46,17 @@ class ProviderCache:
         name = resolve_builtin(self.settings)
         key = (f"builtin:{name}", self.settings.model_name)
         if key not in self._built:
-            self._built[key] = build_builtin(self.settings, name=name, http=self.http)
+            self._built[key] = ObservedProvider(
+                build_builtin(self.settings, name=name, http=self.http)
+            )
         return self._built[key]
 
     def custom(self, spec: CustomProviderSpec) -> ModelProvider:
         key = (f"custom:{spec.name}:{spec.base_url}:{spec.api_key_env}", self.settings.model_name)
         if key not in self._built:
-            self._built[key] = build_custom(spec, model=self.settings.model_name, http=self.http)
+            self._built[key] = ObservedProvider(
+                build_custom(spec, model=self.settings.model_name, http=self.http)
+            )
         return self._built[key]
 
     async def aclose(self) -> None:

@@ -331,34 +331,43 @@ class SurfaceMessageRef(Base):
     created_at: Mapped[datetime] = _created()
 
 
-class ProcessedEvent(Base):
-    """A delivery a surface has taken on: the first INSERT wins, on any replica."""
+class Delivery(Base):
+    """A message a surface received, from before it was acknowledged until it was answered.
 
-    __tablename__ = "processed_events"
-    __table_args__ = (Index(None, "created_at"),)
+    The durable half of "never lose an acknowledged message" (SPEC §6.10): ``state`` moves
+    ``received`` -> ``started`` -> ``done``, or through ``waiting`` (busy session, or behind an
+    earlier message of the same thread), ``offered``/``stale`` (a person decides) and ends in
+    ``done``, ``discarded``, ``expired`` or ``failed``. While a record is active its ``owner``
+    (one replica's process) refreshes ``lease_at``; a lease older than the turn lock's staleness
+    window lets another replica take the record over. ``id`` is arrival order: a thread's
+    records are answered in it. The statements live in ``core.deliveries``.
+    """
 
-    surface: Mapped[str] = mapped_column(String(50), primary_key=True)
-    event_key: Mapped[str] = mapped_column(String(255), primary_key=True)
-    created_at: Mapped[datetime] = _created()
+    __tablename__ = "deliveries"
+    __table_args__ = (
+        UniqueConstraint("surface", "event_key"),
+        Index(None, "surface", "thread_key", "id"),
+        Index(None, "state", "lease_at"),
+        Index(None, "owner"),
+        Index(None, "updated_at"),
+    )
 
-
-class WaitingDraft(Base):
-    """A message that was not sent (busy or stale session), kept until sent, discarded or
-    timed out, so a button click on any replica finds it."""
-
-    __tablename__ = "waiting_drafts"
-    __table_args__ = (Index(None, "session_id", "state", "created_at"),)
-
-    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     surface: Mapped[str] = mapped_column(String(50), nullable=False)
-    session_id: Mapped[int] = mapped_column(
-        Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False
+    event_key: Mapped[str] = mapped_column(String(255), nullable=False)
+    thread_key: Mapped[str] = mapped_column(String(255), nullable=False)
+    session_id: Mapped[int | None] = mapped_column(
+        Id, ForeignKey("agent_sessions.id", ondelete="SET NULL"), nullable=True
     )
     author: Mapped[str] = mapped_column(String(255), nullable=False)
     message_id: Mapped[str] = mapped_column(String(36), nullable=False)
     text: Mapped[str] = mapped_column(Text, nullable=False)
-    reason: Mapped[str] = mapped_column(String(20), nullable=False)
-    state: Mapped[str] = mapped_column(String(20), nullable=False)
     context: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    state: Mapped[str] = mapped_column(String(20), nullable=False)
+    wait_reason: Mapped[str | None] = mapped_column(String(20))
+    owner: Mapped[str | None] = mapped_column(String(36))
+    lease_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    takeovers: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    waiting_since: Mapped[datetime | None] = mapped_column(UtcDateTime())
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()

@@ -7,7 +7,7 @@ a deletion, the sweeper and every surface polling ``is_turn_active``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final, cast
+from typing import Any, Final, NoReturn, cast
 
 from sqlalchemy import (
     Boolean,
@@ -22,6 +22,7 @@ from sqlalchemy import (
     Update,
     and_,
     bindparam,
+    case,
     false,
     func,
     insert,
@@ -196,7 +197,12 @@ _LIVE_BOUNDARY = db_now(-bindparam("staleness", type_=Float()))
 def _claim(*, stamp: bool) -> Update:
     values: dict[str, Any] = {
         "heartbeat_at": db_now(),
-        "lock_token": bindparam("token", type_=String()),
+        # The token says whether the lock was free or taken over from a turn that stopped
+        # heartbeating (its token was never cleared): SET sees the old row on both databases.
+        "lock_token": case(
+            (SESSIONS.c.lock_token.is_(None), bindparam("token", type_=String())),
+            else_=bindparam("takeover_token", type_=String()),
+        ),
         "updated_at": db_now(),
         "title": func.coalesce(SESSIONS.c.title, bindparam("title", type_=String())),
     }
@@ -214,6 +220,7 @@ def _claim(*, stamp: bool) -> Update:
             or_(SESSIONS.c.heartbeat_at.is_(None), SESSIONS.c.heartbeat_at < _LIVE_BOUNDARY),
         )
         .values(values)
+        .returning(SESSIONS.c.lock_token)
     )
 
 
@@ -372,7 +379,7 @@ async def check_owner(conn: Conn, session_id: int, actor: Actor) -> None:
         )
 
 
-async def raise_missing_or_busy(conn: Conn, session_id: int) -> None:
+async def raise_missing_or_busy(conn: Conn, session_id: int) -> NoReturn:
     """Explain why a conditional UPDATE on a session changed nothing."""
     exists = await conn.scalar(select(SESSIONS.c.id).where(SESSIONS.c.id == session_id))
     if exists is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from core.errors import ConfigError
@@ -94,6 +94,10 @@ class Settings(BaseSettings):
     temporary_session_surfaces: CsvList = Field(default_factory=list)
     admin_user_ids: CsvList = Field(default_factory=list)
 
+    max_concurrent_turns: int = Field(default=8, gt=0)
+    shutdown_grace_seconds: float = Field(default=30, ge=0)
+    session_poll_seconds: float = Field(default=10, gt=0)
+
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
 
@@ -117,6 +121,31 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown surface(s) {', '.join(unknown)}; use dm, channel, assistant")
         return value
 
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        if value.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError(f"{value!r} is not a level; use DEBUG, INFO, WARNING or ERROR")
+        return value.upper()
+
+    @model_validator(mode="after")
+    def _workable(self) -> Settings:
+        """Combinations that pass each field's own check but cannot work together."""
+        if self.turn_heartbeat_seconds * 2 > self.turn_lock_staleness_seconds:
+            # One late heartbeat (a slow commit, a busy loop) must not let another replica take
+            # a live turn over: at least two beats per staleness window.
+            raise ValueError(
+                f"TURN_HEARTBEAT_SECONDS: {self.turn_heartbeat_seconds:g} is not well below "
+                f"TURN_LOCK_STALENESS_SECONDS ({self.turn_lock_staleness_seconds:g}); "
+                "use at most half of it"
+            )
+        if self.busy_poll_seconds > self.busy_poll_timeout_seconds:
+            raise ValueError(
+                f"BUSY_POLL_SECONDS: {self.busy_poll_seconds:g} is longer than "
+                f"BUSY_POLL_TIMEOUT_SECONDS ({self.busy_poll_timeout_seconds:g})"
+            )
+        return self
+
 
 def load_settings(**overrides: object) -> Settings:
     """Build settings, turning pydantic's multi-line report into one line naming the variable."""
@@ -124,7 +153,7 @@ def load_settings(**overrides: object) -> Settings:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         first = exc.errors()[0]
-        name = str(first["loc"][0]).upper() if first["loc"] else "configuration"
+        name = str(first["loc"][0]).upper() if first["loc"] else ""
         reason = first["msg"].removeprefix("Value error, ")
-        message = reason if reason.startswith(f"{name}:") else f"{name}: {reason}"
+        message = reason if not name or reason.startswith(f"{name}:") else f"{name}: {reason}"
         raise ConfigError(message) from None

@@ -25,6 +25,7 @@ from typing import Any, Final, NoReturn
 
 from sqlalchemy import Boolean, delete, select, type_coerce, update
 
+from core import metrics
 from core import queries as q
 from core.db import Conn, Database, db_now, hence
 from core.errors import (
@@ -48,6 +49,9 @@ class _Unset:
 
 
 ANY_TAIL: Final = _Unset()
+# A claim that took a stale lock over gets a token starting with this (never a hex digit), so
+# the one claim statement also tells whether a dead or stuck turn held the lock before.
+TAKEOVER_MARK: Final = "t"
 
 
 class SessionStore(TranscriptOperations):
@@ -204,11 +208,20 @@ class SessionStore(TranscriptOperations):
         Claims on one session from this process queue here, and while this process holds the
         session's live lease the answer is ``agent_session_busy`` without asking the database.
         """
-        self._held.refuse_if_live(session_id)
-        async with self._claiming.hold(session_id):
+        try:
             self._held.refuse_if_live(session_id)
-            lease = await self._claim(session_id, user_message, last_message_id, model)
-            self._held.confirm(lease)
+            async with self._claiming.hold(session_id):
+                self._held.refuse_if_live(session_id)
+                lease = await self._claim(session_id, user_message, last_message_id, model)
+                self._held.confirm(lease)
+        except AgentSessionBusy:
+            metrics.TURN_REFUSALS.labels("busy").inc()
+            raise
+        except AgentSessionStale:
+            metrics.TURN_REFUSALS.labels("stale").inc()
+            raise
+        if lease.token.startswith(TAKEOVER_MARK):
+            metrics.LOCK_TAKEOVERS.inc()
         return lease
 
     async def _claim(
@@ -222,6 +235,7 @@ class SessionStore(TranscriptOperations):
         params: dict[str, Any] = {
             "sid": session_id,
             "token": token,
+            "takeover_token": TAKEOVER_MARK + token[1:],
             "staleness": self.staleness_seconds,
             "title": None,
         }
@@ -236,9 +250,12 @@ class SessionStore(TranscriptOperations):
                 builtin_provider=model.builtin_provider,
             )
         async with self.db.write() as conn:
-            claimed = await conn.execute(q.CLAIM if model is None else q.CLAIM_AND_STAMP, params)
-            if claimed.rowcount == 0:
+            claimed = (
+                await conn.execute(q.CLAIM if model is None else q.CLAIM_AND_STAMP, params)
+            ).first()
+            if claimed is None:
                 await q.raise_missing_or_busy(conn, session_id)
+            token = str(claimed[0])
             if user_message is not None and not isinstance(last_message_id, _Unset):
                 # The usual turn: the stale guard and the insert are one statement (a round
                 # trip less); it inserts nothing when the tail is not what the client saw.

@@ -19,7 +19,7 @@ from typing import cast
 from sqlalchemy import ColumnElement, Table, and_, func, or_, select
 from sqlalchemy.orm import aliased
 
-from core import snapshots
+from core import metrics, snapshots
 from core.batched import BatchHook, delete_in_batches
 from core.db import Database, ago
 from core.models import AgentSession
@@ -144,6 +144,14 @@ async def sweep(
 
     for name, extra in extra_passes:
         report.extra[name] = await extra(db, batch_size)
+    for rule, deleted in (
+        ("expired", report.expired),
+        ("idle", report.idle),
+        ("over_cap", report.over_cap),
+        ("snapshot_contents", report.snapshot_contents),
+        *report.extra.items(),
+    ):
+        metrics.SWEEPER_DELETED.labels(rule).inc(deleted)
     return report
 
 

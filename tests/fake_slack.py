@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tests.fake_openai import DONE, text_frames, usage_chunk
+from tests.fake_openai import DONE, text_frames, tool_call_frames, usage_chunk
 from tests.providers_fixtures import sse_frame
 
 TEAM = "T1"
@@ -94,6 +94,10 @@ class FakeSlack(_Server):
         self.team = team
         self.calls: list[Call] = []
         self.rate_limit_once: set[str] = set()  # methods answered 429 once, then normally
+        # Faults, per method: HTTP statuses to answer before answering normally (0 drops the
+        # connection without an answer), and Slack errors (``ok: false``) answered every time.
+        self.fail_next: dict[str, list[int]] = {}
+        self.errors: dict[str, str] = {}
         self.sockets: list[web.WebSocketResponse] = []
         self.socket_acks: list[dict[str, Any]] = []
         self._changed = asyncio.Event()
@@ -141,6 +145,21 @@ class FakeSlack(_Server):
         for key in ("blocks", "metadata"):
             if isinstance(args.get(key), str):
                 args[key] = json.loads(args[key])
+        statuses = self.fail_next.get(method)
+        if statuses:
+            status = statuses.pop(0)
+            self.calls.append(Call(method, args, {"ok": False, "error": f"http_{status}"}))
+            self._changed.set()
+            if status == 0:
+                assert request.transport is not None
+                request.transport.close()
+                return web.Response(status=500)
+            return web.json_response({"ok": False, "error": "fatal_error"}, status=status)
+        if method in self.errors:
+            failed = {"ok": False, "error": self.errors[method]}
+            self.calls.append(Call(method, args, failed))
+            self._changed.set()
+            return web.json_response(failed)
         if method in self.rate_limit_once:
             self.rate_limit_once.discard(method)
             self.calls.append(Call(method, args, {"ok": False, "error": "ratelimited"}))
@@ -210,6 +229,30 @@ class FakeSlack(_Server):
             if c.args.get("thread_ts") == thread_ts
         ]
 
+    def shown(self, thread_ts: str) -> str:
+        """Everything the app showed in a thread, as one text: posted and streamed messages
+        (start, appends, stop) and updates, in the order of the calls."""
+        ours = {
+            str(c.result.get("ts"))
+            for c in self.named("chat.postMessage", "chat.startStream")
+            if c.args.get("thread_ts") == thread_ts and c.result.get("ok")
+        }
+        return "\n".join(
+            c.text
+            for c in self.calls
+            if c.result.get("ok")
+            and (
+                (
+                    c.method in ("chat.postMessage", "chat.startStream")
+                    and str(c.result.get("ts")) in ours
+                )
+                or (
+                    c.method in ("chat.appendStream", "chat.stopStream", "chat.update")
+                    and str(c.args.get("ts")) in ours
+                )
+            )
+        )
+
     async def wait_for(self, condition: Callable[[], Any], within: float = 20.0) -> Any:
         """Wait until ``condition()`` is truthy (re-checked on each recorded call)."""
         deadline = time.monotonic() + within
@@ -226,16 +269,24 @@ class FakeSlack(_Server):
 
 
 class GatedModel(_Server):
-    """Answers "answer N" (N counting from 1) once the gate is open; records concurrency."""
+    """Answers "answer N" (N counting from 1) once the gate is open; records concurrency.
 
-    def __init__(self, *, early: str = "") -> None:
+    ``command``: a request whose conversation does not end in a tool result is answered at once
+    with a call of the ``shell`` tool running it (so a turn changes its sandbox, then waits at
+    the gate for its final answer). ``dropped`` counts answers the client no longer took (it
+    stopped the turn and closed the connection).
+    """
+
+    def __init__(self, *, early: str = "", command: str | None = None) -> None:
         super().__init__()
         self.early = early  # text streamed before waiting at the gate
+        self.command = command
         self.gate = asyncio.Event()
         self.arrived = asyncio.Event()
         self.requests = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.dropped = 0
 
     @property
     def base_url(self) -> str:
@@ -248,14 +299,20 @@ class GatedModel(_Server):
         app.router.add_post("/v1/chat/completions", self._handle)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        await request.read()
+        body = await request.json()
         self.requests += 1
         number = self.requests
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         try:
-            response = web.StreamResponse(headers={"content-type": "text/event-stream"})
             await response.prepare(request)
+            if self.command and body["messages"][-1].get("role") != "tool":
+                calls = [(f"call_{number}", "shell", {"command": self.command})]
+                for frame in [*tool_call_frames(calls), sse_frame(usage_chunk(5, 2)), DONE]:
+                    await response.write(frame.encode())
+                await response.write_eof()
+                return response
             frames = (
                 text_frames(self.early, f"answer {number}")
                 if self.early
@@ -270,6 +327,9 @@ class GatedModel(_Server):
             for frame in [*tail, sse_frame(usage_chunk(5, 2)), DONE]:
                 await response.write(frame.encode())
             await response.write_eof()
+            return response
+        except ConnectionError:  # the client went away (a stopped turn)
+            self.dropped += 1
             return response
         finally:
             self.in_flight -= 1

@@ -52,6 +52,7 @@ async def running_bot(
 ) -> AsyncIterator[RunningBot]:
     bot = await Bot.open(load_settings(**bot_settings(database_url, slack, **overrides)))
     bot.conversations.update_interval = 0.05
+    bot.start()
     runner = web.AppRunner(bot.web_app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

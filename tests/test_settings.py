@@ -28,6 +28,7 @@ def test_environment_and_lists(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ADMIN_USER_IDS", "U1, U2,,U3")
     monkeypatch.setenv("TEMPORARY_SESSION_SURFACES", "dm,assistant")
     monkeypatch.setenv("TURN_LOCK_STALENESS_SECONDS", "5")
+    monkeypatch.setenv("TURN_HEARTBEAT_SECONDS", "2.5")
     settings = load_settings()
     assert settings.database_url == "postgresql+asyncpg://postgres@127.0.0.1/test"
     assert settings.admin_user_ids == ["U1", "U2", "U3"]
@@ -50,6 +51,13 @@ def test_dotenv_file_is_read(tmp_path: object, monkeypatch: pytest.MonkeyPatch) 
         ("TURN_LOCK_STALENESS_SECONDS", "-1", "TURN_LOCK_STALENESS_SECONDS"),
         ("TEMPORARY_SESSION_SURFACES", "dm,email", "TEMPORARY_SESSION_SURFACES: unknown surface"),
         ("PORT", "eighty", "PORT"),
+        ("SWEEPER_BATCH_SIZE", "-5", "SWEEPER_BATCH_SIZE"),
+        ("SHUTDOWN_GRACE_SECONDS", "-1", "SHUTDOWN_GRACE_SECONDS"),
+        ("SESSION_POLL_SECONDS", "0", "SESSION_POLL_SECONDS"),
+        ("LOG_LEVEL", "loud", "LOG_LEVEL: 'loud' is not a level"),
+        # Each value is fine alone; together they cannot work.
+        ("TURN_HEARTBEAT_SECONDS", "45", "TURN_HEARTBEAT_SECONDS: 45 is not well below"),
+        ("BUSY_POLL_SECONDS", "900", "BUSY_POLL_SECONDS: 900 is longer than"),
     ],
 )
 def test_bad_value__one_line_naming_the_variable(

@@ -11,7 +11,7 @@ async def test_demo__plays_every_step_and_loses_nothing(capsys: pytest.CaptureFi
     await run_demo()
     out = capsys.readouterr().out
     assert "[offline stand-in]" in out
-    assert "This session is being used elsewhere" in out
+    assert "I'll answer yours right after" in out
     assert "[Send] [Discard]" in out
     assert "Forked from" in out
     assert "step one done" in out.split("Bob's fork")[1]  # the sandbox came with the fork

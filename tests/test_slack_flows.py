@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from bot import messages as text
 from core.messages import assistant_message, message_text, user_message
-from core.records import Actor, StoredMessage
+from core.records import Actor, StoredMessage, TurnLease
 from core.store import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
 from tests.slack_harness import running_bot
@@ -86,55 +85,84 @@ async def test_retry_storm__across_two_replicas_still_one_turn_each(
         assert [m.role for m in await transcript(store, ts)] == ["user", "assistant"]
 
 
-async def busy_start(client: SlackClient, slack: FakeSlack, model: GatedModel) -> tuple[str, str]:
-    """A turn held open by the model, and a second message in its thread meeting it busy."""
+async def terminal_turn(store: SessionStore, root: str) -> TurnLease:
+    """The terminal client starts a turn on the thread's session (its own engine: ``store``)."""
+    session = await store.find_session("slack", f"T1/C1/{root}")
+    assert session is not None
+    tail = await store.tail(session.id)
+    assert tail is not None
+    return await store.start_turn(
+        session.id,
+        user_message=user_message("from the terminal"),
+        last_message_id=tail.message_id,
+    )
+
+
+async def busy_elsewhere(
+    client: SlackClient, slack: FakeSlack, store: SessionStore
+) -> tuple[str, TurnLease]:
+    """A session whose turn runs in the terminal, and a Slack message meeting it busy."""
     root = await client.message("first", mention=True)
-    await asyncio.wait_for(model.arrived.wait(), 20)
-    second = await client.message("second", thread_ts=root)
+    await slack.wait_for(lambda: slack.named("chat.stopStream"))
+    lease = await terminal_turn(store, root)
+    await client.message("second", thread_ts=root)
     await slack.wait_for(lambda: any(text.busy_notice() == c.text for c in slack.ephemerals()))
-    return root, second
+    return root, lease
 
 
-async def test_busy_ask__notice_then_send_offered_when_free(
+async def test_follow_up__in_the_same_thread_waits_and_is_answered_right_after(
     database_url: str, slack: FakeSlack, model: GatedModel, store: SessionStore
 ) -> None:
     async with (
         running_bot(database_url, slack, **gated(model)) as bot,
         SlackClient(bot.url) as client,
     ):
-        root, _ = await busy_start(client, slack, model)
-        (notice,) = slack.ephemerals()
-        assert notice.args["thread_ts"] == root
-        assert "has not been added yet" in notice.text
+        root = await client.message("first", mention=True)
+        await asyncio.wait_for(model.arrived.wait(), 20)
+        await client.message("second", thread_ts=root)
+        await client.message("third", thread_ts=root, user="U2")
+        await slack.wait_for(lambda: len(slack.ephemerals()) == 2)
+        # Not "being used elsewhere", no buttons: the thread's own turn is running.
+        assert [c.text for c in slack.ephemerals()] == [text.follow_up_notice()] * 2
+        assert not with_blocks(slack)
+        assert not with_blocks(slack, "U2")
         assert [m.role for m in await transcript(store, root)] == ["user"]
         model.gate.set()
-        offer = (await slack.wait_for(lambda: with_blocks(slack)))[0]
-        # The waiting message is not in the transcript until it is sent.
-        assert [message_text(m.message) for m in await transcript(store, root)] == [
-            "first",
-            "answer 1",
-        ]
-        assert await client.button(text.SEND_DRAFT, draft_id(offer)) == 200
-        await slack.wait_for(lambda: len(slack.replies(root)) == 2)
-        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
-    assert [message_text(m.message) for m in await transcript(store, root)] == [
-        "first",
-        "answer 1",
-        "second",
-        "answer 2",
-    ]
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 3)
+    texts = [message_text(m.message) for m in await transcript(store, root)]
+    assert texts == ["first", "answer 1", "second", "answer 2", "third", "answer 3"]
     assert model.max_in_flight == 1
 
 
-async def test_busy_ask__discard_adds_nothing(
-    database_url: str, slack: FakeSlack, model: GatedModel, store: SessionStore
+async def test_busy_ask__notice_then_send_offered_when_free(
+    database_url: str, slack: FakeSlack, store: SessionStore
 ) -> None:
-    async with (
-        running_bot(database_url, slack, **gated(model)) as bot,
-        SlackClient(bot.url) as client,
-    ):
-        root, _ = await busy_start(client, slack, model)
-        model.gate.set()
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root, lease = await busy_elsewhere(client, slack, store)
+        (notice,) = slack.ephemerals()
+        assert notice.args["thread_ts"] == root
+        assert "has not been added yet" in notice.text
+        assert not with_blocks(slack)
+        await store.finish(lease, [assistant_message("terminal answer")])
+        offer = (await slack.wait_for(lambda: with_blocks(slack)))[0]
+        # The waiting message is not in the transcript until it is sent.
+        assert "second" not in [message_text(m.message) for m in await transcript(store, root)]
+        assert await client.button(text.SEND_DRAFT, draft_id(offer)) == 200
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    texts = [message_text(m.message) for m in await transcript(store, root)]
+    assert texts[2:5] == ["from the terminal", "terminal answer", "second"]
+    assert len(texts) == 6
+    # The thread was shown what the terminal added before the answer (one refresh).
+    (refresh,) = [c for c in slack.named("chat.postMessage") if "continued elsewhere" in c.text]
+    assert "terminal answer" in refresh.text
+
+
+async def test_busy_ask__discard_adds_nothing(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root, lease = await busy_elsewhere(client, slack, store)
+        await store.release(lease)
         offer = (await slack.wait_for(lambda: with_blocks(slack)))[0]
         await client.button(text.DISCARD_DRAFT, draft_id(offer))
         await slack.wait_for(
@@ -142,70 +170,68 @@ async def test_busy_ask__discard_adds_nothing(
         )
         await client.button(text.SEND_DRAFT, draft_id(offer))
         await slack.wait_for(lambda: any(c.text == text.draft_gone() for c in slack.ephemerals()))
-    assert len(await transcript(store, root)) == 2
+    assert [message_text(m.message) for m in await transcript(store, root)][2:] == [
+        "from the terminal"
+    ]
 
 
 async def test_busy_ask__the_click_can_land_on_another_replica(
-    database_url: str, slack: FakeSlack, model: GatedModel, store: SessionStore
+    database_url: str, slack: FakeSlack, store: SessionStore
 ) -> None:
     async with (
-        running_bot(database_url, slack, **gated(model)) as one,
-        running_bot(database_url, slack, **gated(model)) as two,
+        running_bot(database_url, slack) as one,
+        running_bot(database_url, slack) as two,
         SlackClient(one.url) as a,
         SlackClient(two.url) as b,
     ):
-        root, _ = await busy_start(a, slack, model)
-        model.gate.set()
+        root, lease = await busy_elsewhere(a, slack, store)
+        await store.release(lease)
         offer = (await slack.wait_for(lambda: with_blocks(slack)))[0]
         await b.button(text.SEND_DRAFT, draft_id(offer))
         await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
-    assert [m.role for m in await transcript(store, root)] == [
-        "user",
-        "assistant",
-        "user",
-        "assistant",
-    ]
+    stored = await transcript(store, root)
+    assert [message_text(m.message) for m in stored][2:4] == ["from the terminal", "second"]
+    assert [m.role for m in stored][4:] == ["assistant"]
 
 
 async def test_busy_queue__waiting_messages_are_answered_in_order(
-    database_url: str, slack: FakeSlack, model: GatedModel, store: SessionStore
+    database_url: str, slack: FakeSlack, store: SessionStore
 ) -> None:
     async with (
-        running_bot(database_url, slack, **gated(model, busy_mode="queue")) as bot,
+        running_bot(database_url, slack, busy_mode="queue") as bot,
         SlackClient(bot.url) as client,
     ):
         root = await client.message("first", mention=True)
-        await asyncio.wait_for(model.arrived.wait(), 20)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        lease = await terminal_turn(store, root)
         await client.message("second", thread_ts=root)
         await slack.wait_for(lambda: len(slack.ephemerals()) == 1)
-        await client.message("third", thread_ts=root)
+        await client.message("third", thread_ts=root, user="U2")
         await slack.wait_for(lambda: len(slack.ephemerals()) == 2)
         assert all(c.text == text.busy_queued_notice() for c in slack.ephemerals())
-        model.gate.set()
+        await store.finish(lease, [assistant_message("terminal answer")])
         await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 3)
     texts = [message_text(m.message) for m in await transcript(store, root)]
-    assert texts == ["first", "answer 1", "second", "answer 2", "third", "answer 3"]
-    assert model.max_in_flight == 1
+    assert texts[2:4] == ["from the terminal", "terminal answer"]
+    assert [texts[4], texts[6]] == ["second", "third"]
+    assert len(texts) == 8
     assert not with_blocks(slack)
+    assert not with_blocks(slack, "U2")
 
 
 async def test_busy__gives_up_after_the_poll_timeout(
-    database_url: str, slack: FakeSlack, model: GatedModel, store: SessionStore
+    database_url: str, slack: FakeSlack, store: SessionStore
 ) -> None:
     async with (
-        running_bot(database_url, slack, **gated(model, busy_poll_timeout_seconds=0.2)) as bot,
+        running_bot(database_url, slack, busy_poll_timeout_seconds=0.2) as bot,
         SlackClient(bot.url) as client,
     ):
-        root, _ = await busy_start(client, slack, model)
+        root, lease = await busy_elsewhere(client, slack, store)
         await slack.wait_for(
             lambda: any(c.text == text.busy_timeout("second") for c in slack.ephemerals())
         )
-        model.gate.set()
-        await slack.wait_for(lambda: slack.named("chat.stopStream"))
-    assert [message_text(m.message) for m in await transcript(store, root)] == [
-        "first",
-        "answer 1",
-    ]
+        await store.finish(lease, [assistant_message("terminal answer")])
+    assert "second" not in [message_text(m.message) for m in await transcript(store, root)]
 
 
 async def test_stale__refresh_once_then_send_anyway(
@@ -243,38 +269,6 @@ async def test_stale__refresh_once_then_send_anyway(
         "terminal answer",
         "slack again",
     ]
-    assert len(texts) == 6
-
-
-async def test_busy__a_turn_held_by_the_terminal_client_counts_too(
-    database_url: str, slack: FakeSlack, store: SessionStore
-) -> None:
-    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
-        root = await client.message("start here", mention=True)
-        await slack.wait_for(lambda: slack.named("chat.stopStream"))
-        session = await store.find_session("slack", f"T1/C1/{root}")
-        assert session is not None
-        tail = await store.tail(session.id)
-        assert tail is not None
-        # The terminal client holds a turn (its own process, its own engine: `store`).
-        lease = await store.start_turn(
-            session.id,
-            user_message=user_message("from the terminal"),
-            last_message_id=tail.message_id,
-        )
-        await client.message("meanwhile in slack", thread_ts=root)
-        await slack.wait_for(lambda: text.busy_notice() in [c.text for c in slack.ephemerals()])
-        await store.finish(lease, [assistant_message("terminal done")])
-        offer = (await slack.wait_for(lambda: with_blocks(slack)))[0]
-        await client.button(text.SEND_DRAFT, draft_id(offer))
-        # The terminal's turn moved the session on: the thread is refreshed first.
-        stale_offer = await slack.wait_for(
-            lambda: [c for c in with_blocks(slack) if "Send anyway" in json.dumps(c.args["blocks"])]
-        )
-        await client.button(text.SEND_DRAFT, draft_id(stale_offer[0]))
-        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
-    texts = [message_text(m.message) for m in await store.messages(session.id)]
-    assert texts[2:5] == ["from the terminal", "terminal done", "meanwhile in slack"]
     assert len(texts) == 6
 
 

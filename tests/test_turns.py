@@ -249,7 +249,7 @@ async def test_run_turn__failure_persists_partial_output_as_interrupted(
         await model_fails_mid_answer()
     messages = await store.messages(session.id)
     assert [m.role for m in messages] == ["user", "assistant"]
-    assert messages[1].message["metadata"] == {"interrupted": True}
+    assert messages[1].message["metadata"] == {"interrupted": True, "interrupted_by": "error"}
     assert messages[1].message["parts"][0]["text"] == "Half an ans"
     assert not await store.is_turn_active(session.id)
 
@@ -258,28 +258,32 @@ async def test_run_turn__heartbeat_keeps_the_lock_and_detects_takeover(
     store: SessionStore, replica: SessionStore, db: Database
 ) -> None:
     _, session = await new_session(store)
-    async with run_turn(
-        store,
-        session.id,
-        user_message=user_message("q"),
-        last_message_id=None,
-        heartbeat_seconds=0.05,
-    ) as turn:
-        await age_lock(db, session.id, 59)
-        # Wait (bounded) until a heartbeat has refreshed the lock well inside the window.
-        short = SessionStore(db, staleness_seconds=30)
-        for _ in range(200):
-            if await short.is_turn_active(session.id):
-                break
-            await asyncio.sleep(0.01)
-        assert await short.is_turn_active(session.id)
-        await age_lock(db, session.id, 120)
-        thief = await replica.start_turn(
+    with pytest.raises(AgentSessionLockLost):  # noqa: PT012 (the turn's whole life)
+        async with run_turn(
+            store,
             session.id,
-            user_message=user_message("mine now"),
-            last_message_id=turn.lease.tail.message_id,  # type: ignore[union-attr]
-        )
-        await asyncio.wait_for(turn.lost.wait(), timeout=10)
+            user_message=user_message("q"),
+            last_message_id=None,
+            heartbeat_seconds=0.05,
+        ) as turn:
+            await age_lock(db, session.id, 59)
+            # Wait (bounded) until a heartbeat has refreshed the lock well inside the window.
+            short = SessionStore(db, staleness_seconds=30)
+            for _ in range(200):
+                if await short.is_turn_active(session.id):
+                    break
+                await asyncio.sleep(0.01)
+            assert await short.is_turn_active(session.id)
+            await age_lock(db, session.id, 120)
+            thief = await replica.start_turn(
+                session.id,
+                user_message=user_message("mine now"),
+                last_message_id=turn.lease.tail.message_id,  # type: ignore[union-attr]
+            )
+            # The heartbeat finds the lock taken over and stops the turn's task (SPEC §6.11):
+            # this wait is cancelled, and the turn ends with AgentSessionLockLost.
+            await asyncio.sleep(30)
+    assert turn.lost.is_set()
     assert await store.is_turn_active(session.id)  # the exit did not release the thief's lock
     await replica.release(thief)
 

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from core.db import Database, create_database
+from core.deliveries import Deliveries
 from core.errors import SlackAgentError
 from core.messages import user_message
 from core.migrate import upgrade
@@ -71,13 +72,30 @@ async def sweep_once(db: Database, staleness: str, batch: str, idle_days: str, c
     say(report=dataclasses.asdict(report))
 
 
+async def take_over(db: Database, staleness: str) -> None:
+    """Take over every lapsed delivery record this process can get, as a replica's upkeep does."""
+    deliveries = Deliveries(db, "slack", staleness_seconds=float(staleness))
+    await deliveries.get(0)  # connect before the race starts
+    await wait_for_go()
+    taken: list[int] = []
+    while batch := await deliveries.take_over(1):
+        taken += [r.id for r in batch]
+    say(taken=taken)
+
+
 async def migrate(db: Database) -> None:
     await wait_for_go()
     before, after = await upgrade(db)
     say(before=before, after=after)
 
 
-COMMANDS = {"claim": claim, "hang": hang, "sweep": sweep_once, "migrate": migrate}
+COMMANDS = {
+    "claim": claim,
+    "hang": hang,
+    "sweep": sweep_once,
+    "migrate": migrate,
+    "take_over": take_over,
+}
 
 
 async def main() -> None:

@@ -1,0 +1,370 @@
+"""Every received message through to its answer, whatever dies in between (SPEC §6.10, §10).
+
+A message for the agent is recorded (``core.deliveries``) inside the listener, before Bolt
+acknowledges it: if the record cannot be written, Slack gets a 500 and sends the message again.
+From then on the record drives the work, on whichever replica holds it:
+
+- **The line.** A thread's records are answered in arrival order: a record waits while an
+  earlier one of its thread is received, running, or waiting to be sent automatically. A
+  follow-up posted while its thread's own turn runs is told so and answered right after; a
+  follow-up whose thread's first message is still being handled elsewhere waits for it.
+- **Busy elsewhere.** A turn refused as busy (the terminal client, a compaction or rewind from
+  outside the thread) waits as ``waiting`` (``BUSY_MODE=queue``: sent in order when free;
+  ``ask``: offered with Send/Discard), polled every ``BUSY_POLL_SECONDS``, and gives up after
+  ``BUSY_POLL_TIMEOUT_SECONDS`` (measured on the database clock, across take-overs).
+- **Leases.** This process renews the leases of the records it works on every
+  ``TURN_HEARTBEAT_SECONDS`` and takes over records whose lease lapsed (a dead replica's) or
+  that were released (a stopped one's), resuming each from what the transcript holds.
+- **Stopping.** ``stop``: records not in a turn are released at once for the next replica;
+  running turns get the grace period, then are interrupted (partial answer and sandbox kept,
+  the thread told).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot import messages as text
+from bot.conversations import SHUTDOWN, Conversations, Outcome, Post
+from core import metrics
+from core.deliveries import ACTIVE, MAX_TAKEOVERS, Deliveries, DeliveryRecord
+from core.errors import AgentSessionNotFound
+from core.messages import slack_message_id
+from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ClientFor = Callable[[str], Awaitable[AsyncWebClient | None]]
+TAKEOVER_BATCH = 50
+# A follow-up still waiting behind its thread's turn after this long is told it waits.
+NOTICE_AFTER_SECONDS = 1.0
+
+
+class DeliveryWorker:
+    """The records this process works on: one task each, their leases, take-overs, a stop."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        deliveries: Deliveries,
+        conversations: Conversations,
+        client_for: ClientFor,
+        *,
+        max_turns: int = 8,
+    ) -> None:
+        self.settings = settings
+        self.deliveries = deliveries
+        self.conv = conversations
+        self.client_for = client_for
+        self.closing = False
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._turning: set[int] = set()  # records whose turn runs now (not released on stop)
+        self._wake: dict[str, asyncio.Event] = {}  # thread -> set when a record of it finishes
+        # Turns run at once by this process; the rest wait, already recorded and leased.
+        self._slots = asyncio.Semaphore(max_turns)
+        self._upkeep: asyncio.Task[None] | None = None
+
+    # -- intake ---------------------------------------------------------------------------------
+
+    async def known_thread(self, thread: str) -> bool:
+        """A session thread, or one whose first message was recorded a moment ago (its
+        session may not exist yet when a quick follow-up arrives)."""
+        if await self.conv.state.get_thread(thread) is not None:
+            return True
+        return await self.deliveries.thread_known(thread)
+
+    async def receive(self, post: Post, body: str, client: AsyncWebClient) -> None:
+        """Record a message for the agent; called before the acknowledgement (a failure here
+        fails the request, so Slack sends the message again)."""
+        self.start()
+        record = await self.deliveries.record(
+            event_key=post.ref,
+            thread_key=post.thread,
+            author=post.user,
+            message_id=slack_message_id(post.team, post.channel, post.ts),
+            text=body,
+            context=post.context(),
+            owned=not self.closing,
+        )
+        if record is None:
+            log.debug("message %s already recorded", post.ref)
+        elif not self.closing:
+            self._carry_on(record, client, resumed=False)
+
+    def _carry_on(self, record: DeliveryRecord, client: AsyncWebClient, *, resumed: bool) -> None:
+        task = asyncio.create_task(self._guarded(record, client, resumed))
+        self._tasks[record.id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(record.id, None))
+
+    async def _guarded(self, record: DeliveryRecord, client: AsyncWebClient, resumed: bool) -> None:
+        try:
+            await self._carry(record, client, resumed)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The record stays active and ours; its lease is no longer renewed, so after the
+            # staleness window a replica (maybe this one) takes it over and tries again.
+            log.exception("message %s: failed; it will be taken over and retried", record.event_key)
+
+    # -- one record, from received to finished --------------------------------------------------
+
+    async def _carry(self, record: DeliveryRecord, client: AsyncWebClient, resumed: bool) -> None:
+        current: DeliveryRecord | None = record
+        while current is not None and not self.closing:
+            blocker = await self.deliveries.blocker(current)
+            if blocker is not None:
+                current = await self._wait_in_line(current, blocker, client)
+                continue
+            if current.state == "waiting" and current.wait_reason in ("ask", "queue"):
+                if await self._session_busy(current):
+                    current = await self._keep_waiting(current, client)
+                    continue
+                if current.wait_reason == "ask":
+                    await self._offer(current, client)
+                    return
+            async with self._slots:
+                if self.closing:
+                    return
+                self._turning.add(current.id)  # from here on, a stop waits for it
+                try:
+                    outcome = await self.conv.attempt(
+                        current, client, resumed=resumed, on_started=self._started(current)
+                    )
+                    if outcome is Outcome.STALE:
+                        # Offered before the record leaves the line: an offer Slack refused
+                        # leaves it ours and active, so it is taken over and tried again.
+                        await self.conv.offer(client, current, stale=True)
+                        await self._finish(current, "stale")
+                        return
+                    if outcome is Outcome.ANSWERED:
+                        await self._finish(current, "done")
+                        return
+                except asyncio.CancelledError:
+                    # A stop past its grace. A turn that started was interrupted and answered
+                    # as such; one that had not is handed to the next replica.
+                    if await asyncio.shield(self._was_started(current)):
+                        await asyncio.shield(self._finish(current, "done"))
+                    else:
+                        await asyncio.shield(self.deliveries.release([current.id]))
+                    raise
+                finally:
+                    self._turning.discard(current.id)
+            resumed = False
+            current = await self._start_waiting(current, client)
+
+    def _started(self, record: DeliveryRecord) -> Callable[[int], Awaitable[None]]:
+        async def started(session_id: int) -> None:
+            await self.deliveries.move(
+                record.id, ("received", "waiting"), "started", session_id=session_id
+            )
+
+        return started
+
+    async def _was_started(self, record: DeliveryRecord) -> bool:
+        current = await self.deliveries.get(record.id)
+        return current is not None and current.state == "started"
+
+    async def _finish(self, record: DeliveryRecord, state: str) -> DeliveryRecord | None:
+        moved = await self.deliveries.move(record.id, ACTIVE, state)
+        if moved is not None:
+            metrics.DELIVERIES_FINISHED.labels(state).inc()
+        self._wake_thread(record.thread_key)
+        return moved
+
+    async def _wait_in_line(
+        self, record: DeliveryRecord, blocker: DeliveryRecord, client: AsyncWebClient
+    ) -> DeliveryRecord | None:
+        if record.state != "received":
+            await self._pause(record.thread_key)
+            return await self._reload(record)
+        moved = await self.deliveries.wait(record.id, ("received",), "thread")
+        if moved is None:
+            return None
+        # Most follow-ups arrive as the reply before them is being finished: say nothing
+        # unless the wait is real.
+        await self._pause(moved.thread_key, NOTICE_AFTER_SECONDS)
+        current = await self._reload(moved)
+        blocker_now = None if current is None else await self.deliveries.blocker(current)
+        if current is not None and blocker_now is not None:
+            queued = blocker_now.state == "waiting" and blocker_now.wait_reason == "queue"
+            await self.conv.tell(
+                client,
+                Post.from_context(current.context),
+                text.busy_queued_notice() if queued else text.follow_up_notice(),
+            )
+        return current
+
+    async def _start_waiting(
+        self, record: DeliveryRecord, client: AsyncWebClient
+    ) -> DeliveryRecord | None:
+        """The session is held elsewhere: wait (and say so once)."""
+        if record.state == "waiting" and record.wait_reason in ("ask", "queue"):
+            await self._pause(record.thread_key)  # it looked free a moment ago; still waiting
+            return await self._reload(record)
+        queue = self.settings.busy_mode == "queue"
+        moved = await self.deliveries.wait(
+            record.id, ("received", "waiting"), "queue" if queue else "ask"
+        )
+        if moved is None:
+            return None
+        post = Post.from_context(moved.context)
+        await self.conv.tell(
+            client, post, text.busy_queued_notice() if queue else text.busy_notice()
+        )
+        await self._pause(moved.thread_key)
+        return await self._reload(moved)
+
+    async def _keep_waiting(
+        self, record: DeliveryRecord, client: AsyncWebClient
+    ) -> DeliveryRecord | None:
+        expired = await self.deliveries.expire_overdue(
+            record.id, self.settings.busy_poll_timeout_seconds
+        )
+        if expired is not None:
+            metrics.DELIVERIES_FINISHED.labels("expired").inc()
+            self._wake_thread(record.thread_key)
+            await self.conv.tell(
+                client, Post.from_context(record.context), text.busy_timeout(record.text)
+            )
+            return None
+        await self._pause(record.thread_key)
+        return await self._reload(record)
+
+    async def _offer(self, record: DeliveryRecord, client: AsyncWebClient) -> None:
+        """ask mode, session free: offer Send/Discard. The offer is posted before the record
+        leaves ``waiting``, so an offer Slack refused is simply tried again at the next poll."""
+        try:
+            await self.conv.offer(client, record, stale=False)
+        except SlackApiError as exc:
+            log.warning("offer for %s not posted (%s); will try again", record.event_key, exc)
+            return  # still waiting and ours: the lease lapses, a take-over tries again
+        await self.deliveries.move(record.id, ("waiting",), "offered")
+        self._wake_thread(record.thread_key)
+
+    async def _session_busy(self, record: DeliveryRecord) -> bool:
+        try:
+            session = await self.conv.session_of(record)
+        except AgentSessionNotFound:
+            return False
+        return session is not None and await self.conv.store.is_turn_active(session.id)
+
+    async def _reload(self, record: DeliveryRecord) -> DeliveryRecord | None:
+        """The record as it is now, if it is still ours and active (a click may have discarded
+        it, or another replica taken it over while this one could not renew its lease)."""
+        current = await self.deliveries.get(record.id)
+        if current is None or current.owner != self.deliveries.owner or not current.active:
+            return None
+        return current
+
+    async def _pause(self, thread: str, most: float | None = None) -> None:
+        """Until a record of this thread finishes here, or BUSY_POLL_SECONDS (other replicas)."""
+        event = self._wake.setdefault(thread, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), most or self.settings.busy_poll_seconds)
+
+    def _wake_thread(self, thread: str) -> None:
+        event = self._wake.pop(thread, None)
+        if event is not None:
+            event.set()
+
+    # -- clicks ---------------------------------------------------------------------------------
+
+    async def click(self, record_id: str, user: str, send: bool, client: AsyncWebClient) -> None:
+        """Send / Send anyway / Discard on an offer, from whichever replica gets the click."""
+        try:
+            number = int(record_id)
+        except ValueError:
+            return
+        record = await self.deliveries.get(number)
+        if record is None or record.author != user:
+            return
+        post = Post.from_context(record.context)
+        if not send:
+            discarded = await self.deliveries.discard(number, author=user)
+            if discarded is not None:
+                metrics.DELIVERIES_FINISHED.labels("discarded").inc()
+                self._wake_thread(record.thread_key)
+            await self.conv.tell(
+                client, post, text.draft_discarded() if discarded else text.draft_gone()
+            )
+            return
+        claimed = await self.deliveries.claim(number, ("offered", "stale"), author=user)
+        if claimed is None:
+            await self.conv.tell(client, post, text.draft_gone())
+            return
+        self._carry_on(claimed, client, resumed=False)
+
+    # -- leases and take-overs ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start renewing leases and taking records over (idempotent; needs a running loop)."""
+        if self._upkeep is None and not self.closing:
+            self._upkeep = asyncio.create_task(self._keep_up())
+
+    async def _keep_up(self) -> None:
+        while True:
+            try:
+                await self._renew()
+                if not self.closing:
+                    await self._take_over()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a database blip: leases are renewed well within the window
+                log.exception("delivery upkeep failed; will retry")
+            await asyncio.sleep(self.settings.turn_heartbeat_seconds)
+
+    async def _renew(self) -> None:
+        """A record taken over elsewhere meanwhile (this process could not renew it in time) is
+        not renewed; its task finds out at its next step, and its turn is fenced anyway."""
+        await self.deliveries.refresh(list(self._tasks))
+
+    async def _take_over(self) -> None:
+        for record in await self.deliveries.take_over(TAKEOVER_BATCH):
+            metrics.DELIVERIES_TAKEN_OVER.inc()
+            client = await self.client_for(str(record.context.get("team", "")))
+            if record.takeovers > MAX_TAKEOVERS or client is None:
+                log.error(
+                    "message %s: giving up after %d take-overs (or no installation)",
+                    record.event_key,
+                    record.takeovers,
+                )
+                await self._finish(record, "failed")
+                if client is not None:
+                    await self.conv.tell(
+                        client, Post.from_context(record.context), text.gave_up(record.text)
+                    )
+                continue
+            log.info(
+                "message %s: taken over in state %s; carrying on", record.event_key, record.state
+            )
+            self._carry_on(record, client, resumed=True)
+
+    # -- stopping -------------------------------------------------------------------------------
+
+    async def stop(self, grace: float) -> None:
+        """Stop taking records; release the ones not in a turn at once; give running turns
+        ``grace`` seconds, then interrupt them (the core keeps their partial answers)."""
+        self.closing = True
+        idle = {rid: t for rid, t in self._tasks.items() if rid not in self._turning}
+        for task in idle.values():
+            task.cancel(SHUTDOWN)
+        await asyncio.gather(*idle.values(), return_exceptions=True)
+        released = await self.deliveries.release(list(idle))
+        if released:
+            log.info("released %d waiting message(s) for the next replica", released)
+        running = set(self._tasks.values())
+        if running:
+            log.info("waiting up to %gs for %d running turn(s)", grace, len(running))
+            _, pending = await asyncio.wait(running, timeout=grace)
+            for task in pending:
+                task.cancel(SHUTDOWN)
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._upkeep is not None:
+            self._upkeep.cancel()
+            await asyncio.gather(self._upkeep, return_exceptions=True)

@@ -1,0 +1,79 @@
+"""The Slack Web API client every part of the app uses, and what it tells ``/metrics``.
+
+slack_sdk's own retry handlers do the retrying: a 429 is waited out as ``Retry-After`` says, a
+5xx answer and a dropped connection are retried with backoff. What is left after them is a
+failure the caller deals with; each one (and each 429) is counted by method.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.async_handler import AsyncRetryHandler
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+    AsyncServerErrorRetryHandler,
+)
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.response import HttpResponse
+from slack_sdk.http_retry.state import RetryState
+from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
+
+from core import metrics
+from core.settings import Settings
+
+RETRIES = 3
+
+
+class _CountedRateLimits(AsyncRateLimitErrorRetryHandler):
+    async def _can_retry_async(
+        self,
+        *,
+        state: RetryState,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        error: Exception | None = None,
+    ) -> bool:
+        limited = await super()._can_retry_async(
+            state=state, request=request, response=response, error=error
+        )
+        if limited:
+            metrics.SLACK_RATE_LIMITED.labels(_method(request.url)).inc()
+        return limited
+
+
+def _method(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
+
+
+class ObservedWebClient(AsyncWebClient):
+    """``AsyncWebClient`` that counts the calls that failed after the retries."""
+
+    async def api_call(self, api_method: str, **kwargs: Any) -> AsyncSlackResponse:
+        try:
+            return await super().api_call(api_method, **kwargs)
+        except SlackApiError as exc:
+            error = exc.response.get("error") if exc.response is not None else None
+            metrics.SLACK_API_ERRORS.labels(api_method, str(error or "unknown")).inc()
+            raise
+        except Exception as exc:
+            metrics.SLACK_API_ERRORS.labels(api_method, exc.__class__.__name__).inc()
+            raise
+
+
+def retry_handlers() -> list[AsyncRetryHandler]:
+    return [
+        AsyncConnectionErrorRetryHandler(max_retry_count=RETRIES),
+        AsyncServerErrorRetryHandler(max_retry_count=RETRIES),
+        _CountedRateLimits(max_retry_count=RETRIES),
+    ]
+
+
+def web_client(settings: Settings, token: str | None = None) -> AsyncWebClient:
+    """A client for SLACK_API_URL with the retry handlers above."""
+    return ObservedWebClient(
+        token=token, base_url=settings.slack_api_url, retry_handlers=retry_handlers()
+    )

@@ -1,0 +1,406 @@
+"""Delivery records: a received message, durable from before its acknowledgement (SPEC §6.10).
+
+A surface records every incoming message before it tells the sender "received"; from then on
+the record, not a task in some process, is what guarantees an answer. Its life::
+
+    received ──> started ──> done
+       │  ▲                    ▲
+       ▼  │                    │
+     waiting ──> offered ──────┤  (a person clicks Send, or Discard → discarded)
+       │         stale ────────┘
+       └──> expired            (waited longer than BUSY_POLL_TIMEOUT_SECONDS)
+
+``received``, ``started`` and ``waiting`` are *active*: one process owns the record and renews
+its lease (``lease_at``, the database clock) while it works on it. A lease older than the
+staleness window means the owner died (or lost the database for that long); any replica may
+then take the record over and carry it on: start it, resume its turn, or go on waiting.
+``offered`` and ``stale`` are *passive*: nobody owns them; a click claims them.
+
+What the statements guarantee:
+
+- ``record``: one ``INSERT … ON CONFLICT DO NOTHING``; for one ``(surface, event_key)`` exactly
+  one caller on any replica gets the record, so a retry or a double delivery gets None.
+- ``take_over``: one conditional UPDATE; a record is moved to the caller only while its lease is
+  still lapsed, so two replicas racing for it never both get it (PostgreSQL: ``SKIP LOCKED``,
+  and the condition re-checked on the locked row; SQLite: one writer at a time).
+- ``refresh``, ``move``, ``release``: conditional on ``owner``: a process whose record was taken
+  over changes nothing (the turn lock's fencing protects the transcript the same way).
+- ``claim``: a passive record goes to exactly one click.
+
+A thread's records form its *line*: a record is answered only when no earlier record of the
+thread still waits to be answered (``blocker``), so a thread's messages are answered in the
+order they arrived, whichever replicas received them and whichever died in between.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, cast
+
+from sqlalchemy import (
+    ColumnElement,
+    Table,
+    and_,
+    bindparam,
+    case,
+    exists,
+    func,
+    or_,
+    select,
+    update,
+)
+
+from core.batched import delete_in_batches
+from core.db import Database, ago, db_now
+from core.models import Delivery
+
+DELIVERIES: Final = cast(Table, Delivery.__table__)
+D: Final = DELIVERIES.c
+
+ACTIVE: Final = ("received", "started", "waiting")
+PASSIVE: Final = ("offered", "stale")
+FINISHED: Final = ("done", "discarded", "expired", "failed", "ignored")
+# Why a record waits. ``thread``: behind an earlier message of its thread; ``queue``: on a busy
+# session, to be sent in order when it frees; ``ask``: on a busy session, to be offered.
+IN_LINE: Final = ("thread", "queue")
+# A record taken over this many times has probably killed every replica that tried it.
+MAX_TAKEOVERS: Final = 3
+FINISHED_TTL_SECONDS: Final = 86400.0
+
+
+@dataclass(frozen=True)
+class DeliveryRecord:
+    id: int
+    event_key: str
+    thread_key: str
+    session_id: int | None
+    author: str
+    message_id: str
+    text: str
+    context: dict[str, Any]
+    state: str
+    wait_reason: str | None
+    owner: str | None
+    takeovers: int
+    created_at: datetime
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+
+@dataclass(frozen=True)
+class StateCount:
+    state: str
+    wait_reason: str | None
+    count: int
+    oldest_age_seconds: float
+
+
+def _record(row: Any) -> DeliveryRecord:
+    return DeliveryRecord(
+        id=int(row.id),
+        event_key=row.event_key,
+        thread_key=row.thread_key,
+        session_id=None if row.session_id is None else int(row.session_id),
+        author=row.author,
+        message_id=row.message_id,
+        text=row.text,
+        context=dict(row.context),
+        state=row.state,
+        wait_reason=row.wait_reason,
+        owner=row.owner,
+        takeovers=int(row.takeovers),
+        created_at=row.created_at,
+    )
+
+
+def _lapsed(staleness_seconds: float) -> ColumnElement[bool]:
+    """Active and nobody's: released, or the owner stopped renewing its lease."""
+    return and_(D.state.in_(ACTIVE), or_(D.lease_at.is_(None), D.lease_at < ago(staleness_seconds)))
+
+
+class Deliveries:
+    """One process's view of the delivery records of one surface; ``owner`` names the process."""
+
+    def __init__(self, db: Database, surface: str, *, staleness_seconds: float = 60.0) -> None:
+        self.db = db
+        self.surface = surface
+        self.staleness_seconds = float(staleness_seconds)
+        self.owner = uuid.uuid4().hex
+
+    def _mine(self, record_id: int) -> ColumnElement[bool]:
+        return and_(D.id == record_id, D.owner == self.owner)
+
+    async def record(
+        self,
+        *,
+        event_key: str,
+        thread_key: str,
+        author: str,
+        message_id: str,
+        text: str,
+        context: dict[str, Any],
+        owned: bool = True,
+    ) -> DeliveryRecord | None:
+        """Record a received message; None if it was recorded before (a retry, a duplicate).
+
+        ``owned=False`` records it for another replica to take at once (a stopping process
+        that still got a message must not drop it, and must not start it either).
+        """
+        values: dict[str, Any] = {
+            "surface": self.surface,
+            "event_key": event_key,
+            "thread_key": thread_key,
+            "author": author,
+            "message_id": message_id,
+            "text": text,
+            "context": context,
+            "state": "received",
+        }
+        if owned:
+            values.update(owner=self.owner, lease_at=db_now())
+        async with self.db.write() as conn:
+            row = (
+                await conn.execute(
+                    self.db.upsert(DELIVERIES)
+                    .values(**values)
+                    .on_conflict_do_nothing(index_elements=["surface", "event_key"])
+                    .returning(*DELIVERIES.c)
+                )
+            ).first()
+        return None if row is None else _record(row)
+
+    async def get(self, record_id: int) -> DeliveryRecord | None:
+        async with self.db.read() as conn:
+            row = (await conn.execute(select(DELIVERIES).where(D.id == record_id))).first()
+        return None if row is None else _record(row)
+
+    async def thread_known(self, thread_key: str) -> bool:
+        """Some message of this thread was recorded (its session may not exist yet)."""
+        async with self.db.read() as conn:
+            found = await conn.scalar(
+                select(
+                    exists().where(
+                        D.surface == self.surface,
+                        D.thread_key == thread_key,
+                        D.state != "ignored",
+                    )
+                )
+            )
+        return bool(found)
+
+    async def blocker(self, record: DeliveryRecord) -> DeliveryRecord | None:
+        """The earliest record of the same thread that must be answered before this one."""
+        async with self.db.read() as conn:
+            row = (
+                await conn.execute(
+                    select(DELIVERIES)
+                    .where(
+                        D.surface == self.surface,
+                        D.thread_key == record.thread_key,
+                        D.id < record.id,
+                        or_(
+                            D.state.in_(("received", "started")),
+                            and_(D.state == "waiting", D.wait_reason.in_(IN_LINE)),
+                        ),
+                    )
+                    .order_by(D.id)
+                    .limit(1)
+                )
+            ).first()
+        return None if row is None else _record(row)
+
+    async def move(
+        self, record_id: int, from_states: tuple[str, ...], to_state: str, **values: Any
+    ) -> DeliveryRecord | None:
+        """Change the state of a record this process owns; None if it is not (or no longer)
+        ours or not in ``from_states``. Leaving the active states gives the record up."""
+        values.update(state=to_state, updated_at=db_now())
+        if to_state not in ACTIVE:
+            values.update(owner=None, lease_at=None)
+        async with self.db.write() as conn:
+            row = (
+                await conn.execute(
+                    update(DELIVERIES)
+                    .where(self._mine(record_id), D.state.in_(from_states))
+                    .values(**values)
+                    .returning(*DELIVERIES.c)
+                )
+            ).first()
+        return None if row is None else _record(row)
+
+    async def wait(
+        self, record_id: int, from_states: tuple[str, ...], reason: str
+    ) -> DeliveryRecord | None:
+        """An owned record starts waiting (``reason``: see ``IN_LINE``); the busy timeout
+        counts from now, on the database clock."""
+        return await self.move(
+            record_id, from_states, "waiting", wait_reason=reason, waiting_since=db_now()
+        )
+
+    async def claim(
+        self, record_id: int, from_states: tuple[str, ...], *, author: str | None = None
+    ) -> DeliveryRecord | None:
+        """A passive record becomes ours and ``received`` again (a Send click on any replica).
+        ``wait_reason`` is kept: a message that waited on a busy session was sent knowingly."""
+        condition = and_(D.id == record_id, D.state.in_(from_states))
+        if author is not None:
+            condition = and_(condition, D.author == author)
+        async with self.db.write() as conn:
+            row = (
+                await conn.execute(
+                    update(DELIVERIES)
+                    .where(condition)
+                    .values(
+                        state="received",
+                        waiting_since=None,
+                        owner=self.owner,
+                        lease_at=db_now(),
+                        updated_at=db_now(),
+                    )
+                    .returning(*DELIVERIES.c)
+                )
+            ).first()
+        return None if row is None else _record(row)
+
+    async def discard(self, record_id: int, *, author: str) -> DeliveryRecord | None:
+        """The author drops a message that is waiting or offered (whoever owns it)."""
+        async with self.db.write() as conn:
+            row = (
+                await conn.execute(
+                    update(DELIVERIES)
+                    .where(
+                        D.id == record_id,
+                        D.author == author,
+                        D.state.in_(("waiting", *PASSIVE)),
+                    )
+                    .values(state="discarded", owner=None, lease_at=None, updated_at=db_now())
+                    .returning(*DELIVERIES.c)
+                )
+            ).first()
+        return None if row is None else _record(row)
+
+    async def expire_overdue(self, record_id: int, timeout_seconds: float) -> DeliveryRecord | None:
+        """Give up on a record that has waited on a busy session for longer than the timeout
+        (measured on the database clock from when it started waiting, across take-overs)."""
+        async with self.db.write() as conn:
+            row = (
+                await conn.execute(
+                    update(DELIVERIES)
+                    .where(
+                        self._mine(record_id),
+                        D.state == "waiting",
+                        D.wait_reason.in_(("ask", "queue")),
+                        D.waiting_since < ago(timeout_seconds),
+                    )
+                    .values(state="expired", owner=None, lease_at=None, updated_at=db_now())
+                    .returning(*DELIVERIES.c)
+                )
+            ).first()
+        return None if row is None else _record(row)
+
+    async def refresh(self, record_ids: list[int]) -> set[int]:
+        """Renew the leases of these records; returns the ids that are still ours."""
+        if not record_ids:
+            return set()
+        async with self.db.write() as conn:
+            rows = await conn.execute(
+                update(DELIVERIES)
+                .where(
+                    D.owner == self.owner,
+                    D.id.in_(bindparam("ids", expanding=True)),
+                    D.state.in_(ACTIVE),
+                )
+                .values(lease_at=db_now())
+                .returning(D.id),
+                {"ids": record_ids},
+            )
+            return {int(r) for r in rows.scalars()}
+
+    async def release(self, record_ids: list[int]) -> int:
+        """Give these records up so another replica takes them at once (a clean stop)."""
+        if not record_ids:
+            return 0
+        async with self.db.write() as conn:
+            result = await conn.execute(
+                update(DELIVERIES)
+                .where(
+                    D.owner == self.owner,
+                    D.id.in_(bindparam("ids", expanding=True)),
+                    D.state.in_(ACTIVE),
+                )
+                .values(owner=None, lease_at=None, updated_at=db_now()),
+                {"ids": record_ids},
+            )
+            return int(result.rowcount)
+
+    async def take_over(self, limit: int) -> list[DeliveryRecord]:
+        """Take up to ``limit`` active records whose lease lapsed, oldest first."""
+        lapsed = _lapsed(self.staleness_seconds)
+        candidates = (
+            select(D.id)
+            .where(D.surface == self.surface, lapsed)
+            .order_by(D.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
+        async with self.db.write() as conn:
+            rows = await conn.execute(
+                update(DELIVERIES)
+                .where(D.id.in_(candidates), lapsed)
+                .values(
+                    owner=self.owner,
+                    lease_at=db_now(),
+                    # A released record (a clean stop) was not abandoned: it does not count.
+                    takeovers=D.takeovers + case((D.owner.is_(None), 0), else_=1),
+                    updated_at=db_now(),
+                )
+                .returning(*DELIVERIES.c)
+            )
+            taken = [_record(r) for r in rows]
+        return sorted(taken, key=lambda r: r.id)
+
+    async def counts(self) -> list[StateCount]:
+        """Records that are not finished, by state and reason, with the age of the oldest."""
+        async with self.db.read() as conn:
+            now = await conn.scalar(select(db_now()))
+            rows = await conn.execute(
+                select(
+                    D.state,
+                    D.wait_reason,
+                    func.count().label("n"),
+                    func.min(D.created_at).label("oldest"),
+                )
+                .where(D.surface == self.surface, D.state.in_((*ACTIVE, *PASSIVE)))
+                .group_by(D.state, D.wait_reason)
+            )
+            found: list[Any] = list(rows)
+        return [
+            StateCount(
+                state=str(row.state),
+                wait_reason=row.wait_reason,
+                count=int(row.n),
+                oldest_age_seconds=max(0.0, (now - row.oldest).total_seconds())
+                if row.oldest
+                else 0.0,
+            )
+            for row in found
+        ]
+
+
+async def sweep_finished_deliveries(db: Database, batch_size: int) -> int:
+    """Sweeper pass: finished records older than a day (Slack retries within minutes, and a
+    finished record only answers "already taken" to a late retry)."""
+    finished = and_(D.state.in_(FINISHED), D.updated_at < ago(FINISHED_TTL_SECONDS))
+    return await delete_in_batches(
+        db,
+        DELIVERIES,
+        select(D.id).where(finished).order_by(D.id),
+        finished,
+        batch_size,
+        name="deliveries",
+    )

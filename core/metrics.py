@@ -1,0 +1,152 @@
+"""What an operator sees on ``/metrics`` (Prometheus, through the standard ``prometheus-client``).
+
+The metrics are module-level objects in the default registry: one process is one replica, and
+the sweeper thread counts into the same registry as the event loop. Counters are incremented
+where the thing happens (the turn, the store, the provider wrapper below, the sweeper); the
+gauges of delivery records are read from the database when ``/metrics`` is scraped, so every
+replica reports the whole picture it shares (take ``max`` over replicas, not ``sum``).
+
+Names follow Prometheus conventions: ``slack_agent_`` prefix, ``_total`` counters, base units.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+from core.errors import ModelProviderError
+from core.providers.base import (
+    ChatMessage,
+    EventStream,
+    Finish,
+    ModelProvider,
+    ToolSpec,
+)
+
+TURNS_STARTED = Counter("slack_agent_turns_started_total", "Turns that claimed their session.")
+TURNS_FINISHED = Counter(
+    "slack_agent_turns_finished_total",
+    "Turns that ended, by outcome: answered, model_error (partial kept), interrupted (stopped "
+    "or shut down; partial kept), lock_lost (taken over after going stale), failed (a bug).",
+    ["outcome"],
+)
+TURN_SECONDS = Histogram(
+    "slack_agent_turn_duration_seconds",
+    "Wall time of a turn from its claim to its release, by outcome.",
+    ["outcome"],
+    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
+TURN_REFUSALS = Counter(
+    "slack_agent_turn_refusals_total",
+    "Turns refused before any model call: busy (locked elsewhere) or stale (old view).",
+    ["reason"],
+)
+LOCK_TAKEOVERS = Counter(
+    "slack_agent_lock_takeovers_total",
+    "Claims that took over a lock whose holder stopped heartbeating (a dead or stuck turn).",
+)
+LOCKS_LOST = Counter(
+    "slack_agent_locks_lost_total",
+    "Turns that found their lock taken over and stopped.",
+)
+DELIVERIES = Gauge(
+    "slack_agent_deliveries",
+    "Delivery records not yet finished, by state and wait reason (read from the database).",
+    ["state", "reason"],
+)
+DELIVERY_AGE = Gauge(
+    "slack_agent_delivery_oldest_age_seconds",
+    "Age of the oldest unfinished delivery record, by state (read from the database).",
+    ["state"],
+)
+WAITING_MESSAGES = Gauge(
+    "slack_agent_waiting_messages",
+    "Messages waiting on a busy session or behind an earlier message of their thread.",
+)
+DELIVERIES_TAKEN_OVER = Counter(
+    "slack_agent_deliveries_taken_over_total",
+    "Delivery records this replica took over from a dead, stuck or stopped replica.",
+)
+DELIVERIES_FINISHED = Counter(
+    "slack_agent_deliveries_finished_total",
+    "Delivery records this replica finished, by final state.",
+    ["state"],
+)
+MODEL_SECONDS = Histogram(
+    "slack_agent_model_request_seconds",
+    "One streamed model request, from sending it to its last event, by provider.",
+    ["provider"],
+    buckets=(0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160),
+)
+MODEL_ERRORS = Counter(
+    "slack_agent_model_errors_total",
+    "Model requests that failed (after the provider's own retries), by provider and code.",
+    ["provider", "code"],
+)
+MODEL_TOKENS = Counter(
+    "slack_agent_model_tokens_total",
+    "Tokens the providers reported, by provider and kind (input, output).",
+    ["provider", "kind"],
+)
+SLACK_API_ERRORS = Counter(
+    "slack_agent_slack_api_errors_total",
+    "Slack Web API calls that failed after retries, by method and error.",
+    ["method", "error"],
+)
+SLACK_RATE_LIMITED = Counter(
+    "slack_agent_slack_api_rate_limited_total",
+    "Slack Web API answers of 429 (each is waited out as Retry-After says), by method.",
+    ["method"],
+)
+SWEEPER_DELETED = Counter(
+    "slack_agent_sweeper_deleted_total",
+    "Rows the sweeper deleted, by rule.",
+    ["rule"],
+)
+
+
+def exposition() -> tuple[bytes, str]:
+    """The body and content type of a ``/metrics`` answer."""
+    return generate_latest(), CONTENT_TYPE_LATEST
+
+
+class ObservedProvider:
+    """A model provider that counts its requests: latency, errors and tokens, by provider."""
+
+    def __init__(self, inner: ModelProvider) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.default_model = inner.default_model
+
+    async def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] = (),
+        *,
+        tool_choice: str | None = None,
+        model: str | None = None,
+    ) -> EventStream:
+        started = time.monotonic()
+        source = self.inner.stream(messages, tools, tool_choice=tool_choice, model=model)
+        try:
+            async for event in source:
+                if isinstance(event, Finish):
+                    MODEL_SECONDS.labels(self.name).observe(time.monotonic() - started)
+                    if event.usage is not None:
+                        for kind, count in (
+                            ("input", event.usage.input_tokens),
+                            ("output", event.usage.output_tokens),
+                        ):
+                            if count:
+                                MODEL_TOKENS.labels(self.name, kind).inc(count)
+                yield event
+        except ModelProviderError as exc:
+            MODEL_ERRORS.labels(self.name, exc.code).inc()
+            raise
+        finally:
+            await source.aclose()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

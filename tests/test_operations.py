@@ -1,0 +1,276 @@
+"""What the person who runs it sees and relies on (SPEC §4, §10): ``/metrics`` and ``/healthz``
+in both modes, start-up refusals of settings that cannot work, and Slack failing mid-reply."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import text as sql
+
+from core.messages import message_text
+from core.store import SessionStore
+from tests.fake_slack import FakeSlack, GatedModel, SlackClient
+from tests.helpers import ROOT
+from tests.slack_harness import ServeProcess, running_bot
+from tests.tcp_proxy import TcpProxy
+from tests.test_delivery import TerminalTurn, transcript
+
+METRICS = [
+    "slack_agent_turns_started",
+    "slack_agent_turns_finished",
+    "slack_agent_turn_duration_seconds",
+    "slack_agent_turn_refusals",
+    "slack_agent_lock_takeovers",
+    "slack_agent_locks_lost",
+    "slack_agent_deliveries",
+    "slack_agent_delivery_oldest_age_seconds",
+    "slack_agent_waiting_messages",
+    "slack_agent_deliveries_taken_over",
+    "slack_agent_deliveries_finished",
+    "slack_agent_model_request_seconds",
+    "slack_agent_model_errors",
+    "slack_agent_model_tokens",
+    "slack_agent_slack_api_errors",
+    "slack_agent_slack_api_rate_limited",
+    "slack_agent_sweeper_deleted",
+]
+
+
+async def get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        return response.status, await response.text()
+
+
+async def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``/metrics`` parsed as Prometheus exposition: (sample name, labels) -> value."""
+    status, body = await get(url + "/metrics")
+    assert status == 200
+    families = list(text_string_to_metric_families(body))
+    assert {f.name for f in families} >= set(METRICS)
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def test_metrics__parse_as_prometheus_and_move_with_turns_refusals_and_slack(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        before = await scrape(bot.url)
+        slack.rate_limit_once.add("chat.startStream")
+        root = await client.message("count me", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        terminal = await TerminalTurn(store, root).start()
+        await client.message("wait for it", thread_ts=root)
+        await slack.wait_for(lambda: slack.ephemerals())
+        after = await scrape(bot.url)
+        await terminal.finish()
+    for name, labels, delta in [
+        # The terminal's turn runs in this test's process, so it counts here too.
+        ("slack_agent_turns_started_total", {}, 2),
+        ("slack_agent_turns_finished_total", {"outcome": "answered"}, 1),
+        ("slack_agent_turn_duration_seconds_count", {"outcome": "answered"}, 1),
+        ("slack_agent_model_request_seconds_count", {"provider": "offline"}, 1),
+        ("slack_agent_turn_refusals_total", {"reason": "busy"}, 1),
+        ("slack_agent_slack_api_rate_limited_total", {"method": "chat.startStream"}, 1),
+        ("slack_agent_deliveries_finished_total", {"state": "done"}, 1),
+    ]:
+        moved = value(after, name, **labels) - value(before, name, **labels)
+        assert moved == delta, (name, labels)
+    # Read from the database at the scrape: the message waiting on the terminal's turn.
+    assert value(after, "slack_agent_deliveries", state="waiting", reason="ask") == 1
+    assert value(after, "slack_agent_waiting_messages") == 1
+    assert value(after, "slack_agent_delivery_oldest_age_seconds", state="waiting") >= 0
+
+
+async def test_healthz__503_while_the_database_is_gone_then_200_and_working_again(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    parts = urlsplit(database_url)
+    async with TcpProxy("127.0.0.1", parts.port or 5432) as proxy:
+        url = database_url
+        if parts.scheme.startswith("postgresql"):
+            url = urlunsplit(parts._replace(netloc=f"postgres@127.0.0.1:{proxy.port}"))
+        async with running_bot(url, slack) as bot, SlackClient(bot.url) as client:
+            assert (await get(bot.url + "/healthz"))[0] == 200
+            path = Path(parts.path)
+            if parts.scheme.startswith("postgresql"):
+                proxy.cut()
+            else:
+                os.rename(path, path.with_suffix(".away"))
+            assert await get(bot.url + "/healthz") == (503, "database unavailable")
+            # /metrics still answers (its counters), without the database's gauges.
+            assert (await get(bot.url + "/metrics"))[0] == 200
+            if parts.scheme.startswith("postgresql"):
+                proxy.restore()
+            else:
+                os.rename(path.with_suffix(".away"), path)
+            assert (await get(bot.url + "/healthz"))[0] == 200
+            root = await client.message("after the blip", mention=True)
+            await slack.wait_for(lambda: slack.named("chat.stopStream"))
+    assert [m.role for m in await transcript(store, root)] == ["user", "assistant"]
+
+
+async def test_socket_mode__healthz_and_metrics_on_the_small_http_listener(
+    database_url: str, slack: FakeSlack
+) -> None:
+    a = ServeProcess(database_url, slack, SLACK_APP_TOKEN="xapp-test", SLACK_SIGNING_SECRET="")
+    try:
+        await slack.wait_for(lambda: slack.sockets, within=30)
+        await a.ready()
+        status, body = await get(a.url + "/metrics")
+        assert status == 200
+        assert "slack_agent_turns_started_total" in body
+        async with aiohttp.ClientSession() as http, http.post(a.url + "/slack/events") as r:
+            assert r.status == 404  # events come over the socket; nothing to post here
+    finally:
+        output = await a.astop()
+    assert a.proc.returncode == 0, output
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("TURN_HEARTBEAT_SECONDS", "45", "TURN_HEARTBEAT_SECONDS: 45 is not well below"),
+        ("BUSY_POLL_SECONDS", "900", "BUSY_POLL_SECONDS: 900 is longer than"),
+        ("MAX_CONCURRENT_TURNS", "0", "MAX_CONCURRENT_TURNS"),
+    ],
+)
+def test_serve__settings_that_cannot_work_stop_start_up_with_one_line(
+    variable: str, value: str, named: str, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bot", "serve"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(ROOT),
+            "SLACK_BOT_TOKEN": "xoxb-x",
+            "SLACK_SIGNING_SECRET": "s",
+            variable: value,
+        },
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"slack-agent: config_invalid: {named}"), line
+
+
+async def test_slack_5xx_and_dropped_connections__retried_and_the_reply_posted_once(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    slack.fail_next["chat.startStream"] = [500]
+    slack.fail_next["chat.stopStream"] = [0]  # the connection drops without an answer
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root = await client.message("despite the hiccups", mention=True)
+        await slack.wait_for(lambda: [c for c in slack.named("chat.stopStream") if c.result["ok"]])
+    started = [c for c in slack.named("chat.startStream") if c.result["ok"]]
+    assert len(started) == 1
+    assert "despite the hiccups" in slack.shown(root)
+    assert [m.role for m in await transcript(store, root)] == ["user", "assistant"]
+
+
+async def test_stream_that_breaks_midway__the_rest_is_posted_never_cut_off(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with GatedModel(early="the first half, ") as model:
+        env = {
+            "model_provider": "openai",
+            "openai_api_key": "sk-test",
+            "openai_base_url": model.base_url,
+        }
+        async with running_bot(database_url, slack, **env) as bot, SlackClient(bot.url) as client:
+            root = await client.message("write a lot", mention=True)
+            await slack.wait_for(lambda: slack.named("chat.startStream"))
+            slack.errors["chat.appendStream"] = "internal_error"
+            slack.errors["chat.stopStream"] = "internal_error"
+            model.gate.set()
+            await slack.wait_for(lambda: slack.named("chat.postMessage"))
+    shown = slack.shown(root)
+    assert "the first half" in shown
+    assert "answer 1" in shown
+    assert message_text((await transcript(store, root))[1].message).endswith("answer 1")
+
+
+async def test_busy_notice_that_cannot_be_posted__the_message_is_still_answered(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with (
+        running_bot(database_url, slack, busy_mode="queue") as bot,
+        SlackClient(bot.url) as client,
+    ):
+        root = await client.message("first", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        terminal = await TerminalTurn(store, root).start()
+        slack.fail_next["chat.postEphemeral"] = [500] * 10  # more than the retries
+        await client.message("unannounced", thread_ts=root)
+        await slack.wait_for(lambda: len(slack.named("chat.postEphemeral")) >= 4)
+        await terminal.finish()
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    assert not [c for c in slack.named("chat.postEphemeral") if c.result.get("ok")]
+    assert "unannounced" in [message_text(m.message) for m in await transcript(store, root)]
+
+
+async def fail_delivery_writes(store: SessionStore, on: bool) -> None:
+    """Make recording a received message fail, as a full disk or a lost database would."""
+    async with store.db.write() as conn:
+        if store.db.dialect == "sqlite":
+            statement = (
+                "CREATE TRIGGER refuse BEFORE INSERT ON deliveries "
+                "BEGIN SELECT RAISE(FAIL, 'disk full'); END"
+                if on
+                else "DROP TRIGGER refuse"
+            )
+            await conn.execute(sql(statement))
+            return
+        if on:
+            await conn.execute(
+                sql(
+                    "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION 'disk full'; END $$"
+                )
+            )
+            await conn.execute(
+                sql(
+                    "CREATE TRIGGER refuse BEFORE INSERT ON deliveries "
+                    "FOR EACH ROW EXECUTE FUNCTION refuse()"
+                )
+            )
+        else:
+            await conn.execute(sql("DROP TRIGGER refuse ON deliveries"))
+
+
+async def test_message_that_cannot_be_recorded__is_not_acknowledged_so_slack_sends_it_again(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        await fail_delivery_writes(store, True)
+        ts = client.new_ts()
+        event = {
+            "type": "app_mention",
+            "user": "U1",
+            "text": "<@UBOT> please record me",
+            "ts": ts,
+            "channel": "C1",
+            "event_ts": ts,
+            "channel_type": "channel",
+        }
+        assert await client.event(event) == 500  # not "received": Slack will retry
+        assert not slack.named("chat.startStream")
+        await fail_delivery_writes(store, False)
+        assert await client.event(event, retry=1) == 200
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+    assert [m.role for m in await transcript(store, ts)] == ["user", "assistant"]
