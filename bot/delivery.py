@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -44,6 +44,8 @@ ClientFor = Callable[[str], Awaitable[AsyncWebClient | None]]
 TAKEOVER_BATCH = 50
 # A follow-up still waiting behind its thread's turn after this long is told it waits.
 NOTICE_AFTER_SECONDS = 1.0
+# Work on a message waits at most this long for a burst of requests to be acknowledged.
+ACKS_FIRST_SECONDS = 0.5
 
 
 class DeliveryWorker:
@@ -69,6 +71,22 @@ class DeliveryWorker:
         # Turns run at once by this process; the rest wait, already recorded and leased.
         self._slots = asyncio.Semaphore(max_turns)
         self._upkeep: asyncio.Task[None] | None = None
+        self._arriving = 0  # requests being acknowledged right now
+        self._quiet = asyncio.Event()
+        self._quiet.set()
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Around each incoming request: work on messages waits while requests are being
+        acknowledged, so a burst is acknowledged first (Slack's 3 s) and answered after."""
+        self._arriving += 1
+        self._quiet.clear()
+        try:
+            yield
+        finally:
+            self._arriving -= 1
+            if not self._arriving:
+                self._quiet.set()
 
     # -- intake ---------------------------------------------------------------------------------
 
@@ -104,6 +122,8 @@ class DeliveryWorker:
 
     async def _guarded(self, record: DeliveryRecord, client: AsyncWebClient, resumed: bool) -> None:
         try:
+            with contextlib.suppress(TimeoutError):  # bounded: a steady stream never starves it
+                await asyncio.wait_for(self._quiet.wait(), ACKS_FIRST_SECONDS)
             await self._carry(record, client, resumed)
         except asyncio.CancelledError:
             raise

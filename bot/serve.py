@@ -264,7 +264,8 @@ class Bot:
         except (ValueError, TypeError, KeyError):
             return web.Response(status=400, text="malformed request body")
         try:
-            response = await self.app.async_dispatch(bolt_request)
+            with self.worker.arriving():
+                response = await self.app.async_dispatch(bolt_request)
         except Exception:
             log.exception("dispatch failed")
             return web.Response(status=400, text="malformed request")
