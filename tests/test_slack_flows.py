@@ -8,7 +8,7 @@ from typing import Any
 from bot import messages as text
 from core.messages import assistant_message, message_text, user_message
 from core.records import Actor, StoredMessage, TurnLease
-from core.store import SessionStore
+from core.store import ANY_TAIL, SessionStore
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
 from tests.slack_harness import running_bot
 
@@ -289,3 +289,24 @@ async def test_stale__a_rewind_elsewhere_is_shown_as_such(
     refresh = [c for c in slack.named("chat.postMessage") if "rewound elsewhere" in c.text]
     assert len(refresh) == 1
     assert len(await store.messages(session.id)) == 2
+
+
+async def test_busy__an_operation_started_outside_the_thread_says_elsewhere_too(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root = await client.message("first", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        session = await store.find_session("slack", f"T1/C1/{root}")
+        assert session is not None
+        # A compaction from the operator's command line holds the lock (it claims as a turn
+        # does, with no user message and no stale guard).
+        operation = await store.start_turn(session.id, user_message=None, last_message_id=ANY_TAIL)
+        await client.message("meanwhile", thread_ts=root)
+        await slack.wait_for(lambda: text.busy_notice() in [c.text for c in slack.ephemerals()])
+        assert text.follow_up_notice() not in [c.text for c in slack.ephemerals()]
+        await store.release(operation)
+        offer = (await slack.wait_for(lambda: with_blocks(slack)))[0]
+        await client.button(text.SEND_DRAFT, draft_id(offer))
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    assert [message_text(m.message) for m in await transcript(store, root)][2] == "meanwhile"
