@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
@@ -419,14 +420,31 @@ def create_database(
     return Database(url, echo=echo, pool_size=pool_size, synchronous_commit=synchronous_commit)
 
 
+def _use_wal(dbapi_conn: Any) -> None:
+    """Put the file in WAL mode (a no-op once it is). Switching a fresh file needs it to itself,
+    and SQLite refuses at once, without waiting, when another process holds a lock that waiting
+    could deadlock on (replicas starting together on a new file): so retry, briefly, here. This
+    runs once per new connection and waits only in that start-up race."""
+    deadline = time.monotonic() + SQLITE_WRITE_WAIT_SECONDS
+    while True:
+        try:
+            if dbapi_conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                dbapi_conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Transactions are begun explicitly (pysqlite's own BEGIN is always deferred).
         dbapi_conn.isolation_level = None
-        dbapi_conn.execute("PRAGMA journal_mode=WAL")
-        dbapi_conn.execute("PRAGMA foreign_keys=ON")
         dbapi_conn.execute(f"PRAGMA busy_timeout={SQLITE_READ_BUSY_MS}")
+        _use_wal(dbapi_conn)
+        dbapi_conn.execute("PRAGMA foreign_keys=ON")
         dbapi_conn.execute("PRAGMA synchronous=NORMAL")
 
     @event.listens_for(engine, "begin")
