@@ -154,6 +154,7 @@ class Bot:
         self.deliveries = Deliveries(
             db, SURFACE, staleness_seconds=settings.turn_lock_staleness_seconds
         )
+        metrics.REPLICA.info({"owner": self.deliveries.owner})
         self.worker = DeliveryWorker(
             settings,
             self.deliveries,

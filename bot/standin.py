@@ -1,9 +1,11 @@
-"""A local stand-in for the Slack Web API, for the demo and the benchmark (SPEC §12, §13).
+"""A local stand-in for the Slack Web API, for the demo, the benchmark and the soak.
 
 A real HTTP server on 127.0.0.1 (``SLACK_API_URL`` points at it) that answers like Slack
 (``ok: true``, fresh ``ts`` values, streaming methods included) and keeps what was posted, so the
 demo can print a thread as a Slack user would see it. It is not a test double of Slack's rules.
-Also: ``signed`` builds the headers Slack signs its requests with.
+With ``SlackFaults`` it answers a share of calls as an overloaded Slack does: 429 with
+``Retry-After``, or 500 (the call is then not carried out). Also: ``signed`` builds the headers
+Slack signs its requests with.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import hashlib
 import hmac
 import itertools
 import json
+import random
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +26,13 @@ from aiohttp import web
 
 TEAM = "T0DEMO"
 BOT_USER = "U0AGENT"
+
+
+@dataclass(frozen=True)
+class SlackFaults:
+    rate_limited: float = 0.0  # share of calls answered 429 with Retry-After: 1
+    server_error: float = 0.0  # share of calls answered 500
+    seed: int = 0
 
 
 @dataclass
@@ -36,11 +47,15 @@ class Posted:
     author: str = "agent"
     buttons: list[str] = field(default_factory=list)
     values: list[str] = field(default_factory=list)
+    streaming: bool = False  # a stream that was started and not (yet) stopped
 
 
 class SlackStandIn:
-    def __init__(self, team: str = TEAM) -> None:
+    def __init__(self, team: str = TEAM, faults: SlackFaults | None = None) -> None:
         self.team = team
+        self.faults = faults or SlackFaults()
+        self.injected: Counter[str] = Counter()
+        self._random = random.Random(self.faults.seed)
         self.url = ""
         self.posted: dict[str, Posted] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -79,6 +94,15 @@ class SlackStandIn:
             args = {k: str(v) for k, v in (await request.post()).items()}
         if isinstance(args.get("blocks"), str):
             args["blocks"] = json.loads(args["blocks"])
+        draw = self._random.random()
+        if draw < self.faults.rate_limited:
+            self.injected["429"] += 1
+            return web.json_response(
+                {"ok": False, "error": "ratelimited"}, status=429, headers={"Retry-After": "1"}
+            )
+        if draw < self.faults.rate_limited + self.faults.server_error:
+            self.injected["500"] += 1
+            return web.json_response({"ok": False, "error": "fatal_error"}, status=500)
         self.calls.append((method, args))
         result = self._answer(method, args)
         self.changed.set()
@@ -100,6 +124,7 @@ class SlackStandIn:
         if method in ("chat.postMessage", "chat.startStream", "chat.postEphemeral"):
             ts = self.next_ts()
             posted = Posted(ts, channel, args.get("thread_ts"), text)
+            posted.streaming = method == "chat.startStream"
             if method == "chat.postEphemeral":
                 posted.visible_to = str(args.get("user"))
                 for block in args.get("blocks") or []:
@@ -118,6 +143,7 @@ class SlackStandIn:
             found = self.posted.get(ts)
             if found is not None:
                 found.text = text if method == "chat.update" else found.text + text
+                found.streaming = found.streaming and method != "chat.stopStream"
             return {"ok": True, "channel": channel, "ts": ts}
         if method == "chat.delete":
             self.posted.pop(str(args.get("ts")), None)

@@ -14,7 +14,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    generate_latest,
+)
 
 from core.errors import ModelProviderError
 from core.providers.base import (
@@ -25,6 +32,10 @@ from core.providers.base import (
     ToolSpec,
 )
 
+REPLICA = Info(
+    "slack_agent_replica",
+    "This process: ``owner`` is the id its delivery records carry while it works on them.",
+)
 TURNS_STARTED = Counter("slack_agent_turns_started_total", "Turns that claimed their session.")
 TURNS_FINISHED = Counter(
     "slack_agent_turns_finished_total",

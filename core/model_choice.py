@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import httpx
+
 from core.custom_providers import get_custom_provider
 from core.db import Database
 from core.metrics import ObservedProvider
@@ -24,7 +26,7 @@ from core.providers.registry import (
     custom_provider_name,
     resolve_builtin,
 )
-from core.providers.streaming import HttpOptions
+from core.providers.streaming import DEFAULT_TIMEOUT, HttpOptions
 from core.records import ModelChoice, SessionInfo
 from core.settings import Settings
 
@@ -42,12 +44,23 @@ class ProviderCache:
     http: HttpOptions | None = None
     _built: dict[tuple[str, str | None], ModelProvider] = field(default_factory=dict)
 
+    def _http(self) -> HttpOptions:
+        if self.http is not None:
+            return self.http
+        timeout = httpx.Timeout(
+            connect=DEFAULT_TIMEOUT.connect,
+            read=self.settings.model_timeout_seconds,
+            write=DEFAULT_TIMEOUT.write,
+            pool=DEFAULT_TIMEOUT.pool,
+        )
+        return HttpOptions(timeout=timeout)
+
     def builtin(self) -> ModelProvider:
         name = resolve_builtin(self.settings)
         key = (f"builtin:{name}", self.settings.model_name)
         if key not in self._built:
             self._built[key] = ObservedProvider(
-                build_builtin(self.settings, name=name, http=self.http)
+                build_builtin(self.settings, name=name, http=self._http())
             )
         return self._built[key]
 
@@ -55,7 +68,7 @@ class ProviderCache:
         key = (f"custom:{spec.name}:{spec.base_url}:{spec.api_key_env}", self.settings.model_name)
         if key not in self._built:
             self._built[key] = ObservedProvider(
-                build_custom(spec, model=self.settings.model_name, http=self.http)
+                build_custom(spec, model=self.settings.model_name, http=self._http())
             )
         return self._built[key]
 

@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     openai_base_url: str = "https://api.openai.com/v1"
     anthropic_api_key: str | None = None
     anthropic_base_url: str = "https://api.anthropic.com"
+    # The longest a model may stay silent mid-answer (thinking before its first token, between
+    # tool calls) before the turn ends with model_provider_timeout.
+    model_timeout_seconds: float = Field(default=120, gt=0)
 
     turn_lock_staleness_seconds: float = Field(default=60, gt=0)
     turn_heartbeat_seconds: float = Field(default=15, gt=0)
