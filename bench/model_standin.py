@@ -1,6 +1,6 @@
 """A stand-in model for the soak: an OpenAI-compatible Chat Completions server on 127.0.0.1.
 
-It answers after a random 50–500 ms, streaming the answer in pieces; on some first rounds it
+It answers after a random 50-500 ms, streaming the answer in pieces; on some first rounds it
 calls the ``shell`` tool instead (so turns change their sandbox and take a second round); and
 it misbehaves at the rates it is given: a request that goes silent for longer than the
 replicas' ``MODEL_TIMEOUT_SECONDS`` (a timeout), a stream that is cut mid-answer. Every request
@@ -72,6 +72,16 @@ def _usage(prompt: int, completion: int) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
+async def _wait(request: web.Request, seconds: float) -> None:
+    """Sleep, but stop when the client hangs up: a call whose replica gave up on it (a model
+    timeout) or died is no longer in flight, whatever this server would have done next."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        if request.transport is None or request.transport.is_closing():
+            raise ConnectionResetError("the client went away")
+        await asyncio.sleep(min(left, 0.02))
+
+
 class ModelStandIn:
     def __init__(self, faults: ModelFaults, *, seed: int = 0) -> None:
         self.faults = faults
@@ -127,9 +137,9 @@ class ModelStandIn:
         await response.write(_chunk({"role": "assistant", "content": ""}).encode())
         if draw < self.faults.timeout:
             self.stats.injected["timeout"] += 1
-            await asyncio.sleep(self.faults.silence_seconds)
+            await _wait(request, self.faults.silence_seconds)
             return response
-        await asyncio.sleep(self._random.uniform(0.05, 0.5))
+        await _wait(request, self._random.uniform(0.05, 0.5))
         if draw < self.faults.timeout + self.faults.cut:
             self.stats.injected["cut"] += 1
             await response.write(_chunk({"content": f"({tag}) this answer is cut "}).encode())
@@ -145,7 +155,9 @@ class ModelStandIn:
                 "type": "function",
                 "function": {
                     "name": "shell",
-                    "arguments": json.dumps({"command": f"echo {tag} >> notes.txt; wc -l notes.txt"}),
+                    "arguments": json.dumps(
+                        {"command": f"echo {tag} >> notes.txt; wc -l notes.txt"}
+                    ),
                 },
             }
             frames = [_chunk({"tool_calls": [call]}), _chunk({}, "tool_calls")]

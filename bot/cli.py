@@ -11,10 +11,11 @@ import asyncio
 import json
 import logging
 import sys
+import tempfile
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from core.errors import SlackAgentError, UsageError
+from core.errors import SlackAgentError, SoakFailed, UsageError
 from core.logs import configure_logging
 from core.messages import message_text
 from core.operator import Operator
@@ -55,6 +56,22 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--database-url", help="default: a fresh temporary SQLite file")
     bench.add_argument("--quick", action="store_true", help="smaller sizes: under 30 s")
+
+    soak = commands.add_parser(
+        "soak", help="replicas under load and faults, then every promise checked (127.0.0.1 only)"
+    )
+    soak.add_argument("--database-url", help="default: a fresh temporary SQLite file")
+    soak.add_argument("--quick", action="store_true", help="300 messages in 40 s")
+    soak.add_argument("--messages", type=int)
+    soak.add_argument("--threads", type=int)
+    soak.add_argument("--seconds", type=float)
+    soak.add_argument("--replicas", type=int, default=3)
+    soak.add_argument(
+        "--restart-command",
+        help="restart PostgreSQL with this command once (default: cut its connections for 4 s)",
+    )
+    soak.add_argument("--seed", type=int, default=1)
+    soak.add_argument("--json", action="store_true", help="print one JSON object")
 
     commands.add_parser("chat", help="continue a session from the terminal")
     commands.add_parser("demo", help="the first-run experience")
@@ -157,6 +174,17 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> None:
     print(json.dumps(result) if args.json else format_table(result))
 
 
+async def _soak(args: argparse.Namespace, settings: Settings) -> None:
+    from bench.soak import format_report, run_soak, soak_config
+
+    with tempfile.TemporaryDirectory(prefix="soak-db-") as tmp:
+        url = args.database_url or f"sqlite+aiosqlite:///{tmp}/soak.db"
+        report = await run_soak(soak_config(url, args))
+    print(json.dumps(report.as_dict()) if args.json else format_report(report))
+    if not report.ok:
+        raise SoakFailed(f"{len(report.violations)} promise(s) broken; see the report above")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in NOT_BUILT:
@@ -169,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings()
         configure_logging(settings.log_level, settings.log_format)
         runners: dict[str, Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, None]]]
-        runners = {"bench": _bench, "serve": _serve, "demo": _demo}
+        runners = {"bench": _bench, "serve": _serve, "demo": _demo, "soak": _soak}
         runner = runners.get(args.command, _run_operator)
         asyncio.run(runner(args, settings))
     except SlackAgentError as exc:

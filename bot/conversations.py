@@ -17,15 +17,15 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import messages as text
-from bot.reply import ReplyStream
+from bot.reply import SLACK_FAILURES, ReplyStream
 from core.agent import Agent, AgentEvent, Notice, TextChunk, ToolStarted, TurnStarted
 from core.deliveries import DeliveryRecord
 from core.errors import (
@@ -47,7 +47,15 @@ SURFACE = "slack"
 PROJECT = "slack"
 SHUTDOWN = "shutdown"  # the cancellation message of a turn stopped by a shutdown
 
-OnStarted = Callable[[int], Awaitable[None]]
+
+class Progress(Protocol):
+    """What the delivery record learns during a try (``bot.delivery`` keeps it)."""
+
+    async def started(self, session_id: int) -> None:
+        """The claim held: the user message is in the transcript."""
+
+    async def replying(self, reply_ts: str) -> None:
+        """The reply's first message exists in Slack (a take-over finishes it)."""
 
 
 def thread_key(team: str, channel: str, thread_ts: str) -> str:
@@ -177,7 +185,7 @@ class Conversations:
         client: AsyncWebClient,
         *,
         resumed: bool,
-        on_started: OnStarted,
+        progress: Progress,
     ) -> Outcome:
         """Answer ``record`` now if the session lets us.
 
@@ -200,10 +208,10 @@ class Conversations:
         await _let_others_run()
         if not resumed:
             try:
-                return await self._turn(session, post, record, client, on_started, resume=False)
+                return await self._turn(session, post, record, client, progress, resume=False)
             except DuplicateMessage:
                 log.info("message %s is already in the transcript", record.message_id)
-        return await self._resume(session, post, record, client, on_started)
+        return await self._resume(session, post, record, client, progress)
 
     async def _resume(
         self,
@@ -211,16 +219,59 @@ class Conversations:
         post: Post,
         record: DeliveryRecord,
         client: AsyncWebClient,
-        on_started: OnStarted,
+        progress: Progress,
     ) -> Outcome:
         """Carry on from what the transcript holds (SPEC §6.10): a user message that is the tail
         is answered from there (never stored again); one with anything after it was answered."""
         tail = await self.store.tail(session.id)
         if tail is not None and tail.message_id == record.message_id:
-            return await self._turn(session, post, record, client, on_started, resume=True)
-        if await self.store.find_message(record.message_id) is None:
-            return await self._turn(session, post, record, client, on_started, resume=False)
+            if record.reply_ref is not None:  # the dead turn's reply, left half-written
+                await self._close_reply(client, post, record.reply_ref, text.cut_short())
+            return await self._turn(session, post, record, client, progress, resume=True)
+        found = await self.store.find_message(record.message_id)
+        if found is None:
+            return await self._turn(session, post, record, client, progress, resume=False)
+        after = await self.store.messages(session.id, after_position=found[1].position)
+        answer = after[0] if after and after[0].role == "assistant" else None
+        if answer is not None:
+            # Answered before the replica died; its reply may not have been finished.
+            reply = message_text(answer.message)
+            if record.reply_ref is not None:
+                await self._close_reply(client, post, record.reply_ref, reply, replace=True)
+            else:
+                await self._post_reply(client, post, session.id, answer.message_id, reply)
         return Outcome.ANSWERED
+
+    async def _close_reply(
+        self, client: AsyncWebClient, post: Post, ts: str, body: str, *, replace: bool = False
+    ) -> None:
+        """Stop a stream a dead replica left open, ending with ``body`` (or showing only
+        ``body`` with ``replace``); a reply that cannot be edited any more gets a new message."""
+        with contextlib.suppress(*SLACK_FAILURES):
+            await client.chat_stopStream(channel=post.channel, ts=ts)
+        try:
+            if replace:
+                await client.chat_update(channel=post.channel, ts=ts, text=body)
+            else:
+                await client.chat_stopStream(channel=post.channel, ts=ts, markdown_text=body)
+        except SLACK_FAILURES:
+            if replace:
+                await client.chat_postMessage(
+                    channel=post.channel, thread_ts=post.thread_ts, text=body
+                )
+
+    async def _post_reply(
+        self, client: AsyncWebClient, post: Post, session_id: int, message_id: str, body: str
+    ) -> None:
+        response = await client.chat_postMessage(
+            channel=post.channel, thread_ts=post.thread_ts, text=body
+        )
+        await self.state.add_ref(
+            thread_key(post.team, post.channel, str(response["ts"])),
+            session_id,
+            message_id,
+            "reply",
+        )
 
     async def _turn(
         self,
@@ -228,7 +279,7 @@ class Conversations:
         post: Post,
         record: DeliveryRecord,
         client: AsyncWebClient,
-        on_started: OnStarted,
+        progress: Progress,
         *,
         resume: bool,
         retry: bool = True,
@@ -242,12 +293,13 @@ class Conversations:
             team=post.team,
             user=post.user,
             interval=self.update_interval,
+            on_start=progress.replying,
         )
         await self._status(client, post, text.WORKING_STATUS)
 
         async def on_event(event: AgentEvent) -> None:
             if isinstance(event, TurnStarted):
-                await on_started(session.id)
+                await progress.started(session.id)
                 if resume:
                     await stream.append(text.notice(text.resumed()) + "\n")
             elif isinstance(event, TextChunk):
@@ -288,7 +340,7 @@ class Conversations:
                 await self._refresh_stale(session, post, client, exc)
                 return Outcome.STALE
             return await self._turn(
-                session, post, record, client, on_started, resume=False, retry=False
+                session, post, record, client, progress, resume=False, retry=False
             )
         except AgentSessionLockLost:
             await stream.finish(stream.text + "\n" + text.lock_lost())

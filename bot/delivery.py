@@ -34,7 +34,7 @@ from bot import messages as text
 from bot.conversations import SHUTDOWN, Conversations, Outcome, Post
 from core import metrics
 from core.deliveries import ACTIVE, MAX_TAKEOVERS, Deliveries, DeliveryRecord
-from core.errors import AgentSessionNotFound
+from core.errors import AgentSessionNotFound, DatabaseError
 from core.messages import slack_message_id
 from core.settings import Settings
 
@@ -44,6 +44,8 @@ ClientFor = Callable[[str], Awaitable[AsyncWebClient | None]]
 TAKEOVER_BATCH = 50
 # A follow-up still waiting behind its thread's turn after this long is told it waits.
 NOTICE_AFTER_SECONDS = 1.0
+# Pauses before carrying a message on again after a database error (then: left to a take-over).
+DATABASE_RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0)
 # Work on a message waits at most this long for a burst of requests to be acknowledged.
 ACKS_FIRST_SECONDS = 0.5
 
@@ -121,16 +123,32 @@ class DeliveryWorker:
         task.add_done_callback(lambda _: self._tasks.pop(record.id, None))
 
     async def _guarded(self, record: DeliveryRecord, client: AsyncWebClient, resumed: bool) -> None:
-        try:
-            with contextlib.suppress(TimeoutError):  # bounded: a steady stream never starves it
-                await asyncio.wait_for(self._quiet.wait(), ACKS_FIRST_SECONDS)
-            await self._carry(record, client, resumed)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            # The record stays active and ours; its lease is no longer renewed, so after the
-            # staleness window a replica (maybe this one) takes it over and tries again.
-            log.exception("message %s: failed; it will be taken over and retried", record.event_key)
+        with contextlib.suppress(TimeoutError):  # bounded: a steady stream never starves it
+            await asyncio.wait_for(self._quiet.wait(), ACKS_FIRST_SECONDS)
+        current: DeliveryRecord | None = record
+        for pause in (*DATABASE_RETRIES, None):
+            if current is None:
+                return
+            try:
+                await self._carry(current, client, resumed)
+                return
+            except asyncio.CancelledError:
+                raise
+            except DatabaseError as exc:
+                if pause is None:
+                    break
+                # A database blip (a restart, a failover): the record stays ours and leased;
+                # carry on from what the transcript holds once the database answers again.
+                log.warning("message %s: %s; retrying in %gs", record.event_key, exc, pause)
+                await asyncio.sleep(pause)
+                resumed = True
+                with contextlib.suppress(DatabaseError):
+                    current = await self._reload(current)
+            except Exception:
+                break
+        # The record stays active and ours; its lease is no longer renewed, so after the
+        # staleness window a replica (maybe this one) takes it over and tries again.
+        log.exception("message %s: failed; it will be taken over and retried", record.event_key)
 
     # -- one record, from received to finished --------------------------------------------------
 
@@ -154,7 +172,7 @@ class DeliveryWorker:
                 self._turning.add(current.id)  # from here on, a stop waits for it
                 try:
                     outcome = await self.conv.attempt(
-                        current, client, resumed=resumed, on_started=self._started(current)
+                        current, client, resumed=resumed, progress=_Progress(self, current)
                     )
                     if outcome is Outcome.STALE:
                         # Offered before the record leaves the line: an offer Slack refused
@@ -177,14 +195,6 @@ class DeliveryWorker:
                     self._turning.discard(current.id)
             resumed = False
             current = await self._start_waiting(current, client)
-
-    def _started(self, record: DeliveryRecord) -> Callable[[int], Awaitable[None]]:
-        async def started(session_id: int) -> None:
-            await self.deliveries.move(
-                record.id, ("received", "waiting"), "started", session_id=session_id
-            )
-
-        return started
 
     async def _was_started(self, record: DeliveryRecord) -> bool:
         current = await self.deliveries.get(record.id)
@@ -388,3 +398,19 @@ class DeliveryWorker:
         if self._upkeep is not None:
             self._upkeep.cancel()
             await asyncio.gather(self._upkeep, return_exceptions=True)
+
+
+class _Progress:
+    """What a try tells its record: started (the user message is stored), replying (where)."""
+
+    def __init__(self, worker: DeliveryWorker, record: DeliveryRecord) -> None:
+        self.deliveries = worker.deliveries
+        self.record = record
+
+    async def started(self, session_id: int) -> None:
+        await self.deliveries.move(
+            self.record.id, ("received", "waiting"), "started", session_id=session_id
+        )
+
+    async def replying(self, reply_ts: str) -> None:
+        await self.deliveries.set_reply(self.record.id, reply_ts)

@@ -105,6 +105,10 @@ def resumed() -> str:
     return "Picking this back up: the reply to this message was interrupted by a restart."
 
 
+def cut_short() -> str:
+    return "_(cut short by a restart; picked back up below)_"
+
+
 def will_retry() -> str:
     return ":warning: Something went wrong while answering; I'll pick this back up shortly."
 

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import ClientError
@@ -39,6 +40,7 @@ class ReplyStream:
         team: str | None,
         user: str | None,
         interval: float = 1.0,
+        on_start: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.client = client
         self.channel = channel
@@ -46,6 +48,7 @@ class ReplyStream:
         self.team = team
         self.user = user
         self.interval = interval
+        self.on_start = on_start  # told the reply's ts once it exists
         self.ts: str | None = None
         self.streaming = False
         self.broken = False  # a call failed after retries: the rest goes out at ``finish``
@@ -105,6 +108,7 @@ class ReplyStream:
             ts = response.get("ts")
             if response.get("ok") and isinstance(ts, str):
                 self.ts, self.streaming = ts, True
+                await self._started()
                 return
         except SlackApiError as exc:
             log.debug("streaming unavailable (%s); falling back to chat.update", exc)
@@ -112,6 +116,11 @@ class ReplyStream:
             channel=self.channel, thread_ts=self.thread_ts, text=chunk or "…"
         )
         self.ts = str(response["ts"])
+        await self._started()
+
+    async def _started(self) -> None:
+        if self.on_start is not None and self.ts is not None:
+            await self.on_start(self.ts)
 
     async def finish(self, final_text: str | None = None) -> str | None:
         """Send what is pending and close the reply; returns its ts (None if nothing was shown).

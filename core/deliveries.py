@@ -89,6 +89,7 @@ class DeliveryRecord:
     owner: str | None
     takeovers: int
     created_at: datetime
+    reply_ref: str | None = None
 
     @property
     def active(self) -> bool:
@@ -118,6 +119,7 @@ def _record(row: Any) -> DeliveryRecord:
         owner=row.owner,
         takeovers=int(row.takeovers),
         created_at=row.created_at,
+        reply_ref=row.reply_ref,
     )
 
 
@@ -323,6 +325,13 @@ class Deliveries:
             record_id, from_states, "waiting", wait_reason=reason, waiting_since=db_now()
         )
 
+    async def set_reply(self, record_id: int, reply_ref: str) -> None:
+        """Remember where the answer is being shown (fenced on the owner, like every move)."""
+        async with self.db.write() as conn:
+            await conn.execute(
+                update(DELIVERIES).where(self._mine(record_id)).values(reply_ref=reply_ref)
+            )
+
     async def claim(
         self, record_id: int, from_states: tuple[str, ...], *, author: str | None = None
     ) -> DeliveryRecord | None:
@@ -445,6 +454,15 @@ class Deliveries:
             )
             taken = [_record(r) for r in rows]
         return sorted(taken, key=lambda r: r.id)
+
+    async def count_owned_by(self, owner: str) -> int:
+        """Active records a replica (by its ``owner`` id) still holds: after it died, how many
+        are left to take over."""
+        async with self.db.read() as conn:
+            found = await conn.scalar(
+                select(func.count()).where(D.owner == owner, D.state.in_(ACTIVE))
+            )
+        return int(found or 0)
 
     async def counts(self) -> list[StateCount]:
         """Records that are not finished, by state and reason, with the age of the oldest."""

@@ -8,6 +8,7 @@ never leave ``core``; the store translates them at its boundary with ``raise ...
     ├── ConfigError                      config_invalid
     ├── UsageError                       usage_error
     ├── DatabaseError                    database_error
+    ├── SoakFailed                       soak_failed
     ├── AgentSessionError
     │   ├── AgentSessionNotFound         agent_session_not_found
     │   ├── AgentSessionForbidden        agent_session_forbidden
@@ -59,6 +60,12 @@ class DatabaseError(SlackAgentError):
     """The database failed in a way the protocol does not expect (unreachable, corrupt, ...)."""
 
     code = "database_error"
+
+
+class SoakFailed(SlackAgentError):
+    """``slack-agent soak`` found a promise broken (its report says which)."""
+
+    code = "soak_failed"
 
 
 class AgentSessionError(SlackAgentError):

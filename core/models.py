@@ -369,5 +369,8 @@ class Delivery(Base):
     lease_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     takeovers: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     waiting_since: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    # Where the surface shows the answer (a Slack message ts), once the reply started: a replica
+    # that takes the record over finishes a reply the dead one left half-written.
+    reply_ref: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()

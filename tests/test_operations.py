@@ -20,7 +20,7 @@ from core.store import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
 from tests.helpers import ROOT
 from tests.slack_harness import ServeProcess, running_bot
-from tests.tcp_proxy import TcpProxy
+from bench.tcp_proxy import TcpProxy
 from tests.test_delivery import TerminalTurn, transcript
 
 METRICS = [

@@ -56,6 +56,7 @@ def upgrade() -> None:
         sa.Column("lease_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("takeovers", sa.Integer(), server_default="0", nullable=False),
         sa.Column("waiting_since", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("reply_ref", sa.String(length=255), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), server_default=_now(), nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), server_default=_now(), nullable=False),
         sa.ForeignKeyConstraint(

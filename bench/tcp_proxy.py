@@ -1,5 +1,5 @@
-"""A TCP proxy on 127.0.0.1 that a test can cut: the database "goes away" for the processes
-behind it (every connection closed, new ones refused) without stopping the shared server."""
+"""A TCP proxy on 127.0.0.1 that can be cut: the database "goes away" for the processes behind
+it (every connection closed, new ones refused) without stopping a server others share."""
 
 from __future__ import annotations
 

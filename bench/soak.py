@@ -1,0 +1,495 @@
+"""``slack-agent soak``: load and faults together, then the product's promises checked.
+
+Several ``serve`` replicas on one database, the Slack stand-in and a stand-in model (both in
+this process, on 127.0.0.1), and a load generator sending what Slack would send (``bench.load``).
+While the load runs: Slack answers a share of calls with 429 and 500, the model times out and
+cuts streams at the rates given, one replica is killed with SIGKILL and started again, and the
+database goes away once (a real restart when a command is given, otherwise every connection cut
+for a few seconds through a proxy). When the load is done and the replicas have settled, the
+promises are checked from the database and from what the stand-ins saw:
+
+- every acknowledged message is in its thread's transcript exactly once, answered right after;
+- every thread's positions are contiguous;
+- no two model calls of one conversation were ever in flight at once;
+- no delivery record is left unfinished, expired or failed;
+- no reply was posted twice (finished replies per thread = answers in its transcript; a stream
+  the killed replica left open is counted apart);
+- no 5xx outside the database outage (inside it a 500 is the right answer: Slack sends again).
+
+It reports acknowledgement latency, turns per second and how long each fault took to recover
+from. Bounded in time; everything stays on 127.0.0.1; the replicas are stopped at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import statistics
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+
+from bench.load import CHANNEL, Plan, Sender
+from bench.model_standin import ModelFaults, ModelStandIn
+from bench.replicas import Replica
+from bench.tcp_proxy import TcpProxy
+from bot import messages as text
+from bot.standin import TEAM, SlackFaults, SlackStandIn
+from core.db import create_database
+from core.deliveries import Deliveries
+from core.messages import slack_message_id
+from core.migrate import upgrade
+from core.store import SessionStore
+
+SECRET = "soak-signing-secret"
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    database_url: str
+    replicas: int = 3
+    threads: int = 200
+    messages: int = 2000
+    seconds: float = 120.0
+    retry_share: float = 0.10
+    pair_share: float = 0.30
+    slack_faults: SlackFaults = field(
+        default_factory=lambda: SlackFaults(rate_limited=0.05, server_error=0.01, seed=11)
+    )
+    model_faults: ModelFaults = field(
+        default_factory=lambda: ModelFaults(timeout=0.02, cut=0.01, tool=0.25, silence_seconds=6)
+    )
+    model_timeout_seconds: float = 3.0
+    staleness_seconds: float = 10.0
+    heartbeat_seconds: float = 2.0
+    kill_at: float = 0.3  # share of ``seconds``
+    restart_after: float = 5.0
+    outage_at: float = 0.6  # share of ``seconds``
+    outage_seconds: float = 4.0  # proxy outage (no restart command)
+    restart_command: str | None = (
+        None  # e.g. "pg_ctlcluster --skip-systemctl-redirect 15 main restart"
+    )
+    settle_seconds: float = 120.0  # after the load, at most this long for the last answers
+    seed: int = 1
+
+
+@dataclass
+class Recovery:
+    fault: str
+    at: float
+    seconds: float | None  # None: not recovered within the run
+    detail: str = ""
+
+
+@dataclass
+class SoakReport:
+    config: dict[str, Any]
+    sent: int = 0
+    distinct_messages: int = 0
+    acknowledged: int = 0
+    abandoned: int = 0
+    answers_2xx: int = 0
+    ack_ms: dict[str, float] = field(default_factory=dict)
+    status_counts: dict[str, int] = field(default_factory=dict)
+    five_xx_outside_outage: int = 0
+    turns: int = 0
+    turns_per_second: float = 0.0
+    model_errors: int = 0
+    resumed: int = 0
+    cut_off_streams: int = 0  # replies left streaming: must be none
+    # replies cut short (a replica died or lost the database mid-reply), closed with a note and
+    # followed by the answer picked back up
+    closed_for_a_takeover: int = 0
+    slack_faults: dict[str, int] = field(default_factory=dict)
+    model_faults: dict[str, int] = field(default_factory=dict)
+    recoveries: list[Recovery] = field(default_factory=list)
+    exit_statuses: list[int | None] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    duration_seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ok"] = self.ok
+        return data
+
+
+def _percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    if not ordered:
+        return {}
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    return {
+        "p50": round(statistics.median(ordered), 2),
+        "p95": at(0.95),
+        "p99": at(0.99),
+        "n": len(ordered),
+    }
+
+
+class Soak:
+    def __init__(self, config: SoakConfig, workdir: Path) -> None:
+        self.config = config
+        self.workdir = workdir
+        self.report = SoakReport(config=_plain(config))
+        self.slack = SlackStandIn(TEAM, config.slack_faults)
+        self.model = ModelStandIn(config.model_faults, seed=config.seed)
+        self.replicas: list[Replica] = []
+        self.outage: tuple[float, float] | None = None  # (start, end), seconds from the start
+        self.started = 0.0
+        self.plan: Plan | None = None
+        self.acknowledged: set[str] = set()
+
+    @property
+    def postgres(self) -> bool:
+        return urlsplit(self.config.database_url).scheme.startswith("postgres")
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    async def run(self) -> SoakReport:
+        c = self.config
+        db = create_database(c.database_url)
+        await upgrade(db)  # once, before the replicas (they would migrate one at a time too)
+        await self.slack.start()
+        await self.model.start()
+        parts = urlsplit(c.database_url)
+        proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+        try:
+            async with proxy:
+                replica_url = c.database_url
+                if self.postgres and c.restart_command is None:
+                    netloc = f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}"
+                    replica_url = urlunsplit(parts._replace(netloc=netloc))
+                self.replicas = [
+                    Replica(
+                        f"replica-{i}", self._env(replica_url), self.workdir / f"replica-{i}.log"
+                    )
+                    for i in range(c.replicas)
+                ]
+                await asyncio.gather(*(r.start() for r in self.replicas))
+                await asyncio.gather(*(r.ready() for r in self.replicas))
+                await self._drive(db, proxy)
+        finally:
+            statuses = await asyncio.gather(*(r.stop() for r in self.replicas))
+            self.report.exit_statuses = list(statuses)
+            await self.model.stop()
+            await self.slack.stop()
+        await self._check(db)
+        await db.dispose()
+        return self.report
+
+    def _env(self, database_url: str) -> dict[str, str]:
+        c = self.config
+        return {
+            "DATABASE_URL": database_url,
+            "SLACK_BOT_TOKEN": "xoxb-soak",
+            "SLACK_SIGNING_SECRET": SECRET,
+            "SLACK_API_URL": self.slack.api_url,
+            "MODEL_PROVIDER": "openai",
+            "OPENAI_API_KEY": "sk-soak",
+            "OPENAI_BASE_URL": self.model.base_url,
+            "MODEL_TIMEOUT_SECONDS": str(c.model_timeout_seconds),
+            "TURN_LOCK_STALENESS_SECONDS": str(c.staleness_seconds),
+            "TURN_HEARTBEAT_SECONDS": str(c.heartbeat_seconds),
+            "BUSY_MODE": "queue",
+            "BUSY_POLL_SECONDS": "0.5",
+            "SHUTDOWN_GRACE_SECONDS": "10",
+            "LOG_LEVEL": "WARNING",
+        }
+
+    async def _drive(self, db: Any, proxy: TcpProxy) -> None:
+        c = self.config
+        plan = Plan.make(
+            threads=c.threads,
+            messages=c.messages,
+            seconds=c.seconds,
+            retry_share=c.retry_share,
+            pair_share=c.pair_share,
+            seed=c.seed,
+        )
+        self.plan = plan
+        self.report.sent = len(plan.sends)
+        self.report.distinct_messages = len(plan.messages)
+        self.started = time.monotonic()
+        connector = aiohttp.TCPConnector(limit=200)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            sender = Sender([r.url for r in self.replicas], SECRET, started=self.started)
+            load = asyncio.create_task(sender.run(plan, http))
+            faults = asyncio.create_task(self._faults(db, proxy, http))
+            await load
+            await faults
+            settled = await self._settle(db)
+        self.report.duration_seconds = round(self._elapsed(), 1)
+        self.report.acknowledged = len(sender.acknowledged)
+        self.report.abandoned = len(sender.abandoned - sender.acknowledged)
+        ok = [a.ms for a in sender.answers if a.status == 200]
+        self.report.answers_2xx = len(ok)
+        self.report.ack_ms = _percentiles(ok)
+        self.report.status_counts = {
+            str(k): v for k, v in Counter(a.status for a in sender.answers).items()
+        }
+        window = self.outage or (0.0, 0.0)
+        self.report.five_xx_outside_outage = sum(
+            1
+            for a in sender.answers
+            if a.status >= 500 and not (window[0] - 1 <= a.at <= window[1] + 5)
+        )
+        self.acknowledged = sender.acknowledged
+        if not settled:
+            self.report.violations.append("the replicas did not settle within settle_seconds")
+
+    async def _faults(self, db: Any, proxy: TcpProxy, http: aiohttp.ClientSession) -> None:
+        c = self.config
+        await asyncio.sleep(c.seconds * c.kill_at)
+        victim = self.replicas[0]
+        owner = await victim.owner()
+        killed_at = self._elapsed()
+        victim.kill()
+        deliveries = Deliveries(db, "slack")
+        restart = asyncio.create_task(self._restart(victim))
+        held = await deliveries.count_owned_by(owner)
+        recovered = await self._until(lambda: deliveries.count_owned_by(owner), lambda n: n == 0)
+        self.report.recoveries.append(
+            Recovery(
+                "replica killed (SIGKILL) mid-turn",
+                round(killed_at, 1),
+                None if recovered is None else round(recovered - killed_at, 2),
+                f"{held} delivery records it held were taken over and carried on",
+            )
+        )
+        await restart
+        await asyncio.sleep(max(0.0, c.seconds * c.outage_at - self._elapsed()))
+        if self.postgres:
+            await self._database_outage(proxy, http)
+
+    async def _restart(self, victim: Replica) -> None:
+        assert victim.proc is not None
+        await victim.proc.wait()
+        await asyncio.sleep(self.config.restart_after)
+        await victim.start()
+        with contextlib.suppress(RuntimeError):
+            await victim.ready()
+
+    async def _database_outage(self, proxy: TcpProxy, http: aiohttp.ClientSession) -> None:
+        c = self.config
+        begun = self._elapsed()
+        stops_before = self._finished_replies()
+        if c.restart_command is not None:
+            process = await asyncio.create_subprocess_exec(*shlex.split(c.restart_command))
+            await process.wait()
+            label = f"PostgreSQL restarted ({c.restart_command})"
+        else:
+            proxy.cut()
+            await asyncio.sleep(c.outage_seconds)
+            proxy.restore()
+            label = f"database unreachable for {c.outage_seconds:g} s (every connection cut)"
+        ended = self._elapsed()
+        self.outage = (begun, ended)
+
+        async def all_healthy() -> bool:
+            answers = await asyncio.gather(*(r.healthy(http) for r in self.replicas))
+            return all(answers)
+
+        healthy = await self._until(all_healthy, bool)
+        answering = await self._until(self._replies_now, lambda n: n > stops_before)
+        self.report.recoveries.append(
+            Recovery(
+                label,
+                round(begun, 1),
+                None if healthy is None else round(healthy - ended, 2),
+                "seconds from the database's return until every replica's /healthz is 200; "
+                + (
+                    "first reply after it " + f"{round(answering - ended, 2)} s"
+                    if answering is not None
+                    else "no reply after it"
+                ),
+            )
+        )
+
+    async def _until(self, probe: Any, done: Any, within: float = 120.0) -> float | None:
+        """Seconds from the start at which ``done(await probe())`` first held, or None."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            try:
+                if done(await probe()):
+                    return self._elapsed()
+            except Exception:  # the database may be the thing that is down
+                pass
+            await asyncio.sleep(0.2)
+        return None
+
+    async def _replies_now(self) -> int:
+        return self._finished_replies()
+
+    def _finished_replies(self) -> int:
+        return sum(1 for method, _ in self.slack.calls if method == "chat.stopStream")
+
+    async def _settle(self, db: Any) -> bool:
+        """Wait until nothing is left to do: no unfinished delivery record."""
+        deliveries = Deliveries(db, "slack")
+
+        async def unfinished() -> int:
+            return sum(c.count for c in await deliveries.counts())
+
+        return (
+            await self._until(unfinished, lambda n: n == 0, self.config.settle_seconds) is not None
+        )
+
+    async def _check(self, db: Any) -> None:
+        report, v = self.report, self.report.violations
+        store = SessionStore(db)
+        deliveries = Deliveries(db, "slack")
+        left = await deliveries.counts()
+        if left:
+            v.append(
+                f"unfinished delivery records: {[(c.state, c.wait_reason, c.count) for c in left]}"
+            )
+        if self.model.stats.overlapping:
+            v.append(f"two model calls at once for: {sorted(self.model.stats.overlapping)}")
+        report.model_faults = dict(self.model.stats.injected)
+        report.slack_faults = dict(self.slack.injected)
+        if report.five_xx_outside_outage:
+            v.append(f"{report.five_xx_outside_outage} answers of 5xx outside the database outage")
+        if any(status not in (0, None) for status in report.exit_statuses):
+            v.append(f"a replica did not stop cleanly: exit statuses {report.exit_statuses}")
+        threads: dict[str, list[str]] = {}
+        for ts in self.acknowledged:
+            threads.setdefault(self._thread_of(ts), []).append(ts)
+        answers = 0
+        for root in sorted(threads):
+            session = await store.find_session("slack", f"{TEAM}/{CHANNEL}/{root}")
+            if session is None:
+                v.append(f"thread {root}: no session")
+                continue
+            messages = await store.messages(session.id)
+            if [m.position for m in messages] != list(range(len(messages))):
+                v.append(f"thread {root}: positions not contiguous")
+            ids = [m.message_id for m in messages]
+            for ts in threads[root]:
+                wanted = slack_message_id(TEAM, CHANNEL, ts)
+                if ids.count(wanted) != 1:
+                    v.append(f"message {ts}: stored {ids.count(wanted)} times")
+                    continue
+                after = ids.index(wanted) + 1
+                if after >= len(messages) or messages[after].role != "assistant":
+                    v.append(f"message {ts}: not answered")
+            thread_answers = [m for m in messages if m.role == "assistant"]
+            answers += len(thread_answers)
+            report.model_errors += sum(
+                1 for m in thread_answers if (m.message.get("metadata") or {}).get("error")
+            )
+            replies = [
+                p
+                for p in self.slack.thread(CHANNEL, root)
+                if p.author == "agent" and p.visible_to is None and p.ts != root
+            ]
+            report.cut_off_streams += sum(1 for p in replies if p.streaming)
+            interim = [
+                p for p in replies if text.cut_short() in p.text or text.will_retry() in p.text
+            ]
+            report.closed_for_a_takeover += len(interim)
+            finished = [p for p in replies if not p.streaming and p not in interim]
+            if len(finished) != len(thread_answers):
+                v.append(
+                    f"thread {root}: {len(finished)} finished replies for "
+                    f"{len(thread_answers)} answers"
+                )
+        report.turns = answers
+        report.resumed = sum(
+            1
+            for method, args in self.slack.calls
+            if text.resumed() in str(args.get("markdown_text") or args.get("text") or "")
+        )
+        busy = self.config.seconds + self.config.settle_seconds
+        report.turns_per_second = round(answers / max(1.0, min(busy, report.duration_seconds)), 2)
+        if report.cut_off_streams:
+            v.append(f"{report.cut_off_streams} replies left cut off (never finished)")
+        for recovery in report.recoveries:
+            if recovery.seconds is None:
+                v.append(f"not recovered: {recovery.fault}")
+
+    def _thread_of(self, ts: str) -> str:
+        return self.plan.messages.get(ts, ts) if self.plan else ts
+
+
+def _plain(config: SoakConfig) -> dict[str, Any]:
+    return {
+        k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v)
+        for k, v in asdict(config).items()
+    }
+
+
+async def run_soak(config: SoakConfig) -> SoakReport:
+    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+        soak = Soak(config, Path(tmp))
+        try:
+            return await soak.run()
+        except Exception:
+            print(await asyncio.to_thread(_logs, Path(tmp)))
+            raise
+
+
+def _logs(folder: Path) -> str:
+    """The replicas' logs, for a run that failed."""
+    return "\n".join(
+        f"--- {log.name} ---\n{log.read_text()[-4000:]}" for log in sorted(folder.glob("*.log"))
+    )
+
+
+QUICK = {"messages": 300, "threads": 30, "seconds": 40.0}
+
+
+def soak_config(database_url: str, args: Any) -> SoakConfig:
+    """The configuration ``slack-agent soak`` runs with, from its arguments."""
+    sizes: dict[str, Any] = dict(QUICK) if args.quick else {}
+    for name in ("messages", "threads", "seconds"):
+        if getattr(args, name) is not None:
+            sizes[name] = getattr(args, name)
+    return SoakConfig(
+        database_url=database_url,
+        replicas=args.replicas,
+        restart_command=args.restart_command,
+        seed=args.seed,
+        **sizes,
+    )
+
+
+def format_report(report: SoakReport) -> str:
+    r = report
+    lines = [
+        f"soak: {r.config['replicas']} replicas, {r.distinct_messages} messages in "
+        f"{r.config['threads']} threads over {r.config['seconds']:g} s "
+        f"({r.sent} deliveries with retries and doubles); ran {r.duration_seconds:g} s",
+        f"acknowledged {r.acknowledged}, abandoned by 'Slack' {r.abandoned}; answers by status "
+        f"{r.status_counts}",
+        f"ack latency (200s): {r.ack_ms}",
+        f"turns {r.turns} ({r.turns_per_second:g}/s), model errors shown {r.model_errors}, "
+        f"resumed after a take-over {r.resumed}, replies cut short and closed with a note "
+        f"(a dead replica's, or one that lost the database) {r.closed_for_a_takeover}, "
+        f"left cut off {r.cut_off_streams}",
+        f"faults injected: Slack {r.slack_faults}, model {r.model_faults}",
+    ]
+    for rec in r.recoveries:
+        took = "not recovered" if rec.seconds is None else f"recovered in {rec.seconds:g} s"
+        lines.append(f"fault at {rec.at:g} s: {rec.fault}: {took} ({rec.detail})")
+    lines.append(f"replicas stopped with {r.exit_statuses}")
+    if r.ok:
+        lines.append("every promise held")
+    else:
+        lines.append(f"BROKEN ({len(r.violations)}):")
+        lines += [f"  - {violation}" for violation in r.violations[:50]]
+    return "\n".join(lines)
