@@ -22,15 +22,17 @@ from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import messages as text
+from bot import payload
 from bot.conversations import Conversations, Post, thread_key
 from bot.delivery import DeliveryWorker
 from bot.session_actions import SessionActions
 from bot.web import web_client
+from core.errors import DatabaseError, InvalidRequest
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
 
-_MENTION = re.compile(r"<@[A-Z0-9]+>")
+_LEADING_MENTION = re.compile(r"^\s*<@[A-Z0-9]+>")
 # Message subtypes that are a person talking; everything else (edits, deletions, bot messages,
 # joins) starts no turn.
 _HUMAN_SUBTYPES = frozenset({None, "file_share", "thread_broadcast"})
@@ -59,6 +61,9 @@ def build_app(
     app = AsyncApp(
         client=web_client(settings, None if multi else settings.slack_bot_token),
         signing_secret=settings.slack_signing_secret or "",
+        # bot.serve verifies HTTP requests before parsing them (Bolt parses first); Socket Mode
+        # needs no signature.
+        request_verification_enabled=False,
         oauth_settings=oauth_settings,
         # Listeners run before the acknowledgement: a message is recorded before Slack hears
         # "received" (they then hand the work to a task).
@@ -66,6 +71,19 @@ def build_app(
         # url_verification needs no token; everything else is authorised as usual.
         ignoring_self_events_enabled=True,
     )
+
+    @app.error
+    async def on_error(error: Exception) -> BoltResponse:
+        """A listener or middleware failed. The database failing is a 500, so Slack sends the
+        request again; a payload of the wrong shape is a 400 and changed nothing."""
+        if isinstance(error, DatabaseError):
+            log.error("request not taken: %s", error)
+            return BoltResponse(status=500, body="")
+        if isinstance(error, InvalidRequest | TypeError | AttributeError | KeyError | ValueError):
+            log.warning("malformed payload: %s: %s", error.__class__.__name__, error)
+            return BoltResponse(status=400, body="malformed payload")
+        log.error("request failed", exc_info=error)
+        return BoltResponse(status=500, body="")
 
     @app.middleware
     async def same_workspace_only(
@@ -82,22 +100,26 @@ def build_app(
         return None
 
     async def on_message(
-        event: dict[str, Any],
+        event: Any,
         body: dict[str, Any],
         context: AsyncBoltContext,
         client: AsyncWebClient,
     ) -> None:
-        if event.get("subtype") not in _HUMAN_SUBTYPES or event.get("bot_id"):
+        event = payload.obj(event, "event")
+        subtype = payload.string(event.get("subtype"), "event.subtype")
+        if subtype not in _HUMAN_SUBTYPES or event.get("bot_id"):
             return
-        user = event.get("user")
-        channel = event.get("channel")
-        ts = event.get("ts")
-        team = body.get("team_id") or event.get("team")
+        user = payload.string(event.get("user"), "event.user")
+        channel = payload.string(event.get("channel"), "event.channel")
+        ts = payload.string(event.get("ts"), "event.ts")
+        thread_ts = payload.string(event.get("thread_ts"), "event.thread_ts")
+        team = payload.string(body.get("team_id"), "team_id") or payload.string(
+            event.get("team"), "event.team"
+        )
+        raw = payload.string(event.get("text"), "event.text") or ""
         if not (user and channel and ts and team) or user == context.bot_user_id:
             return
-        raw = str(event.get("text") or "")
-        thread_ts = event.get("thread_ts")
-        is_dm = event.get("channel_type") == "im" or str(channel).startswith("D")
+        is_dm = event.get("channel_type") == "im" or channel.startswith("D")
         mentioned = event.get("type") == "app_mention" or (
             context.bot_user_id is not None and f"<@{context.bot_user_id}>" in raw
         )
@@ -110,7 +132,7 @@ def build_app(
                 or not await worker.known_thread(thread_key(team, channel, thread_ts))
             ):
                 return
-        body_text = _MENTION.sub("", raw).strip()
+        body_text = _for_the_agent(raw, context.bot_user_id)
         if not body_text:
             return
         post = Post(team, channel, thread_ts or ts, ts, user, surface)
@@ -131,9 +153,10 @@ def build_app(
         ack: AsyncAck, body: dict[str, Any], action: dict[str, Any], client: AsyncWebClient
     ) -> None:
         await ack()
-        send = action.get("action_id") == text.SEND_DRAFT
-        user = str(body.get("user", {}).get("id", ""))
-        conversations.spawn(worker.click(str(action.get("value", "")), user, send, client))
+        send = payload.nested_string(action, "action_id") == text.SEND_DRAFT
+        user = payload.nested_string(body, "user", "id") or ""
+        value = payload.nested_string(action, "value") or ""
+        conversations.spawn(worker.click(value, user, send, client))
 
     app.action(text.SEND_DRAFT)(on_draft_button)
     app.action(text.DISCARD_DRAFT)(on_draft_button)
@@ -143,7 +166,8 @@ def build_app(
         ack: AsyncAck, body: dict[str, Any], action: dict[str, Any], client: AsyncWebClient
     ) -> None:
         await ack()
-        conversations.spawn(actions.compact_picked(body, str(action.get("value", "")), client))
+        value = payload.nested_string(action, "value") or ""
+        conversations.spawn(actions.compact_picked(body, value, client))
 
     for callback_id, handler in (
         ("rewind_session", actions.rewind),
@@ -169,6 +193,14 @@ def _shortcut(
         conversations.spawn(handler(body, client))
 
     return listener
+
+
+def _for_the_agent(raw: str, bot_user_id: str | None) -> str:
+    """The text the agent is given: the mention that addressed it removed, other people's
+    mentions kept (who was named matters), and NUL dropped (no database stores it in text;
+    Slack never sends it)."""
+    raw = raw.replace(f"<@{bot_user_id}>", "") if bot_user_id else _LEADING_MENTION.sub("", raw)
+    return raw.replace("\x00", "").strip()
 
 
 def _team_of(body: dict[str, Any]) -> str | None:

@@ -33,6 +33,7 @@ from core.errors import (
     AgentSessionLockLost,
     AgentSessionStale,
     DuplicateMessage,
+    InvalidRequest,
     TurnInterrupted,
 )
 from core.messages import message_text, user_message
@@ -151,6 +152,8 @@ class Conversations:
             await coro
         except asyncio.CancelledError:
             raise
+        except InvalidRequest as exc:
+            log.warning("malformed payload: %s", exc)
         except Exception:
             log.exception("background Slack work failed")
 

@@ -31,6 +31,7 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
 from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.app import build_app
@@ -174,6 +175,7 @@ class Bot:
                 install_path="/slack/install",
                 redirect_uri_path="/slack/oauth_redirect",
             )
+        self._verifier = SignatureVerifier(settings.slack_signing_secret or "")
         self.app: AsyncApp = build_app(
             settings, self.conversations, self.worker, self.actions, oauth_settings=oauth
         )
@@ -251,7 +253,12 @@ class Bot:
         return AsyncBoltRequest(body="", query=request.query_string, headers=headers)
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
-        """Bolt's dispatch, in the request: a message is recorded before the 200 goes out."""
+        """Bolt's dispatch, in the request: a message is recorded before the 200 goes out.
+
+        The signature is checked here, before anything is parsed: Bolt parses a body before it
+        verifies it and fails on JSON that is not an object, so an unsigned request must never
+        get that far. Whatever a signed body holds, a malformed one is a 400, never a 5xx.
+        """
         if self.worker.closing:
             return web.Response(status=503, text="shutting down")
         try:
@@ -261,16 +268,30 @@ class Bot:
         headers: dict[str, str | Sequence[str]] = {k.lower(): v for k, v in request.headers.items()}
         try:
             body = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return web.Response(status=400, text="request body is not UTF-8")
+        if not self._signed(body, request):
+            return web.Response(status=401, text="invalid or stale signature")
+        try:
             bolt_request = AsyncBoltRequest(body=body, query=request.query_string, headers=headers)
-        except (ValueError, TypeError, KeyError):
+        except Exception:
             return web.Response(status=400, text="malformed request body")
         try:
             with self.worker.arriving():
                 response = await self.app.async_dispatch(bolt_request)
         except Exception:
-            log.exception("dispatch failed")
+            log.warning("malformed request: dispatch failed", exc_info=True)
             return web.Response(status=400, text="malformed request")
         return await to_aiohttp_response(response)
+
+    def _signed(self, body: str, request: web.Request) -> bool:
+        """Slack's v0 signature over the body, within its 5-minute timestamp window."""
+        timestamp = request.headers.get("X-Slack-Request-Timestamp", "")
+        signature = request.headers.get("X-Slack-Signature", "")
+        try:
+            return self._verifier.is_valid(body, timestamp, signature)
+        except (ValueError, TypeError):
+            return False
 
     async def _health(self, _request: web.Request) -> web.Response:
         if await self.db.answers():

@@ -16,6 +16,7 @@ from typing import Any
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import messages as text
+from bot import payload
 from bot.conversations import PROJECT, Conversations, Post, thread_key
 from core.agent import Agent
 from core.checkpoint import render_checkpoint
@@ -59,12 +60,11 @@ class SessionActions:
         self, body: dict[str, Any], client: AsyncWebClient
     ) -> tuple[Post, MessageRef] | None:
         """The shortcut's message as a transcript message, or an ephemeral saying why not."""
-        team = str(body.get("team", {}).get("id", ""))
-        channel = str(body.get("channel", {}).get("id", ""))
-        user = str(body.get("user", {}).get("id", ""))
-        message = body.get("message") or {}
-        ts = str(message.get("ts", ""))
-        root = str(message.get("thread_ts") or ts)
+        team = payload.nested_string(body, "team", "id") or ""
+        channel = payload.nested_string(body, "channel", "id") or ""
+        user = payload.nested_string(body, "user", "id") or ""
+        ts = payload.nested_string(body, "message", "ts") or ""
+        root = payload.nested_string(body, "message", "thread_ts") or ts
         post = Post(team, channel, root, ts, user, "channel")
         ref = await self.state.find_ref(thread_key(team, channel, ts))
         if ref is None:
@@ -139,7 +139,7 @@ class SessionActions:
             return
         post, ref = found
         actor = await self.conv.actor(post.team, post.user)
-        domain = body.get("team", {}).get("domain")
+        domain = payload.nested_string(body, "team", "domain")
         source_link = text.permalink(domain, post.channel, post.ts)
         head = await client.chat_postMessage(
             channel=post.channel, text=text.forked_from(source_link, post.user)
@@ -182,10 +182,10 @@ class SessionActions:
         await self._compact(post, ref.session_id, None, client)
 
     async def compact_command(self, body: dict[str, Any], client: AsyncWebClient) -> None:
-        team = str(body.get("team_id", ""))
-        channel = str(body.get("channel_id", ""))
-        user = str(body.get("user_id", ""))
-        args = str(body.get("text", "")).strip()
+        team = payload.nested_string(body, "team_id") or ""
+        channel = payload.nested_string(body, "channel_id") or ""
+        user = payload.nested_string(body, "user_id") or ""
+        args = (payload.nested_string(body, "text") or "").strip()
         here = Post(team, channel, "", "", user, "channel")
         first, _, rest = args.partition(" ")
         link = first.strip("<>").split("|", 1)[0]
@@ -240,10 +240,12 @@ class SessionActions:
             session_id, focus = json.loads(value)
         except (ValueError, TypeError):
             return
-        team = str(body.get("team", {}).get("id", ""))
-        user = str(body.get("user", {}).get("id", ""))
-        channel = str(
-            body.get("channel", {}).get("id", "") or body.get("container", {}).get("channel_id", "")
+        team = payload.nested_string(body, "team", "id") or ""
+        user = payload.nested_string(body, "user", "id") or ""
+        channel = (
+            payload.nested_string(body, "channel", "id")
+            or payload.nested_string(body, "container", "channel_id")
+            or ""
         )
         try:
             session = await self.store.get_session(int(session_id))

@@ -7,6 +7,7 @@ never leave ``core``; the store translates them at its boundary with ``raise ...
     SlackAgentError
     ├── ConfigError                      config_invalid
     ├── UsageError                       usage_error
+    ├── InvalidRequest                   invalid_request
     ├── DatabaseError                    database_error
     ├── SoakFailed                       soak_failed
     ├── AgentSessionError
@@ -54,6 +55,13 @@ class UsageError(SlackAgentError):
     """A command was called with arguments that do not make sense together."""
 
     code = "usage_error"
+
+
+class InvalidRequest(SlackAgentError):
+    """A surface got a request whose shape is wrong (a value of the wrong type); nothing of it
+    was acted on."""
+
+    code = "invalid_request"
 
 
 class DatabaseError(SlackAgentError):
