@@ -17,6 +17,7 @@ from typing import Any
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
+from slack_bolt.listener.async_builtins import AsyncTokenRevocationListeners
 from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
 from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
@@ -141,13 +142,57 @@ def build_app(
     app.event("message")(on_message)
     app.event("app_mention")(on_message)
 
-    @app.event("assistant_thread_started")
-    async def on_assistant_thread(event: dict[str, Any]) -> None:
-        return None
+    @app.event("agent_session_stopped")
+    async def on_stopped(event: Any, body: dict[str, Any]) -> None:
+        """Recorded before the acknowledgement; the replica running the turn sees it."""
+        event = payload.obj(event, "event")
+        team = payload.string(body.get("team_id"), "team_id")
+        channel = payload.string(event.get("channel"), "event.channel")
+        thread_ts = payload.string(event.get("thread_ts"), "event.thread_ts")
+        if team and channel and thread_ts:
+            await conversations.stop(thread_key(team, channel, thread_ts))
 
-    @app.event("assistant_thread_context_changed")
-    async def on_assistant_context(event: dict[str, Any]) -> None:
-        return None
+    @app.event("agent_session_title_changed")
+    async def on_renamed(event: Any, body: dict[str, Any]) -> None:
+        event = payload.obj(event, "event")
+        team = payload.string(body.get("team_id"), "team_id") or payload.string(
+            event.get("team_id"), "event.team_id"
+        )
+        channel = payload.string(event.get("channel"), "event.channel")
+        thread_ts = payload.string(event.get("thread_ts"), "event.thread_ts")
+        title = payload.string(event.get("title"), "event.title")
+        if team and channel and thread_ts and title:
+            await conversations.renamed(thread_key(team, channel, thread_ts), title)
+
+    revocations = (
+        AsyncTokenRevocationListeners(oauth_settings.installation_store)
+        if oauth_settings is not None and oauth_settings.installation_store is not None
+        else None
+    )
+
+    @app.event("app_uninstalled")
+    async def on_uninstalled(body: dict[str, Any], context: AsyncBoltContext) -> None:
+        """In any order with ``tokens_revoked``, any number of times: the installation goes
+        (slack_sdk's store deletes it) and the workspace's running turns stop."""
+        if revocations is not None:
+            await revocations.handle_app_uninstalled_events(context)
+        team = payload.string(body.get("team_id"), "team_id")
+        if team:
+            stopped = await conversations.stop_workspace(team)
+            log.info("app uninstalled from %s: %d running turn(s) stopped", team, stopped)
+
+    @app.event("tokens_revoked")
+    async def on_revoked(event: Any, body: dict[str, Any], context: AsyncBoltContext) -> None:
+        event = payload.obj(event, "event")
+        tokens = payload.optional_obj(event.get("tokens"), "event.tokens")
+        if revocations is not None:
+            await revocations.handle_tokens_revoked_events(event, context)
+        team = payload.string(body.get("team_id"), "team_id")
+        if team and tokens.get("bot"):
+            await conversations.stop_workspace(team)
+
+    for ignored in ("assistant_thread_started", "assistant_thread_context_changed"):
+        app.event(ignored)(_nothing)
 
     async def on_draft_button(
         ack: AsyncAck, body: dict[str, Any], action: dict[str, Any], client: AsyncWebClient
@@ -182,6 +227,10 @@ def build_app(
         conversations.spawn(actions.compact_command(body, client))
 
     return app
+
+
+async def _nothing() -> None:
+    """Events the app subscribes to but has nothing to do for (acknowledged)."""
 
 
 def _shortcut(

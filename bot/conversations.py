@@ -169,6 +169,23 @@ class Conversations:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    # -- Slack's agent sessions ------------------------------------------------------------------
+
+    async def stop(self, thread: str) -> bool:
+        """The stop button: the thread's running turn stops, on whichever replica runs it."""
+        found = await self.state.get_thread(thread)
+        return found is not None and await self.store.request_stop(found.session_id)
+
+    async def stop_workspace(self, team: str) -> int:
+        """The app left a workspace: every turn running there stops (nothing else changes)."""
+        return await self.store.request_stops(PROJECT, f"{team}/")
+
+    async def renamed(self, thread: str, title: str) -> None:
+        """A person renamed the session in Slack: that is its title here too."""
+        found = await self.state.get_thread(thread)
+        if found is not None and title.strip():
+            await self.store.set_title(found.session_id, title, Actor(None, admin=True))
+
     async def actor(self, team: str, user: str) -> Actor:
         user_id = await self.store.get_or_create_user(external_user(team, user))
         return Actor(user_id=user_id, admin=user in self.admins)
@@ -298,11 +315,11 @@ class Conversations:
             interval=self.update_interval,
             on_start=progress.replying,
         )
-        await self._status(client, post, text.WORKING_STATUS)
 
         async def on_event(event: AgentEvent) -> None:
             if isinstance(event, TurnStarted):
                 await progress.started(session.id)
+                await self._session_status(client, post, "processing", title=session.title)
                 if resume:
                     await stream.append(text.notice(text.resumed()) + "\n")
             elif isinstance(event, TextChunk):
@@ -322,10 +339,8 @@ class Conversations:
                 on_event=on_event,
             )
         except AgentSessionBusy:
-            await self._status(client, post, "")
             return Outcome.BUSY
         except AgentSessionStale as exc:
-            await self._status(client, post, "")
             if resume:  # something was added after the message meanwhile: it was answered
                 return Outcome.ANSWERED
             if not retry:
@@ -346,34 +361,33 @@ class Conversations:
                 session, post, record, client, progress, resume=False, retry=False
             )
         except AgentSessionLockLost:
-            await stream.finish(stream.text + "\n" + text.lock_lost())
+            await self._close(client, post, stream, stream.text + "\n" + text.lock_lost())
             return Outcome.ANSWERED
         except TurnInterrupted:
-            await stream.finish(stream.text + "\n" + text.stopped())
+            await self._close(client, post, stream, stream.text + "\n" + text.stopped())
             return Outcome.ANSWERED
         except asyncio.CancelledError:
             # A shutdown past its grace: the core kept the partial answer; say so in the thread.
             with contextlib.suppress(Exception):
-                await asyncio.shield(stream.finish(stream.text + "\n" + text.shut_down()))
+                await asyncio.shield(
+                    self._close(client, post, stream, stream.text + "\n" + text.shut_down())
+                )
             raise
         except DuplicateMessage:
-            await self._status(client, post, "")
             raise
         except Exception:
-            # A database or Slack failure mid-turn: the record stays ours until its lease lapses,
-            # then a replica resumes it from the transcript.
+            # A database or Slack failure mid-turn: the record stays ours (retried by this
+            # replica, or taken over), and carries on from what the transcript holds.
             with contextlib.suppress(Exception):
-                await self._status(client, post, "")
                 if stream.ts is not None:
-                    await stream.finish(stream.text + "\n" + text.will_retry())
+                    await self._close(client, post, stream, stream.text + "\n" + text.will_retry())
             raise
         if result.answer is not None:
             await self.state.set_shown(session.id, result.answer.message_id)
         final = stream.text or result.text
         if result.error is not None:
             final += "\n" + text.turn_failed(result.error.code)
-        ts = await stream.finish(final)
-        await self._status(client, post, "")
+        ts = await self._close(client, post, stream, final)
         if result.answer is not None and ts is not None:
             await self.state.add_ref(
                 thread_key(post.team, post.channel, ts),
@@ -420,12 +434,26 @@ class Conversations:
             channel=post.channel, thread_ts=post.thread_ts, text=text.stale_refresh(unseen, rewound)
         )
 
-    async def _status(self, client: AsyncWebClient, post: Post, status: str) -> None:
-        """The thread's "working" status; only assistant threads have one, so errors are fine."""
-        with contextlib.suppress(SlackApiError):
-            await client.assistant_threads_setStatus(
-                channel_id=post.channel, thread_ts=post.thread_ts, status=status
+    async def _close(
+        self, client: AsyncWebClient, post: Post, stream: ReplyStream, final: str
+    ) -> str | None:
+        """Finish the reply, and take Slack's agent session out of "processing" with it."""
+        ts = await stream.finish(final, session_status="active")
+        if not stream.status_sent:
+            await self._session_status(client, post, "active")
+        return ts
+
+    async def _session_status(
+        self, client: AsyncWebClient, post: Post, status: str, *, title: str | None = None
+    ) -> None:
+        """Slack's agent session for the thread (status, and its title when Slack creates it).
+        A workspace where the app is not an agent refuses; that changes nothing here."""
+        try:
+            await client.agents_sessions_setStatus(
+                channel_id=post.channel, thread_ts=post.thread_ts, status=status, title=title
             )
+        except SlackApiError as exc:
+            log.debug("agent session status not set in %s: %s", post.thread, exc)
 
     # -- what the poster is told ----------------------------------------------------------------
 

@@ -14,7 +14,6 @@ SEND_DRAFT = "draft_send"
 DISCARD_DRAFT = "draft_discard"
 COMPACT_PICK = "compact_pick"
 
-WORKING_STATUS = "is working…"
 THINKING = "_Thinking…_"
 
 

@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 SLACK_FAILURES = (SlackApiError, ClientError, asyncio.TimeoutError)
 
 
+def _stream_gone(exc: SlackApiError) -> bool:
+    """Slack ended the stream itself: it can only be edited from now on."""
+    return bool(exc.response.get("error") == "message_not_in_streaming_state")
+
+
 class ReplyStream:
     def __init__(
         self,
@@ -52,6 +57,8 @@ class ReplyStream:
         self.ts: str | None = None
         self.streaming = False
         self.broken = False  # a call failed after retries: the rest goes out at ``finish``
+        self.session_status: str | None = None
+        self.status_sent = False
         self.text = ""  # everything shown so far (and pending)
         self._sent = 0  # characters of ``text`` Slack confirmed
         self._last = 0.0
@@ -86,9 +93,19 @@ class ReplyStream:
                 if self.ts is None:
                     await self._start(chunk)
                 elif self.streaming:
-                    await self.client.chat_appendStream(
-                        channel=self.channel, ts=self.ts, markdown_text=chunk
-                    )
+                    try:
+                        await self.client.chat_appendStream(
+                            channel=self.channel, ts=self.ts, markdown_text=chunk
+                        )
+                    except SlackApiError as exc:
+                        if not _stream_gone(exc):
+                            raise
+                        # Slack ended the stream (a stop button, its own time limit): the
+                        # reply goes on as an ordinary message, edited in place.
+                        self.streaming = False
+                        await self.client.chat_update(
+                            channel=self.channel, ts=self.ts, text=self.text
+                        )
                 else:
                     await self.client.chat_update(channel=self.channel, ts=self.ts, text=self.text)
             except SLACK_FAILURES as exc:
@@ -122,11 +139,16 @@ class ReplyStream:
         if self.on_start is not None and self.ts is not None:
             await self.on_start(self.ts)
 
-    async def finish(self, final_text: str | None = None) -> str | None:
+    async def finish(
+        self, final_text: str | None = None, *, session_status: str | None = None
+    ) -> str | None:
         """Send what is pending and close the reply; returns its ts (None if nothing was shown).
 
         ``final_text`` replaces the whole text (fallback mode) or is appended after what streamed.
+        ``session_status`` goes with the stream's stop (Slack's agent session leaves
+        "processing" in the same call); ``status_sent`` says whether it went.
         """
+        self.session_status = session_status
         if self._pending is not None:
             self._pending.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -164,7 +186,16 @@ class ReplyStream:
             assert self.ts is not None
             rest = self.text[self._sent :]
             kwargs: dict[str, Any] = {"markdown_text": rest} if rest else {}
-            await self.client.chat_stopStream(channel=self.channel, ts=self.ts, **kwargs)
+            if self.session_status:
+                kwargs["session_status"] = self.session_status
+            try:
+                await self.client.chat_stopStream(channel=self.channel, ts=self.ts, **kwargs)
+                self.status_sent = bool(self.session_status)
+            except SlackApiError as exc:
+                if not _stream_gone(exc):
+                    raise
+                self.streaming = False
+                await self.client.chat_update(channel=self.channel, ts=self.ts, text=self.text)
         else:
             assert self.ts is not None
             await self.client.chat_update(channel=self.channel, ts=self.ts, text=self.text)

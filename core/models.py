@@ -124,6 +124,9 @@ class AgentSession(Base):
     expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     lock_token: Mapped[str | None] = mapped_column(String(36))
+    # The token of a turn someone asked to stop (a stop button): the turn holding that token
+    # stops when it sees it. Never compared with anything but the current ``lock_token``.
+    stop_token: Mapped[str | None] = mapped_column(String(36))
     model_provider: Mapped[str | None] = mapped_column(String(100))
     model_name: Mapped[str | None] = mapped_column(String(255))
     custom_provider_id: Mapped[int | None] = mapped_column(

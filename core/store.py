@@ -38,6 +38,7 @@ from core.messages import Message, message_text, shorten
 from core.models import validate_message
 from core.records import Actor, ModelChoice, SessionInfo, StoredMessage, TurnLease
 from core.snapshots import SnapshotRef, attach_snapshot
+from core.stops import StopWatch
 from core.transcript import TranscriptOperations
 
 SESSIONS: Final = q.SESSIONS
@@ -69,6 +70,7 @@ class SessionStore(TranscriptOperations):
         self.temporary_ttl_hours = float(temporary_ttl_hours)
         self._held = _HeldLeases(self.staleness_seconds)
         self._claiming = _KeyedLocks()
+        self.stops = StopWatch(self.stops_requested)
 
     # -- users and sessions -------------------------------------------------------------------
 
@@ -191,6 +193,56 @@ class SessionStore(TranscriptOperations):
             )
             if result.rowcount == 0:
                 raise AgentSessionBusy(f"session {session_id} has a turn in progress")
+
+    # -- stopping a running turn from anywhere -------------------------------------------------
+
+    async def request_stop(self, session_id: int) -> bool:
+        """Ask the turn running on a session to stop (a stop button, on any replica).
+
+        One UPDATE that marks the running turn's token; it neither waits for nor takes the
+        lock. The process running the turn notices within ``core.turn.STOP_POLL_SECONDS``. False
+        when no turn is running: a stop for an idle session changes nothing.
+        """
+        async with self.db.write() as conn:
+            result = await conn.execute(
+                update(SESSIONS)
+                .where(
+                    SESSIONS.c.id == session_id,
+                    SESSIONS.c.lock_token.is_not(None),
+                    q.turn_active(self.staleness_seconds),
+                )
+                .values(stop_token=SESSIONS.c.lock_token)
+            )
+            return bool(result.rowcount)
+
+    async def request_stops(self, project_name: str, key_prefix: str) -> int:
+        """``request_stop`` for every running turn of a project's sessions whose key starts
+        with ``key_prefix`` (a workspace uninstalling the app); how many were running."""
+        async with self.db.write() as conn:
+            result = await conn.execute(
+                update(SESSIONS)
+                .where(
+                    SESSIONS.c.project_name == project_name,
+                    SESSIONS.c.project_session_id.startswith(key_prefix, autoescape=True),
+                    SESSIONS.c.lock_token.is_not(None),
+                    q.turn_active(self.staleness_seconds),
+                )
+                .values(stop_token=SESSIONS.c.lock_token)
+            )
+            return int(result.rowcount)
+
+    async def stops_requested(self, leases: Sequence[TurnLease]) -> set[int]:
+        """Which of these running turns were asked to stop (one query for all of them)."""
+        if not leases:
+            return set()
+        tokens = {lease.session_id: lease.token for lease in leases}
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                select(SESSIONS.c.id, SESSIONS.c.stop_token).where(
+                    SESSIONS.c.id.in_(list(tokens)), SESSIONS.c.stop_token.is_not(None)
+                )
+            )
+            return {int(r.id) for r in rows if r.stop_token == tokens.get(int(r.id))}
 
     # -- the turn lock ------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from core.store import SessionStore, _Unset
 log = logging.getLogger(__name__)
 
 LOCK_LOST = "lock_lost"
+STOPPED = "stopped"
 
 
 class Turn:
@@ -125,6 +126,7 @@ async def run_turn(
     started = time.monotonic()
     turn = Turn(store, lease, task)
     beat = asyncio.create_task(turn._beat(heartbeat_seconds))
+    store.stops.watch(lease, lambda: turn.interrupt(STOPPED))
     outcome = "failed"
     try:
         yield turn
@@ -148,6 +150,7 @@ async def run_turn(
         await turn._keep_partial("error")
         raise
     finally:
+        store.stops.forget(lease)
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beat

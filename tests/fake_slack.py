@@ -98,6 +98,8 @@ class FakeSlack(_Server):
         # connection without an answer), and Slack errors (``ok: false``) answered every time.
         self.fail_next: dict[str, list[int]] = {}
         self.errors: dict[str, str] = {}
+        # Streams Slack itself ended (its stop button): they can only be edited now.
+        self.stopped_streams: set[str] = set()
         self.sockets: list[web.WebSocketResponse] = []
         self.socket_acks: list[dict[str, Any]] = []
         self._changed = asyncio.Event()
@@ -203,6 +205,11 @@ class FakeSlack(_Server):
         if method in ("chat.postMessage", "chat.startStream"):
             ts = self.next_ts()
             return {"ok": True, "channel": channel, "ts": ts, "message": {"ts": ts}}
+        if method in ("chat.appendStream", "chat.stopStream"):
+            if args.get("ts") in self.stopped_streams:
+                return {"ok": False, "error": "message_not_in_streaming_state"}
+            if method == "chat.stopStream":
+                self.stopped_streams.add(str(args.get("ts")))
         if method in ("chat.update", "chat.appendStream", "chat.stopStream"):
             return {"ok": True, "channel": channel, "ts": args.get("ts")}
         if method == "chat.postEphemeral":
@@ -432,6 +439,19 @@ class SlackClient:
         status = await self.event(event, retry=retry, team=team)
         assert status == 200, status
         return ts
+
+    async def stop_button(self, thread_ts: str, *, user: str = "U1", channel: str = "C1") -> int:
+        """What Slack sends when someone clicks the stop button of the thread's agent session."""
+        return await self.event(
+            {
+                "type": "agent_session_stopped",
+                "channel": channel,
+                "thread_ts": thread_ts,
+                "user": user,
+                "streaming_message_ts": [],
+                "event_ts": self.new_ts(),
+            }
+        )
 
     async def interaction(self, payload: dict[str, Any]) -> int:
         body = urllib.parse.urlencode({"payload": json.dumps(payload)})

@@ -147,3 +147,28 @@ async def test_resume__answers_the_user_message_already_stored_without_storing_i
         await agent(store, caches, None).run_turn(
             session.id, user_message=None, last_message_id=dead.tail.message_id
         )
+
+
+async def test_stop__requested_on_another_replica_stops_the_running_turn(
+    store: SessionStore, replica: SessionStore, db: Database, caches: list[ProviderCache]
+) -> None:
+    _, session = await new_session(store)
+    # Nothing runs: a stop changes nothing.
+    assert await replica.request_stop(session.id) is False
+    async with GatedModel(early="so far", command="echo ran > ran.txt") as model:
+        running = asyncio.create_task(ask(agent(store, caches, model), session.id, "long job"))
+        await asyncio.wait_for(model.arrived.wait(), 20)
+        # The stop neither waits for nor takes the lock: the turn is still running here.
+        assert await replica.request_stop(session.id) is True
+        with pytest.raises(TurnInterrupted) as stopped:
+            await asyncio.wait_for(running, 20)
+        assert not model.gate.is_set()  # it stopped before the model finished
+    assert stopped.value.reason == "stopped"
+    _, answer = await store.messages(session.id)
+    assert answer.message["metadata"]["interrupted_by"] == "stopped"
+    assert "so far" in message_text(answer.message)
+    assert not await store.is_turn_active(session.id)
+    assert await load_state(db, session.id) is not None  # the command's sandbox state is kept
+    # The stop was for that turn only: the next one runs to its end.
+    offline = agent(store, caches, None)
+    assert "ran" in (await ask(offline, session.id, "$ cat ran.txt")).text

@@ -1,4 +1,5 @@
-"""Delivery records: every received message from before its acknowledgement to its answer.
+"""Delivery records: every received message from before its acknowledgement to its answer;
+and ``agent_sessions.stop_token``, a stop asked of a running turn (a stop button).
 
 Revision ID: 0004
 Revises: 0003
@@ -80,6 +81,9 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f("ix_deliveries_owner"), ["owner"], unique=False)
         batch_op.create_index(batch_op.f("ix_deliveries_updated_at"), ["updated_at"], unique=False)
 
+    with op.batch_alter_table("agent_sessions", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("stop_token", sa.String(length=36), nullable=True))
+
     with op.batch_alter_table("waiting_drafts", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_waiting_drafts_session_id_state_created_at"))
     op.drop_table("waiting_drafts")
@@ -89,6 +93,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("agent_sessions", schema=None) as batch_op:
+        batch_op.drop_column("stop_token")
     op.create_table(
         "processed_events",
         sa.Column("surface", sa.String(length=50), nullable=False),

@@ -1,0 +1,104 @@
+"""Slack's own agent features, on both databases: the agent session's status and title, the stop
+button (whichever replica runs the turn), renames, and uninstalling."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from bot import messages as text
+from core.messages import message_text
+from core.store import SessionStore
+from tests.fake_slack import FakeSlack, GatedModel, SlackClient
+from tests.slack_harness import running_bot
+
+
+def gated(model: GatedModel, **extra: Any) -> dict[str, Any]:
+    return {
+        "model_provider": "openai",
+        "openai_api_key": "sk-test",
+        "openai_base_url": model.base_url,
+        **extra,
+    }
+
+
+async def test_agent_session__processing_while_the_turn_runs_then_active_with_the_stop(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root = await client.message("plan the offsite", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+    (processing,) = slack.named("agents.sessions.setStatus")
+    assert processing.args["status"] == "processing"
+    assert processing.args["thread_ts"] == root
+    assert processing.args["title"] == "plan the offsite"  # the first message, no model call
+    (stop,) = slack.named("chat.stopStream")
+    assert stop.args["session_status"] == "active"  # one call: the reply's end and the status
+
+
+async def test_stop_button__on_the_replica_not_running_the_turn_stops_it(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with (
+        GatedModel(early="the start of a long answer", command="echo begun > begun.txt") as model,
+        running_bot(database_url, slack, **gated(model)) as runs,
+        running_bot(database_url, slack) as other,
+        SlackClient(runs.url) as to_runs,
+        SlackClient(other.url) as to_other,
+    ):
+        root = await to_runs.message("write me a novel", mention=True)
+        await asyncio.wait_for(model.arrived.wait(), 20)
+        await slack.wait_for(lambda: slack.named("chat.startStream"))
+        slack.stopped_streams |= {str(c.result["ts"]) for c in slack.named("chat.startStream")}
+        assert await to_other.stop_button(root) == 200
+        await slack.wait_for(lambda: text.stopped() in slack.shown(root))
+        assert not model.gate.is_set()  # stopped while the model was still writing
+        session = await store.find_session("slack", f"T1/C1/{root}")
+        assert session is not None
+        assert not await store.is_turn_active(session.id)
+        # The next message is answered, with no busy notice.
+        await to_other.message("$ cat begun.txt", thread_ts=root)
+        await slack.wait_for(lambda: "begun" in slack.shown(root))
+    assert not slack.ephemerals()
+    messages = await store.messages(session.id)
+    assert messages[1].message["metadata"]["interrupted_by"] == "stopped"
+    assert "the start of a long answer" in message_text(messages[1].message)
+
+
+async def test_stop_button__for_a_thread_with_nothing_running_changes_nothing(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root = await client.message("hello", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        before = len(slack.calls)
+        assert await client.stop_button(root) == 200
+        assert await client.stop_button("1700000000.999999") == 200  # not a session thread
+        await client.message("and again", thread_ts=root)
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    session = await store.find_session("slack", f"T1/C1/{root}")
+    assert session is not None
+    assert [m.role for m in await store.messages(session.id)] == ["user", "assistant"] * 2
+    assert text.stopped() not in "".join(c.text for c in slack.calls[before:])
+
+
+async def test_rename_in_slack__becomes_the_sessions_title(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root = await client.message("first words", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        event = {
+            "type": "agent_session_title_changed",
+            "channel": "C1",
+            "thread_ts": root,
+            "title": "Offsite planning",
+            "previous_title": "first words",
+            "team_id": "T1",
+            "user": "U1",
+            "event_ts": client.new_ts(),
+        }
+        assert await client.event(event) == 200
+    session = await store.find_session("slack", f"T1/C1/{root}")
+    assert session is not None
+    assert session.title == "Offsite planning"
