@@ -132,7 +132,6 @@ class Conversations:
         self.agent = agent
         self.state = state
         self.update_interval = update_interval
-        self.admins = frozenset(settings.admin_user_ids)
         self._tasks: set[asyncio.Task[None]] = set()
         self.closing = False
 
@@ -188,7 +187,7 @@ class Conversations:
 
     async def actor(self, team: str, user: str) -> Actor:
         user_id = await self.store.get_or_create_user(external_user(team, user))
-        return Actor(user_id=user_id, admin=user in self.admins)
+        return Actor(user_id=user_id, admin=self.settings.is_admin(team, user))
 
     # -- one try at a received message ----------------------------------------------------------
 

@@ -6,6 +6,7 @@ no module keeps a settings object of its own, so tests can build any configurati
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -49,6 +50,7 @@ def _split_csv(value: object) -> object:
 
 
 CsvList = Annotated[list[str], NoDecode]
+_ADMIN = re.compile(r"(?:[TE][A-Z0-9]+:)?[UW][A-Z0-9]+")
 
 
 class Settings(BaseSettings):
@@ -124,6 +126,19 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown surface(s) {', '.join(unknown)}; use dm, channel, assistant")
         return value
 
+    @field_validator("admin_user_ids")
+    @classmethod
+    def _admins(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if not _ADMIN.fullmatch(entry):
+                raise ValueError(f"{entry!r} is neither TEAM:USER (T…:U…) nor a user id (U…)")
+        return value
+
+    def is_admin(self, team: str, user: str) -> bool:
+        """``T…:U…`` entries name a user of one workspace; a bare ``U…`` (one workspace only)
+        any workspace's user of that id."""
+        return f"{team}:{user}" in self.admin_user_ids or user in self.admin_user_ids
+
     @field_validator("log_level")
     @classmethod
     def _log_level(cls, value: str) -> str:
@@ -141,6 +156,14 @@ class Settings(BaseSettings):
                 f"TURN_HEARTBEAT_SECONDS: {self.turn_heartbeat_seconds:g} is not well below "
                 f"TURN_LOCK_STALENESS_SECONDS ({self.turn_lock_staleness_seconds:g}); "
                 "use at most half of it"
+            )
+        bare = [a for a in self.admin_user_ids if ":" not in a]
+        if bare and (self.slack_client_id or self.slack_client_secret):
+            # With OAuth several workspaces install the app, and a user id is only unique
+            # within its workspace: a bare id would make admins of strangers.
+            raise ValueError(
+                f"ADMIN_USER_IDS: {bare[0]!r} must be TEAM:USER (e.g. T0123:{bare[0]}) when "
+                "several workspaces can install the app"
             )
         if self.busy_poll_seconds > self.busy_poll_timeout_seconds:
             raise ValueError(

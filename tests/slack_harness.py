@@ -145,3 +145,28 @@ class ServeProcess:
             self.proc.kill()
         out, err = self.proc.communicate()
         return out + err
+
+
+OAUTH = {
+    "slack_bot_token": None,
+    "slack_client_id": "111.222",
+    "slack_client_secret": "client-secret",
+    "slack_state_secret": "state-secret",
+}
+
+
+async def oauth_install(bot_url: str) -> None:
+    """Install the app into the stand-in's workspace the way a person does: /slack/install,
+    then Slack's redirect back with a code (exchanged at the stand-in's oauth.v2.access)."""
+    import re
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(bot_url + "/slack/install", allow_redirects=False) as r:
+            assert r.status in (200, 302)
+            page = await r.text() + r.headers.get("Location", "")
+            cookie = r.headers["Set-Cookie"].split(";", 1)[0]  # Secure: sent by hand over http
+        found = re.search(r"state=([\w-]+)", page)
+        assert found is not None, page
+        callback = f"{bot_url}/slack/oauth_redirect?code=the-code&state={found[1]}"
+        async with http.get(callback, allow_redirects=False, headers={"Cookie": cookie}) as r:
+            assert r.status in (200, 302), await r.text()

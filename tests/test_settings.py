@@ -55,6 +55,7 @@ def test_dotenv_file_is_read(tmp_path: object, monkeypatch: pytest.MonkeyPatch) 
         ("SHUTDOWN_GRACE_SECONDS", "-1", "SHUTDOWN_GRACE_SECONDS"),
         ("SESSION_POLL_SECONDS", "0", "SESSION_POLL_SECONDS"),
         ("LOG_LEVEL", "loud", "LOG_LEVEL: 'loud' is not a level"),
+        ("ADMIN_USER_IDS", "U1,alice", "ADMIN_USER_IDS: 'alice' is neither"),
         # Each value is fine alone; together they cannot work.
         ("TURN_HEARTBEAT_SECONDS", "45", "TURN_HEARTBEAT_SECONDS: 45 is not well below"),
         ("BUSY_POLL_SECONDS", "900", "BUSY_POLL_SECONDS: 900 is longer than"),
@@ -80,3 +81,22 @@ def test_create_database__refuses_unsupported_scheme() -> None:
 def test_normalize_database_url__aliases() -> None:
     assert normalize_database_url("sqlite:///x.db") == "sqlite+aiosqlite:///x.db"
     assert normalize_database_url("postgresql://u@h/d") == "postgresql+asyncpg://u@h/d"
+
+
+def test_admin_user_ids__per_workspace_entries_and_bare_ones() -> None:
+    settings = load_settings(admin_user_ids="T1:U7,U9")
+    assert settings.is_admin("T1", "U7")
+    assert not settings.is_admin("T2", "U7")  # the same id in another workspace is someone else
+    assert settings.is_admin("T2", "U9")  # bare: single-workspace mode
+
+
+def test_admin_user_ids__bare_ids_are_refused_when_several_workspaces_can_install() -> None:
+    with pytest.raises(ConfigError) as error:
+        load_settings(
+            admin_user_ids="T1:U7,U9",
+            slack_client_id="1",
+            slack_client_secret="s",
+            slack_state_secret="x",
+        )
+    assert str(error.value).startswith("ADMIN_USER_IDS: 'U9' must be TEAM:USER")
+    assert load_settings(admin_user_ids="T1:U7", slack_client_id="1").is_admin("T1", "U7")

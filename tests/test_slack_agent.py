@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from bot import messages as text
 from core.messages import message_text
 from core.store import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
-from tests.slack_harness import running_bot
+from tests.slack_harness import OAUTH, oauth_install, running_bot
 
 
 def gated(model: GatedModel, **extra: Any) -> dict[str, Any]:
@@ -102,3 +104,46 @@ async def test_rename_in_slack__becomes_the_sessions_title(
     session = await store.find_session("slack", f"T1/C1/{root}")
     assert session is not None
     assert session.title == "Offsite planning"
+
+
+# slack_sdk's oauth.v2.access uses aiohttp's BasicAuth, which newer aiohttp deprecates.
+@pytest.mark.filterwarnings("ignore:BasicAuth is deprecated:DeprecationWarning")
+@pytest.mark.parametrize(
+    "order", [("app_uninstalled", "tokens_revoked"), ("tokens_revoked", "app_uninstalled")]
+)
+async def test_uninstall__in_either_order_twice_removes_the_install_and_stops_turns(
+    database_url: str, slack: FakeSlack, store: SessionStore, order: tuple[str, str]
+) -> None:
+    async with (
+        GatedModel(early="half") as model,
+        running_bot(database_url, slack, **OAUTH, **gated(model)) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        await oauth_install(bot.url)
+        installs = bot.bot.installs
+        assert installs is not None
+        assert await installs.installations.async_find_bot(enterprise_id=None, team_id="T1")
+        root = await client.message("a long one", mention=True)
+        await asyncio.wait_for(model.arrived.wait(), 20)
+        events = {
+            "app_uninstalled": {"type": "app_uninstalled", "event_ts": client.new_ts()},
+            "tokens_revoked": {
+                "type": "tokens_revoked",
+                "tokens": {"oauth": ["U1"], "bot": ["UBOT"]},
+                "event_ts": client.new_ts(),
+            },
+        }
+        for kind in (*order, *order):  # either order, and each of them again
+            assert await client.event(events[kind]) == 200
+        session = await store.find_session("slack", f"T1/C1/{root}")
+        assert session is not None
+        for _ in range(200):  # the running turn stops (its replica polls once a second)
+            if not await store.is_turn_active(session.id):
+                break
+            await asyncio.sleep(0.05)
+        assert not await store.is_turn_active(session.id)
+        assert await installs.installations.async_find_bot(enterprise_id=None, team_id="T1") is None
+        assert not model.gate.is_set()
+    # Nothing else changed: the conversation is still there, under the sweeper's rules.
+    roles = [m.role for m in await store.messages(session.id)]
+    assert roles == ["user", "assistant"]

@@ -12,7 +12,7 @@ from core.db import create_database
 from core.messages import slack_message_id
 from core.store import SessionStore
 from tests.fake_slack import BOT_USER, FakeSlack, SlackClient, signed_headers
-from tests.slack_harness import RunningBot, running_bot
+from tests.slack_harness import OAUTH, RunningBot, oauth_install, running_bot
 
 
 @pytest.fixture
@@ -190,29 +190,8 @@ async def test_healthz__answers_200_while_the_database_answers(running: RunningB
 async def test_oauth__install_then_events_are_authorised_from_the_database(
     database_url: str, slack: FakeSlack
 ) -> None:
-    import re
-
-    import aiohttp
-
-    oauth = {
-        "slack_bot_token": None,
-        "slack_client_id": "111.222",
-        "slack_client_secret": "client-secret",
-        "slack_state_secret": "state-secret",
-    }
-    async with (
-        running_bot(database_url, slack, **oauth) as bot,
-        aiohttp.ClientSession() as http,
-    ):
-        async with http.get(bot.url + "/slack/install", allow_redirects=False) as r:
-            assert r.status in (200, 302)
-            page = await r.text() + r.headers.get("Location", "")
-            cookie = r.headers["Set-Cookie"].split(";", 1)[0]  # Secure: sent by hand over http
-        found = re.search(r"state=([\w-]+)", page)
-        assert found is not None, page
-        callback = f"{bot.url}/slack/oauth_redirect?code=the-code&state={found[1]}"
-        async with http.get(callback, allow_redirects=False, headers={"Cookie": cookie}) as r:
-            assert r.status in (200, 302), await r.text()
+    async with running_bot(database_url, slack, **OAUTH) as bot:
+        await oauth_install(bot.url)
         assert slack.named("oauth.v2.access")
         async with SlackClient(bot.url) as client:
             ts = await client.message("installed and talking", mention=True)
