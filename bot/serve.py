@@ -328,10 +328,10 @@ BOT_SCOPES = [
     "channels:history",
     "chat:write",
     "commands",
+    "files:read",
     "groups:history",
     "im:history",
     "mpim:history",
-    "users:read",
 ]
 
 
