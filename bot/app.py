@@ -26,6 +26,7 @@ from bot import messages as text
 from bot import payload
 from bot.conversations import Conversations, Post, thread_key
 from bot.delivery import DeliveryWorker
+from bot.files import shared_files
 from bot.session_actions import SessionActions
 from bot.web import web_client
 from core.errors import DatabaseError, InvalidRequest
@@ -134,10 +135,11 @@ def build_app(
             ):
                 return
         body_text = _for_the_agent(raw, context.bot_user_id)
-        if not body_text:
+        files = shared_files(event)
+        if not body_text and not files:
             return
         post = Post(team, channel, thread_ts or ts, ts, user, surface)
-        await worker.receive(post, body_text, client)
+        await worker.receive(post, body_text, client, files=files)
 
     app.event("message")(on_message)
     app.event("app_mention")(on_message)
@@ -163,6 +165,16 @@ def build_app(
         title = payload.string(event.get("title"), "event.title")
         if team and channel and thread_ts and title:
             await conversations.renamed(thread_key(team, channel, thread_ts), title)
+
+    @app.event("app_context_changed")
+    async def on_viewing(event: Any, body: dict[str, Any]) -> None:
+        """What a person looks at beside the agent: told to the agent on their next message."""
+        event = payload.obj(event, "event")
+        team = payload.string(body.get("team_id"), "team_id")
+        user = payload.string(event.get("user"), "event.user") or _authorized_user(body)
+        context = payload.optional_obj(event.get("context"), "event.context")
+        if team and user:
+            await conversations.viewing(team, user, context)
 
     revocations = (
         AsyncTokenRevocationListeners(oauth_settings.installation_store)
@@ -242,6 +254,14 @@ def _shortcut(
         conversations.spawn(handler(body, client))
 
     return listener
+
+
+def _authorized_user(body: dict[str, Any]) -> str | None:
+    """The person an event is about when it does not name one (``authorizations``)."""
+    found = body.get("authorizations")
+    if isinstance(found, list) and found and isinstance(found[0], dict):
+        return payload.string(found[0].get("user_id"), "authorizations[0].user_id")
+    return None
 
 
 def _for_the_agent(raw: str, bot_user_id: str | None) -> str:

@@ -24,7 +24,10 @@ from typing import Any, Protocol
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot import context
 from bot import messages as text
+from bot.context import Prepared
+from bot.files import SharedFile
 from bot.reply import SLACK_FAILURES, ReplyStream
 from core.agent import Agent, AgentEvent, Notice, TextChunk, ToolStarted, TurnStarted
 from core.deliveries import DeliveryRecord
@@ -225,12 +228,46 @@ class Conversations:
         await self.state.bind_thread(post.thread, session.id)
         await self.state.add_ref(post.ref, session.id, record.message_id, "user")
         await _let_others_run()
+        prepared = await self._prepare(session, post, record, client)
         if not resumed:
             try:
-                return await self._turn(session, post, record, client, progress, resume=False)
+                return await self._turn(
+                    session, post, record, client, progress, prepared, resume=False
+                )
             except DuplicateMessage:
                 log.info("message %s is already in the transcript", record.message_id)
-        return await self._resume(session, post, record, client, progress)
+        return await self._resume(session, post, record, client, progress, prepared)
+
+    async def _prepare(
+        self, session: SessionInfo, post: Post, record: DeliveryRecord, client: AsyncWebClient
+    ) -> Prepared:
+        """The message's context (``bot.context``) and files, fetched once per try."""
+        prepared = Prepared()
+        if post.ts != post.thread_ts and await self.store.tail(session.id) is None:
+            earlier = await context.thread_before(client, post.channel, post.thread_ts, post.ts)
+            if earlier:
+                prepared.notes.append(earlier)
+        if post.surface in ("dm", "assistant"):
+            looking = context.viewing(await self.state.viewing(f"{post.team}:{post.user}"))
+            if looking:
+                prepared.notes.append(looking)
+        shared = [SharedFile.from_dict(f) for f in record.context.get("files") or []]
+        if shared:
+            token = client.token if isinstance(client.token, str) else None
+            await context.fetch_files(shared, token, self.settings.max_file_bytes, prepared)
+            for refused in prepared.refused:
+                await self.tell(
+                    client,
+                    post,
+                    text.file_refused(
+                        refused.file.name, refused.refused or "", self.settings.max_file_bytes
+                    ),
+                )
+        return prepared
+
+    async def viewing(self, team: str, user: str, seen: dict[str, Any]) -> None:
+        """``app_context_changed``: remembered for the person's next message (any replica)."""
+        await self.state.set_viewing(f"{team}:{user}", seen)
 
     async def _resume(
         self,
@@ -239,6 +276,7 @@ class Conversations:
         record: DeliveryRecord,
         client: AsyncWebClient,
         progress: Progress,
+        prepared: Prepared,
     ) -> Outcome:
         """Carry on from what the transcript holds (SPEC §6.10): a user message that is the tail
         is answered from there (never stored again); one with anything after it was answered."""
@@ -246,10 +284,10 @@ class Conversations:
         if tail is not None and tail.message_id == record.message_id:
             if record.reply_ref is not None:  # the dead turn's reply, left half-written
                 await self._close_reply(client, post, record.reply_ref, text.cut_short())
-            return await self._turn(session, post, record, client, progress, resume=True)
+            return await self._turn(session, post, record, client, progress, prepared, resume=True)
         found = await self.store.find_message(record.message_id)
         if found is None:
-            return await self._turn(session, post, record, client, progress, resume=False)
+            return await self._turn(session, post, record, client, progress, prepared, resume=False)
         after = await self.store.messages(session.id, after_position=found[1].position)
         answer = after[0] if after and after[0].role == "assistant" else None
         if answer is not None:
@@ -299,6 +337,7 @@ class Conversations:
         record: DeliveryRecord,
         client: AsyncWebClient,
         progress: Progress,
+        prepared: Prepared,
         *,
         resume: bool,
         retry: bool = True,
@@ -333,9 +372,15 @@ class Conversations:
                 session.id,
                 user_message=None
                 if resume
-                else user_message(record.text, message_id=record.message_id, slack_user=post.user),
+                else user_message(
+                    record.text,
+                    message_id=record.message_id,
+                    slack_user=post.user,
+                    **({"context": prepared.context} if prepared.context else {}),
+                ),
                 last_message_id=record.message_id if resume else shown,
                 on_event=on_event,
+                files=prepared.files,
             )
         except AgentSessionBusy:
             return Outcome.BUSY
@@ -357,7 +402,7 @@ class Conversations:
                 await self._refresh_stale(session, post, client, exc)
                 return Outcome.STALE
             return await self._turn(
-                session, post, record, client, progress, resume=False, retry=False
+                session, post, record, client, progress, prepared, resume=False, retry=False
             )
         except AgentSessionLockLost:
             await self._close(client, post, stream, stream.text + "\n" + text.lock_lost())

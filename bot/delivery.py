@@ -25,13 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import messages as text
 from bot.conversations import SHUTDOWN, Conversations, Outcome, Post
+from bot.files import SharedFile
 from core import metrics
 from core.deliveries import ACTIVE, MAX_TAKEOVERS, Deliveries, DeliveryRecord
 from core.errors import AgentSessionNotFound, DatabaseError
@@ -99,7 +100,14 @@ class DeliveryWorker:
             return True
         return await self.deliveries.thread_known(thread)
 
-    async def receive(self, post: Post, body: str, client: AsyncWebClient) -> None:
+    async def receive(
+        self,
+        post: Post,
+        body: str,
+        client: AsyncWebClient,
+        *,
+        files: Sequence[SharedFile] = (),
+    ) -> None:
         """Record a message for the agent; called before the acknowledgement (a failure here
         fails the request, so Slack sends the message again)."""
         self.start()
@@ -109,7 +117,7 @@ class DeliveryWorker:
             author=post.user,
             message_id=slack_message_id(post.team, post.channel, post.ts),
             text=body,
-            context=post.context(),
+            context={**post.context(), "files": [f.as_dict() for f in files]},
             owned=not self.closing,
         )
         if record is None:

@@ -266,3 +266,11 @@ def _button(label: str, action_id: str, value: str, style: str | None = None) ->
 def _quote(text: str, limit: int = 300) -> str:
     folded = " ".join(text.split())
     return folded if len(folded) <= limit else folded[: limit - 1] + "…"
+
+
+def file_refused(name: str, reason: str, limit: int) -> str:
+    why = {
+        "too_big": f"it is larger than the {limit / 1_000_000:g} MB this app copies",
+        "no_access": "Slack would not hand it over (the app needs the files:read permission)",
+    }.get(reason, "Slack could not deliver it just now")
+    return f"I couldn't copy *{_quote(name, 100)}* into my sandbox: {why}."

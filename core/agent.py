@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,10 +174,16 @@ class Agent:
         user_message: Message | None,
         last_message_id: str | _Unset | None,
         on_event: OnEvent | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> TurnResult:
-        """One turn. ``user_message=None`` answers the user message that is already the tail,
-        named by ``last_message_id``: a turn resumed after the process running it died (SPEC
-        §6.10); the stale guard makes sure nothing was added after it meanwhile."""
+        """One turn.
+
+        ``user_message=None`` answers the user message that is already the tail, named by
+        ``last_message_id``: a turn resumed after the process running it died; the stale guard
+        makes sure nothing was added after it meanwhile. ``files`` (path -> bytes) are put into
+        the sandbox before the model runs, so they are part of this turn's snapshot (a rewind
+        to before it removes them).
+        """
         emit = on_event or _ignore
         session = await self.store.get_session(session_id)
         model = await resolve_model(self.store.db, self.providers, session)
@@ -199,6 +205,8 @@ class Agent:
             sandbox = await Sandbox.open(
                 await load_state(self.store.db, session_id), self.config.sandbox_limits
             )
+            if files:
+                sandbox.add_files(files)
             compacted = False
             error: ModelProviderError | None = None
             try:

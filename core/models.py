@@ -334,6 +334,18 @@ class SurfaceMessageRef(Base):
     created_at: Mapped[datetime] = _created()
 
 
+class SurfaceViewing(Base):
+    """What a person is looking at in the surface right now (Slack's ``app_context_changed``:
+    the channel beside the agent's Messages tab), so any replica can tell the agent."""
+
+    __tablename__ = "surface_viewing"
+
+    surface: Mapped[str] = mapped_column(String(50), primary_key=True)
+    person: Mapped[str] = mapped_column(String(255), primary_key=True)
+    context: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    updated_at: Mapped[datetime] = _created()
+
+
 class Delivery(Base):
     """A message a surface received, from before it was acknowledged until it was answered.
 

@@ -393,6 +393,17 @@ class Sandbox:
                 self._bash.mkdir(parent, recursive=True)
             self._bash.write_file(path, content)
 
+    def add_files(self, files: Mapping[str, bytes]) -> None:
+        """Put files as bytes into the sandbox (a person's uploads), creating directories; they
+        are part of the next capture, so they rewind and fork with the session."""
+        self._dirty = True
+        fs = self._bash.fs()
+        for path, content in files.items():
+            parent = path.rsplit("/", 1)[0]
+            if parent:
+                self._bash.mkdir(parent, recursive=True)
+            fs.write_file(path, content)
+
     def read_file(self, path: str) -> str:
         return self._bash.read_file(path)
 

@@ -11,16 +11,17 @@ What the statements guarantee:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Any, Final, cast
 
 from sqlalchemy import Table, select, update
 
 from core.db import Database, db_now
 from core.deliveries import sweep_finished_deliveries
-from core.models import SurfaceMessageRef, SurfaceThread
+from core.models import SurfaceMessageRef, SurfaceThread, SurfaceViewing
 
 THREADS: Final = cast(Table, SurfaceThread.__table__)
 REFS: Final = cast(Table, SurfaceMessageRef.__table__)
+VIEWING: Final = cast(Table, SurfaceViewing.__table__)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,29 @@ class SurfaceState:
                 .where(THREADS.c.surface == self.surface, THREADS.c.session_id == session_id)
                 .values(last_shown_message_id=message_id, updated_at=db_now())
             )
+
+    # -- what a person is looking at ------------------------------------------------------------
+
+    async def set_viewing(self, person: str, context: dict[str, Any]) -> None:
+        async with self.db.write() as conn:
+            stmt = self.db.upsert(VIEWING).values(
+                surface=self.surface, person=person, context=context, updated_at=db_now()
+            )
+            await conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=["surface", "person"],
+                    set_={"context": stmt.excluded.context, "updated_at": db_now()},
+                )
+            )
+
+    async def viewing(self, person: str) -> dict[str, Any] | None:
+        async with self.db.read() as conn:
+            found = await conn.scalar(
+                select(VIEWING.c.context).where(
+                    VIEWING.c.surface == self.surface, VIEWING.c.person == person
+                )
+            )
+        return None if found is None else dict(found)
 
     # -- message references ---------------------------------------------------------------------
 

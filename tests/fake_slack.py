@@ -100,6 +100,11 @@ class FakeSlack(_Server):
         self.errors: dict[str, str] = {}
         # Streams Slack itself ended (its stop button): they can only be edited now.
         self.stopped_streams: set[str] = set()
+        # Files the app may download (GET /files/NAME): name -> (bytes, content type); a
+        # request without the bot token gets Slack's HTML sign-in page.
+        self.files: dict[str, tuple[bytes, str]] = {}
+        # What conversations.replies answers, by thread ts.
+        self.threads: dict[str, list[dict[str, Any]]] = {}
         self.sockets: list[web.WebSocketResponse] = []
         self.socket_acks: list[dict[str, Any]] = []
         self._changed = asyncio.Event()
@@ -111,7 +116,9 @@ class FakeSlack(_Server):
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/api/{method}", self._handle)
+        app.router.add_get("/api/{method}", self._handle)
         app.router.add_get("/socket", self._socket)
+        app.router.add_get("/files/{name}", self._file)
 
     # -- Socket Mode: apps.connections.open hands out this server's WebSocket ------------------
 
@@ -135,12 +142,27 @@ class FakeSlack(_Server):
                 return
         raise AssertionError("no Socket Mode connection")
 
+    def file_url(self, name: str) -> str:
+        return f"{self.url}/files/{name}"
+
+    async def _file(self, request: web.Request) -> web.Response:
+        found = self.files.get(request.match_info["name"])
+        if found is None:
+            return web.Response(status=404)
+        if request.headers.get("Authorization") != "Bearer xoxb-test":
+            login = "<!DOCTYPE html><html><body>Sign in to Slack</body></html>"
+            return web.Response(text=login, content_type="text/html")
+        data, content_type = found
+        return web.Response(body=data, content_type=content_type)
+
     def next_ts(self) -> str:
         return f"1800000000.{next(self._ts):06d}"
 
     async def _handle(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
-        if request.content_type == "application/json":
+        if request.method == "GET":
+            args = dict(request.query)
+        elif request.content_type == "application/json":
             args = dict(await request.json())
         else:
             args = dict(await request.post())
@@ -214,6 +236,8 @@ class FakeSlack(_Server):
             return {"ok": True, "channel": channel, "ts": args.get("ts")}
         if method == "chat.postEphemeral":
             return {"ok": True, "message_ts": self.next_ts()}
+        if method == "conversations.replies":
+            return {"ok": True, "messages": self.threads.get(str(args.get("ts")), [])}
         return {"ok": True}
 
     # -- what tests look at ---------------------------------------------------------------------
@@ -421,6 +445,7 @@ class SlackClient:
         channel_type: str = "channel",
         retry: int | None = None,
         team: str | None = None,
+        files: list[dict[str, Any]] | None = None,
     ) -> str:
         """A human message (``kind="app_mention"`` for the mention event); returns its ts."""
         ts = ts or self.new_ts()
@@ -436,6 +461,8 @@ class SlackClient:
         }
         if thread_ts:
             event["thread_ts"] = thread_ts
+        if files:
+            event.update(subtype="file_share", files=files)
         status = await self.event(event, retry=retry, team=team)
         assert status == 200, status
         return ts

@@ -35,6 +35,7 @@ from core.providers.base import (
     UserMessage,
     check_tool_choice,
 )
+from core.providers.uimessages import person_words
 
 OFFLINE_LABEL = "[offline stand-in]"
 OFFLINE_MODEL = "offline-stand-in"
@@ -177,7 +178,8 @@ def respond(
     last = conversation[-1] if conversation else None
     if not isinstance(last, UserMessage):
         return AssistantMessage(f"{OFFLINE_LABEL} There is no message for me to answer.")
-    command = _command(last.text)
+    words = person_words(last.text)
+    command = _command(words)
     if command is not None and any(tool.name == SHELL_TOOL for tool in tools):
         return AssistantMessage(tool_calls=(ToolCall(call_id, SHELL_TOOL, {"command": command}),))
     if command is not None:
@@ -185,7 +187,7 @@ def respond(
             f"{OFFLINE_LABEL} I would run `{command}`, but I was given no shell tool."
         )
     return AssistantMessage(
-        f'{OFFLINE_LABEL} You said: "{shorten(last.text, 300)}". I am a deterministic local '
+        f'{OFFLINE_LABEL} You said: "{shorten(words, 300)}". I am a deterministic local '
         f'stand-in, not a language model; start a message with "{COMMAND_PREFIX}" to run a '
         "shell command in the sandbox."
     )

@@ -138,6 +138,18 @@ def _text_of(parts: Iterable[Any]) -> str:
     )
 
 
+# How a user message's ``metadata.context`` is laid out before the person's words.
+CONTEXT_MARK = "[Context]\n"
+MESSAGE_MARK = "\n[Message]\n"
+
+
+def person_words(text: str) -> str:
+    """A user turn's text without the context laid out before it (what the person wrote)."""
+    if text.startswith(CONTEXT_MARK):
+        return text.rpartition(MESSAGE_MARK)[2] if MESSAGE_MARK in text else ""
+    return text
+
+
 def ui_to_chat(messages: Iterable[Message], *, system: str | None = None) -> list[ChatMessage]:
     """The conversation a provider is given for a projected history (oldest first)."""
     out: list[ChatMessage] = [SystemMessage(system)] if system else []
@@ -148,6 +160,14 @@ def ui_to_chat(messages: Iterable[Message], *, system: str | None = None) -> lis
             out.extend(_assistant_steps(parts))
             continue
         text = _text_of(parts)
+        context = (message.get("metadata") or {}).get("context")
+        if role == "user" and isinstance(context, str) and context:
+            # What the surface knew around the person's words (the thread before the agent
+            # was mentioned, files put in the sandbox, what they are looking at): kept beside
+            # the message, so drafts and titles stay the person's own words.
+            text = (
+                f"{CONTEXT_MARK}{context}{MESSAGE_MARK}{text}" if text else CONTEXT_MARK + context
+            )
         if not text:
             continue
         out.append(SystemMessage(text) if role == "system" else UserMessage(text))

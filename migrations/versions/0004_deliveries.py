@@ -1,5 +1,6 @@
 """Delivery records: every received message from before its acknowledgement to its answer;
-and ``agent_sessions.stop_token``, a stop asked of a running turn (a stop button).
+``agent_sessions.stop_token``, a stop asked of a running turn (a stop button); and
+``surface_viewing``, what a person is looking at beside the agent.
 
 Revision ID: 0004
 Revises: 0003
@@ -84,6 +85,15 @@ def upgrade() -> None:
     with op.batch_alter_table("agent_sessions", schema=None) as batch_op:
         batch_op.add_column(sa.Column("stop_token", sa.String(length=36), nullable=True))
 
+    op.create_table(
+        "surface_viewing",
+        sa.Column("surface", sa.String(length=50), nullable=False),
+        sa.Column("person", sa.String(length=255), nullable=False),
+        sa.Column("context", _json(), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), server_default=_now(), nullable=False),
+        sa.PrimaryKeyConstraint("surface", "person", name=op.f("pk_surface_viewing")),
+    )
+
     with op.batch_alter_table("waiting_drafts", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_waiting_drafts_session_id_state_created_at"))
     op.drop_table("waiting_drafts")
@@ -93,6 +103,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_table("surface_viewing")
     with op.batch_alter_table("agent_sessions", schema=None) as batch_op:
         batch_op.drop_column("stop_token")
     op.create_table(

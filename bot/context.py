@@ -1,0 +1,109 @@
+"""What the agent is told beside a person's message: the thread before it was mentioned, the
+files shared with the message, what the person is looking at in Slack.
+
+It travels in the user message's ``metadata.context`` (the model reads it just before the
+message; drafts, titles and rewinds keep the person's own words), so it is stored with the
+transcript, rewinds and forks with it, and a turn resumed elsewhere sees the same.
+Model-facing wording lives here; words a person reads live in ``bot.messages``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.files import Fetched, SharedFile, fetch, sandbox_path
+
+log = logging.getLogger(__name__)
+
+THREAD_MESSAGES = 50  # earlier messages of a thread read when the agent joins it
+THREAD_CHARS = 20_000  # and at most this much of their text
+_HUMAN = (None, "thread_broadcast", "file_share")
+
+
+@dataclass
+class Prepared:
+    """A message's context and the files its turn puts into the sandbox."""
+
+    notes: list[str] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+    refused: list[Fetched] = field(default_factory=list)
+
+    @property
+    def context(self) -> str | None:
+        return "\n\n".join(self.notes) or None
+
+
+async def thread_before(
+    client: AsyncWebClient, channel: str, thread_ts: str, before_ts: str
+) -> str | None:
+    """The people's messages of a thread before ``before_ts`` (the agent's first mention in
+    it), newest last, within ``THREAD_CHARS``; None when there are none or Slack says no."""
+    try:
+        response = await client.conversations_replies(
+            channel=channel, ts=thread_ts, limit=THREAD_MESSAGES
+        )
+    except SlackApiError as exc:
+        log.warning("could not read the thread %s/%s: %s", channel, thread_ts, exc)
+        return None
+    lines: list[str] = []
+    for message in response.get("messages") or []:
+        if not isinstance(message, dict) or message.get("bot_id"):
+            continue
+        ts, text, user = message.get("ts"), message.get("text"), message.get("user")
+        if message.get("subtype") not in _HUMAN or not isinstance(ts, str) or ts >= before_ts:
+            continue
+        if isinstance(text, str) and text.strip() and isinstance(user, str):
+            lines.append(f"<@{user}>: {text.strip()}")
+    kept: list[str] = []
+    size = 0
+    for line in reversed(lines):  # the most recent ones matter most
+        size += len(line) + 1
+        if size > THREAD_CHARS:
+            break
+        kept.append(line)
+    if not kept:
+        return None
+    return "Before you were mentioned, this Slack thread said (oldest first):\n" + "\n".join(
+        reversed(kept)
+    )
+
+
+def viewing(context: dict[str, Any] | None) -> str | None:
+    """Slack's ``app_context_changed`` context as a sentence for the agent."""
+    channels = [
+        e.get("value")
+        for e in (context or {}).get("entities") or []
+        if isinstance(e, dict) and e.get("type") == "slack#/types/channel_id"
+    ]
+    if not channels or not isinstance(channels[0], str):
+        return None
+    return f"The person is looking at the Slack channel <#{channels[0]}> right now."
+
+
+async def fetch_files(
+    files: list[SharedFile], token: str | None, max_bytes: int, prepared: Prepared
+) -> None:
+    """Download the message's files for the sandbox; note where they are for the agent."""
+    taken: set[str] = set()
+    placed: list[str] = []
+    for file in files:
+        fetched = await fetch(file, token, max_bytes)
+        if fetched.data is None:
+            prepared.refused.append(fetched)
+            continue
+        path = sandbox_path(file.name, taken)
+        prepared.files[path] = fetched.data
+        placed.append(f"{path} ({len(fetched.data):,} bytes{_kind(file)})")
+    if placed:
+        prepared.notes.append(
+            "Files shared with this message were copied into your sandbox: " + ", ".join(placed)
+        )
+
+
+def _kind(file: SharedFile) -> str:
+    return f", {file.mimetype}" if file.mimetype else ""
