@@ -17,6 +17,7 @@ from typing import Any
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
+from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_bolt.listener.async_builtins import AsyncTokenRevocationListeners
 from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
 from slack_bolt.response import BoltResponse
@@ -207,24 +208,42 @@ def build_app(
         app.event(ignored)(_nothing)
 
     async def on_draft_button(
-        ack: AsyncAck, body: dict[str, Any], action: dict[str, Any], client: AsyncWebClient
+        ack: AsyncAck,
+        body: dict[str, Any],
+        action: dict[str, Any],
+        client: AsyncWebClient,
+        respond: AsyncRespond,
     ) -> None:
         await ack()
         send = payload.nested_string(action, "action_id") == text.SEND_DRAFT
         user = payload.nested_string(body, "user", "id") or ""
         value = payload.nested_string(action, "value") or ""
-        conversations.spawn(worker.click(value, user, send, client))
+        conversations.spawn(worker.click(value, user, send, client, respond))
 
     app.action(text.SEND_DRAFT)(on_draft_button)
     app.action(text.DISCARD_DRAFT)(on_draft_button)
 
     @app.action(re.compile(f"^{text.COMPACT_PICK}:"))
     async def on_compact_pick(
-        ack: AsyncAck, body: dict[str, Any], action: dict[str, Any], client: AsyncWebClient
+        ack: AsyncAck,
+        body: dict[str, Any],
+        action: dict[str, Any],
+        client: AsyncWebClient,
+        respond: AsyncRespond,
     ) -> None:
         await ack()
         value = payload.nested_string(action, "value") or ""
-        conversations.spawn(actions.compact_picked(body, value, client))
+        conversations.spawn(actions.compact_picked(body, value, client, respond))
+
+    @app.view(text.REWIND_CONFIRM)
+    async def on_rewind_confirmed(
+        ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient
+    ) -> None:
+        await ack()  # closes the modal
+        key = payload.nested_string(body, "view", "private_metadata") or ""
+        user = payload.nested_string(body, "user", "id") or ""
+        team = payload.nested_string(body, "team", "id") or ""
+        conversations.spawn(actions.rewind_confirmed(key, user, team, client))
 
     for callback_id, handler in (
         ("rewind_session", actions.rewind),

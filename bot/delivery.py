@@ -27,6 +27,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 
+from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -313,8 +314,16 @@ class DeliveryWorker:
 
     # -- clicks ---------------------------------------------------------------------------------
 
-    async def click(self, record_id: str, user: str, send: bool, client: AsyncWebClient) -> None:
-        """Send / Send anyway / Discard on an offer, from whichever replica gets the click."""
+    async def click(
+        self,
+        record_id: str,
+        user: str,
+        send: bool,
+        client: AsyncWebClient,
+        respond: AsyncRespond | None = None,
+    ) -> None:
+        """Send / Send anyway / Discard on an offer, from whichever replica gets the click. The
+        offer is replaced by what came of the click, so it cannot be clicked twice."""
         try:
             number = int(record_id)
         except ValueError:
@@ -328,15 +337,28 @@ class DeliveryWorker:
             if discarded is not None:
                 metrics.DELIVERIES_FINISHED.labels("discarded").inc()
                 self._wake_thread(record.thread_key)
-            await self.conv.tell(
-                client, post, text.draft_discarded() if discarded else text.draft_gone()
+            await self._answer_click(
+                client, post, respond, text.draft_discarded() if discarded else text.draft_gone()
             )
             return
         claimed = await self.deliveries.claim(number, ("offered", "stale"), author=user)
         if claimed is None:
-            await self.conv.tell(client, post, text.draft_gone())
+            await self._answer_click(client, post, respond, text.draft_gone())
             return
+        await self._answer_click(client, post, respond, text.draft_sending())
         self._carry_on(claimed, client, resumed=False)
+
+    async def _answer_click(
+        self, client: AsyncWebClient, post: Post, respond: AsyncRespond | None, body: str
+    ) -> None:
+        """Replace the clicked ephemeral (its ``response_url``); a new one when that fails."""
+        if respond is not None:
+            try:
+                await respond(replace_original=True, text=body)
+                return
+            except Exception as exc:  # an expired or unreachable response_url
+                log.info("could not replace the clicked offer: %s", exc)
+        await self.conv.tell(client, post, body)
 
     # -- leases and take-overs ------------------------------------------------------------------
 

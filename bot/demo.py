@@ -131,6 +131,19 @@ class Slack:
             },
         )
 
+    async def submit(self, replica: Replica, user: str, view: dict[str, Any]) -> None:
+        """A person pressing a modal's submit button."""
+        await self.interact(
+            replica,
+            {
+                "type": "view_submission",
+                "team": {"id": TEAM, "domain": "demo"},
+                "user": {"id": user, "team_id": TEAM},
+                "trigger_id": "demo",
+                "view": {**view, "id": "V1", "state": {"values": {}}},
+            },
+        )
+
     async def click(self, replica: Replica, user: str, ephemeral: Posted, label: str) -> None:
         action_id, value = ephemeral.values[ephemeral.buttons.index(label)].split("\x00", 1)
         await self.interact(
@@ -258,8 +271,14 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
     await slack.until(lambda: len(_replies(standin, fork_head.ts)) >= 2 and _done(standin, 5))
     print_thread(standin, fork_head.ts, bob, "#general, Bob's fork")
 
-    # 4. Alice rewinds her thread to the first reply; the later replies are marked.
+    # 4. Alice rewinds her thread to the first reply (after confirming how many messages will
+    #    leave); the later replies are marked.
+    opened = len(standin.views)
     await slack.shortcut(a, alice, "rewind_session", replies[0])
+    await slack.until(lambda: len(standin.views) > opened)
+    confirm = standin.views[-1]
+    print(f"\n── the confirmation Alice sees ── {confirm['blocks'][0]['text']['text']}")
+    await slack.submit(a, alice, confirm)
     await slack.until(
         lambda: sum(p.text.startswith("~(rewound") for p in _replies(standin, root)) >= 2
     )

@@ -6,7 +6,6 @@ writes user-facing words; listeners call these functions.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 # Action ids of the buttons (the listeners match on them).
@@ -47,6 +46,10 @@ def busy_timeout(text: str) -> str:
         "I stopped waiting: the session stayed busy too long, so your message was not sent. "
         f"Here it is, to post again:\n>{_quote(text)}"
     )
+
+
+def draft_sending() -> str:
+    return "Sending your message…"
 
 
 def draft_discarded() -> str:
@@ -204,8 +207,8 @@ def compact_picker() -> str:
     return "Which conversation should I compact?"
 
 
-def compact_started() -> str:
-    return "Compacting…"
+def compact_started(by_user: str) -> str:
+    return f":hourglass_flowing_sand: <@{by_user}> started compacting this conversation…"
 
 
 def compact_bad_link() -> str:
@@ -240,10 +243,16 @@ def offer_blocks(text: str, draft_id: str, send_label: str = "Send") -> list[dic
     ]
 
 
-def picker_blocks(choices: list[tuple[int, str]], focus: str | None) -> list[dict[str, Any]]:
+PICKER_CHOICES = 5
+REWIND_CONFIRM = "rewind_confirm"
+
+
+def picker_blocks(choices: list[tuple[int, str]], key: str) -> list[dict[str, Any]]:
+    """The ``/compact`` picker; its choices and focus are stashed under ``key`` (the buttons
+    carry only that key and a session id: Slack caps a button's value)."""
     buttons = [
-        _button(title[:70] or f"session {sid}", COMPACT_PICK, json.dumps([sid, focus]))
-        for sid, title in choices[:5]
+        _button(title[:70] or f"session {sid}", f"{COMPACT_PICK}:{i}", f"{key}:{sid}")
+        for i, (sid, title) in enumerate(choices)
     ]
     return [
         {"type": "section", "text": {"type": "mrkdwn", "text": compact_picker()}},
@@ -251,11 +260,37 @@ def picker_blocks(choices: list[tuple[int, str]], focus: str | None) -> list[dic
     ]
 
 
+def compact_picked(title: str) -> str:
+    return f"Compacting *{_quote(title or 'the conversation', 80)}*…"
+
+
+def rewind_modal(leaving: int, key: str, *, to_a_question: bool) -> dict[str, Any]:
+    """The confirmation *Rewind to here* asks for before anything changes."""
+    plural = "message" if leaving == 1 else "messages"
+    body = (
+        f"{leaving} {plural} will leave the conversation (the agent forgets them, and its "
+        "sandbox goes back to how it was)."
+        if leaving
+        else "Nothing comes after this message: the conversation stays as it is."
+    )
+    if to_a_question:
+        body += " The message you picked comes back to its author as a draft, to post again."
+    return {
+        "type": "modal",
+        "callback_id": REWIND_CONFIRM,
+        "private_metadata": key,
+        "title": {"type": "plain_text", "text": "Rewind to here?"},
+        "submit": {"type": "plain_text", "text": "Rewind"},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": body}}],
+    }
+
+
 def _button(label: str, action_id: str, value: str, style: str | None = None) -> dict[str, Any]:
     button: dict[str, Any] = {
         "type": "button",
         "text": {"type": "plain_text", "text": label},
-        "action_id": action_id if action_id != COMPACT_PICK else f"{COMPACT_PICK}:{value}",
+        "action_id": action_id,
         "value": value,
     }
     if style:

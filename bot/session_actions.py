@@ -8,11 +8,11 @@ compact, anyone for fork; every refusal is an ephemeral and changes nothing.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import Any
 
+from slack_bolt.context.respond.async_respond import AsyncRespond as Respond
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import messages as text
@@ -87,14 +87,45 @@ class SessionActions:
     # -- rewind ---------------------------------------------------------------------------------
 
     async def rewind(self, body: dict[str, Any], client: AsyncWebClient) -> None:
+        """*Rewind to here*: first a confirmation saying how many messages would leave."""
         found = await self._target(body, client)
         if found is None:
             return
         post, ref = found
         actor = await self.conv.actor(post.team, post.user)
-        before = {m.message_id: m for m in await self.store.messages(ref.session_id)}
+        session = await self.store.get_session(ref.session_id)
+        if not actor.may_manage(session.user_id):
+            await self._say(client, post, text.forbidden("rewind"))
+            return
+        located = await self.store.find_message(ref.message_id)
+        if located is None:
+            await self._say(client, post, text.not_in_transcript())
+            return
+        target = located[1]
+        later = await self.store.messages(ref.session_id, after_position=target.position)
+        leaving = len(later) + (1 if target.role == "user" else 0)
+        trigger = payload.nested_string(body, "trigger_id")
+        key = await self.state.stash(
+            {"session_id": ref.session_id, "message_id": ref.message_id, "post": post.context()}
+        )
+        modal = text.rewind_modal(leaving, key, to_a_question=target.role == "user")
+        await client.views_open(trigger_id=trigger or "", view=modal)
+
+    async def rewind_confirmed(
+        self, key: str, user: str, team: str, client: AsyncWebClient
+    ) -> None:
+        """The confirmation's *Rewind* button (a modal submission, on any replica)."""
+        stashed = await self.state.unstash(key)
+        if stashed is None:
+            return
+        post = Post.from_context(stashed["post"])
+        if post.user != user or post.team != team:
+            return  # only the person who asked confirms their own rewind
+        session_id, message_id = int(stashed["session_id"]), str(stashed["message_id"])
+        actor = await self.conv.actor(post.team, post.user)
+        before = {m.message_id: m for m in await self.store.messages(session_id)}
         try:
-            result = await self.store.truncate(ref.session_id, ref.message_id, actor)
+            result = await self.store.truncate(session_id, message_id, actor)
         except AgentSessionForbidden:
             await self._say(client, post, text.forbidden("rewind"))
             return
@@ -104,7 +135,7 @@ class SessionActions:
         except (AgentSessionNotFound, MessageNotFound):
             await self._say(client, post, text.not_in_transcript())
             return
-        await self.state.set_shown(ref.session_id, result.tail_message_id)
+        await self.state.set_shown(session_id, result.tail_message_id)
         await client.chat_postMessage(
             channel=post.channel,
             thread_ts=post.thread_ts,
@@ -121,7 +152,7 @@ class SessionActions:
                 text=text.rewound_reply(message_text(original.message) if original else ""),
             )
         if result.draft:
-            target = before.get(ref.message_id)
+            target = before.get(message_id)
             meta = target.message.get("metadata") if target else None
             author = meta.get("slack_user") if isinstance(meta, dict) else None
             await client.chat_postEphemeral(
@@ -226,51 +257,54 @@ class SessionActions:
         if not sessions:
             await self._say_here(client, here, text.compact_picker_empty())
             return
+        choices = [(s.id, s.title or "") for s in sessions[: text.PICKER_CHOICES]]
+        key = await self.state.stash(
+            {"sessions": [sid for sid, _ in choices], "focus": focus, "user": here.user}
+        )
         await client.chat_postEphemeral(
             channel=here.channel,
             user=here.user,
             text=text.compact_picker(),
-            blocks=text.picker_blocks([(s.id, s.title or "") for s in sessions], focus),
+            blocks=text.picker_blocks(choices, key),
         )
 
     async def compact_picked(
-        self, body: dict[str, Any], value: str, client: AsyncWebClient
+        self, body: dict[str, Any], value: str, client: AsyncWebClient, respond: Respond
     ) -> None:
-        try:
-            session_id, focus = json.loads(value)
-        except (ValueError, TypeError):
-            return
-        team = payload.nested_string(body, "team", "id") or ""
+        """A picker button: its value names the stashed picker (choices and focus, of any
+        length) and one of its sessions; anything else changes nothing."""
+        key, _, chosen = value.partition(":")
+        stashed = await self.state.unstash(key)
         user = payload.nested_string(body, "user", "id") or ""
-        channel = (
-            payload.nested_string(body, "channel", "id")
-            or payload.nested_string(body, "container", "channel_id")
-            or ""
-        )
+        if stashed is None or stashed.get("user") != user or not chosen.isdigit():
+            return
+        if int(chosen) not in stashed.get("sessions", []):
+            return  # not one of the choices offered to this person
+        team = payload.nested_string(body, "team", "id") or ""
         try:
-            session = await self.store.get_session(int(session_id))
+            session = await self.store.get_session(int(chosen))
         except AgentSessionNotFound:
             return
         if not session.project_session_id.startswith(f"{team}/"):
             return  # another workspace's session: nothing to see here
-        _, chan, root = session.project_session_id.split("/", 2)
-        post = Post(team, chan or channel, root, root, user, "channel")
+        await respond(replace_original=True, text=text.compact_picked(session.title or ""))
+        _, channel, root = session.project_session_id.split("/", 2)
+        post = Post(team, channel, root, root, user, "channel")
+        focus = stashed.get("focus")
         await self._compact(post, session.id, focus if isinstance(focus, str) else None, client)
 
     async def _compact(
         self, post: Post, session_id: int, focus: str | None, client: AsyncWebClient
     ) -> None:
         actor = await self.conv.actor(post.team, post.user)
+        started = await client.chat_postMessage(
+            channel=post.channel, thread_ts=post.thread_ts, text=text.compact_started(post.user)
+        )
         try:
             stored = await self.agent.compact(session_id, actor, focus=focus)
-        except AgentSessionForbidden:
-            await self._say(client, post, text.forbidden("compact"))
-            return
-        except AgentSessionBusy:
-            await self._say(client, post, text.busy_action("compact"))
-            return
-        except AgentSessionAlreadyCompact:
-            await self._say(client, post, text.already_compact())
+        except (AgentSessionForbidden, AgentSessionBusy, AgentSessionAlreadyCompact) as exc:
+            await client.chat_delete(channel=post.channel, ts=str(started["ts"]))
+            await self._say(client, post, _compact_refusal(exc))
             return
         checkpoint = parse_checkpoint(stored)
         rendered = render_checkpoint(checkpoint) if checkpoint else message_text(stored.message)
@@ -284,3 +318,11 @@ class SessionActions:
             stored.message_id,
             "checkpoint",
         )
+
+
+def _compact_refusal(exc: Exception) -> str:
+    if isinstance(exc, AgentSessionForbidden):
+        return text.forbidden("compact")
+    if isinstance(exc, AgentSessionBusy):
+        return text.busy_action("compact")
+    return text.already_compact()

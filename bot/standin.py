@@ -59,6 +59,7 @@ class SlackStandIn:
         self.url = ""
         self.posted: dict[str, Posted] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.views: list[dict[str, Any]] = []  # modals the app opened (views.open)
         self.changed = asyncio.Event()
         self._ts = itertools.count(1)
         self._runner: web.AppRunner | None = None
@@ -92,8 +93,9 @@ class SlackStandIn:
             args: dict[str, Any] = dict(await request.json())
         else:
             args = {k: str(v) for k, v in (await request.post()).items()}
-        if isinstance(args.get("blocks"), str):
-            args["blocks"] = json.loads(args["blocks"])
+        for key in ("blocks", "view"):
+            if isinstance(args.get(key), str):
+                args[key] = json.loads(args[key])
         draw = self._random.random()
         if draw < self.faults.rate_limited:
             self.injected["429"] += 1
@@ -145,6 +147,9 @@ class SlackStandIn:
                 found.text = text if method == "chat.update" else found.text + text
                 found.streaming = found.streaming and method != "chat.stopStream"
             return {"ok": True, "channel": channel, "ts": ts}
+        if method == "views.open":
+            self.views.append(dict(args.get("view") or {}))
+            return {"ok": True, "view": {"id": f"V{len(self.views)}"}}
         if method == "chat.delete":
             self.posted.pop(str(args.get("ts")), None)
         return {"ok": True}

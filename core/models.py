@@ -334,6 +334,20 @@ class SurfaceMessageRef(Base):
     created_at: Mapped[datetime] = _created()
 
 
+class SurfaceStash(Base):
+    """State a surface keeps between a message it posted and a click on it (a picker's
+    choices, a confirmation's target), so the click can land on any replica and carry more
+    than a button's value may hold. Swept after a day."""
+
+    __tablename__ = "surface_stash"
+    __table_args__ = (Index(None, "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    surface: Mapped[str] = mapped_column(String(50), nullable=False)
+    value: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
 class SurfaceViewing(Base):
     """What a person is looking at in the surface right now (Slack's ``app_context_changed``:
     the channel beside the agent's Messages tab), so any replica can tell the agent."""

@@ -10,18 +10,22 @@ What the statements guarantee:
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
 from sqlalchemy import Table, select, update
 
-from core.db import Database, db_now
+from core.batched import delete_in_batches
+from core.db import Database, ago, db_now
 from core.deliveries import sweep_finished_deliveries
-from core.models import SurfaceMessageRef, SurfaceThread, SurfaceViewing
+from core.models import SurfaceMessageRef, SurfaceStash, SurfaceThread, SurfaceViewing
 
 THREADS: Final = cast(Table, SurfaceThread.__table__)
 REFS: Final = cast(Table, SurfaceMessageRef.__table__)
 VIEWING: Final = cast(Table, SurfaceViewing.__table__)
+STASH: Final = cast(Table, SurfaceStash.__table__)
+STASH_TTL_SECONDS: Final = 86400.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,21 @@ class SurfaceState:
                 .values(last_shown_message_id=message_id, updated_at=db_now())
             )
 
+    # -- state between a posted message and a click on it -----------------------------------------
+
+    async def stash(self, value: dict[str, Any]) -> str:
+        key = str(uuid.uuid4())
+        async with self.db.write() as conn:
+            await conn.execute(STASH.insert().values(id=key, surface=self.surface, value=value))
+        return key
+
+    async def unstash(self, key: str) -> dict[str, Any] | None:
+        async with self.db.read() as conn:
+            found = await conn.scalar(
+                select(STASH.c.value).where(STASH.c.id == key, STASH.c.surface == self.surface)
+            )
+        return None if found is None else dict(found)
+
     # -- what a person is looking at ------------------------------------------------------------
 
     async def set_viewing(self, person: str, context: dict[str, Any]) -> None:
@@ -166,5 +185,16 @@ class SurfaceState:
             return [MessageRef(r.ref_key, r.session_id, r.message_id, r.kind) for r in rows]
 
 
+async def sweep_stash(db: Database, batch_size: int) -> int:
+    """Sweeper pass: stashed click state older than a day (nobody clicks that late)."""
+    old = STASH.c.created_at < ago(STASH_TTL_SECONDS)
+    return await delete_in_batches(
+        db, STASH, select(STASH.c.id).where(old).order_by(STASH.c.id), old, batch_size, name="stash"
+    )
+
+
 # The sweeper passes over surface tables (``serve``'s sweeper thread and ``sweep --once``).
-SURFACE_SWEEPS: Final = (("deliveries", sweep_finished_deliveries),)
+SURFACE_SWEEPS: Final = (
+    ("deliveries", sweep_finished_deliveries),
+    ("stash", sweep_stash),
+)

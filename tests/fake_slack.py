@@ -105,6 +105,7 @@ class FakeSlack(_Server):
         self.files: dict[str, tuple[bytes, str]] = {}
         # What conversations.replies answers, by thread ts.
         self.threads: dict[str, list[dict[str, Any]]] = {}
+        self.responses: list[dict[str, Any]] = []  # what the app sent to response_urls
         self.sockets: list[web.WebSocketResponse] = []
         self.socket_acks: list[dict[str, Any]] = []
         self._changed = asyncio.Event()
@@ -119,6 +120,7 @@ class FakeSlack(_Server):
         app.router.add_get("/api/{method}", self._handle)
         app.router.add_get("/socket", self._socket)
         app.router.add_get("/files/{name}", self._file)
+        app.router.add_post("/response/{key}", self._response)
 
     # -- Socket Mode: apps.connections.open hands out this server's WebSocket ------------------
 
@@ -141,6 +143,16 @@ class FakeSlack(_Server):
                 await ws.send_json(envelope)
                 return
         raise AssertionError("no Socket Mode connection")
+
+    @property
+    def response_url(self) -> str:
+        """Where interactive payloads' ``response_url`` points (replies are recorded)."""
+        return self.url + "/response/1"
+
+    async def _response(self, request: web.Request) -> web.Response:
+        self.responses.append(dict(await request.json()))
+        self._changed.set()
+        return web.Response(text="ok")
 
     def file_url(self, name: str) -> str:
         return f"{self.url}/files/{name}"
@@ -166,7 +178,7 @@ class FakeSlack(_Server):
             args = dict(await request.json())
         else:
             args = dict(await request.post())
-        for key in ("blocks", "metadata"):
+        for key in ("blocks", "metadata", "view"):
             if isinstance(args.get(key), str):
                 args[key] = json.loads(args[key])
         statuses = self.fail_next.get(method)
@@ -236,6 +248,8 @@ class FakeSlack(_Server):
             return {"ok": True, "channel": channel, "ts": args.get("ts")}
         if method == "chat.postEphemeral":
             return {"ok": True, "message_ts": self.next_ts()}
+        if method == "views.open":
+            return {"ok": True, "view": {"id": f"V{self.next_ts()}"}}
         if method == "conversations.replies":
             return {"ok": True, "messages": self.threads.get(str(args.get("ts")), [])}
         return {"ok": True}
@@ -378,9 +392,10 @@ def signed_headers(
 class SlackClient:
     """Sends what Slack sends, signed, to ``{url}/slack/events``."""
 
-    def __init__(self, url: str, *, team: str = TEAM) -> None:
+    def __init__(self, url: str, *, team: str = TEAM, response_url: str | None = None) -> None:
         self.url = url.rstrip("/") + "/slack/events"
         self.team = team
+        self.response_url = response_url or "http://127.0.0.1:1/unused"
         self._session: aiohttp.ClientSession | None = None
         self._event_ids = itertools.count(1)
 
@@ -525,10 +540,22 @@ class SlackClient:
                 "container": {"type": "message", "channel_id": channel, "is_ephemeral": True},
                 "trigger_id": "trig",
                 "token": "legacy",
-                "response_url": "http://127.0.0.1:1/unused",
+                "response_url": self.response_url,
                 "actions": [
                     {"type": "button", "action_id": action_id, "value": value, "block_id": "b"}
                 ],
+            }
+        )
+
+    async def submit_view(self, view: dict[str, Any], *, user: str = "U1") -> int:
+        """What Slack sends when a person presses a modal's submit button."""
+        return await self.interaction(
+            {
+                "type": "view_submission",
+                "team": {"id": self.team, "domain": "test"},
+                "user": {"id": user, "team_id": self.team},
+                "trigger_id": "trig",
+                "view": {**view, "id": "V1", "state": {"values": {}}},
             }
         )
 
@@ -550,3 +577,21 @@ class SlackClient:
         )
         status, _ = await self.raw(body, signed_headers(body), "application/x-www-form-urlencoded")
         return status
+
+
+async def rewind(
+    client: SlackClient, slack: FakeSlack, *, message_ts: str, thread_ts: str, user: str = "U1"
+) -> dict[str, Any]:
+    """*Rewind to here* as a person does it: the shortcut, then the confirmation's submit.
+    Returns the confirmation modal the app opened."""
+    opened = len(slack.named("views.open"))
+    assert (
+        await client.shortcut(
+            "rewind_session", message_ts=message_ts, thread_ts=thread_ts, user=user
+        )
+        == 200
+    )
+    await slack.wait_for(lambda: len(slack.named("views.open")) > opened)
+    view: dict[str, Any] = slack.named("views.open")[-1].args["view"]
+    assert await client.submit_view(view, user=user) == 200
+    return view

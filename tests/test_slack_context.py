@@ -11,7 +11,7 @@ from core.messages import message_text
 from core.providers.base import UserMessage
 from core.providers.uimessages import ui_to_chat
 from core.store import SessionStore
-from tests.fake_slack import FakeSlack, SlackClient
+from tests.fake_slack import FakeSlack, SlackClient, rewind
 from tests.slack_harness import running_bot
 
 
@@ -47,7 +47,7 @@ async def test_file__copied_into_the_sandbox_then_gone_after_a_rewind_to_before_
         await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
         assert "numbers: 4 8 15 16 23 42" in (await answers(store, root))[1]
         first_reply = slack.named("chat.startStream")[0].result["ts"]
-        await client.shortcut("rewind_session", message_ts=first_reply, thread_ts=root)
+        await rewind(client, slack, message_ts=first_reply, thread_ts=root)
         await slack.wait_for(
             lambda: any("rewound" in c.text for c in slack.named("chat.postMessage"))
         )

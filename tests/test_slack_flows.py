@@ -310,3 +310,23 @@ async def test_busy__an_operation_started_outside_the_thread_says_elsewhere_too(
         await client.button(text.SEND_DRAFT, draft_id(offer))
         await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
     assert [message_text(m.message) for m in await transcript(store, root)][2] == "meanwhile"
+
+
+async def test_offers__are_replaced_once_clicked_so_they_cannot_be_clicked_twice(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with (
+        running_bot(database_url, slack) as bot,
+        SlackClient(bot.url, response_url=slack.response_url) as client,
+    ):
+        root, lease = await busy_elsewhere(client, slack, store)
+        await store.release(lease)
+        offer = (await slack.wait_for(lambda: with_blocks(slack)))[0]
+        await client.button(text.SEND_DRAFT, draft_id(offer))
+        await slack.wait_for(lambda: slack.responses)
+        assert slack.responses == [{"replace_original": True, "text": text.draft_sending()}]
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+        await client.button(text.SEND_DRAFT, draft_id(offer))  # an old copy of the offer
+        await slack.wait_for(lambda: len(slack.responses) == 2)
+    assert slack.responses[1]["text"] == text.draft_gone()
+    assert [message_text(m.message) for m in await transcript(store, root)].count("second") == 1

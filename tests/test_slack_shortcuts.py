@@ -10,7 +10,7 @@ import pytest
 from bot import messages as text
 from core.messages import message_text
 from core.store import SessionStore
-from tests.fake_slack import FakeSlack, SlackClient
+from tests.fake_slack import FakeSlack, SlackClient, rewind
 from tests.slack_harness import RunningBot, running_bot
 
 
@@ -56,7 +56,9 @@ async def test_rewind__to_a_reply_keeps_it_and_marks_the_later_replies(
     client: SlackClient, slack: FakeSlack, store: SessionStore
 ) -> None:
     root, _, replies = await conversation(client, slack, turns=3)
-    assert await client.shortcut("rewind_session", message_ts=replies[0], thread_ts=root) == 200
+    modal = await rewind(client, slack, message_ts=replies[0], thread_ts=root)
+    # The confirmation said how many messages would leave, before anything changed.
+    assert "4 messages will leave the conversation" in json.dumps(modal)
     await slack.wait_for(
         lambda: len([c for c in slack.named("chat.update") if "rewound" in c.text]) == 2
     )
@@ -70,7 +72,8 @@ async def test_rewind__to_a_user_message_returns_it_as_a_draft(
     client: SlackClient, slack: FakeSlack, store: SessionStore
 ) -> None:
     root, users, _ = await conversation(client, slack, turns=2)
-    await client.shortcut("rewind_session", message_ts=users[1], thread_ts=root)
+    modal = await rewind(client, slack, message_ts=users[1], thread_ts=root)
+    assert "2 messages will leave" in json.dumps(modal)
     await slack.wait_for(lambda: any("question 1" in t for t in ephemeral_texts(slack, "U1")))
     assert await texts(store, root) == ["question 0", (await texts(store, root))[1]]
 
@@ -88,7 +91,7 @@ async def test_rewind__an_admin_may_rewind_anyones_session(
     client: SlackClient, slack: FakeSlack, store: SessionStore
 ) -> None:
     root, _, replies = await conversation(client, slack, turns=2)
-    await client.shortcut("rewind_session", message_ts=replies[0], thread_ts=root, user="UADMIN")
+    await rewind(client, slack, message_ts=replies[0], thread_ts=root, user="UADMIN")
     await slack.wait_for(lambda: [c for c in slack.named("chat.update") if "rewound" in c.text])
     assert len(await texts(store, root)) == 2
 
@@ -169,17 +172,33 @@ async def test_slash_compact__without_a_link_offers_a_picker(
     client: SlackClient, slack: FakeSlack, store: SessionStore
 ) -> None:
     root, _, _ = await conversation(client, slack, turns=1)
-    await client.command("/compact", "")
+    focus = "the deployment plan, " * 40  # longer than Slack lets a button carry
+    await client.command("/compact", focus)
     picker = await slack.wait_for(lambda: [c for c in slack.ephemerals() if c.args.get("blocks")])
     (actions,) = [b for b in picker[0].args["blocks"] if b["type"] == "actions"]
     button = actions["elements"][0]
+    assert len(button["value"]) < 255
+    assert len(button["action_id"]) < 255
     session = await store.find_session("slack", f"T1/C1/{root}")
     assert session is not None
-    assert json.loads(button["value"])[0] == session.id
-    await client.button(button["action_id"], button["value"])
-    await slack.wait_for(
+    async with SlackClient(
+        client.url.rsplit("/slack/", 1)[0], response_url=slack.response_url
+    ) as c:
+        # Another person cannot use someone's picker.
+        await c.button(button["action_id"], button["value"], user="U2")
+        await c.button(button["action_id"], button["value"])
+    done = await slack.wait_for(
         lambda: [c for c in slack.named("chat.postMessage") if "compacted" in c.text]
     )
+    started = [c for c in slack.named("chat.postMessage") if "started compacting" in c.text]
+    assert len(started) == 1  # U2's click on U1's picker did nothing
+    assert started[0].args["thread_ts"] == done[0].args["thread_ts"] == root
+    # The picker was replaced (it cannot be clicked twice), and the focus, whole, was used.
+    assert slack.responses[-1]["replace_original"] is True
+    tail = await store.tail(session.id)
+    assert tail is not None
+    assert tail.is_compaction_message
+    assert tail.message["metadata"]["compaction"]["focus"].strip() == focus.strip()
 
 
 async def test_foreign_workspace__payloads_change_nothing(

@@ -1,6 +1,7 @@
 """Delivery records: every received message from before its acknowledgement to its answer;
 ``agent_sessions.stop_token``, a stop asked of a running turn (a stop button); and
-``surface_viewing``, what a person is looking at beside the agent.
+``surface_viewing``, what a person is looking at beside the agent; ``surface_stash``, state
+between a posted message and a click on it.
 
 Revision ID: 0004
 Revises: 0003
@@ -86,6 +87,19 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("stop_token", sa.String(length=36), nullable=True))
 
     op.create_table(
+        "surface_stash",
+        sa.Column("id", sa.String(length=36), nullable=False),
+        sa.Column("surface", sa.String(length=50), nullable=False),
+        sa.Column("value", _json(), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), server_default=_now(), nullable=False),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_surface_stash")),
+    )
+    with op.batch_alter_table("surface_stash", schema=None) as batch_op:
+        batch_op.create_index(
+            batch_op.f("ix_surface_stash_created_at"), ["created_at"], unique=False
+        )
+
+    op.create_table(
         "surface_viewing",
         sa.Column("surface", sa.String(length=50), nullable=False),
         sa.Column("person", sa.String(length=255), nullable=False),
@@ -104,6 +118,9 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("surface_viewing")
+    with op.batch_alter_table("surface_stash", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_surface_stash_created_at"))
+    op.drop_table("surface_stash")
     with op.batch_alter_table("agent_sessions", schema=None) as batch_op:
         batch_op.drop_column("stop_token")
     op.create_table(
