@@ -175,7 +175,12 @@ class Bot:
                 install_path="/slack/install",
                 redirect_uri_path="/slack/oauth_redirect",
             )
-        self._verifier = SignatureVerifier(settings.slack_signing_secret or "")
+        # HTTP mode only (check_config requires the secret there; Socket Mode has no signature).
+        self._verifier = (
+            SignatureVerifier(settings.slack_signing_secret)
+            if settings.slack_signing_secret
+            else None
+        )
         self.app: AsyncApp = build_app(
             settings, self.conversations, self.worker, self.actions, oauth_settings=oauth
         )
@@ -286,6 +291,8 @@ class Bot:
 
     def _signed(self, body: str, request: web.Request) -> bool:
         """Slack's v0 signature over the body, within its 5-minute timestamp window."""
+        if self._verifier is None:
+            return False
         timestamp = request.headers.get("X-Slack-Request-Timestamp", "")
         signature = request.headers.get("X-Slack-Signature", "")
         try:

@@ -83,7 +83,7 @@ async def test_mention__gets_a_streamed_threaded_reply(
     (start,) = slack.replies(ts)
     assert start.method == "chat.startStream"
     assert "hello agent" in final_text(slack, ts)
-    assert slack.named("assistant.threads.setStatus")
+    assert slack.named("agents.sessions.setStatus")
 
     db = create_database(database_url)
     try:
