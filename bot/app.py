@@ -235,6 +235,18 @@ def build_app(
         value = payload.nested_string(action, "value") or ""
         conversations.spawn(actions.compact_picked(body, value, client, respond))
 
+    @app.action(text.FEEDBACK)
+    async def on_feedback(
+        ack: AsyncAck, body: dict[str, Any], action: dict[str, Any], client: AsyncWebClient
+    ) -> None:
+        await ack()
+        value = payload.nested_string(action, "value") or ""
+        team = payload.nested_string(body, "team", "id") or ""
+        user = payload.nested_string(body, "user", "id") or ""
+        channel = payload.nested_string(body, "channel", "id") or ""
+        thread_ts = payload.nested_string(body, "message", "thread_ts")
+        conversations.spawn(conversations.vote(value, team, user, channel, thread_ts, client))
+
     @app.view(text.REWIND_CONFIRM)
     async def on_rewind_confirmed(
         ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient

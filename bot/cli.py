@@ -134,14 +134,16 @@ async def _sessions(op: Operator, args: argparse.Namespace) -> None:
         if not found:
             print("no sessions")
     elif args.action == "show":
-        session, messages = await op.show_session(args.session_id)
+        session, messages, feedback = await op.show_session(args.session_id)
         print(_session_line(session))
         model = session.model_provider or "-"
         print(f"owner user id {session.user_id}; model {model}/{session.model_name or '-'}")
         for m in messages:
             marker = "checkpoint" if m.is_compaction_message else m.role
             text = " ".join(message_text(m.message).split())
-            print(f"  {m.position:>5} {marker:<10} {text[:100]}")
+            voted = feedback.get(m.message_id, {})
+            tally = f"  [+{voted.get('good', 0)} -{voted.get('bad', 0)}]" if voted else ""
+            print(f"  {m.position:>5} {marker:<10} {text[:100]}{tally}")
     elif args.action == "delete":
         session = await op.delete_session(args.session_id)
         print(

@@ -39,6 +39,7 @@ from core.errors import (
     InvalidRequest,
     TurnInterrupted,
 )
+from core.feedback import record_vote
 from core.messages import message_text, user_message
 from core.records import Actor, SessionInfo
 from core.settings import Settings
@@ -187,6 +188,23 @@ class Conversations:
         found = await self.state.get_thread(thread)
         if found is not None and title.strip():
             await self.store.set_title(found.session_id, title, Actor(None, admin=True))
+
+    async def vote(
+        self,
+        value: str,
+        team: str,
+        user: str,
+        channel: str,
+        thread_ts: str | None,
+        client: AsyncWebClient,
+    ) -> None:
+        """A feedback button: the vote is stored against the answer it is on (the button's
+        value names it) and acknowledged to the voter."""
+        verdict, _, message_id = value.partition(":")
+        stored = await record_vote(self.store.db, message_id, external_user(team, user), verdict)
+        if thread_ts is not None and channel:
+            post = Post(team, channel, thread_ts, thread_ts, user, "channel")
+            await self.tell(client, post, text.vote_noted(verdict) if stored else text.vote_gone())
 
     async def actor(self, team: str, user: str) -> Actor:
         user_id = await self.store.get_or_create_user(external_user(team, user))

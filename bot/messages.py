@@ -243,7 +243,50 @@ def offer_blocks(text: str, draft_id: str, send_label: str = "Send") -> list[dic
     ]
 
 
+FEEDBACK = "answer_feedback"
 PICKER_CHOICES = 5
+
+
+def feedback_blocks(message_id: str) -> list[dict[str, Any]]:
+    """Slack's feedback buttons under a finished answer; the value names the answer voted on."""
+    return [
+        {
+            "type": "context_actions",
+            "elements": [
+                {
+                    "type": "feedback_buttons",
+                    "action_id": FEEDBACK,
+                    "positive_button": {
+                        "text": {"type": "plain_text", "text": "👍"},
+                        "value": f"good:{message_id}",
+                        "accessibility_label": "This answer was helpful",
+                    },
+                    "negative_button": {
+                        "text": {"type": "plain_text", "text": "👎"},
+                        "value": f"bad:{message_id}",
+                        "accessibility_label": "This answer was not helpful",
+                    },
+                }
+            ],
+        }
+    ]
+
+
+def vote_noted(verdict: str) -> str:
+    return (
+        "Thanks, noted: this answer helped."
+        if verdict == "good"
+        else "Thanks, noted: this answer missed. Say what was wrong and I'll try again."
+    )
+
+
+def vote_gone() -> str:
+    return (
+        "That answer is no longer part of the conversation (it was rewound), "
+        "so the vote was not kept."
+    )
+
+
 REWIND_CONFIRM = "rewind_confirm"
 
 

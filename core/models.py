@@ -334,6 +334,28 @@ class SurfaceMessageRef(Base):
     created_at: Mapped[datetime] = _created()
 
 
+class MessageFeedback(Base):
+    """A person's vote on an answer (Slack's feedback buttons): one per person and message,
+    the latest click wins. Goes with the message when a rewind deletes it."""
+
+    __tablename__ = "message_feedback"
+    __table_args__ = (
+        UniqueConstraint("message_id", "voter"),
+        CheckConstraint("value IN ('good', 'bad')", name="value"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    message_id: Mapped[str] = mapped_column(
+        String(36),
+        ForeignKey("agent_session_messages.message_id", ondelete="CASCADE"),
+        nullable=False,
+    )
+    voter: Mapped[str] = mapped_column(String(255), nullable=False)
+    value: Mapped[str] = mapped_column(String(10), nullable=False)
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _created()
+
+
 class SurfaceStash(Base):
     """State a surface keeps between a message it posted and a click on it (a picker's
     choices, a confirmation's target), so the click can land on any replica and carry more

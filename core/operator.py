@@ -10,6 +10,7 @@ import getpass
 from dataclasses import dataclass
 
 from core.db import Database, create_database
+from core.feedback import votes
 from core.migrate import upgrade
 from core.records import Actor, SessionInfo, StoredMessage
 from core.retention import RetentionPolicy, load_policy, set_policy
@@ -83,9 +84,12 @@ class Operator:
     async def list_sessions(self, *, limit: int) -> list[SessionInfo]:
         return await self.store.list_sessions(limit=limit)
 
-    async def show_session(self, session_id: int) -> tuple[SessionInfo, list[StoredMessage]]:
+    async def show_session(
+        self, session_id: int
+    ) -> tuple[SessionInfo, list[StoredMessage], dict[str, dict[str, int]]]:
+        """The session, its transcript, and the votes on its answers."""
         session = await self.store.get_session(session_id)
-        return session, await self.store.messages(session_id)
+        return session, await self.store.messages(session_id), await votes(self.db, session_id)
 
     async def delete_session(self, session_id: int) -> SessionInfo:
         session = await self.store.get_session(session_id)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bot import messages as text
+from core.feedback import votes
 from core.messages import message_text
 from core.store import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
@@ -147,3 +148,43 @@ async def test_uninstall__in_either_order_twice_removes_the_install_and_stops_tu
     # Nothing else changed: the conversation is still there, under the sweeper's rules.
     roles = [m.role for m in await store.messages(session.id)]
     assert roles == ["user", "assistant"]
+
+
+async def feedback_click(
+    client: SlackClient, value: str, thread_ts: str, *, user: str = "U1"
+) -> int:
+    """What Slack sends when a person clicks a feedback button under an answer."""
+    return await client.interaction(
+        {
+            "type": "block_actions",
+            "team": {"id": "T1", "domain": "test"},
+            "user": {"id": user, "team_id": "T1"},
+            "channel": {"id": "C1"},
+            "message": {"ts": "1", "thread_ts": thread_ts},
+            "container": {"type": "message", "channel_id": "C1"},
+            "trigger_id": "trig",
+            "actions": [{"type": "feedback_buttons", "action_id": text.FEEDBACK, "value": value}],
+        }
+    )
+
+
+async def test_feedback__a_vote_is_stored_against_the_answer_and_acknowledged(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root = await client.message("rate me", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        session = await store.find_session("slack", f"T1/C1/{root}")
+        assert session is not None
+        _, answer = await store.messages(session.id)
+        assert await feedback_click(client, f"bad:{answer.message_id}", root) == 200
+        await slack.wait_for(lambda: text.vote_noted("bad") in [c.text for c in slack.ephemerals()])
+        # Changing one's mind replaces the vote; another person's vote counts apart.
+        await feedback_click(client, f"good:{answer.message_id}", root)
+        await feedback_click(client, f"good:{answer.message_id}", root, user="U2")
+        await slack.wait_for(lambda: len(slack.ephemerals()) == 3)
+        # A forged value changes nothing.
+        await feedback_click(client, f"great:{answer.message_id}", root)
+        await feedback_click(client, "good:00000000-0000-4000-8000-000000000000", root)
+        await slack.wait_for(lambda: len(slack.ephemerals()) == 5)
+    assert await votes(store.db, session.id) == {answer.message_id: {"good": 2}}

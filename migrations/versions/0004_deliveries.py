@@ -1,7 +1,7 @@
 """Delivery records: every received message from before its acknowledgement to its answer;
 ``agent_sessions.stop_token``, a stop asked of a running turn (a stop button); and
 ``surface_viewing``, what a person is looking at beside the agent; ``surface_stash``, state
-between a posted message and a click on it.
+between a posted message and a click on it; ``message_feedback``, votes on answers.
 
 Revision ID: 0004
 Revises: 0003
@@ -87,6 +87,27 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("stop_token", sa.String(length=36), nullable=True))
 
     op.create_table(
+        "message_feedback",
+        sa.Column("id", _id(), autoincrement=True, nullable=False),
+        sa.Column("message_id", sa.String(length=36), nullable=False),
+        sa.Column("voter", sa.String(length=255), nullable=False),
+        sa.Column("value", sa.String(length=10), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), server_default=_now(), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), server_default=_now(), nullable=False),
+        sa.CheckConstraint("value IN ('good', 'bad')", name=op.f("ck_message_feedback_value")),
+        sa.ForeignKeyConstraint(
+            ["message_id"],
+            ["agent_session_messages.message_id"],
+            name=op.f("fk_message_feedback_message_id_agent_session_messages"),
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_message_feedback")),
+        sa.UniqueConstraint(
+            "message_id", "voter", name=op.f("uq_message_feedback_message_id_voter")
+        ),
+    )
+
+    op.create_table(
         "surface_stash",
         sa.Column("id", sa.String(length=36), nullable=False),
         sa.Column("surface", sa.String(length=50), nullable=False),
@@ -117,6 +138,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_table("message_feedback")
     op.drop_table("surface_viewing")
     with op.batch_alter_table("surface_stash", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_surface_stash_created_at"))
