@@ -41,7 +41,7 @@ from core.errors import (
 )
 from core.feedback import record_vote
 from core.messages import message_text, user_message
-from core.records import Actor, SessionInfo
+from core.records import Actor, SessionInfo, StoredMessage
 from core.settings import Settings
 from core.store import SessionStore
 from core.surface_state import SurfaceState
@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 SURFACE = "slack"
 PROJECT = "slack"
 SHUTDOWN = "shutdown"  # the cancellation message of a turn stopped by a shutdown
+REFRESH_LAST = 10  # a stale refresh quotes at most this many of the messages the thread missed
 
 
 class Progress(Protocol):
@@ -459,15 +460,24 @@ class Conversations:
             )
         return Outcome.ANSWERED
 
+    async def _unseen(self, session_id: int, shown: str | None) -> tuple[list[StoredMessage], bool]:
+        """The messages after the one the thread last showed, read from there on (not the
+        whole transcript); when that one is gone (rewound elsewhere), the last few. And
+        whether it was gone."""
+        if shown is None:
+            return await self.store.messages(session_id), False
+        found = await self.store.find_message(shown)
+        if found is None or found[0] != session_id:
+            tail = await self.store.tail(session_id)
+            start = tail.position - REFRESH_LAST if tail else -1
+            return await self.store.messages(session_id, after_position=start), True
+        return await self.store.messages(session_id, after_position=found[1].position), False
+
     async def _only_this_thread_moved(self, session_id: int, shown: str | None) -> bool:
         """Everything after ``shown`` is Slack's own: user messages posted in Slack (they have
         refs) and the answers to them; no checkpoint, no rewind, no other surface."""
-        history = await self.store.messages(session_id)
-        ids = [m.message_id for m in history]
-        if shown is not None and shown not in ids:
-            return False
-        unseen = history[ids.index(shown) + 1 :] if shown is not None else history
-        if not unseen or any(m.is_compaction_message for m in unseen):
+        unseen, rewound = await self._unseen(session_id, shown)
+        if rewound or not unseen or any(m.is_compaction_message for m in unseen):
             return False
         users = [m.message_id for m in unseen if m.role == "user"]
         if not users or unseen[0].role != "user":
@@ -478,22 +488,19 @@ class Conversations:
     async def _refresh_stale(
         self, session: SessionInfo, post: Post, client: AsyncWebClient, exc: AgentSessionStale
     ) -> None:
-        """One refresh per change: what the thread had not shown, and the thread now shows the
-        current tail (the poster's message waits for **Send anyway**)."""
+        """One refresh per change: what the thread had not shown (its last ``REFRESH_LAST``
+        messages at most), and the thread now shows the current tail."""
         thread = await self.state.get_thread(post.thread)
         shown = thread.last_shown_message_id if thread else None
-        history = await self.store.messages(session.id)
-        ids = [m.message_id for m in history]
-        rewound = shown is not None and shown not in ids
-        start = ids.index(shown) + 1 if shown in ids else 0
-        unseen = [
+        unseen, rewound = await self._unseen(session.id, shown)
+        quoted = [
             (m.role, message_text(m.message))
-            for m in (history[start:] if not rewound else history[-3:])
+            for m in unseen[-REFRESH_LAST:]
             if message_text(m.message)
         ]
         await self.state.set_shown(session.id, exc.actual_last_message_id)
         await client.chat_postMessage(
-            channel=post.channel, thread_ts=post.thread_ts, text=text.stale_refresh(unseen, rewound)
+            channel=post.channel, thread_ts=post.thread_ts, text=text.stale_refresh(quoted, rewound)
         )
 
     async def _close(

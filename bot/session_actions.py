@@ -123,7 +123,12 @@ class SessionActions:
             return  # only the person who asked confirms their own rewind
         session_id, message_id = int(stashed["session_id"]), str(stashed["message_id"])
         actor = await self.conv.actor(post.team, post.user)
-        before = {m.message_id: m for m in await self.store.messages(session_id)}
+        # What the rewind can delete: the target and what follows it (not the whole transcript).
+        located = await self.store.find_message(message_id)
+        start = located[1].position - 1 if located is not None else -1
+        before = {
+            m.message_id: m for m in await self.store.messages(session_id, after_position=start)
+        }
         try:
             result = await self.store.truncate(session_id, message_id, actor)
         except AgentSessionForbidden:
