@@ -216,8 +216,9 @@ def _decode_stored(
     """
     if obj.codec == CODEC_BASHKIT:
         decoded = _decode_envelope(obj.digest, obj.data, verify=False)
-        keep = decoded is None or obj.data[0] == _STORED  # no second copy of stored bytes
-        return (obj.data if keep else bytes([_STORED]) + decoded), decoded
+        if decoded is None or obj.data[0] == _STORED:  # no second copy of stored bytes
+            return obj.data, decoded
+        return bytes([_STORED]) + decoded, decoded
     if obj.codec == CODEC_ZSTD:
         decoded = _DECOMPRESSOR.decompress(obj.data)
     elif obj.codec == CODEC_ZSTD_DELTA:
@@ -548,8 +549,10 @@ class Sandbox:
             original = emitted[digest]
             # bashkit's bytes serve as they are when opaque or already stored (no copy of a
             # big incompressible file); deflated ones are kept inflated for faster deltas.
-            keep = decoded is None or original[0] == _STORED
-            envelopes[digest] = original if keep else bytes([_STORED]) + decoded
+            if decoded is None or original[0] == _STORED:
+                envelopes[digest] = original
+            else:
+                envelopes[digest] = bytes([_STORED]) + decoded
         head = _json_object(decoded_new.get(packed.id) or base.decoded(packed.id))
         tree = str(head.get("tree")) if head else None
         shell_id = str(head.get("shell")) if head else packed.id
