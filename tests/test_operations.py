@@ -15,12 +15,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text as sql
 
+from bench.tcp_proxy import TcpProxy
 from core.messages import message_text
 from core.store import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
 from tests.helpers import ROOT
 from tests.slack_harness import ServeProcess, running_bot
-from bench.tcp_proxy import TcpProxy
 from tests.test_delivery import TerminalTurn, transcript
 
 METRICS = [

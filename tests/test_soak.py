@@ -16,8 +16,10 @@ async def test_soak__every_promise_holds_under_load_and_faults(database_url: str
     assert report.acknowledged == report.distinct_messages == 180
     assert report.turns == 180  # each answered once
     # Every kind of fault really happened.
-    assert report.slack_faults.get("429") and report.slack_faults.get("500"), report.slack_faults
-    assert report.model_faults.get("timeout") and report.model_faults.get("cut")
+    assert report.slack_faults.get("429"), report.slack_faults
+    assert report.slack_faults.get("500"), report.slack_faults
+    assert report.model_faults.get("timeout"), report.model_faults
+    assert report.model_faults.get("cut"), report.model_faults
     assert report.model_errors >= 1  # the model's failures were shown, not hidden
     faults = [r.fault for r in report.recoveries]
     assert any("SIGKILL" in f for f in faults)
