@@ -448,7 +448,9 @@ class Sandbox:
         limit = self.limits.max_output_bytes
         stdout, cut_out = _cap(out, limit)
         stderr, cut_err = _cap(err, limit)
-        stderr += "".join(f"{note}\n" for note in notes)
+        if notes:
+            newline = "\n" if stderr and not stderr.endswith("\n") else ""
+            stderr += newline + "".join(f"{note}\n" for note in notes)
         return ShellResult(stdout, stderr, code, cut or cut_out or cut_err)
 
     def _restart(self) -> None:
