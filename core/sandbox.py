@@ -2,8 +2,13 @@
 
 Isolation is bashkit's: a virtual filesystem (no host directory is mounted), no network (no
 allowlist is configured, so ``curl``/``wget`` refuse), no embedded Python or SQLite, and limits
-per run on commands, loop iterations, wall time and filesystem memory. Output is capped here as
-well, so one command cannot flood a model's context.
+per run on commands, loop iterations, wall time and the memory of shell variables. bashkit's
+filesystem has fixed limits of its own (``BASHKIT_MAX_FS_BYTES`` and the like) that its Python
+binding does not let us lower, so what a snapshot may capture is limited here
+(``SandboxLimits.max_state_bytes``). Output is capped here as well, so one command cannot flood a
+model's context, and NUL characters are replaced (PostgreSQL's JSONB cannot store them).
+docs/reliability.md (section *Sandbox*) lists the escape and exhaustion attempts this was tried
+against and what each one did.
 
 State is bashkit's snapshot object graph (``Bash.commit``): a commit names a filesystem tree and a
 shell state, a tree names file objects, files name content-defined chunks; every object's id is
@@ -37,6 +42,7 @@ import hashlib
 import json
 import logging
 import math
+import time
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,15 +77,40 @@ _TRANSIENT_ARRAYS: Final = ("PIPESTATUS",)
 _TRANSIENT_VARIABLES: Final = ("_",)
 
 
+# bashkit's filesystem limits: its ``FsLimits`` defaults, which its Python binding (0.20) neither
+# exposes nor lets us change. ``max_memory`` does not touch them (it bounds shell variables).
+BASHKIT_MAX_FS_BYTES: Final = 100_000_000
+BASHKIT_MAX_FILE_BYTES: Final = 10_000_000
+BASHKIT_MAX_FILES: Final = 10_000
+BASHKIT_MAX_DIRS: Final = 10_000
+# What bashkit's result says when a run hit ``timeout_seconds``.
+_TIMEOUT_ERROR: Final = "execution timeout"
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Per-run limits; the defaults suit an agent's tool calls, not long jobs."""
+    """Limits of one session's sandbox; the defaults suit an agent's tool calls, not long jobs.
+
+    ``max_commands``, ``max_loop_iterations`` and ``timeout_seconds`` are bashkit's, per run (one
+    tool call). ``max_memory_bytes`` is bashkit's ``max_memory``: the bytes the shell's variables
+    may hold, not its files. ``max_output_bytes`` caps each of stdout and stderr as the model
+    sees them (bashkit keeps at most 1 MiB of each in any case).
+
+    ``max_state_bytes`` bounds what a snapshot stores and what capturing it costs in memory:
+    file contents plus shell variables (exported ones count twice, as the snapshot holds them
+    twice). bashkit's own filesystem limit is 100 MB whatever ``max_memory`` says, a snapshot
+    stores all of a state's new bytes for each message, and capturing a state holds several
+    copies of it at once. After every command that leaves the state over this limit the model
+    is told so (the command's exit code becomes non-zero); a state still over it when the turn
+    ends is not kept, and the next turn starts from the last state that was.
+    """
 
     max_commands: int = 10_000
     max_loop_iterations: int = 100_000
     timeout_seconds: float = 30.0
     max_memory_bytes: int = 64 * 1024 * 1024
     max_output_bytes: int = 64 * 1024
+    max_state_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -185,7 +216,9 @@ def _decode_stored(
     """
     if obj.codec == CODEC_BASHKIT:
         decoded = _decode_envelope(obj.digest, obj.data, verify=False)
-        return (obj.data if decoded is None else bytes([_STORED]) + decoded), decoded
+        if decoded is None or obj.data[0] == _STORED:  # no second copy of stored bytes
+            return obj.data, decoded
+        return bytes([_STORED]) + decoded, decoded
     if obj.codec == CODEC_ZSTD:
         decoded = _DECOMPRESSOR.decompress(obj.data)
     elif obj.codec == CODEC_ZSTD_DELTA:
@@ -233,6 +266,13 @@ def _shell_key(shell: dict[str, Any] | None, shell_id: str) -> str:
 
 
 def _cap(text: str, limit: int) -> tuple[str, bool]:
+    """At most ``limit`` bytes of ``text``, with a marker saying how much was cut.
+
+    NUL characters (binary output: ``/dev/zero``, ``/dev/urandom``, ``printf '\\0'``) become
+    U+FFFD, as undecodable bytes already are: PostgreSQL's JSONB cannot store U+0000, and a
+    tool result holding one could not be persisted with the turn's answer.
+    """
+    text = text.replace("\x00", "\ufffd")
     raw = text.encode("utf-8", errors="replace")
     if len(raw) <= limit:
         return text, False
@@ -274,7 +314,17 @@ class Sandbox:
 
     def __init__(self, limits: SandboxLimits | None = None) -> None:
         self.limits = limits or SandboxLimits()
-        self._bash = bashkit.Bash(
+        self._bash = self._new_bash()
+        self._lock = asyncio.Lock()
+        self._inflight: asyncio.Future[Any] | None = None
+        self._dirty = False
+        self._base = _Baseline()
+        self.message_id: str | None = None
+
+    # -- opening ------------------------------------------------------------------------------
+
+    def _new_bash(self) -> bashkit.Bash:
+        return bashkit.Bash(
             max_commands=self.limits.max_commands,
             max_loop_iterations=self.limits.max_loop_iterations,
             max_memory=self.limits.max_memory_bytes,
@@ -283,13 +333,14 @@ class Sandbox:
             sqlite=False,
             network=None,
         )
-        self._lock = asyncio.Lock()
-        self._inflight: asyncio.Future[Any] | None = None
-        self._dirty = False
-        self._base = _Baseline()
-        self.message_id: str | None = None
 
-    # -- opening ------------------------------------------------------------------------------
+    def _checkout(self, bash: bashkit.Bash, commit: str, objects: Mapping[str, bytes]) -> None:
+        try:
+            bash.checkout(commit, dict(objects))
+        except bashkit.BashError as exc:
+            # A sandbox configured differently (an older release's builtins): keep the files.
+            log.warning("snapshot %s needs a forced checkout: %s", commit, exc)
+            bash.checkout(commit, dict(objects), policy="force")
 
     @classmethod
     def new(cls, limits: SandboxLimits | None = None) -> Sandbox:
@@ -313,12 +364,7 @@ class Sandbox:
             objects[obj.digest] = envelope
             anchors[obj.digest] = obj.digest if obj.base is None else obj.base.digest
         anchor_data = {d: data for d, data in bases.items() if data is not None}
-        try:
-            sandbox._bash.checkout(state.commit, objects)
-        except bashkit.BashError as exc:
-            # A sandbox configured differently (an older release's builtins): keep the files.
-            log.warning("snapshot %s needs a forced checkout: %s", state.commit, exc)
-            sandbox._bash.checkout(state.commit, objects, policy="force")
+        sandbox._checkout(sandbox._bash, state.commit, objects)
         sandbox._base = _Baseline(objects=objects, anchors=anchors, anchor_data=anchor_data)
         sandbox._base.base_set = state.base_set
         sandbox._note_head(state.commit, objects)
@@ -374,15 +420,86 @@ class Sandbox:
             self._bash.clear_cancel()
 
     def _execute(self, command: str) -> ShellResult:
+        started = time.monotonic()
+        notes: list[str] = []
         try:
             result = self._bash.execute_sync(command)
         except bashkit.BashError as exc:
-            return ShellResult("", f"{exc}\n", 2, False)
+            out, err, code, cut = "", f"{exc}\n", 2, False
+            timed_out = _TIMEOUT_ERROR in str(exc)
+        else:
+            out, err, code = result.stdout, result.stderr, int(result.exit_code)
+            cut = bool(result.stdout_truncated or result.stderr_truncated)
+            timed_out = _TIMEOUT_ERROR in (result.error or "")
+        if timed_out or time.monotonic() - started >= self.limits.timeout_seconds:
+            self._restart()
+            notes.append(
+                "sandbox: the command ran into the time limit; the shell was restarted with "
+                "its files, variables and directory, and any background job was stopped"
+            )
+        size = self.state_bytes()
+        if size > self.limits.max_state_bytes:
+            code = code or 1
+            notes.append(
+                f"sandbox: files and shell variables now take {size:,} bytes, over its limit "
+                f"of {self.limits.max_state_bytes:,}: remove files or unset variables before "
+                "this turn ends, or the sandbox goes back to how it was before the turn"
+            )
         limit = self.limits.max_output_bytes
-        stdout, cut_out = _cap(result.stdout, limit)
-        stderr, cut_err = _cap(result.stderr, limit)
-        truncated = cut_out or cut_err or result.stdout_truncated or result.stderr_truncated
-        return ShellResult(stdout, stderr, int(result.exit_code), bool(truncated))
+        stdout, cut_out = _cap(out, limit)
+        stderr, cut_err = _cap(err, limit)
+        if notes:
+            newline = "\n" if stderr and not stderr.endswith("\n") else ""
+            stderr += newline + "".join(f"{note}\n" for note in notes)
+        return ShellResult(stdout, stderr, code, cut or cut_out or cut_err)
+
+    def _restart(self) -> None:
+        """A new bashkit shell with this one's state (files, variables, directory, functions).
+
+        bashkit (0.20) waits for background jobs at the end of every run, including jobs left
+        by earlier runs, and ``cancel()`` does not stop them: after ``sleep 1000 &`` outlives
+        the time limit, every later command of that shell times out as well. A shell restored
+        from a commit of its state has no jobs. The baseline is unchanged (same content ids).
+        """
+        try:
+            packed = self._bash.commit()
+            objects = {k: bytes(v) for k, v in packed.objects.items()}
+            fresh = self._new_bash()
+            self._checkout(fresh, packed.id, objects)
+        except (bashkit.BashError, RuntimeError, ValueError):
+            # Keep the shell as it is: its commands may time out, but the turn goes on.
+            log.exception("sandbox: restarting the shell after a time-out failed")
+            return
+        self._bash = fresh
+
+    def state_bytes(self) -> int:
+        """File contents plus shell variables, the bytes ``max_state_bytes`` limits.
+
+        A walk of bashkit's filesystem (about 3 ms per thousand entries) and of its shell state,
+        in bytes as a snapshot stores them: every file's size, and every variable, exported
+        variable, array element, alias and trap with its name.
+        """
+        fs = self._bash.fs()
+        total = 0
+        pending = ["/"]
+        while pending:
+            path = pending.pop()
+            try:
+                entries = fs.read_dir(path)
+            except RuntimeError:  # gone or unreadable: nothing of it can be captured either
+                continue
+            for entry in entries:
+                meta = entry["metadata"]
+                if meta["file_type"] == "directory":
+                    pending.append(f"{path.rstrip('/')}/{entry['name']}")
+                else:
+                    total += int(meta["size"])
+        shell = self._bash.shell_state()
+        flat: list[Mapping[Any, str]] = [shell.variables, shell.env, shell.aliases, shell.traps]
+        flat += [*shell.arrays.values(), *shell.assoc_arrays.values()]
+        for mapping in flat:
+            total += sum(len(str(k).encode()) + len(v.encode()) for k, v in mapping.items())
+        return total
 
     def write_files(self, files: Mapping[str, str]) -> None:
         """Put files into the sandbox directly (uploads, fixtures), creating directories."""
@@ -410,7 +527,8 @@ class Sandbox:
     # -- capturing ----------------------------------------------------------------------------
 
     async def capture(self) -> Captured | None:
-        """The state to store, or None when nothing that matters changed since opening.
+        """The state to store, or None when nothing that matters changed since opening (or
+        the state is over ``max_state_bytes``: it is then not kept).
 
         Runs in a worker thread: a commit, hashing and encoding take milliseconds. The sandbox
         then takes the captured state as its new baseline.
@@ -423,6 +541,17 @@ class Sandbox:
 
     def _capture(self) -> Captured | None:
         base = self._base
+        size = self.state_bytes()
+        if size > self.limits.max_state_bytes:
+            # Not kept: the message gets no snapshot, so the next turn restores the last state
+            # that was stored. The model was told after the command that went over.
+            log.warning(
+                "sandbox state of %s bytes is over its limit of %s; not kept",
+                size,
+                self.limits.max_state_bytes,
+            )
+            self._dirty = False
+            return None
         packed = self._bash.commit(have=list(base.objects))
         emitted = {k: bytes(v) for k, v in packed.objects.items()}
         decoded_new: dict[str, bytes | None] = {
@@ -430,7 +559,13 @@ class Sandbox:
         }
         envelopes = dict(base.objects)
         for digest, decoded in decoded_new.items():
-            envelopes[digest] = emitted[digest] if decoded is None else bytes([_STORED]) + decoded
+            original = emitted[digest]
+            # bashkit's bytes serve as they are when opaque or already stored (no copy of a
+            # big incompressible file); deflated ones are kept inflated for faster deltas.
+            if decoded is None or original[0] == _STORED:
+                envelopes[digest] = original
+            else:
+                envelopes[digest] = bytes([_STORED]) + decoded
         head = _json_object(decoded_new.get(packed.id) or base.decoded(packed.id))
         tree = str(head.get("tree")) if head else None
         shell_id = str(head.get("shell")) if head else packed.id

@@ -144,3 +144,33 @@ async def test_capture__a_small_edit_adds_few_small_objects() -> None:
     assert len(second.objects) <= 6
     assert sum(len(o.data) for o in second.objects) < 2_000
     assert {o.codec for o in second.objects} <= {"zstd", "zstd-delta", "bashkit"}
+
+
+async def test_nul_characters_in_output_are_replaced() -> None:
+    """PostgreSQL's JSONB cannot store U+0000: a tool result holding one failed the turn."""
+    result = await Sandbox.new().run("printf 'a\\0b'; head -c 64 /dev/zero")
+    assert "\x00" not in result.stdout
+    assert result.stdout.startswith("a\ufffdb")
+
+
+async def test_a_background_job_past_the_time_limit_does_not_stall_later_commands() -> None:
+    sandbox = Sandbox.new(SandboxLimits(timeout_seconds=0.5))
+    await sandbox.run("echo kept > /tmp/k; export V=v; cd /tmp")
+    stuck = await sandbox.run("sleep 1000 &")
+    assert "timeout" in stuck.stderr
+    assert "\nsandbox: the command ran into the time limit; the shell was restarted" in stuck.stderr
+    result = await sandbox.run('echo alive; cat k; echo "$V"')
+    assert (result.stdout, result.exit_code) == ("alive\nkept\nv\n", 0)
+
+
+async def test_a_state_over_its_limit_is_reported_and_not_captured() -> None:
+    sandbox = Sandbox.new(SandboxLimits(max_state_bytes=100_000))
+    result = await sandbox.run("head -c 200000 /dev/zero > /tmp/big")
+    assert result.exit_code != 0
+    assert "over its limit of 100,000" in result.stderr
+    assert sandbox.state_bytes() > 100_000
+    assert await sandbox.capture() is None
+    await sandbox.run("rm /tmp/big; echo small > /tmp/small")
+    captured = await sandbox.capture()
+    assert captured is not None
+    assert captured.raw_size < 100_000
