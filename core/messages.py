@@ -67,8 +67,9 @@ def with_new_id(message: Message) -> Message:
 
 
 def shorten(text: str, limit: int = 80) -> str:
-    """Titles: first line, whitespace folded, cut on a word boundary with an ellipsis."""
-    line = " ".join(text.strip().split())
+    """Titles: first line, whitespace folded, cut on a word boundary with an ellipsis (and no
+    NUL, which a database column cannot hold)."""
+    line = " ".join(text.replace("\x00", "").strip().split())
     if len(line) <= limit:
         return line
     cut = line[: limit - 1].rsplit(" ", 1)[0] or line[: limit - 1]

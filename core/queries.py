@@ -119,6 +119,19 @@ def stored(row: AnyRow) -> StoredMessage:
     )
 
 
+def without_nul(value: Any) -> Any:
+    """``value`` with every NUL in its strings replaced (U+FFFD). PostgreSQL cannot store NUL
+    in JSONB or text, and a model, a command's output or a person can produce one: a turn
+    must not fail to be stored for it."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {k: without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    return value
+
+
 def message_row(
     session_id: int, position: int, message: Message, *, compaction: bool = False
 ) -> dict[str, Any]:
@@ -126,7 +139,7 @@ def message_row(
     return {
         "session_id": session_id,
         "position": position,
-        "message": message,
+        "message": without_nul(message),
         "message_id": validate_message(message),
         "is_compaction_message": compaction,
     }

@@ -7,16 +7,18 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, update
 
-from core.db import Database, ago
+from core import queries as q
+from core.db import Database, ago, db_now
 from core.messages import assistant_message, user_message
 from core.models import AgentSession
-from core.records import SessionInfo
+from core.records import SessionInfo, TurnLease
 from core.store import SessionStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +60,22 @@ async def age_lock(db: Database, session_id: int, seconds: float) -> None:
             .where(AgentSession.__table__.c.id == session_id)
             .values(heartbeat_at=ago(seconds))
         )
+
+
+async def take_over(db: Database, session_id: int) -> TurnLease:
+    """What another replica's claim does to a turn that stopped heartbeating, as one statement:
+    a new token (and a fresh heartbeat). Aging the lock and claiming it in two steps races the
+    running turn's own heartbeat, which may refresh the lock in between."""
+    table = AgentSession.__table__
+    token = uuid.uuid4().hex
+    async with db.write() as conn:
+        await conn.execute(
+            update(table)
+            .where(table.c.id == session_id)
+            .values(lock_token=token, heartbeat_at=db_now())
+        )
+        tail = await q.tail(conn, session_id)
+    return TurnLease(session_id, token, tail, next_position=tail.position + 1 if tail else 0)
 
 
 def start_worker(*args: Any) -> subprocess.Popen[str]:

@@ -21,7 +21,7 @@ from core.snapshots import load_state
 from core.store import SessionStore
 from core.turn import run_turn
 from tests.fake_slack import GatedModel
-from tests.helpers import age_lock, new_session
+from tests.helpers import age_lock, new_session, take_over
 from tests.providers_fixtures import RecordingSleep
 
 
@@ -65,11 +65,9 @@ async def test_lost_lock__the_turn_stops_at_its_next_heartbeat_not_when_the_mode
             ask(agent(store, caches, model, heartbeat_seconds=0.05), session.id, "long one")
         )
         await asyncio.wait_for(model.arrived.wait(), 20)
-        (mine,) = await store.messages(session.id)
-        await age_lock(db, session.id, 120)  # as if this turn had stalled past the window
-        thief = await replica.start_turn(
-            session.id, user_message=user_message("mine now"), last_message_id=mine.message_id
-        )
+        # Another replica takes the lock over (as if this turn had stalled past the window).
+        thief = await take_over(db, session.id)
+        await replica.append(thief, [user_message("mine now")])
         with pytest.raises(AgentSessionLockLost):
             await asyncio.wait_for(running, 20)
         # It stopped while the model was still writing: the stream was dropped, not finished.

@@ -15,12 +15,12 @@ from core.errors import (
     AgentSessionStale,
     DuplicateMessage,
 )
-from core.messages import assistant_message, user_message
+from core.messages import assistant_message, message_text, user_message
 from core.models import AgentSessionMessage
 from core.records import ModelChoice
 from core.store import SessionStore
 from core.turn import run_turn
-from tests.helpers import add_exchange, age_lock, new_session, statements
+from tests.helpers import add_exchange, age_lock, new_session, statements, take_over
 
 
 async def count_messages(db: Database, session_id: int) -> int:
@@ -274,12 +274,7 @@ async def test_run_turn__heartbeat_keeps_the_lock_and_detects_takeover(
                     break
                 await asyncio.sleep(0.01)
             assert await short.is_turn_active(session.id)
-            await age_lock(db, session.id, 120)
-            thief = await replica.start_turn(
-                session.id,
-                user_message=user_message("mine now"),
-                last_message_id=turn.lease.tail.message_id,  # type: ignore[union-attr]
-            )
+            thief = await take_over(db, session.id)  # another replica, after the window
             # The heartbeat finds the lock taken over and stops the turn's task (SPEC §6.11):
             # this wait is cancelled, and the turn ends with AgentSessionLockLost.
             await asyncio.sleep(30)
@@ -349,3 +344,18 @@ async def test_checkpoint_before_tail__moves_the_user_message_up_and_is_fenced(
     with pytest.raises(AgentSessionLockLost):
         await replica.insert_checkpoint_before_tail(stale, user_message("<checkpoint/>"))
     assert len(await store.messages(session.id)) == 7
+
+
+async def test_messages__a_nul_anywhere_is_stored_not_refused(store: SessionStore) -> None:
+    """A NUL from a model, a command or a person cannot be stored as is in PostgreSQL; the
+    turn is stored with it replaced rather than lost."""
+    _, session = await new_session(store)
+    lease = await store.start_turn(
+        session.id, user_message=user_message("before\x00after"), last_message_id=None
+    )
+    answer = assistant_message("a\x00b")
+    answer["parts"].append({"type": "tool-shell", "output": {"stdout": "\x00\x00"}})
+    await store.finish(lease, [answer])
+    user, stored = await store.messages(session.id)
+    assert message_text(user.message) == "before\ufffdafter"
+    assert stored.message["parts"][1]["output"]["stdout"] == "\ufffd\ufffd"
