@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_sdk.errors import SlackApiError
@@ -48,6 +49,8 @@ TAKEOVER_BATCH = 50
 NOTICE_AFTER_SECONDS = 1.0
 # Pauses before carrying a message on again after a database error (then: left to a take-over).
 DATABASE_RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0)
+# A waiting record looks for itself at least this often, whatever the watch says.
+WAIT_RECHECK_SECONDS = 30.0
 # Work on a message waits at most this long for a burst of requests to be acknowledged.
 ACKS_FIRST_SECONDS = 0.5
 
@@ -62,7 +65,7 @@ class DeliveryWorker:
         conversations: Conversations,
         client_for: ClientFor,
         *,
-        max_turns: int = 8,
+        max_turns: int = 64,
     ) -> None:
         self.settings = settings
         self.deliveries = deliveries
@@ -75,6 +78,8 @@ class DeliveryWorker:
         # Turns run at once by this process; the rest wait, already recorded and leased.
         self._slots = asyncio.Semaphore(max_turns)
         self._upkeep: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._waiters: dict[int, _Waiter] = {}  # records waiting here, by id
         self._arriving = 0  # requests being acknowledged right now
         self._quiet = asyncio.Event()
         self._quiet.set()
@@ -170,7 +175,7 @@ class DeliveryWorker:
                 continue
             if current.state == "waiting" and current.wait_reason in ("ask", "queue"):
                 if await self._session_busy(current):
-                    current = await self._keep_waiting(current, client)
+                    current = await self._wait(current, client)
                     continue
                 if current.wait_reason == "ask":
                     await self._offer(current, client)
@@ -220,8 +225,7 @@ class DeliveryWorker:
         self, record: DeliveryRecord, blocker: DeliveryRecord, client: AsyncWebClient
     ) -> DeliveryRecord | None:
         if record.state != "received":
-            await self._pause(record.thread_key)
-            return await self._reload(record)
+            return await self._wait(record, client)
         moved = await self.deliveries.wait(record.id, ("received",), "thread")
         if moved is None:
             return None
@@ -244,11 +248,14 @@ class DeliveryWorker:
     ) -> DeliveryRecord | None:
         """The session is held elsewhere: wait (and say so once)."""
         if record.state == "waiting" and record.wait_reason in ("ask", "queue"):
-            await self._pause(record.thread_key)  # it looked free a moment ago; still waiting
-            return await self._reload(record)
+            return await self._wait(record, client)  # it looked free a moment ago
         queue = self.settings.busy_mode == "queue"
+        session = await self.conv.session_of(record)
         moved = await self.deliveries.wait(
-            record.id, ("received", "waiting"), "queue" if queue else "ask"
+            record.id,
+            ("received", "waiting"),
+            "queue" if queue else "ask",
+            session_id=None if session is None else session.id,
         )
         if moved is None:
             return None
@@ -256,24 +263,63 @@ class DeliveryWorker:
         await self.conv.tell(
             client, post, text.busy_queued_notice() if queue else text.busy_notice()
         )
-        await self._pause(moved.thread_key)
-        return await self._reload(moved)
+        return await self._wait(moved, client)
 
-    async def _keep_waiting(
-        self, record: DeliveryRecord, client: AsyncWebClient
-    ) -> DeliveryRecord | None:
-        expired = await self.deliveries.expire_overdue(
-            record.id, self.settings.busy_poll_timeout_seconds
-        )
-        if expired is not None:
+    async def _wait(self, record: DeliveryRecord, client: AsyncWebClient) -> DeliveryRecord | None:
+        """Until this replica's watch (``_watch_waiting``) or a finish here says the record may
+        go on; the record as it is then, if it is still ours."""
+        waiter = _Waiter(record)
+        self._waiters[record.id] = waiter
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter.event.wait(), WAIT_RECHECK_SECONDS)
+        finally:
+            self._waiters.pop(record.id, None)
+        if waiter.expired:
             metrics.DELIVERIES_FINISHED.labels("expired").inc()
             self._wake_thread(record.thread_key)
             await self.conv.tell(
                 client, Post.from_context(record.context), text.busy_timeout(record.text)
             )
             return None
-        await self._pause(record.thread_key)
         return await self._reload(record)
+
+    async def _watch_waiting(self) -> None:
+        """Every BUSY_POLL_SECONDS, for all the records this replica has waiting at once: which
+        are first in their thread's line, which of those still meet a busy session, which of
+        those waited too long. A few queries per period, however many records wait."""
+        while True:
+            await asyncio.sleep(self.settings.busy_poll_seconds)
+            waiters = list(self._waiters.values())
+            if not waiters:
+                continue
+            try:
+                free = await self.deliveries.unblocked([w.record.id for w in waiters])
+                on_session = {
+                    w.record.id: w.record.session_id
+                    for w in waiters
+                    if w.record.id in free
+                    and w.record.wait_reason in ("ask", "queue")
+                    and w.record.session_id is not None
+                }
+                busy = await self.conv.store.active_among(
+                    {sid for sid in on_session.values() if sid is not None}
+                )
+                held = [rid for rid, sid in on_session.items() if sid in busy]
+                expired = await self.deliveries.expire_overdue_many(
+                    held, self.settings.busy_poll_timeout_seconds
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a database blip: the next period tries again
+                log.warning("could not check the waiting messages", exc_info=True)
+                continue
+            for waiter in waiters:
+                if waiter.record.id in expired:
+                    waiter.expired = True
+                    waiter.event.set()
+                elif waiter.record.id in free and waiter.record.id not in held:
+                    waiter.event.set()
 
     async def _offer(self, record: DeliveryRecord, client: AsyncWebClient) -> None:
         """ask mode, session free: offer Send/Discard. The offer is posted before the record
@@ -308,9 +354,13 @@ class DeliveryWorker:
             await asyncio.wait_for(event.wait(), most or self.settings.busy_poll_seconds)
 
     def _wake_thread(self, thread: str) -> None:
+        """A record of this thread finished here: its waiters here look again at once."""
         event = self._wake.pop(thread, None)
         if event is not None:
             event.set()
+        for waiter in list(self._waiters.values()):
+            if waiter.record.thread_key == thread:
+                waiter.event.set()
 
     # -- clicks ---------------------------------------------------------------------------------
 
@@ -363,9 +413,11 @@ class DeliveryWorker:
     # -- leases and take-overs ------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start renewing leases and taking records over (idempotent; needs a running loop)."""
+        """Start renewing leases, taking records over and watching waiting records
+        (idempotent; needs a running loop)."""
         if self._upkeep is None and not self.closing:
             self._upkeep = asyncio.create_task(self._keep_up())
+            self._watcher = asyncio.create_task(self._watch_waiting())
 
     async def _keep_up(self) -> None:
         while True:
@@ -425,9 +477,10 @@ class DeliveryWorker:
             for task in pending:
                 task.cancel(SHUTDOWN)
             await asyncio.gather(*pending, return_exceptions=True)
-        if self._upkeep is not None:
-            self._upkeep.cancel()
-            await asyncio.gather(self._upkeep, return_exceptions=True)
+        for background in (self._upkeep, self._watcher):
+            if background is not None:
+                background.cancel()
+                await asyncio.gather(background, return_exceptions=True)
 
 
 class _Progress:
@@ -444,3 +497,12 @@ class _Progress:
 
     async def replying(self, reply_ts: str) -> None:
         await self.deliveries.set_reply(self.record.id, reply_ts)
+
+
+@dataclass
+class _Waiter:
+    """A record waiting here, and how the watch wakes it."""
+
+    record: DeliveryRecord
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    expired: bool = False

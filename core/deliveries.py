@@ -55,6 +55,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.orm import aliased
 
 from core.batched import delete_in_batches
 from core.db import Database, ago, db_now
@@ -297,6 +298,48 @@ class Deliveries:
             ).first()
         return None if row is None else _record(row)
 
+    async def unblocked(self, record_ids: list[int]) -> set[int]:
+        """Which of these records have nothing left before them in their thread's line (one
+        query for all the records a replica has waiting)."""
+        if not record_ids:
+            return set()
+        earlier = aliased(DELIVERIES)
+        blocked = exists().where(
+            earlier.c.surface == D.surface,
+            earlier.c.thread_key == D.thread_key,
+            earlier.c.id < D.id,
+            or_(
+                earlier.c.state.in_(("received", "started")),
+                and_(earlier.c.state == "waiting", earlier.c.wait_reason.in_(IN_LINE)),
+            ),
+        )
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                select(D.id).where(D.id.in_(bindparam("ids", expanding=True)), ~blocked),
+                {"ids": record_ids},
+            )
+            return {int(r) for r in rows.scalars()}
+
+    async def expire_overdue_many(self, record_ids: list[int], timeout_seconds: float) -> set[int]:
+        """``expire_overdue`` for many records in one statement; the ids that expired."""
+        if not record_ids:
+            return set()
+        async with self.db.write() as conn:
+            rows = await conn.execute(
+                update(DELIVERIES)
+                .where(
+                    D.id.in_(bindparam("ids", expanding=True)),
+                    D.owner == self.owner,
+                    D.state == "waiting",
+                    D.wait_reason.in_(("ask", "queue")),
+                    D.waiting_since < ago(timeout_seconds),
+                )
+                .values(state="expired", owner=None, lease_at=None, updated_at=db_now())
+                .returning(D.id),
+                {"ids": record_ids},
+            )
+            return {int(r) for r in rows.scalars()}
+
     async def move(
         self, record_id: int, from_states: tuple[str, ...], to_state: str, **values: Any
     ) -> DeliveryRecord | None:
@@ -317,13 +360,19 @@ class Deliveries:
         return None if row is None else _record(row)
 
     async def wait(
-        self, record_id: int, from_states: tuple[str, ...], reason: str
+        self,
+        record_id: int,
+        from_states: tuple[str, ...],
+        reason: str,
+        *,
+        session_id: int | None = None,
     ) -> DeliveryRecord | None:
         """An owned record starts waiting (``reason``: see ``IN_LINE``); the busy timeout
-        counts from now, on the database clock."""
-        return await self.move(
-            record_id, from_states, "waiting", wait_reason=reason, waiting_since=db_now()
-        )
+        counts from now, on the database clock. ``session_id``: the session it waits on."""
+        values: dict[str, Any] = {"wait_reason": reason, "waiting_since": db_now()}
+        if session_id is not None:
+            values["session_id"] = session_id
+        return await self.move(record_id, from_states, "waiting", **values)
 
     async def set_reply(self, record_id: int, reply_ref: str) -> None:
         """Remember where the answer is being shown (fenced on the owner, like every move)."""

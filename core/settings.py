@@ -99,7 +99,7 @@ class Settings(BaseSettings):
     temporary_session_surfaces: CsvList = Field(default_factory=list)
     admin_user_ids: CsvList = Field(default_factory=list)
 
-    max_concurrent_turns: int = Field(default=8, gt=0)
+    max_concurrent_turns: int = Field(default=64, gt=0)
     # A file shared in a session's thread is copied into the sandbox up to this size.
     max_file_bytes: int = Field(default=10_000_000, gt=0)
     shutdown_grace_seconds: float = Field(default=30, ge=0)

@@ -173,6 +173,18 @@ class SessionStore(TranscriptOperations):
             raise AgentSessionNotFound(f"session {session_id} does not exist")
         return bool(active)
 
+    async def active_among(self, session_ids: set[int]) -> set[int]:
+        """Which of these sessions have a turn running (``is_turn_active`` for many at once)."""
+        if not session_ids:
+            return set()
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                select(SESSIONS.c.id).where(
+                    SESSIONS.c.id.in_(list(session_ids)), q.turn_active(self.staleness_seconds)
+                )
+            )
+            return {int(r) for r in rows.scalars()}
+
     async def set_title(self, session_id: int, title: str, actor: Actor) -> None:
         async with self.db.write() as conn:
             await q.check_owner(conn, session_id, actor)
