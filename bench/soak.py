@@ -397,7 +397,10 @@ class Soak:
                 for p in self.slack.thread(CHANNEL, root)
                 if p.author == "agent" and p.visible_to is None and p.ts != root
             ]
-            report.cut_off_streams += sum(1 for p in replies if p.streaming)
+            open_streams = [p.ts for p in replies if p.streaming]
+            report.cut_off_streams += len(open_streams)
+            if open_streams:
+                v.append(f"thread {root}: replies {open_streams} left streaming")
             interim = [
                 p for p in replies if text.cut_short() in p.text or text.will_retry() in p.text
             ]
@@ -416,8 +419,6 @@ class Soak:
         )
         busy = self.config.seconds + self.config.settle_seconds
         report.turns_per_second = round(answers / max(1.0, min(busy, report.duration_seconds)), 2)
-        if report.cut_off_streams:
-            v.append(f"{report.cut_off_streams} replies left cut off (never finished)")
         for recovery in report.recoveries:
             if recovery.seconds is None:
                 v.append(f"not recovered: {recovery.fault}")
