@@ -70,6 +70,11 @@ class Posted:
     values: list[str] = field(default_factory=list)
     streaming: bool = False  # a stream that was started and not (yet) stopped
 
+    def as_slack(self) -> dict[str, Any]:
+        """The message as ``conversations.replies`` lists it."""
+        who = {"bot_id": "B0AGENT", "user": BOT_USER} if self.author == "agent" else {}
+        return {"ts": self.ts, "text": self.text, "user": self.author, **who}
+
 
 class SlackStandIn:
     def __init__(self, team: str = TEAM, faults: SlackFaults | None = None) -> None:
@@ -166,6 +171,8 @@ class SlackStandIn:
         if method in ("chat.update", "chat.appendStream", "chat.stopStream"):
             ts = str(args.get("ts"))
             found = self.posted.get(ts)
+            if method != "chat.update" and found is not None and not found.streaming:
+                return {"ok": False, "error": "message_not_in_streaming_state"}
             if found is not None:
                 found.text = text if method == "chat.update" else found.text + text
                 found.streaming = found.streaming and method != "chat.stopStream"
@@ -173,6 +180,10 @@ class SlackStandIn:
         if method == "views.open":
             self.views.append(dict(args.get("view") or {}))
             return {"ok": True, "view": {"id": f"V{len(self.views)}"}}
+        if method == "conversations.replies":
+            root, oldest = str(args.get("ts")), str(args.get("oldest") or "0")
+            shown = [p for p in self.thread(channel, root) if p.ts >= oldest]
+            return {"ok": True, "messages": [p.as_slack() for p in shown]}
         if method == "chat.delete":
             self.posted.pop(str(args.get("ts")), None)
         return {"ok": True}
