@@ -403,6 +403,16 @@ def state_statement(*, at_message: bool) -> Any:
     )
 
 
+async def messages_with_snapshots(db: Database, session_id: int) -> set[str]:
+    """The ids of the session's messages that carry a sandbox snapshot (what ``/history``
+    marks: a rewind or fork to one of them brings its files back)."""
+    async with db.read() as conn:
+        rows = await conn.execute(
+            select(SNAPSHOTS.c.message_id).where(SNAPSHOTS.c.session_id == session_id)
+        )
+        return {str(row.message_id) for row in rows}
+
+
 # Built once: restoring is on a turn's critical path, and building the statement costs more
 # than SQLite takes to run it.
 _STATE_LATEST: Final = state_statement(at_message=False)

@@ -88,6 +88,12 @@ class SessionStore(TranscriptOperations):
         assert user_id is not None
         return int(user_id)
 
+    async def user_external_id(self, user_id: int) -> str | None:
+        """Who a user is (``slack:T…:U…``, ``cli:<login>``), for surfaces that name an owner."""
+        async with self.db.read() as conn:
+            found = await conn.scalar(select(USERS.c.external_id).where(USERS.c.id == user_id))
+        return None if found is None else str(found)
+
     async def get_or_create_session(
         self,
         project_name: str,
