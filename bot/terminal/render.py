@@ -172,3 +172,5 @@ class LiveReply:
             self._refresh()
             self.live.stop()
             self.live = None
+            if not self.console.is_terminal:  # rich ends the line itself only on a terminal
+                self.console.line()
