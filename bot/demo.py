@@ -1,4 +1,4 @@
-"""``slack-agent demo``: the first run, with no Slack workspace and no model key (SPEC §12).
+"""``slack-agent demo``: the first run, with no Slack workspace and no model key.
 
 The real Bolt app (two replicas of it, each with its own engine) serves signed HTTP requests the
 way Slack sends them, replies go to a local stand-in of the Slack Web API, the model is the

@@ -1,4 +1,4 @@
-"""Per-message sandbox snapshots in SQL (SPEC §5, §8): every statement on the snapshot tables.
+"""Per-message sandbox snapshots in SQL: every statement on the snapshot tables.
 
 Layout. ``snapshot_contents`` holds bashkit snapshot objects, one row per object id, so equal
 content is stored once across messages, sessions and forks. ``snapshot_sets`` are

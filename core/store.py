@@ -168,7 +168,7 @@ class SessionStore(TranscriptOperations):
             return [q.session_info(row) for row in await conn.execute(stmt)]
 
     async def is_turn_active(self, session_id: int) -> bool:
-        """The one "busy" predicate every surface polls (SPEC §6.9); reads, never writes."""
+        """The one "busy" predicate every surface polls; reads, never writes."""
         async with self.db.read() as conn:
             active = await conn.scalar(
                 select(type_coerce(q.turn_active(self.staleness_seconds), Boolean)).where(
@@ -272,7 +272,7 @@ class SessionStore(TranscriptOperations):
         last_message_id: str | _Unset | None,
         model: ModelChoice | None = None,
     ) -> TurnLease:
-        """Stale guard, claim, stamp and persist the user message, atomically (SPEC §6.1-4).
+        """Stale guard, claim, stamp and persist the user message, atomically.
 
         ``last_message_id=ANY_TAIL`` skips the stale guard (compaction, which adds no user text).
         Claims on one session from this process queue here, and while this process holds the

@@ -1,4 +1,4 @@
-"""What a chat surface remembers beside the sessions (SPEC §5: threads and message refs), keyed
+"""What a chat surface remembers beside the sessions (threads and message refs), keyed
 by a surface name so nothing here knows which chat it is. Received messages, waiting ones
 included, are delivery records (``core.deliveries``).
 

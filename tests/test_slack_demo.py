@@ -1,4 +1,4 @@
-"""``slack-agent demo`` plays its whole story on a fresh machine (SPEC §12)."""
+"""``slack-agent demo`` plays its whole story on a fresh machine."""
 
 from __future__ import annotations
 
