@@ -22,8 +22,6 @@ from core.operator import Operator
 from core.records import SessionInfo
 from core.settings import Settings, load_settings
 
-NOT_BUILT: dict[str, str] = {}
-
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -199,12 +197,6 @@ async def _soak(args: argparse.Namespace, settings: Settings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command in NOT_BUILT:
-        print(
-            f"slack-agent {args.command}: {NOT_BUILT[args.command]} is not built yet",
-            file=sys.stderr,
-        )
-        return 2
     try:
         settings = load_settings()
         configure_logging(settings.log_level, settings.log_format)
