@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from bot import messages as slack_text
 from core.messages import assistant_message, message_text, user_message
@@ -278,6 +279,73 @@ async def test_chat__stale_prints_the_unseen_messages_and_enter_sends_the_kept_o
         "slack's answer",
         "from the terminal",
     ]
+
+
+async def test_chat__busy_waits_then_stops_checking_and_enter_still_sends_when_free(
+    database_url: str, store: SessionStore, chats: list[ChatProcess]
+) -> None:
+    _, session = await new_session(store, "slack:T1:U1")
+    # Another surface's turn holds the lock (the same core call a Slack replica makes).
+    lease = await store.start_turn(
+        session.id, user_message=user_message("held elsewhere"), last_message_id=None
+    )
+    chat = ChatProcess(
+        database_url, str(session.id), BUSY_POLL_SECONDS=0.2, BUSY_POLL_TIMEOUT_SECONDS=0.6
+    )
+    chats.append(chat)
+    await chat.expect("held elsewhere")
+    await chat.prompt()
+    chat.line("wait for me")
+    await chat.expect("being used elsewhere")
+    await chat.expect("I stopped checking")
+    await chat.prompt()
+    chat.line("another line")  # a second message while one waits goes back to the editor
+    await chat.expect("A message is already waiting")
+    await chat.until(lambda: chat.cursor_line().endswith("> another line"), what="line back")
+    chat.type("\x15")  # Ctrl-U: the person clears the line
+    await chat.prompt()
+    await store.finish(lease, [assistant_message("done elsewhere")])
+    await chat.expect("done elsewhere")  # idle polling shows it, so the send is not stale
+    await chat.prompt()
+    chat.line("")  # Enter sends the waiting message
+    await chat.expect('You said: "wait for me"')
+    await chat.prompt()
+    chat.line("/quit")
+    assert await chat.exit_status() == 0
+    assert (await texts(store, session.id))[:3] == [
+        "held elsewhere",
+        "done elsewhere",
+        "wait for me",
+    ]
+
+
+@SQLITE_ONLY
+async def test_chat__a_send_that_fails_keeps_the_line_and_enter_sends_it_again(
+    database_url: str, store: SessionStore, chats: list[ChatProcess]
+) -> None:
+    _, session = await new_session(store, OPERATOR)
+    chat = ChatProcess(database_url, str(session.id))
+    chats.append(chat)
+    await chat.prompt()
+    # The messages table goes away: the claim's transaction fails and rolls back whole.
+    async with store.db.write() as conn:
+        await conn.execute(
+            text("ALTER TABLE agent_session_messages RENAME TO agent_session_messages_away")
+        )
+    chat.line("precious words")
+    await chat.expect("could not be sent")
+    assert not await store.is_turn_active(session.id)
+    async with store.db.write() as conn:
+        await conn.execute(
+            text("ALTER TABLE agent_session_messages_away RENAME TO agent_session_messages")
+        )
+    await chat.prompt()
+    chat.line("")
+    await chat.expect('You said: "precious words"')
+    await chat.prompt()
+    chat.line("/quit")
+    assert await chat.exit_status() == 0
+    assert (await texts(store, session.id))[0] == "precious words"
 
 
 async def test_chat__ctrl_c_mid_reply_keeps_the_partial_answer_and_frees_the_lock_at_once(

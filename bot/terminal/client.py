@@ -141,7 +141,7 @@ class Terminal:
                 self.say(say.FREE, style="bold green")
             elif time.monotonic() - self.busy_since > self.busy_timeout:
                 self.busy_since = None
-                self.say(say.busy_gave_up(self.busy_timeout / 60))
+                self.say(say.busy_gave_up(self.busy_timeout))
 
     async def _handle(self, line: str) -> bool:
         """Act on one line; False ends the client."""

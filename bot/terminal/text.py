@@ -54,9 +54,10 @@ def busy() -> str:
 FREE = "The session is free now: Enter sends your waiting message, /discard drops it."
 
 
-def busy_gave_up(minutes: float) -> str:
+def busy_gave_up(seconds: float) -> str:
+    waited = f"{seconds / 60:.0f} minutes" if seconds >= 120 else f"{seconds:.0f} seconds"
     return (
-        f"The session has been busy for {minutes:g} minutes; I stopped checking. "
+        f"The session has been busy for over {waited}; I stopped checking. "
         "Enter tries to send your waiting message, /discard drops it."
     )
 
