@@ -72,14 +72,14 @@ BAD_INPUT = [
     ("424242", "agent_session_not_found"),
     (link("1700000099.000001"), "agent_session_not_found"),
     ("https://acme.slack.com/archives/C1/not-a-message", "usage_error"),
-    ("https://example.com/archives/C1/p1700000000000100", "usage_error"),
     ("my-session", "usage_error"),
 ]
 
 
 def test_chat__bad_input_is_one_line_on_stderr_and_status_2(tmp_path: Path) -> None:
-    """Unknown id, a link naming no session, malformed links, an unreachable database. The
-    processes run side by side: most of each one's time is Python starting."""
+    """Unknown id, a link naming no session, a malformed link, something that is neither, an
+    unreachable database (other malformed links: ``test_permalinks``). The processes run side
+    by side: most of each one's time is Python starting."""
     sqlite = f"sqlite+aiosqlite:///{tmp_path}/chat.db"
     cases = [(sqlite, argument, code) for argument, code in BAD_INPUT]
     cases.append(("postgresql+asyncpg://nobody@127.0.0.1:1/nothing", "1", "database_error"))

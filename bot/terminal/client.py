@@ -152,7 +152,7 @@ class Terminal:
             if self.draft:
                 await self._send(self.draft)
             return True
-        if self.draft:
+        if self.draft and stripped != self.draft.strip():  # retyping the waiting one sends it
             self.say(say.already_waiting(self.draft))
             self.prefill = line
             return True
@@ -164,7 +164,12 @@ class Terminal:
     async def _interruptible(self, work: Awaitable[T]) -> asyncio.Task[T]:
         """Run ``work`` as a task that Ctrl-C cancels; the task is done when this returns."""
         task = asyncio.ensure_future(work)
-        with on_sigint(lambda: task.cancel(INTERRUPT)):
+
+        def interrupt() -> None:
+            if not task.cancelling():  # a second Ctrl-C must not cut the first one's cleanup
+                task.cancel(INTERRUPT)
+
+        with on_sigint(interrupt):
             await asyncio.wait({task})
         return task
 
