@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from core.agent import Agent, AgentConfig, OnEvent, TurnResult
+from core.agent import Agent, AgentConfig, AgentEvent, OnEvent, TurnResult, TurnStarted
 from core.db import Database, create_database
 from core.errors import MessageNotFound, UsageError
 from core.messages import user_message
@@ -54,6 +54,7 @@ class ChatSession:
         self.actor = Actor(None, admin=True)
         self.session: SessionInfo | None = None
         self.shown: str | None = None  # the last message this terminal printed
+        self._sent: StoredMessage | None = None  # the user message of the latest turn
 
     @classmethod
     async def open(cls, settings: Settings, target: str | None) -> ChatSession:
@@ -113,8 +114,8 @@ class ChatSession:
         if self.session is None:
             return []
         history = await self.store.history(self.session.id)
-        tail = await self.store.tail(self.session.id)
-        self.shown = tail.message_id if tail else None
+        # The projection ends at the tail it was read with: what was printed is what was seen.
+        self.shown = history[-1].message_id if history else None
         return history
 
     async def unseen(self) -> Unseen:
@@ -158,21 +159,32 @@ class ChatSession:
                 user_id=self.actor.user_id,
                 title=text,
             )
+        self._sent = None
+
+        async def noted(event: AgentEvent) -> None:
+            if isinstance(event, TurnStarted):
+                self._sent = event.user
+            await on_event(event)
+
         result = await self.agent.run_turn(
             self.session.id,
             user_message=user_message(text, surface="terminal", author=self.operator),
             last_message_id=self.shown,
-            on_event=on_event,
+            on_event=noted,
         )
         if result.answer is not None:
             self.shown = result.answer.message_id
         return result
 
     async def after_interruption(self) -> None:
-        """A turn of ours stopped (Ctrl-C): its partial answer is the tail, and was seen."""
-        if self.session is not None:
-            tail = await self.store.tail(self.session.id)
-            self.shown = tail.message_id if tail else None
+        """A turn of ours stopped after its message was added (Ctrl-C, a lost lock): what it
+        printed was its message and the partial answer kept right after it. Anything later came
+        from elsewhere once the lock was free, and the watcher prints it."""
+        if self.session is None or self._sent is None:
+            return
+        after = await self.store.messages(self.session.id, after_position=self._sent.position)
+        ours = after[0] if after and after[0].role == "assistant" else None
+        self.shown = ours.message_id if ours is not None else self._sent.message_id
 
     # -- transcript operations ----------------------------------------------------------------
 
