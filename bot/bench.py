@@ -1,4 +1,4 @@
-"""Benchmark of the Slack surface (SPEC §13 keys ``ack`` and ``idle_rss_bytes``).
+"""Benchmark of the Slack surface (the keys ``ack`` and ``idle_rss_bytes``).
 
 ``bench_ack``: the real app (``Bot``) serving HTTP on 127.0.0.1 against the local Slack
 stand-in, with the offline model; first a wave of mentions starts turns, then 100 signed events
@@ -218,7 +218,7 @@ async def _measure(
 
 
 async def bench_ack(database_url: str | None = None, *, events: int = 100) -> dict[str, Any]:
-    """SPEC §13 ``ack``: ms from sending to the HTTP answer, ``events`` signed events at once."""
+    """``ack``: ms from sending to the HTTP answer, ``events`` signed events at once."""
     result = await _measure(database_url, events=events, settle_seconds=0.5)
     return {"ack": result["ack"]}
 
@@ -232,7 +232,7 @@ def _rss_bytes(pid: int) -> int:
 
 
 async def idle_rss_bytes(database_url: str | None = None, *, settle_seconds: float = 2.0) -> int:
-    """SPEC §13 ``idle_rss_bytes``: an idle ``slack-agent serve`` (HTTP, sweeper thread on)."""
+    """``idle_rss_bytes``: an idle ``slack-agent serve`` (HTTP, sweeper thread on)."""
     result = await _measure(database_url, events=1, settle_seconds=settle_seconds)
     return int(result["idle_rss_bytes"])
 

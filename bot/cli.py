@@ -22,10 +22,6 @@ from core.operator import Operator
 from core.records import SessionInfo
 from core.settings import Settings, load_settings
 
-NOT_BUILT = {
-    "chat": "the terminal client",
-}
-
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -73,7 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     soak.add_argument("--seed", type=int, default=1)
     soak.add_argument("--json", action="store_true", help="print one JSON object")
 
-    commands.add_parser("chat", help="continue a session from the terminal")
+    chat = commands.add_parser("chat", help="continue a session from the terminal")
+    chat.add_argument(
+        "session",
+        nargs="?",
+        metavar="SESSION",
+        help="a session id or the Slack permalink of a message in its thread (none: a new one)",
+    )
     commands.add_parser("demo", help="the first-run experience")
     return parser
 
@@ -166,6 +168,12 @@ async def _demo(args: argparse.Namespace, settings: Settings) -> None:
     await run_demo()
 
 
+async def _chat(args: argparse.Namespace, settings: Settings) -> None:
+    from bot.terminal import run_chat
+
+    await run_chat(settings, args.session)
+
+
 async def _bench(args: argparse.Namespace, settings: Settings) -> None:
     """The core's measurements, then the Slack surface's (ack latency, idle memory of serve)."""
     from bot.bench import bench_slack
@@ -189,17 +197,17 @@ async def _soak(args: argparse.Namespace, settings: Settings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command in NOT_BUILT:
-        print(
-            f"slack-agent {args.command}: {NOT_BUILT[args.command]} is not built yet",
-            file=sys.stderr,
-        )
-        return 2
     try:
         settings = load_settings()
         configure_logging(settings.log_level, settings.log_format)
         runners: dict[str, Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, None]]]
-        runners = {"bench": _bench, "serve": _serve, "demo": _demo, "soak": _soak}
+        runners = {
+            "bench": _bench,
+            "serve": _serve,
+            "demo": _demo,
+            "soak": _soak,
+            "chat": _chat,
+        }
         runner = runners.get(args.command, _run_operator)
         asyncio.run(runner(args, settings))
     except SlackAgentError as exc:

@@ -1,4 +1,4 @@
-"""Slack threads as agent sessions: one try at answering a received message (SPEC §10).
+"""Slack threads as agent sessions: one try at answering a received message.
 
 ``bot.delivery`` decides *when* a received message is tried (its thread's line, a busy session,
 a take-over after a replica died); this module makes one try: find or create the thread's
@@ -298,7 +298,7 @@ class Conversations:
         progress: Progress,
         prepared: Prepared,
     ) -> Outcome:
-        """Carry on from what the transcript holds (SPEC §6.10): a user message that is the tail
+        """Carry on from what the transcript holds: a user message that is the tail
         is answered from there (never stored again); one with anything after it was answered."""
         if record.reply_ref is None and record.state == "started":
             await self._stop_unknown_streams(client, post)

@@ -1,4 +1,4 @@
-"""Every received message through to its answer, whatever dies in between (SPEC §6.10, §10).
+"""Every received message through to its answer, whatever dies in between.
 
 A message for the agent is recorded (``core.deliveries``) inside the listener, before Bolt
 acknowledges it: if the record cannot be written, Slack gets a 500 and sends the message again.

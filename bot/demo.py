@@ -1,4 +1,4 @@
-"""``slack-agent demo``: the first run, with no Slack workspace and no model key (SPEC §12).
+"""``slack-agent demo``: the first run, with no Slack workspace and no model key.
 
 The real Bolt app (two replicas of it, each with its own engine) serves signed HTTP requests the
 way Slack sends them, replies go to a local stand-in of the Slack Web API, the model is the
@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -259,6 +261,25 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
     await slack.click(b, bob, waiting, "Send")
     await slack.until(lambda: len(_replies(standin, root)) >= 5 and _done(standin, 4))
 
+    # 2c. The real terminal client (`slack-agent chat` given the thread's permalink) continues
+    #     the thread. Alice's next message in Slack meets a session that moved on elsewhere: the
+    #     thread first shows what the terminal added, and she sends hers anyway.
+    link = f"https://demo.slack.com/archives/{CHANNEL}/p{root.replace('.', '')}"
+    await _terminal_client(
+        url, link, ["$ echo 'step two done (terminal)' >> notes.txt; cat notes.txt"]
+    )
+    await slack.say(a, alice, "what did the terminal do?", thread_ts=root)
+
+    def send_anyway() -> Posted | None:
+        return next(
+            (p for p in standin.thread(CHANNEL, root, alice) if "Send anyway" in p.buttons), None
+        )
+
+    stale = await slack.until(send_anyway)
+    print_thread(standin, root, alice, "#general, after the terminal client continued it")
+    await slack.click(a, alice, stale, "Send anyway")
+    await slack.until(lambda: _done(standin, 5))
+
     # 3. Bob forks from the reply that made notes.txt: the files come along.
     replies = _replies(standin, root)
     notes_reply = replies[1]
@@ -268,7 +289,7 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
     )
     fork_head = next(p for p in standin.posted.values() if "Forked from" in p.text)
     await slack.say(b, bob, "$ cat notes.txt", thread_ts=fork_head.ts)
-    await slack.until(lambda: len(_replies(standin, fork_head.ts)) >= 2 and _done(standin, 5))
+    await slack.until(lambda: len(_replies(standin, fork_head.ts)) >= 2 and _done(standin, 6))
     print_thread(standin, fork_head.ts, bob, "#general, Bob's fork")
 
     # 4. Alice rewinds her thread to the first reply (after confirming how many messages will
@@ -314,6 +335,33 @@ async def _terminal_turn(bot: Bot, root: str, question: str) -> TurnLease:
         user_message=user_message(question),
         last_message_id=tail.message_id if tail else None,
     )
+
+
+async def _terminal_client(url: str, link: str, lines: list[str]) -> None:
+    """Run ``slack-agent chat LINK`` as its own process on the demo's database, typing
+    ``lines`` into it, and print what it printed from the first line typed on."""
+    env = {**os.environ, "DATABASE_URL": url, "MODEL_PROVIDER": "offline", "LOG_LEVEL": "WARNING"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        "chat",
+        link,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
+    out, _ = await proc.communicate("".join(f"{line}\n" for line in lines).encode())
+    printed = out.decode(errors="replace").splitlines()
+    typed = next((i for i, line in enumerate(printed) if line.startswith("> ")), 0)
+    print(f"\n── the terminal: slack-agent chat {link} " + "─" * 10)
+    print(f"  {printed[0] if printed else ''}")
+    print("  … (the thread's history) …")
+    for line in printed[typed:]:
+        print(f"  {line.rstrip()}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"slack-agent chat ended with status {proc.returncode}")
 
 
 def _done(standin: SlackStandIn, streams: int) -> bool:

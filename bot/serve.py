@@ -1,4 +1,4 @@
-"""``slack-agent serve``: migrate, then run the bot until SIGTERM/SIGINT (SPEC §4).
+"""``slack-agent serve``: migrate, then run the bot until SIGTERM/SIGINT.
 
 HTTP mode: an aiohttp server on HOST:PORT with ``POST /slack/events`` (Bolt verifies the
 signature and the 5-minute timestamp window: 401 otherwise), and, with OAuth configured,

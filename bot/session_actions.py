@@ -1,4 +1,4 @@
-"""Message shortcuts (rewind, fork, compact) and ``/compact`` (SPEC §10).
+"""Message shortcuts (rewind, fork, compact) and ``/compact``.
 
 A shortcut names a Slack message; its ref (``{team}/{channel}/{ts}``) leads to a transcript
 message and session of the same workspace only, so a payload from another workspace finds

@@ -1,4 +1,4 @@
-"""The agent: one turn from a user's message to a persisted answer (SPEC §6, §7, §8).
+"""The agent: one turn from a user's message to a persisted answer.
 
 history projection -> model -> tool calls (the session's bashkit shell) -> model ... until the
 model answers without calling a tool, or the round cap is reached (the last round offers no

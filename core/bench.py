@@ -1,4 +1,4 @@
-"""The benchmark behind ``slack-agent bench`` (SPEC §13): the core's costs, with no model.
+"""The benchmark behind ``slack-agent bench``: the core's costs, with no model.
 
 ``run_bench`` measures, on one database:
 
@@ -564,7 +564,7 @@ async def _database(database_url: str | None) -> AsyncIterator[tuple[Database, b
 async def run_bench(
     database_url: str | None, *, quick: bool = False, sizes: BenchSizes | None = None
 ) -> dict[str, Any]:
-    """Run every core measurement on one database; the result follows SPEC §13's keys.
+    """Run every core measurement on one database; its keys are the README's.
 
     ``database_url=None`` means a fresh temporary SQLite file, deleted afterwards. ``sizes``
     overrides the full or quick sizes (tests use it to go faster still).

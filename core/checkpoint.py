@@ -1,4 +1,4 @@
-"""The checkpoint's shape (SPEC §7): its sections, how it is rendered, how it is stored.
+"""The checkpoint's shape: its sections, how it is rendered, how it is stored.
 
 Kept apart from ``core.compaction`` (the operation, which needs the store and the turn lock) so
 the model providers, the offline stand-in included, can know the shape without the store.

@@ -4,7 +4,7 @@ The summariser is passed in (the model that writes checkpoints belongs to the ag
 this module only knows how a checkpoint (``core.checkpoint``) is written and stored: a user-role
 message with ``is_compaction_message = true`` whose metadata keeps the
 sections, so the next compaction can update the previous checkpoint instead of re-reading what it
-replaced. Compaction takes the turn lock like a turn (SPEC §7).
+replaced. Compaction takes the turn lock like a turn.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Delivery records: a received message, durable from before its acknowledgement (SPEC §6.10).
+"""Delivery records: a received message, durable from before its acknowledgement.
 
 A surface records every incoming message before it tells the sender "received"; from then on
 the record, not a task in some process, is what guarantees an answer. Its life::

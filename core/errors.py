@@ -149,7 +149,7 @@ class ModelProviderError(SlackAgentError):
     """A model call failed; the turn ends with a message to the user instead of an answer.
 
     ``partial_text`` is the text the provider had already streamed to the caller when it failed,
-    so the turn can persist it as interrupted output (SPEC §6.7) rather than lose what the user
+    so the turn can persist it as interrupted output rather than lose what the user
     may already have seen. ``retry_after`` is the wait the server asked for, when it said one.
     """
 

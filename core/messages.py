@@ -14,7 +14,7 @@ from typing import Any
 Message = dict[str, Any]
 
 # Namespace for ids derived from Slack coordinates: the same Slack message always maps to the
-# same UUID, so a retried delivery can never be stored twice (SPEC §5).
+# same UUID, so a retried delivery can never be stored twice.
 _SLACK_NAMESPACE = uuid.UUID("5a1c7a9e-6f2b-4d7e-9a43-8f1c2b3d4e5f")
 
 

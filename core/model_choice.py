@@ -1,4 +1,4 @@
-"""Which model a turn uses, decided before the claim and stamped inside it (SPEC §5, §6.3).
+"""Which model a turn uses, decided before the claim and stamped inside it.
 
 MODEL_PROVIDER names a builtin provider, ``auto``, or a row of ``custom_providers``. A session
 that was stamped with a custom provider whose row has since been deleted falls back to the

@@ -1,4 +1,4 @@
-"""The ORM models of SPEC §5; the names are fixed because operators and other tools read them.
+"""The ORM models; the names are fixed because operators and other tools read them.
 
 Constraint names follow one convention so that Alembic migrations name them identically on
 SQLite and PostgreSQL. Ids of rows are integers (ties in the per-user cap break on them);
@@ -279,7 +279,7 @@ class AgentSessionSnapshot(Base):
 
 
 class SystemSetting(Base):
-    """Values set at run time (retention, §9) that override the environment."""
+    """Values set at run time (retention) that override the environment."""
 
     __tablename__ = "system_settings"
 
@@ -385,7 +385,7 @@ class SurfaceViewing(Base):
 class Delivery(Base):
     """A message a surface received, from before it was acknowledged until it was answered.
 
-    The durable half of "never lose an acknowledged message" (SPEC §6.10): ``state`` moves
+    The durable half of "never lose an acknowledged message": ``state`` moves
     ``received`` -> ``started`` -> ``done``, or through ``waiting`` (busy session, or behind an
     earlier message of the same thread), ``offered``/``stale`` (a person decides) and ends in
     ``done``, ``discarded``, ``expired`` or ``failed``. While a record is active its ``owner``

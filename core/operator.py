@@ -21,7 +21,7 @@ from core.sweeper import SweepReport, sweep
 
 
 def operator_external_id() -> str:
-    """The local operator (SPEC §11): ``cli:<login name>``."""
+    """The local operator: ``cli:<login name>``."""
     try:
         login = getpass.getuser()
     except (KeyError, OSError):

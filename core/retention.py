@@ -1,4 +1,4 @@
-"""Retention policy: environment defaults, overridden by values set at run time (SPEC §9).
+"""Retention policy: environment defaults, overridden by values set at run time.
 
 Run-time values live in ``system_settings`` under one key, so every replica's sweeper reads the
 same policy on its next pass without a restart.

@@ -1,4 +1,4 @@
-"""Configuration from the environment (and ``.env``), with the names of SPEC §3.
+"""Configuration from the environment (and ``.env``), named as the README's table lists them.
 
 Settings are built once at the entry point (``load_settings``) and passed down as plain values;
 no module keeps a settings object of its own, so tests can build any configuration they need.

@@ -1,4 +1,4 @@
-"""Snapshot measurements for ``slack-agent bench`` (SPEC §13): bytes per message, store, restore.
+"""Snapshot measurements for ``slack-agent bench``: bytes per message, store, restore.
 
 The workload is the one the issue sets: a sandbox workspace of about 1 MB (60 source-like files
 in 4 directories, generated from a fixed seed so every run stores the same bytes) and one

@@ -1,4 +1,4 @@
-"""Per-message sandbox snapshots in SQL (SPEC §5, §8): every statement on the snapshot tables.
+"""Per-message sandbox snapshots in SQL: every statement on the snapshot tables.
 
 Layout. ``snapshot_contents`` holds bashkit snapshot objects, one row per object id, so equal
 content is stored once across messages, sessions and forks. ``snapshot_sets`` are
@@ -401,6 +401,16 @@ def state_statement(*, at_message: bool) -> Any:
         .outerjoin(base, base.c.id == CONTENTS.c.base_id)
         .where(SNAPSHOTS.c.id == chosen_id)
     )
+
+
+async def messages_with_snapshots(db: Database, session_id: int) -> set[str]:
+    """The ids of the session's messages that carry a sandbox snapshot (what ``/history``
+    marks: a rewind or fork to one of them brings its files back)."""
+    async with db.read() as conn:
+        rows = await conn.execute(
+            select(SNAPSHOTS.c.message_id).where(SNAPSHOTS.c.session_id == session_id)
+        )
+        return {str(row.message_id) for row in rows}
 
 
 # Built once: restoring is on a turn's critical path, and building the statement costs more

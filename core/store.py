@@ -88,6 +88,12 @@ class SessionStore(TranscriptOperations):
         assert user_id is not None
         return int(user_id)
 
+    async def user_external_id(self, user_id: int) -> str | None:
+        """Who a user is (``slack:T…:U…``, ``cli:<login>``), for surfaces that name an owner."""
+        async with self.db.read() as conn:
+            found = await conn.scalar(select(USERS.c.external_id).where(USERS.c.id == user_id))
+        return None if found is None else str(found)
+
     async def get_or_create_session(
         self,
         project_name: str,
@@ -162,7 +168,7 @@ class SessionStore(TranscriptOperations):
             return [q.session_info(row) for row in await conn.execute(stmt)]
 
     async def is_turn_active(self, session_id: int) -> bool:
-        """The one "busy" predicate every surface polls (SPEC §6.9); reads, never writes."""
+        """The one "busy" predicate every surface polls; reads, never writes."""
         async with self.db.read() as conn:
             active = await conn.scalar(
                 select(type_coerce(q.turn_active(self.staleness_seconds), Boolean)).where(
@@ -266,7 +272,7 @@ class SessionStore(TranscriptOperations):
         last_message_id: str | _Unset | None,
         model: ModelChoice | None = None,
     ) -> TurnLease:
-        """Stale guard, claim, stamp and persist the user message, atomically (SPEC §6.1-4).
+        """Stale guard, claim, stamp and persist the user message, atomically.
 
         ``last_message_id=ANY_TAIL`` skips the stale guard (compaction, which adds no user text).
         Claims on one session from this process queue here, and while this process holds the

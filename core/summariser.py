@@ -1,4 +1,4 @@
-"""Checkpoints written by the model: a forced ``write_checkpoint`` tool call (SPEC §7).
+"""Checkpoints written by the model: a forced ``write_checkpoint`` tool call.
 
 Forcing a tool call gives structured output on every provider we speak, including the offline
 stand-in: the arguments are the sections, each a list of strings. An earlier checkpoint is
@@ -25,7 +25,7 @@ identifiers, file paths, commands, numbers, names and decisions verbatim; drop p
 If the conversation starts with an earlier <checkpoint>, update it: keep what still holds, move
 finished items to completed_work, and add what happened since."""
 
-CHECKPOINT_SPEC = ToolSpec(
+WRITE_CHECKPOINT_TOOL = ToolSpec(
     name=CHECKPOINT_TOOL,
     description="Record the structured checkpoint of the conversation so far.",
     parameters={
@@ -66,7 +66,7 @@ def model_summariser(provider: ModelProvider, *, model: str | None = None) -> Su
         conversation.append(UserMessage(ask))
         call: ToolCall | None = None
         async for event in provider.stream(
-            conversation, [CHECKPOINT_SPEC], tool_choice=CHECKPOINT_TOOL, model=model
+            conversation, [WRITE_CHECKPOINT_TOOL], tool_choice=CHECKPOINT_TOOL, model=model
         ):
             if isinstance(event, ToolCall) and event.name == CHECKPOINT_TOOL:
                 call = event

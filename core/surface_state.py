@@ -1,4 +1,4 @@
-"""What a chat surface remembers beside the sessions (SPEC §5: threads and message refs), keyed
+"""What a chat surface remembers beside the sessions (threads and message refs), keyed
 by a surface name so nothing here knows which chat it is. Received messages, waiting ones
 included, are delivery records (``core.deliveries``).
 
@@ -77,6 +77,26 @@ class SurfaceState:
                     select(THREADS).where(
                         THREADS.c.surface == self.surface, THREADS.c.thread_key == thread_key
                     )
+                )
+            ).first()
+        if row is None:
+            return None
+        return ThreadInfo(row.thread_key, int(row.session_id), row.last_shown_message_id)
+
+    async def find_thread_ending(self, suffix: str) -> ThreadInfo | None:
+        """The thread whose key ends with ``suffix`` (a permalink names a channel and a ts but
+        not the workspace). A scan of this surface's threads: for the terminal's start-up,
+        never on a hot path."""
+        async with self.db.read() as conn:
+            row = (
+                await conn.execute(
+                    select(THREADS)
+                    .where(
+                        THREADS.c.surface == self.surface,
+                        THREADS.c.thread_key.endswith(suffix, autoescape=True),
+                    )
+                    .order_by(THREADS.c.id)
+                    .limit(1)
                 )
             ).first()
         if row is None:
@@ -165,6 +185,26 @@ class SurfaceState:
             row = (
                 await conn.execute(
                     select(REFS).where(REFS.c.surface == self.surface, REFS.c.ref_key == ref_key)
+                )
+            ).first()
+        return (
+            None
+            if row is None
+            else MessageRef(row.ref_key, row.session_id, row.message_id, row.kind)
+        )
+
+    async def find_ref_ending(self, suffix: str) -> MessageRef | None:
+        """The message ref whose key ends with ``suffix`` (see ``find_thread_ending``)."""
+        async with self.db.read() as conn:
+            row = (
+                await conn.execute(
+                    select(REFS)
+                    .where(
+                        REFS.c.surface == self.surface,
+                        REFS.c.ref_key.endswith(suffix, autoescape=True),
+                    )
+                    .order_by(REFS.c.id)
+                    .limit(1)
                 )
             ).first()
         return (

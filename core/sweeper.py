@@ -1,4 +1,4 @@
-"""The sweeper (SPEC §9): retention deletes, safe to run on every replica at once.
+"""The sweeper: retention deletes, safe to run on every replica at once.
 
 Each pass selects a batch of candidate ids, then deletes them with a statement that re-checks the
 pass's whole condition row by row, including "no turn is active". A row that changed between the

@@ -45,7 +45,7 @@ class TranscriptOperations:
             return [q.stored(row) for row in rows]
 
     async def history(self, session_id: int) -> list[StoredMessage]:
-        """The model's view (SPEC §7): the latest checkpoint and everything after it."""
+        """The model's view: the latest checkpoint and everything after it."""
         async with self.db.read() as conn:
             return [q.stored(row) for row in await conn.execute(q.history_statement(session_id))]
 
@@ -62,7 +62,7 @@ class TranscriptOperations:
         return None if row is None else (int(row.session_id), q.stored(row))
 
     async def truncate(self, session_id: int, message_id: str, actor: Actor) -> TruncateResult:
-        """Rewind (SPEC §7), owner or admin only.
+        """Rewind, owner or admin only.
 
         A user target is removed with everything after it and its text returned as a draft;
         an assistant target stays and only what follows it goes. Snapshots of deleted messages
@@ -105,7 +105,7 @@ class TranscriptOperations:
         project_name: str | None = None,
         project_session_id: str | None = None,
     ) -> BranchResult:
-        """Fork (SPEC §7): copy the prefix into a new session owned by ``user_id``.
+        """Fork: copy the prefix into a new session owned by ``user_id``.
 
         Up to the target for an assistant message, up to just before it (returned as a draft)
         for a user message. Every message gets a new id; snapshots of copied messages are copied

@@ -3,7 +3,7 @@
 ``run_turn`` is what every surface uses around model work. It starts the turn (stale guard,
 claim, user message: see ``SessionStore.start_turn``), refreshes the heartbeat every
 ``heartbeat_seconds`` in a background task, and on the way out either finishes, or persists the
-partial output marked ``metadata.interrupted = true`` (SPEC §6.7) with the sandbox state of
+partial output marked ``metadata.interrupted = true`` with the sandbox state of
 what already ran (``Turn.partial_snapshot``), then releases the lock in a ``finally``.
 
 Interruptions. A turn stops early in three ways, all as a cancellation of the task that runs
@@ -11,7 +11,7 @@ it, so the model stream and any running command stop at once wherever they are:
 
 - its task is cancelled from outside (a shutdown past its grace, Ctrl-C in a terminal): the
   ``CancelledError`` goes on up after the partial output is kept;
-- the heartbeat finds the lock taken over (SPEC §6.11): ``Turn.interrupt("lock_lost")`` cancels
+- the heartbeat finds the lock taken over: ``Turn.interrupt("lock_lost")`` cancels
   the task within one heartbeat period, and ``run_turn`` raises ``AgentSessionLockLost``
   instead (every write of the turn would fail with it anyway);
 - a surface calls ``Turn.interrupt(reason)`` (a stop button): ``run_turn`` raises

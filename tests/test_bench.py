@@ -1,4 +1,4 @@
-"""The benchmark (SPEC §13): its result has the documented shape on both databases, it leaves
+"""The benchmark: its result has the documented shape on both databases, it leaves
 nothing behind, and a claim round that does not have exactly one winner fails the run.
 
 No timing is asserted here: timings depend on the machine; the figures live in the README.

@@ -1,4 +1,4 @@
-"""Compaction with a summariser passed in (SPEC §7): lock, checkpoint shape, update, refusals."""
+"""Compaction with a summariser passed in: lock, checkpoint shape, update, refusals."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Never lose an acknowledged message (SPEC §6.10, §10 *Durable waiting*), with real ``serve``
+"""Never lose an acknowledged message (durable delivery and durable waiting), with real ``serve``
 processes on one database, on SQLite and PostgreSQL: a replica killed after acknowledging more
 than it could start, a replica killed while a message waits on a busy session, a clean stop
 that hands waiting messages over, two replicas racing for one abandoned record, and a

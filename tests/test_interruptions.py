@@ -1,4 +1,4 @@
-"""Turns that stop early, on both databases (SPEC §6.7, §6.10, §6.11): a lost lock stops the
+"""Turns that stop early, on both databases: a lost lock stops the
 turn at its next heartbeat, a cancelled or interrupted turn keeps its partial answer *and* the
 sandbox state of what already ran, and a turn whose process died is resumed from the user
 message already in the transcript, which is not stored again."""

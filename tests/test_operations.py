@@ -1,4 +1,4 @@
-"""What the person who runs it sees and relies on (SPEC §4, §10): ``/metrics`` and ``/healthz``
+"""What the person who runs it sees and relies on: ``/metrics`` and ``/healthz``
 in both modes, start-up refusals of settings that cannot work, and Slack failing mid-reply."""
 
 from __future__ import annotations

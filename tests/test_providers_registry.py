@@ -1,4 +1,4 @@
-"""MODEL_PROVIDER resolution (SPEC §3) and building builtin and custom providers."""
+"""MODEL_PROVIDER resolution and building builtin and custom providers."""
 
 from __future__ import annotations
 

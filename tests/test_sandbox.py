@@ -1,4 +1,4 @@
-"""The bashkit sandbox (SPEC §8): isolation, limits, output cap, and what counts as a change."""
+"""The bashkit sandbox: isolation, limits, output cap, and what counts as a change."""
 
 from __future__ import annotations
 

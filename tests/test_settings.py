@@ -1,4 +1,4 @@
-"""Configuration: SPEC §3 names and defaults, and one clear line for a bad value."""
+"""Configuration: the documented names and defaults, and one clear line for a bad value."""
 
 from __future__ import annotations
 

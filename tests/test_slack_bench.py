@@ -1,4 +1,4 @@
-"""The Slack surface's benchmark keys (SPEC §13 ``ack``, ``idle_rss_bytes``) come out measured."""
+"""The Slack surface's benchmark keys (``ack``, ``idle_rss_bytes``) come out measured."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``slack-agent demo`` plays its whole story on a fresh machine (SPEC §12)."""
+"""``slack-agent demo`` plays its whole story on a fresh machine."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ async def test_demo__plays_every_step_and_loses_nothing(capsys: pytest.CaptureFi
     assert "[Send] [Discard]" in out
     assert "Forked from" in out
     assert "step one done" in out.split("Bob's fork")[1]  # the sandbox came with the fork
+    terminal = out.split("── the terminal: slack-agent chat ")[1]
+    assert "step two done (terminal)" in terminal  # the real client ran a turn in the sandbox
+    refreshed = terminal.split("after the terminal client continued it")[1]
+    assert "continued elsewhere" in refreshed  # and Slack showed what it added
+    assert "[Send anyway] [Discard]" in refreshed
     assert "rewound the conversation" in out
     assert "compacted into a checkpoint" in out
     assert "nothing lost" in out

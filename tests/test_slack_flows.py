@@ -1,4 +1,4 @@
-"""Exactly-once delivery, busy and stale sessions, on both databases (SPEC §10)."""
+"""Exactly-once delivery, busy and stale sessions, on both databases."""
 
 from __future__ import annotations
 

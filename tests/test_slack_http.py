@@ -1,4 +1,4 @@
-"""The Slack surface over real HTTP: signatures, bad input, conversations (SPEC §10)."""
+"""The Slack surface over real HTTP: signatures, bad input, conversations."""
 
 from __future__ import annotations
 

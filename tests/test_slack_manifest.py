@@ -1,4 +1,4 @@
-"""``manifest.yml`` declares what the app uses (SPEC §10), and the OAuth scopes agree with it."""
+"""``manifest.yml`` declares what the app uses, and the OAuth scopes agree with it."""
 
 from __future__ import annotations
 

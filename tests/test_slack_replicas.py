@@ -1,5 +1,5 @@
 """Real ``slack-agent serve`` processes on one database: busy across replicas, a replica killed
-mid-turn, SIGTERM mid-turn, the sweeper thread, start-up errors (SPEC §4, §6, §9, §10)."""
+mid-turn, SIGTERM mid-turn, the sweeper thread, start-up errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rewind, fork and compact from Slack, with permissions and workspace isolation (SPEC §10)."""
+"""Rewind, fork and compact from Slack, with permissions and workspace isolation."""
 
 from __future__ import annotations
 

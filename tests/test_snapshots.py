@@ -1,4 +1,4 @@
-"""Per-message sandbox snapshots (SPEC §5, §8, §9.4) on both databases: identity, dedupe, forks,
+"""Per-message sandbox snapshots on both databases: identity, dedupe, forks,
 one-read restore, garbage collection and truncation."""
 
 from __future__ import annotations

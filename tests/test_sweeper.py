@@ -1,4 +1,4 @@
-"""The sweeper (SPEC §9) on both databases: each pass, re-checks, the cap, and parallel runs."""
+"""The sweeper on both databases: each pass, re-checks, the cap, and parallel runs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Truncate (rewind), branch (fork) and the history projection (SPEC §7), on both databases."""
+"""Truncate (rewind), branch (fork) and the history projection, on both databases."""
 
 from __future__ import annotations
 

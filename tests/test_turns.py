@@ -1,4 +1,4 @@
-"""The turn protocol (SPEC §6) on both databases: claim, stale guard, fencing, release."""
+"""The turn protocol on both databases: claim, stale guard, fencing, release."""
 
 from __future__ import annotations
 
@@ -275,7 +275,7 @@ async def test_run_turn__heartbeat_keeps_the_lock_and_detects_takeover(
                 await asyncio.sleep(0.01)
             assert await short.is_turn_active(session.id)
             thief = await take_over(db, session.id)  # another replica, after the window
-            # The heartbeat finds the lock taken over and stops the turn's task (SPEC §6.11):
+            # The heartbeat finds the lock taken over and stops the turn's task:
             # this wait is cancelled, and the turn ends with AgentSessionLockLost.
             await asyncio.sleep(30)
     assert turn.lost.is_set()

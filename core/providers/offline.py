@@ -42,7 +42,7 @@ OFFLINE_MODEL = "offline-stand-in"
 SHELL_TOOL = "shell"
 CHECKPOINT_TOOL = "write_checkpoint"
 COMMAND_PREFIX = "$ "
-CHECKPOINT_SECTIONS = SECTIONS  # the sections of SPEC §7, in rendering order
+CHECKPOINT_SECTIONS = SECTIONS  # the checkpoint's sections, in rendering order
 
 _OUTPUT_LIMIT = 1500
 _CONSTRAINT_WORDS = re.compile(r"\b(must|never|always|do not|don't|only)\b", re.IGNORECASE)

@@ -3,7 +3,7 @@
 ``MODEL_PROVIDER`` is ``auto``, a builtin name, or the name of a row in ``custom_providers``.
 Looking that row up is the store's job, so this module takes its values as a plain
 ``CustomProviderSpec``; the caller decides between ``build_custom`` and ``build_builtin`` (also
-the fallback when a session's custom provider was deleted, SPEC §5).
+the fallback when a session's custom provider was deleted).
 
 Build a provider once and reuse it, or share one ``httpx.AsyncClient`` through ``HttpOptions``:
 a provider that makes its own client pays for a TLS context and a fresh connection pool.
@@ -41,7 +41,7 @@ class CustomProviderSpec:
 
 
 def resolve_builtin(settings: Settings) -> BuiltinName:
-    """The builtin provider: MODEL_PROVIDER if it names one, else the ``auto`` rule of SPEC §3.
+    """The builtin provider: MODEL_PROVIDER if it names one, else the ``auto`` rule.
 
     For a custom MODEL_PROVIDER this is its fallback, what ``builtin_provider`` records.
     """

@@ -1,0 +1,75 @@
+"""Slack permalinks and the sessions they name, for surfaces outside Slack (the terminal).
+
+A permalink is ``https://<workspace>.slack.com/archives/<channel>/p<ts without its dot>``,
+with ``?thread_ts=<root ts>`` when the message is a reply in a thread. It names a channel and a
+message but not the workspace, so the lookup matches the end of the Slack surface's keys
+(``{team}/{channel}/{ts}``): Slack channel ids are unique across workspaces.
+
+A link finds its session by the thread it belongs to, or, when the thread is not one the app
+took part in as such (a fork's head, an answer posted elsewhere), by the message itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlsplit
+
+from core.db import Database
+from core.errors import AgentSessionNotFound, UsageError
+from core.surface_state import SurfaceState
+
+SLACK_SURFACE = "slack"  # the surface name the Slack app keeps its threads under
+
+_PATH = re.compile(r"/archives/(?P<channel>[A-Z0-9]+)/p(?P<secs>\d{10})(?P<micros>\d{6})/?$")
+_TS = re.compile(r"\d{10}\.\d{6}")
+
+
+@dataclass(frozen=True)
+class Permalink:
+    channel: str
+    ts: str  # the linked message
+    thread_ts: str  # the thread's root (the message itself when it is a root)
+
+
+def looks_like_link(value: str) -> bool:
+    return "://" in value or "/archives/" in value or value.startswith("slack.com")
+
+
+def parse_permalink(value: str) -> Permalink:
+    """The channel and message a Slack permalink names; ``UsageError`` when it names none."""
+    parts = urlsplit(value.strip() if "://" in value else f"https://{value.strip()}")
+    host = (parts.hostname or "").lower()
+    match = _PATH.search(parts.path)
+    if not (host == "slack.com" or host.endswith(".slack.com")) or match is None:
+        raise UsageError(
+            f"not a Slack message link: {value!r} (expected "
+            "https://<workspace>.slack.com/archives/<channel>/p<digits>)"
+        )
+    ts = f"{match['secs']}.{match['micros']}"
+    thread = parse_qs(parts.query).get("thread_ts", [ts])[0]
+    if not _TS.fullmatch(thread):
+        raise UsageError(f"not a Slack message link: {value!r} (its thread_ts is malformed)")
+    return Permalink(match["channel"], ts, thread)
+
+
+async def session_for_permalink(db: Database, value: str) -> int:
+    """The id of the session whose thread holds the linked message."""
+    link = parse_permalink(value)
+    state = SurfaceState(db, SLACK_SURFACE)
+    thread = await state.find_thread_ending(f"/{link.channel}/{link.thread_ts}")
+    if thread is not None:
+        return thread.session_id
+    ref = await state.find_ref_ending(f"/{link.channel}/{link.ts}")
+    if ref is not None:
+        return ref.session_id
+    raise AgentSessionNotFound(f"no session has the Slack message {value.strip()}")
+
+
+async def permalink_of_session(db: Database, session_id: int) -> str | None:
+    """The permalink of the session's Slack thread, when it has one."""
+    thread = await SurfaceState(db, SLACK_SURFACE).thread_of_session(session_id)
+    if thread is None:
+        return None
+    _team, channel, ts = thread.thread_key.split("/", 2)
+    return f"https://slack.com/archives/{channel}/p{ts.replace('.', '')}"

@@ -1,0 +1,78 @@
+"""Slack permalinks to sessions (``core.permalinks``), on both databases: by the thread, by the
+message when the thread is unknown, and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.errors import AgentSessionNotFound, UsageError
+from core.permalinks import (
+    Permalink,
+    parse_permalink,
+    permalink_of_session,
+    session_for_permalink,
+)
+from core.store import SessionStore
+from core.surface_state import SurfaceState
+from tests.helpers import new_session
+
+
+@pytest.mark.parametrize(
+    ("link", "expected"),
+    [
+        (
+            "https://acme.slack.com/archives/C0ABC/p1700000000000100",
+            Permalink("C0ABC", "1700000000.000100", "1700000000.000100"),
+        ),
+        (
+            "https://acme.slack.com/archives/C0ABC/p1700000000000200"
+            "?thread_ts=1700000000.000100&cid=C0ABC",
+            Permalink("C0ABC", "1700000000.000200", "1700000000.000100"),
+        ),
+        (
+            "acme.enterprise.slack.com/archives/D01/p1700000000000300/",
+            Permalink("D01", "1700000000.000300", "1700000000.000300"),
+        ),
+    ],
+)
+def test_parse__channel_message_and_thread(link: str, expected: Permalink) -> None:
+    assert parse_permalink(link) == expected
+
+
+@pytest.mark.parametrize(
+    "link",
+    [
+        "https://acme.slack.com/archives/C0ABC",
+        "https://acme.slack.com/archives/C0ABC/p17000",
+        "https://evil.example/archives/C0ABC/p1700000000000100",
+        "https://acme.slack.com/archives/C0ABC/p1700000000000200?thread_ts=yesterday",
+    ],
+)
+def test_parse__malformed_links_are_usage_errors(link: str) -> None:
+    with pytest.raises(UsageError):
+        parse_permalink(link)
+
+
+async def test_lookup__by_thread_then_by_message_and_unknown_is_not_found(
+    store: SessionStore,
+) -> None:
+    _, session = await new_session(store, key="T1/C0ABC/1700000000.000100")
+    _, forked = await new_session(store, key="T1/C0ABC/1700000000.000900")
+    state = SurfaceState(store.db, "slack")
+    await state.bind_thread("T1/C0ABC/1700000000.000100", session.id)
+    await state.add_ref("T1/C0ABC/1700000000.000500", forked.id, "m-1", "reply")
+    base = "https://acme.slack.com/archives/C0ABC/p"
+    reply = f"{base}1700000000000200?thread_ts=1700000000.000100"
+    assert await session_for_permalink(store.db, reply) == session.id
+    assert await session_for_permalink(store.db, f"{base}1700000000000100") == session.id
+    assert await session_for_permalink(store.db, f"{base}1700000000000500") == forked.id
+    with pytest.raises(AgentSessionNotFound):
+        await session_for_permalink(store.db, f"{base}1700000000000777")
+    with pytest.raises(AgentSessionNotFound):  # same ts, another channel
+        await session_for_permalink(
+            store.db, "https://acme.slack.com/archives/C0XYZ/p1700000000000100"
+        )
+    assert await permalink_of_session(store.db, session.id) == (
+        "https://slack.com/archives/C0ABC/p1700000000000100"
+    )
+    assert await permalink_of_session(store.db, forked.id) is None
