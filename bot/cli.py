@@ -168,8 +168,8 @@ async def _demo(args: argparse.Namespace, settings: Settings) -> None:
 
 async def _bench(args: argparse.Namespace, settings: Settings) -> None:
     """The core's measurements, then the Slack surface's (ack latency, idle memory of serve)."""
-    from bot.bench import bench_slack
-    from core.bench import format_table, run_bench
+    from bench.costs import format_table, run_bench
+    from bench.slack import bench_slack
 
     result = await run_bench(args.database_url, quick=args.quick)
     result.update(await bench_slack(args.database_url))

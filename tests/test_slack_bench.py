@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bot.bench import bench_slack
+from bench.slack import bench_slack
 
 
 async def test_bench_slack__reports_ack_percentiles_and_idle_rss(database_url: str) -> None:
