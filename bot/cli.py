@@ -56,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--database-url", help="default: a fresh temporary SQLite file")
     bench.add_argument("--quick", action="store_true", help="smaller sizes: under 30 s")
+    bench.add_argument(
+        "--compare",
+        action="store_true",
+        help="against the peers (optional extra `compare`); PostgreSQL ones given --database-url",
+    )
 
     soak = commands.add_parser(
         "soak", help="replicas under load and faults, then every promise checked (127.0.0.1 only)"
@@ -167,7 +172,17 @@ async def _demo(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def _bench(args: argparse.Namespace, settings: Settings) -> None:
-    """The core's measurements, then the Slack surface's (ack latency, idle memory of serve)."""
+    """The core's measurements, then the Slack surface's (ack latency, idle memory of serve);
+    or, with ``--compare``, our storage against the peers'."""
+    if args.compare:
+        from bench.compare import format_compare, run_compare
+
+        compared = await run_compare(args.database_url, quick=args.quick)
+        if isinstance(compared.get("skipped"), str):
+            print(compared["skipped"], file=sys.stderr)
+            return
+        print(json.dumps(compared) if args.json else format_compare(compared))
+        return
     from bench.costs import format_table, run_bench
     from bench.slack import bench_slack
 
