@@ -7,7 +7,7 @@ that streams every answer for ``stream_seconds`` (``bench.slow_model``, in its o
 
 - ``rss_per_active_turn_bytes``: the replica's resident memory then, less its memory before the
   wave (after one warm-up turn), divided by N;
-- ``ack``: ``probes`` more mentions sent one every 20 ms while the N turns stream, each timed to
+- ``ack``: ``probes`` more mentions sent one every 100 ms while the N turns stream, each timed to
   its HTTP answer (p50 / p95 / p99 / max, ms);
 - ``cpu_ms_per_turn``: the replica's CPU time (user + system) from the first mention until every
   model call has ended and the replica is idle again, divided by the turns run: everything the
@@ -17,7 +17,8 @@ that streams every answer for ``stream_seconds`` (``bench.slow_model``, in its o
 
 ``ack_during_fork_and_sweep`` (SQLite or the PostgreSQL given): a session of 10,000 messages
 bound to a Slack thread, and ``sweep_sessions`` expired temporary sessions inserted while the
-replica runs (its sweeper every 2 s). Probe mentions go every 20 ms for ``window_seconds``; one
+replica runs, due 3 s later (its sweeper runs every 2 s). Probe mentions go every ``spacing``
+seconds (100 ms) for ``window_seconds``; one
 second in, the *Fork* shortcut is sent for the session's last message (the copy runs in the
 replica), and the sweeper's next pass deletes the expired sessions. Reported: the probes' ack
 percentiles, the same probes with nothing else running (``ack_baseline``), and checks that the
@@ -55,13 +56,13 @@ from bench.slack import (
 )
 from bot.conversations import PROJECT, SURFACE, thread_key
 from bot.standin import TEAM, signed
-from core.db import ago, create_database
+from core.db import create_database, hence
 from core.migrate import upgrade
 from core.store import SessionStore
 from core.surface_state import SurfaceState
 
 SIZES: Final = (10, 100, 500)
-PROBE_SPACING: Final = 0.02
+PROBE_SPACING: Final = 0.1
 CHANNEL: Final = "C0BENCH"
 
 
@@ -217,7 +218,7 @@ async def bench_concurrent_turns(
     *,
     sizes: tuple[int, ...] = SIZES,
     stream_seconds: float = 10.0,
-    probes: int = 100,
+    probes: int = 50,
 ) -> dict[str, Any]:
     """``concurrent_turns``: one fresh replica per N (module docstring)."""
     result: dict[str, Any] = {"stream_seconds": stream_seconds, "load_start": os.getloadavg()}
@@ -278,30 +279,34 @@ async def _long_thread(url: str, messages: int) -> str:
         await db.dispose()
 
 
-async def _expire(url: str, count: int) -> None:
+async def _expire(url: str, count: int, in_seconds: float) -> None:
+    """``count`` temporary sessions of 4 messages that expire ``in_seconds`` from now, each
+    slice written with its messages in one transaction (so the replica's sweeper never sees a
+    session without its messages)."""
     db = create_database(url)
     try:
-        prefix = f"sweep/{uuid.uuid4().hex[:8]}/"
-        async with db.write() as conn:
-            await conn.execute(
-                insert(SESSIONS).values(expires_at=ago(60)),
-                [
-                    {"project_name": "bench", "project_session_id": f"{prefix}{i}"}
-                    for i in range(count)
-                ],
-            )
-            ids = (
-                await conn.scalars(
-                    select(SESSIONS.c.id).where(SESSIONS.c.project_session_id.startswith(prefix))
-                )
-            ).all()
-        for chunk in range(0, len(ids), 500):
+        for chunk in range(0, count, 500):
+            prefix = f"sweep/{uuid.uuid4().hex[:8]}/"
             async with db.write() as conn:
+                await conn.execute(
+                    insert(SESSIONS).values(expires_at=hence(in_seconds)),
+                    [
+                        {"project_name": "bench", "project_session_id": f"{prefix}{i}"}
+                        for i in range(min(500, count - chunk))
+                    ],
+                )
+                ids = (
+                    await conn.scalars(
+                        select(SESSIONS.c.id).where(
+                            SESSIONS.c.project_session_id.startswith(prefix)
+                        )
+                    )
+                ).all()
                 await conn.execute(
                     insert(MESSAGES),
                     [
                         _message_row(session_id, position, message)
-                        for session_id in ids[chunk : chunk + 500]
+                        for session_id in ids
                         for position, (message, _) in enumerate(transcript(0, 4))
                     ],
                 )
@@ -336,9 +341,10 @@ async def bench_ack_during_fork_and_sweep(
     fork_messages: int = 10_000,
     sweep_sessions: int = 10_000,
     window_seconds: float = 6.0,
+    spacing: float = 0.1,
 ) -> dict[str, Any]:
     """``ack_during_fork_and_sweep`` (module docstring)."""
-    probes = int(window_seconds / PROBE_SPACING)
+    probes = int(window_seconds / spacing)
     with tempfile.TemporaryDirectory() as tmp:
         url = database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
         last_ts = await _long_thread(url, fork_messages)
@@ -347,6 +353,10 @@ async def bench_ack_during_fork_and_sweep(
             "MODEL_PROVIDER": "offline",
             "SWEEPER_INTERVAL_SECONDS": "2",
             "SWEEPER_JITTER_SECONDS": "0",
+            # Expired sessions only: the probes' many sessions of one user must not be
+            # deleted by the per-user cap while their turns start.
+            "AGENT_SESSION_MAX_PER_USER": "0",
+            "AGENT_SESSION_MAX_IDLE_DAYS": "0",
         }
         proc: Process | None = None
         try:
@@ -356,10 +366,10 @@ async def bench_ack_during_fork_and_sweep(
             await _send_all(port, connections[:20], [request_bytes(port, clock.next())] * 1)
             await asyncio.sleep(2.0)
             baseline = await _probe(
-                connections, [request_bytes(port, clock.next()) for _ in range(probes)]
+                connections, [request_bytes(port, clock.next()) for _ in range(probes)], spacing
             )
             await asyncio.sleep(2.0)
-            await _expire(url, sweep_sessions)
+            await _expire(url, sweep_sessions, in_seconds=3.0)
             shortcut = await Connection.open(port)
 
             async def fork_after(delay: float) -> float:
@@ -367,7 +377,9 @@ async def bench_ack_during_fork_and_sweep(
                 return await shortcut.send(_shortcut_request(port, last_ts))
 
             loaded, fork_ack = await asyncio.gather(
-                _probe(connections, [request_bytes(port, clock.next()) for _ in range(probes)]),
+                _probe(
+                    connections, [request_bytes(port, clock.next()) for _ in range(probes)], spacing
+                ),
                 fork_after(1.0),
             )
             await asyncio.sleep(2.0)
@@ -387,6 +399,40 @@ async def bench_ack_during_fork_and_sweep(
         "fork_done": forks >= 2,
         "sweep_done": expired_left == 0,
     }
+
+
+def format_lines(result: dict[str, Any]) -> list[str]:
+    """``concurrent_turns`` and ``ack_during_fork_and_sweep`` of a bench result, for people."""
+    lines: list[str] = []
+    turns = result.get("concurrent_turns")
+    if isinstance(turns, dict):
+        lines += [
+            "",
+            f"concurrent_turns (model streams {turns['stream_seconds']:g} s; ack of mentions "
+            "sent every 100 ms while the turns stream):",
+        ]
+        for key, row in turns.items():
+            if not key.isdigit():
+                continue
+            ack = row["ack"]
+            lines.append(
+                f"  N={int(key):>4}: {row['running_at_once']:>4} running at once after "
+                f"{row['seconds_to_all_running']:.1f} s; ack p50/p95/p99 {ack['p50']:.1f} / "
+                f"{ack['p95']:.1f} / {ack['p99']:.1f} ms; {row['cpu_ms_per_turn']:.1f} ms CPU "
+                f"per turn; {row['rss_per_active_turn_bytes'] / 1024:,.0f} KiB per active turn"
+            )
+    fork = result.get("ack_during_fork_and_sweep")
+    if isinstance(fork, dict):
+        ack, base = fork["ack"], fork["ack_baseline"]
+        lines += [
+            "",
+            f"ack while a {fork['fork_messages']:,}-message fork and a sweep of "
+            f"{fork['sweep_sessions']:,} sessions run: p50/p95/p99 {ack['p50']:.1f} / "
+            f"{ack['p95']:.1f} / {ack['p99']:.1f} ms (max {ack['max']:.1f}); with neither "
+            f"{base['p50']:.1f} / {base['p95']:.1f} / {base['p99']:.1f} ms; fork done: "
+            f"{fork['fork_done']}, sweep done: {fork['sweep_done']}",
+        ]
+    return lines
 
 
 if __name__ == "__main__":

@@ -183,12 +183,28 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> None:
             return
         print(json.dumps(compared) if args.json else format_compare(compared))
         return
+    from bench.concurrent import (
+        bench_ack_during_fork_and_sweep,
+        bench_concurrent_turns,
+        format_lines,
+    )
     from bench.costs import format_table, run_bench
     from bench.slack import bench_slack
 
     result = await run_bench(args.database_url, quick=args.quick)
     result.update(await bench_slack(args.database_url))
-    print(json.dumps(result) if args.json else format_table(result))
+    result["concurrent_turns"] = await bench_concurrent_turns(
+        args.database_url,
+        sizes=(10, 100) if args.quick else (10, 100, 500),
+        stream_seconds=5.0 if args.quick else 10.0,
+    )
+    result["ack_during_fork_and_sweep"] = await bench_ack_during_fork_and_sweep(
+        args.database_url, fork_messages=2000 if args.quick else 10_000
+    )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print("\n".join([format_table(result), *format_lines(result)]))
 
 
 async def _soak(args: argparse.Namespace, settings: Settings) -> None:
