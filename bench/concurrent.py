@@ -207,7 +207,10 @@ async def _concurrent(
         "ack": percentiles(probe_acks) | {"max": round(max(probe_acks), 3)},
         "ack_of_the_wave": percentiles(wave_acks),
         "idle_rss_bytes": idle_rss,
-        "rss_per_active_turn_bytes": round((active_rss - idle_rss) / max(1, running)),
+        # Only meaningful once the N turns did run at once; absent (None) otherwise.
+        "rss_per_active_turn_bytes": (
+            round((active_rss - idle_rss) / running) if running >= n else None
+        ),
         "cpu_ms_per_turn": round(cpu * 1000 / max(1, turns), 2),
         "model_calls_failed": done["failed"] - base["failed"],
     }
@@ -418,8 +421,13 @@ def format_lines(result: dict[str, Any]) -> list[str]:
             lines.append(
                 f"  N={int(key):>4}: {row['running_at_once']:>4} running at once after "
                 f"{row['seconds_to_all_running']:.1f} s; ack p50/p95/p99 {ack['p50']:.1f} / "
-                f"{ack['p95']:.1f} / {ack['p99']:.1f} ms; {row['cpu_ms_per_turn']:.1f} ms CPU "
-                f"per turn; {row['rss_per_active_turn_bytes'] / 1024:,.0f} KiB per active turn"
+                f"{ack['p95']:.1f} / {ack['p99']:.1f} ms; "
+                f"{row['cpu_ms_per_turn']:.1f} ms CPU per turn"
+                + (
+                    "; N never ran at once"
+                    if row["rss_per_active_turn_bytes"] is None
+                    else f"; {row['rss_per_active_turn_bytes'] / 1024:,.0f} KiB per active turn"
+                )
             )
     fork = result.get("ack_during_fork_and_sweep")
     if isinstance(fork, dict):
