@@ -317,8 +317,8 @@ async def _expire(url: str, count: int, in_seconds: float) -> None:
         await db.dispose()
 
 
-async def _counts(url: str) -> tuple[int, int]:
-    """(sessions of the Slack project with 10,000 messages or more, expired sessions left)."""
+async def _counts(url: str, messages: int) -> tuple[int, int]:
+    """(sessions of the Slack project with ``messages`` messages or more, expired ones left)."""
     db = create_database(url)
     try:
         async with db.read() as conn:
@@ -333,7 +333,7 @@ async def _counts(url: str) -> tuple[int, int]:
             expired = await conn.scalar(
                 select(func.count()).select_from(SESSIONS).where(SESSIONS.c.project_name == "bench")
             )
-        return sum(1 for s in sizes if s >= 10_000), int(expired or 0)
+        return sum(1 for s in sizes if s >= messages), int(expired or 0)
     finally:
         await db.dispose()
 
@@ -392,7 +392,7 @@ async def bench_ack_during_fork_and_sweep(
             if proc is not None:
                 await stop_process(proc)
             await stop_process(standin)
-        forks, expired_left = await _counts(url)
+        forks, expired_left = await _counts(url, fork_messages)
     return {
         "fork_messages": fork_messages,
         "sweep_sessions": sweep_sessions,
