@@ -55,7 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure the core (no model)")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--database-url", help="default: a fresh temporary SQLite file")
-    bench.add_argument("--quick", action="store_true", help="smaller sizes: under 30 s")
+    bench.add_argument(
+        "--quick", action="store_true", help="smaller sizes, up to 100 concurrent turns"
+    )
     bench.add_argument(
         "--compare",
         action="store_true",
