@@ -14,6 +14,7 @@ import re
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+import aiohttp
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
@@ -59,10 +60,11 @@ def build_app(
     actions: SessionActions,
     *,
     oauth_settings: AsyncOAuthSettings | None = None,
+    http_session: aiohttp.ClientSession | None = None,
 ) -> AsyncApp:
     multi = oauth_settings is not None
     app = AsyncApp(
-        client=web_client(settings, None if multi else settings.slack_bot_token),
+        client=web_client(settings, None if multi else settings.slack_bot_token, http_session),
         signing_secret=settings.slack_signing_secret or "",
         # bot.serve verifies HTTP requests before parsing them (Bolt parses first); Socket Mode
         # needs no signature.

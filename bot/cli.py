@@ -51,7 +51,14 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure the core (no model)")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--database-url", help="default: a fresh temporary SQLite file")
-    bench.add_argument("--quick", action="store_true", help="smaller sizes: under 30 s")
+    bench.add_argument(
+        "--quick", action="store_true", help="smaller sizes, up to 100 concurrent turns"
+    )
+    bench.add_argument(
+        "--compare",
+        action="store_true",
+        help="against the peers (optional extra `compare`); PostgreSQL ones given --database-url",
+    )
 
     soak = commands.add_parser(
         "soak", help="replicas under load and faults, then every promise checked (127.0.0.1 only)"
@@ -175,13 +182,39 @@ async def _chat(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def _bench(args: argparse.Namespace, settings: Settings) -> None:
-    """The core's measurements, then the Slack surface's (ack latency, idle memory of serve)."""
-    from bot.bench import bench_slack
-    from core.bench import format_table, run_bench
+    """The core's measurements, then the Slack surface's (ack latency, idle memory of serve);
+    or, with ``--compare``, our storage against the peers'."""
+    if args.compare:
+        from bench.compare import format_compare, run_compare
+
+        compared = await run_compare(args.database_url, quick=args.quick)
+        if isinstance(compared.get("skipped"), str):
+            print(compared["skipped"], file=sys.stderr)
+            return
+        print(json.dumps(compared) if args.json else format_compare(compared))
+        return
+    from bench.concurrent import (
+        bench_ack_during_fork_and_sweep,
+        bench_concurrent_turns,
+        format_lines,
+    )
+    from bench.costs import format_table, run_bench
+    from bench.slack import bench_slack
 
     result = await run_bench(args.database_url, quick=args.quick)
     result.update(await bench_slack(args.database_url))
-    print(json.dumps(result) if args.json else format_table(result))
+    result["concurrent_turns"] = await bench_concurrent_turns(
+        args.database_url,
+        sizes=(10, 100) if args.quick else (10, 100, 500),
+        stream_seconds=5.0 if args.quick else 10.0,
+    )
+    result["ack_during_fork_and_sweep"] = await bench_ack_during_fork_and_sweep(
+        args.database_url, fork_messages=2000 if args.quick else 10_000
+    )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print("\n".join([format_table(result), *format_lines(result)]))
 
 
 async def _soak(args: argparse.Namespace, settings: Settings) -> None:

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.async_app import AsyncApp
@@ -38,7 +39,7 @@ from bot.app import build_app
 from bot.conversations import SURFACE, Conversations
 from bot.delivery import DeliveryWorker
 from bot.session_actions import SessionActions
-from bot.web import web_client
+from bot.web import http_session, web_client
 from core import metrics
 from core.agent import Agent, AgentConfig
 from core.db import Database, create_database
@@ -131,9 +132,16 @@ class SweeperThread(threading.Thread):
 class Bot:
     """Everything ``serve`` runs, built from settings (tests and the demo build one too)."""
 
-    def __init__(self, settings: Settings, db: Database, installs: InstallStores | None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        installs: InstallStores | None,
+        http: aiohttp.ClientSession | None = None,
+    ) -> None:
         self.settings = settings
         self.db = db
+        self.http = http  # the Web API's session (kept open: warm connections); ours to close
         self.installs = installs
         self.store = SessionStore(
             db,
@@ -182,7 +190,12 @@ class Bot:
             else None
         )
         self.app: AsyncApp = build_app(
-            settings, self.conversations, self.worker, self.actions, oauth_settings=oauth
+            settings,
+            self.conversations,
+            self.worker,
+            self.actions,
+            oauth_settings=oauth,
+            http_session=http,
         )
 
     @classmethod
@@ -201,7 +214,7 @@ class Bot:
         except BaseException:
             await db.dispose()
             raise
-        return cls(settings, db, installs)
+        return cls(settings, db, installs, http_session())
 
     def start(self) -> None:
         """Begin renewing leases and taking over what stopped or dead replicas left."""
@@ -216,6 +229,8 @@ class Bot:
         if self.installs is not None:
             await self.installs.dispose()
         await self.db.dispose()
+        if self.http is not None:
+            await self.http.close()
 
     async def client_for(self, team: str) -> AsyncWebClient | None:
         """A Web API client for a workspace (for records taken over outside any request)."""
@@ -224,7 +239,7 @@ class Bot:
         bot = await self.installs.installations.async_find_bot(enterprise_id=None, team_id=team)
         if bot is None or not bot.bot_token:
             return None
-        return web_client(self.settings, bot.bot_token)
+        return web_client(self.settings, bot.bot_token, self.http)
 
     # -- HTTP -----------------------------------------------------------------------------------
 

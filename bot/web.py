@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.async_handler import AsyncRetryHandler
 from slack_sdk.http_retry.builtin_async_handlers import (
@@ -74,8 +75,21 @@ def retry_handlers() -> list[AsyncRetryHandler]:
     ]
 
 
-def web_client(settings: Settings, token: str | None = None) -> AsyncWebClient:
-    """A client for SLACK_API_URL with the retry handlers above."""
+def web_client(
+    settings: Settings, token: str | None = None, session: aiohttp.ClientSession | None = None
+) -> AsyncWebClient:
+    """A client for SLACK_API_URL with the retry handlers above. Without ``session`` slack_sdk
+    opens a new HTTP session, so a new connection, for every call: a replica passes one it
+    keeps open (``Bot.open``), and its calls reuse warm connections."""
     return ObservedWebClient(
-        token=token, base_url=settings.slack_api_url, retry_handlers=retry_handlers()
+        token=token,
+        base_url=settings.slack_api_url,
+        retry_handlers=retry_handlers(),
+        session=session,
     )
+
+
+def http_session() -> aiohttp.ClientSession:
+    """The replica's one HTTP session for the Web API (no cap of its own on connections: the
+    turns that make the calls are already capped by MAX_CONCURRENT_TURNS)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))

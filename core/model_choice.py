@@ -53,7 +53,10 @@ class ProviderCache:
             write=DEFAULT_TIMEOUT.write,
             pool=DEFAULT_TIMEOUT.pool,
         )
-        return HttpOptions(timeout=timeout)
+        # One streaming call per running turn, and a summariser's call beside some of them.
+        turns = self.settings.max_concurrent_turns
+        limits = httpx.Limits(max_connections=2 * turns, max_keepalive_connections=turns)
+        return HttpOptions(timeout=timeout, limits=limits)
 
     def builtin(self) -> ModelProvider:
         name = resolve_builtin(self.settings)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from core.bench import QUICK, BenchError, claim_round, format_table, run_bench
+from bench.costs import QUICK, BenchError, claim_round, format_table, run_bench
 from core.db import create_database
 from core.errors import AgentSessionBusy
 from core.messages import Message

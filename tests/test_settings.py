@@ -6,6 +6,7 @@ import pytest
 
 from core.db import create_database
 from core.errors import ConfigError
+from core.model_choice import ProviderCache
 from core.settings import DEFAULT_DATABASE_URL, load_settings, normalize_database_url
 
 
@@ -100,3 +101,14 @@ def test_admin_user_ids__bare_ids_are_refused_when_several_workspaces_can_instal
         )
     assert str(error.value).startswith("ADMIN_USER_IDS: 'U9' must be TEAM:USER")
     assert load_settings(admin_user_ids="T1:U7", slack_client_id="1").is_admin("T1", "U7")
+
+
+def test_model_client__connections_follow_max_concurrent_turns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """httpx's default cap (100 connections) would hold turn 101 waiting for a connection
+    until the pool timeout failed it, whatever MAX_CONCURRENT_TURNS allows."""
+    monkeypatch.setenv("MAX_CONCURRENT_TURNS", "500")
+    limits = ProviderCache(load_settings())._http().limits
+    assert limits.max_connections is not None
+    assert limits.max_connections >= 500

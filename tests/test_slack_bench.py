@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from bot.bench import bench_slack
+from bench.concurrent import (
+    bench_ack_during_fork_and_sweep,
+    bench_concurrent_turns,
+    format_lines,
+)
+from bench.slack import bench_slack
 
 
 async def test_bench_slack__reports_ack_percentiles_and_idle_rss(database_url: str) -> None:
@@ -11,3 +16,23 @@ async def test_bench_slack__reports_ack_percentiles_and_idle_rss(database_url: s
     assert ack["n"] == 10
     assert 0 < ack["p50"] <= ack["p95"] <= ack["p99"]
     assert result["idle_rss_bytes"] > 10 * 1024 * 1024
+
+
+async def test_concurrent_turns__small_n_reports_what_it_measured() -> None:
+    result = await bench_concurrent_turns(None, sizes=(3,), stream_seconds=1.5, probes=3)
+    row = result["3"]
+    assert row["turns"] == 3
+    assert row["ack"]["n"] == 3
+    assert row["cpu_ms_per_turn"] > 0
+    assert row["model_calls_failed"] == 0
+    assert format_lines({"concurrent_turns": result})
+
+
+async def test_ack_during_fork_and_sweep__both_happen_within_the_window() -> None:
+    result = await bench_ack_during_fork_and_sweep(
+        None, fork_messages=200, sweep_sessions=50, window_seconds=6.0, spacing=0.5
+    )
+    assert result["fork_done"], result
+    assert result["sweep_done"], result
+    assert result["ack"]["n"] == result["ack_baseline"]["n"] == 12
+    assert format_lines({"ack_during_fork_and_sweep": result})

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 # Models think before their first token and between tool calls, so the read timeout (the longest
 # silence between two chunks) is generous; connecting should never take long.
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=120.0, write=30.0, pool=10.0)
+DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 
 Sleep = Callable[[float], Awaitable[None]]
 Parser = Callable[[AsyncIterator[ServerSentEvent]], EventStream]
@@ -147,6 +148,10 @@ class HttpOptions:
     transport: httpx.AsyncBaseTransport | None = None
     timeout: httpx.Timeout = field(default_factory=lambda: DEFAULT_TIMEOUT)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # Connections of the client the provider makes (none given). httpx's default cap (100) would
+    # make turn 101 wait for a connection, and fail after the pool timeout, however many turns
+    # MAX_CONCURRENT_TURNS allows; ``ProviderCache`` sizes it from that setting.
+    limits: httpx.Limits = field(default_factory=lambda: DEFAULT_LIMITS)
 
 
 class SseStreamer:
@@ -159,7 +164,7 @@ class SseStreamer:
         self.retry = http.retry
         self._owns_client = http.client is None
         self._client = http.client or httpx.AsyncClient(
-            transport=http.transport, timeout=http.timeout
+            transport=http.transport, timeout=http.timeout, limits=http.limits
         )
 
     async def aclose(self) -> None:

@@ -29,7 +29,7 @@ from bot.standin import TEAM, signed
 SECRET = "bench-signing-secret"
 
 
-def _percentiles(samples: list[float]) -> dict[str, float | int]:
+def percentiles(samples: list[float]) -> dict[str, float | int]:
     ordered = sorted(samples)
 
     def at(q: float) -> float:
@@ -43,7 +43,7 @@ def _percentiles(samples: list[float]) -> dict[str, float | int]:
     }
 
 
-def _event(ts: str) -> str:
+def event_body(ts: str) -> str:
     return json.dumps(
         {
             "team_id": TEAM,
@@ -64,7 +64,7 @@ def _event(ts: str) -> str:
     )
 
 
-async def _standin_process() -> tuple[Process, str]:
+async def standin_process() -> tuple[Process, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.standin", stdout=asyncio.subprocess.PIPE
     )
@@ -75,14 +75,17 @@ async def _standin_process() -> tuple[Process, str]:
     return proc, line.decode().strip()
 
 
-async def _serve_process(url: str, api_url: str, cwd: str) -> tuple[Process, int]:
+async def serve_process(
+    url: str, api_url: str, cwd: str, extra_env: dict[str, str] | None = None
+) -> tuple[Process, int]:
+    """A ``slack-agent serve`` child on a free port, once its health check answers."""
     with contextlib.closing(socket.socket()) as probe:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("SLACK_", "DATABASE_URL", "MODEL_"))
+        if not k.startswith(("SLACK_", "DATABASE_URL", "MODEL_", "OPENAI_", "ANTHROPIC_"))
     }
     env.update(
         DATABASE_URL=url,
@@ -94,6 +97,7 @@ async def _serve_process(url: str, api_url: str, cwd: str) -> tuple[Process, int
         PORT=str(port),
         LOG_LEVEL="WARNING",
     )
+    env.update(extra_env or {})
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -116,9 +120,9 @@ async def _serve_process(url: str, api_url: str, cwd: str) -> tuple[Process, int
             await asyncio.sleep(0.1)
 
 
-def _request(port: int, ts: str) -> bytes:
+def request_bytes(port: int, ts: str) -> bytes:
     """A signed Events API request, as bytes on the wire (built before the clock starts)."""
-    body = _event(ts)
+    body = event_body(ts)
     headers = signed(body, SECRET)
     lines = [
         "POST /slack/events HTTP/1.1",
@@ -129,7 +133,7 @@ def _request(port: int, ts: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n" + body).encode()
 
 
-class _Connection:
+class Connection:
     """One keep-alive connection, as Slack holds them: write a request, time its answer.
 
     A plain stream rather than an HTTP client library, so the client's own per-request work
@@ -140,7 +144,7 @@ class _Connection:
         self.reader, self.writer = reader, writer
 
     @classmethod
-    async def open(cls, port: int) -> _Connection:
+    async def open(cls, port: int) -> Connection:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         return cls(reader, writer)
 
@@ -164,7 +168,7 @@ class _Connection:
         self.writer.close()
 
 
-async def _stop(proc: Process) -> None:
+async def stop_process(proc: Process) -> None:
     if proc.returncode is None:
         proc.terminate()
     try:
@@ -185,26 +189,29 @@ async def _measure(
     """
     with tempfile.TemporaryDirectory() as tmp:
         url = database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
-        standin, api_url = await _standin_process()
-        proc, port = await _serve_process(url, api_url, tmp)
+        standin, api_url = await standin_process()
+        proc, port = await serve_process(url, api_url, tmp)
         try:
             await asyncio.sleep(settle_seconds)
-            rss = _rss_bytes(proc.pid)
+            rss = rss_bytes(proc.pid)
             base = int(time.time())
             # Warm connections (as many as the measured wave uses) and the authorisation
             # cache; then a wave of turns running while the measured wave arrives.
-            connections = [await _Connection.open(port) for _ in range(events)]
+            connections = [await Connection.open(port) for _ in range(events)]
             try:
                 await asyncio.gather(
-                    *(c.send(_request(port, f"{base}.{i:06d}")) for i, c in enumerate(connections))
+                    *(
+                        c.send(request_bytes(port, f"{base}.{i:06d}"))
+                        for i, c in enumerate(connections)
+                    )
                 )
                 await asyncio.gather(
                     *(
-                        c.send(_request(port, f"{base + 1}.{i:06d}"))
+                        c.send(request_bytes(port, f"{base + 1}.{i:06d}"))
                         for i, c in enumerate(connections[:20])
                     )
                 )
-                wave = [_request(port, f"{base + 2}.{i:06d}") for i in range(events)]
+                wave = [request_bytes(port, f"{base + 2}.{i:06d}") for i in range(events)]
                 samples = await asyncio.gather(
                     *(c.send(raw) for c, raw in zip(connections, wave, strict=True))
                 )
@@ -212,9 +219,9 @@ async def _measure(
                 for c in connections:
                     c.close()
         finally:
-            await _stop(proc)
-            await _stop(standin)
-    return {"ack": _percentiles(list(samples)), "idle_rss_bytes": rss}
+            await stop_process(proc)
+            await stop_process(standin)
+    return {"ack": percentiles(list(samples)), "idle_rss_bytes": rss}
 
 
 async def bench_ack(database_url: str | None = None, *, events: int = 100) -> dict[str, Any]:
@@ -223,7 +230,7 @@ async def bench_ack(database_url: str | None = None, *, events: int = 100) -> di
     return {"ack": result["ack"]}
 
 
-def _rss_bytes(pid: int) -> int:
+def rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status") as status:
         for line in status:
             if line.startswith("VmRSS:"):

@@ -22,7 +22,7 @@
   messages; the fork is deleted untimed between samples);
 - ``sweep_sessions_per_second``: ``core.sweeper.sweep`` over ``sweep_sessions`` expired temporary
   sessions of ``sweep_messages_per_session`` messages each;
-- the snapshot keys of ``core.snapshot_bench`` (``snapshot_bytes_per_message``,
+- the snapshot keys of ``bench.snapshots`` (``snapshot_bytes_per_message``,
   ``snapshot_store``, ``snapshot_restore``, …) for a ~1 MB workspace with a one-file edit per
   message.
 
@@ -59,6 +59,7 @@ from typing import Any, Final, Protocol, cast
 
 from sqlalchemy import Table, insert, select, update
 
+from bench.snapshots import bench_snapshots
 from core.db import Database, ago, create_database
 from core.errors import AgentSessionBusy, AgentSessionError
 from core.messages import Message, assistant_message, user_message
@@ -66,7 +67,6 @@ from core.migrate import upgrade
 from core.models import AgentSession, AgentSessionMessage, validate_message
 from core.records import Actor, ModelChoice, StoredMessage, TurnLease
 from core.retention import RetentionPolicy
-from core.snapshot_bench import bench_snapshots
 from core.store import ANY_TAIL, SessionStore
 from core.sweeper import sweep
 from core.turn import run_turn

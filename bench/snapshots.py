@@ -40,7 +40,7 @@ WORKSPACE_DIRS = 4
 
 
 def _summarize(seconds: Sequence[float]) -> dict[str, Any]:
-    """``{"p50", "p95", "n"}`` in milliseconds; p95 by nearest rank (as ``core.bench``)."""
+    """``{"p50", "p95", "n"}`` in milliseconds; p95 by nearest rank (as ``bench.costs``)."""
     ms = sorted(s * 1000 for s in seconds)
     rank = max(1, -(-len(ms) * 95 // 100))
     return {"p50": round(statistics.median(ms), 3), "p95": round(ms[rank - 1], 3), "n": len(ms)}

@@ -1,0 +1,51 @@
+"""``bench --compare`` (bench.compare): our side of the workload on both databases, over small
+sizes, and a clear skip when the optional peers are not installed.
+
+The peers themselves are an optional extra that CI does not install, so only our side runs
+here; no timing is asserted.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import compare
+from bench.compare import CompareSizes, format_compare, run_compare
+
+TINY = CompareSizes(
+    sizes=(20, 40), rounds={20: 2, 40: 1}, load_every=10, writers=6, think_seconds=0
+)
+
+
+async def test_compare__our_side_keeps_one_writer_at_a_time(
+    backend: str, database_url: str
+) -> None:
+    ours = [c for c in compare.contenders(include_peers=False) if c.database == backend]
+    server = database_url if backend == "postgresql" else None
+
+    result = await run_compare(server, sizes=TINY, chosen=ours)
+
+    key = f"slack-agent [{backend}]"
+    assert set(result["contenders"]) == {key}
+    for n in ("20", "40"):
+        row = result["contenders"][key][n]
+        assert row["append"]["n"] == 40  # 2 rounds of 20, 1 round of 40
+        assert row["load"]["n"] > 0
+        assert row["bytes_per_message"] >= 0  # a few rows may fit in pages already there
+    writers = result["writers"][key]
+    assert writers["one_writer_at_a_time"], writers
+    assert writers["messages_kept"] == 12
+    assert writers["most_at_once"] == 1
+    assert "one writer at a time" in format_compare(result)
+
+
+async def test_compare__without_the_peers_skips_with_the_install_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(compare.peers, "missing", lambda: ["openai-agents"])
+
+    result = await run_compare(None, sizes=TINY)
+
+    assert "openai-agents" in result["skipped"]
+    assert "uv sync --extra compare" in result["skipped"]
+    assert format_compare(result) == result["skipped"]
