@@ -1,0 +1,134 @@
+"""Text on its way to Slack, so that it arrives as it was written (SPEC §10, *Rendering*).
+
+Two kinds of field, two treatments:
+
+- **mrkdwn** (``text`` of a message or an ephemeral, section blocks): ``escape`` turns ``&``,
+  ``<`` and ``>`` into the entities Slack documents, so nothing a person or the model wrote
+  becomes a mention, ``<!channel>`` or a link. Applied to the words quoted into our own
+  messages (``bot.messages``), never to our own markup.
+- **Markdown** (``markdown_text``, ``markdown`` blocks): Slack does not promise to leave its
+  control sequences alone there, so ``neutralise`` puts a zero-width joiner after every ``<``
+  that could open one (``<!``, ``<@``, ``<#``, ``<scheme:``), after the ``@`` of ``@here``,
+  ``@channel`` and ``@everyone``, and after the ``&`` of an entity. The text reads the same;
+  copied out of a code block it carries that invisible joiner.
+
+``split_markdown`` cuts Markdown into pieces Slack takes in one call (12,000 characters for
+``markdown_text``), at paragraph ends or after a closed code fence; a line end only when a
+block is longer than a piece, and inside a code fence only when the fence itself is.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+
+ZWJ = "\u200d"
+APPEND_LIMIT = 12_000  # Slack's limit on one ``markdown_text``
+# How far past a ``<``, ``@`` or ``&`` ``neutralise`` looks to decide; a stream holds back
+# that much from the end of what arrived until more text (or the end) settles it.
+LOOKAHEAD = 40
+
+_CONTROL = re.compile(
+    r"<(?=[!@#]|[A-Za-z][A-Za-z0-9+.\-]{0,31}:)"  # <!channel> <@U1> <#C1> <https://x|y>
+    r"|@(?=(?:here|channel|everyone)\b)"  # @here and friends
+    r"|&(?=(?:lt|gt|amp|quot|#\d{1,7}|#x[0-9A-Fa-f]{1,6});)"  # an entity Slack might decode
+)
+_RISKY = re.compile(r"[<@&]")
+_FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+
+
+def escape(text: str) -> str:
+    """For mrkdwn: ``&``, ``<``, ``>`` as Slack's entities (shown as written)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def neutralise(text: str) -> str:
+    """For Markdown: a zero-width joiner after what could start a Slack control sequence."""
+    return _CONTROL.sub(lambda m: m.group(0) + ZWJ, text)
+
+
+def settled(text: str, start: int) -> int:
+    """How much of ``text`` (from ``start``) ``neutralise`` can treat now, while more may
+    follow: all but a tail from the first ``<``, ``@`` or ``&`` within ``LOOKAHEAD`` of the end."""
+    tail_from = max(start, len(text) - LOOKAHEAD)
+    found = _RISKY.search(text, tail_from)
+    return len(text) if found is None else found.start()
+
+
+def _fence_closes(line: str, opener: str) -> bool:
+    stripped = line.rstrip("\r\n")
+    body = stripped.lstrip(" ")
+    if len(stripped) - len(body) > 3 or not body.startswith(opener):
+        return False
+    return set(body.rstrip()) == {opener[0]}
+
+
+def _lines(text: str) -> list[tuple[int, str, str | None]]:
+    """Each line's end offset, the line, and the fence open *after* it (None: outside)."""
+    found: list[tuple[int, str, str | None]] = []
+    fence: str | None = None
+    offset = 0
+    for line in text.splitlines(keepends=True):
+        offset += len(line)
+        if fence is None:
+            opened = _FENCE_OPEN.match(line.rstrip("\r\n"))
+            if opened and not (opened.group(1)[0] == "`" and "`" in opened.group(2)):
+                fence = opened.group(1)
+        elif _fence_closes(line, fence):
+            fence = None
+        found.append((offset, line, fence))
+    return found
+
+
+def open_fence(text: str) -> str | None:
+    """The fence (its backticks or tildes) ``text`` ends inside, if any."""
+    lines = _lines(text)
+    if not lines:
+        return None
+    return lines[-1][2]
+
+
+def split_markdown(text: str, limit: int = APPEND_LIMIT) -> list[str]:
+    """``text`` in pieces of at most ``limit`` characters whose concatenation is ``text``.
+
+    A piece ends, by preference: after a blank line or a closing fence (a block's end) outside
+    any code fence; else at a line end outside a fence; else at any line end; else at
+    ``limit`` (a single line longer than a piece).
+    """
+    if limit < 1:
+        raise ValueError("limit must be positive")
+    if len(text) <= limit:
+        return [text] if text else []
+    blocks: list[int] = []  # offsets where a block ends, outside a fence
+    outside: list[int] = []  # line ends outside a fence
+    anywhere: list[int] = []  # every line end
+    previous_fence: str | None = None
+    for end, line, fence in _lines(text):
+        anywhere.append(end)
+        if fence is None:
+            outside.append(end)
+            if not line.strip() or previous_fence is not None:
+                blocks.append(end)
+        previous_fence = fence
+    pieces: list[str] = []
+    start = 0
+    while len(text) - start > limit:
+        cut = start + limit
+        for candidates in (blocks, outside, anywhere):
+            best = _last_within(candidates, start, cut)
+            if best is not None:
+                cut = best
+                break
+        pieces.append(text[start:cut])
+        start = cut
+    if start < len(text):
+        pieces.append(text[start:])
+    return pieces
+
+
+def _last_within(offsets: list[int], start: int, end: int) -> int | None:
+    """The largest offset in (start, end], from a sorted list."""
+    i = bisect.bisect_right(offsets, end)
+    if i and offsets[i - 1] > start:
+        return offsets[i - 1]
+    return None
