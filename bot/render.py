@@ -81,11 +81,44 @@ def _lines(text: str) -> list[tuple[int, str, str | None]]:
 
 
 def open_fence(text: str) -> str | None:
-    """The fence (its backticks or tildes) ``text`` ends inside, if any."""
-    lines = _lines(text)
-    if not lines:
-        return None
-    return lines[-1][2]
+    """The opening line of the code fence ``text`` ends inside, if any (without its newline)."""
+    opener: str | None = None
+    fence: str | None = None
+    for _, line, after in _lines(text):
+        if fence is None and after is not None:
+            opener = line.rstrip("\r\n")
+        fence = after
+    return opener if fence is not None else None
+
+
+def closing_fence(opener: str) -> str:
+    """The line that closes the fence ``opener`` opened."""
+    body = opener.lstrip(" ")
+    char = body[0]
+    return char * (len(body) - len(body.lstrip(char)))
+
+
+def _boundaries(text: str) -> tuple[list[int], list[int], list[int]]:
+    """Offsets where a piece may end: block ends outside a fence (after a blank line or a
+    closing fence), line ends outside a fence, and every line end."""
+    blocks: list[int] = []
+    outside: list[int] = []
+    anywhere: list[int] = []
+    previous: str | None = None
+    for end, line, fence in _lines(text):
+        anywhere.append(end)
+        if fence is None:
+            outside.append(end)
+            if not line.strip() or previous is not None:
+                blocks.append(end)
+        previous = fence
+    return blocks, outside, anywhere
+
+
+def block_end(text: str) -> int:
+    """Where the last whole block of ``text`` ends (0: none has ended yet)."""
+    blocks, _, _ = _boundaries(text)
+    return blocks[-1] if blocks else 0
 
 
 def split_markdown(text: str, limit: int = APPEND_LIMIT) -> list[str]:
@@ -99,22 +132,12 @@ def split_markdown(text: str, limit: int = APPEND_LIMIT) -> list[str]:
         raise ValueError("limit must be positive")
     if len(text) <= limit:
         return [text] if text else []
-    blocks: list[int] = []  # offsets where a block ends, outside a fence
-    outside: list[int] = []  # line ends outside a fence
-    anywhere: list[int] = []  # every line end
-    previous_fence: str | None = None
-    for end, line, fence in _lines(text):
-        anywhere.append(end)
-        if fence is None:
-            outside.append(end)
-            if not line.strip() or previous_fence is not None:
-                blocks.append(end)
-        previous_fence = fence
+    preferences = _boundaries(text)
     pieces: list[str] = []
     start = 0
     while len(text) - start > limit:
         cut = start + limit
-        for candidates in (blocks, outside, anywhere):
+        for candidates in preferences:
             best = _last_within(candidates, start, cut)
             if best is not None:
                 cut = best

@@ -7,7 +7,16 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.render import ZWJ, escape, neutralise, open_fence, settled, split_markdown
+from bot.render import (
+    ZWJ,
+    block_end,
+    closing_fence,
+    escape,
+    neutralise,
+    open_fence,
+    settled,
+    split_markdown,
+)
 
 CONTROLS = re.compile(r"<[!@#]|<[A-Za-z][A-Za-z0-9+.\-]*:|@(?:here|channel|everyone)\b|&lt;")
 
@@ -52,6 +61,8 @@ def test_split__a_code_fence_is_not_cut_when_it_fits() -> None:
     assert "".join(pieces) == text
     assert any(p.startswith("```python") for p in pieces)
     assert all(open_fence(p) is None for p in pieces)
+    assert open_fence("a\n```py\nx\n") == "```py"
+    assert closing_fence("  ````js") == "````"
 
 
 def test_split__a_fence_longer_than_a_piece_is_cut_at_line_ends() -> None:
@@ -91,3 +102,9 @@ def test_split__property_whole_bounded_and_never_inside_a_fence_that_fits(
     for piece in pieces[:-1]:
         done += piece
         assert open_fence(done) is None, (done, piece)
+
+
+def test_block_end__the_last_paragraph_or_fence_that_ended() -> None:
+    assert block_end("no end yet") == 0
+    assert block_end("one\n\ntwo so") == len("one\n\n")
+    assert block_end("```\nx\n```\nmore") == len("```\nx\n```\n")
