@@ -33,7 +33,9 @@ def test_neutralise__no_control_sequence_survives_and_the_text_reads_the_same() 
     safe = neutralise(hostile)
     assert not CONTROLS.search(safe)
     assert safe.replace(ZWJ, "") == hostile
-    assert "&&" in safe and "1 < 2" in safe and "a<b" in safe  # nothing else is touched
+    assert "&&" in safe
+    assert "1 < 2" in safe
+    assert "a<b" in safe
 
 
 def test_settled__holds_back_a_tail_that_more_text_could_turn_into_a_mention() -> None:
@@ -51,7 +53,7 @@ def test_split__paragraphs_stay_whole() -> None:
     text = "\n\n".join(paragraphs)
     pieces = split_markdown(text, 12_000)
     assert "".join(pieces) == text
-    assert [p.strip() for p in pieces] == paragraphs[:1] + ["\n\n".join(paragraphs[1:])]
+    assert [p.strip() for p in pieces] == [*paragraphs[:1], "\n\n".join(paragraphs[1:])]
 
 
 def test_split__a_code_fence_is_not_cut_when_it_fits() -> None:
