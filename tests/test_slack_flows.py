@@ -398,3 +398,27 @@ async def test_stale__a_click_before_the_offer_is_even_posted_sends(
         await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
     assert answer["text"] == text.draft_sending()
     assert "slack again" in [message_text(m.message) for m in await store.messages(session.id)]
+
+
+async def test_busy_ask__an_offer_slack_refused_is_offered_again_and_still_sends(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    fast = {"turn_lock_staleness_seconds": 1, "turn_heartbeat_seconds": 0.2}
+    async with (
+        running_bot(database_url, slack, **fast) as bot,
+        SlackClient(bot.url, response_url=slack.response_url) as client,
+    ):
+        root, lease = await busy_elsewhere(client, slack, store)
+        slack.errors["chat.postEphemeral"] = "channel_not_found"
+        await store.finish(lease, [assistant_message("terminal answer")])
+        await slack.wait_for(
+            lambda: [c for c in slack.named("chat.postEphemeral") if c.args.get("blocks")]
+        )
+        del slack.errors["chat.postEphemeral"]
+        # The record went back to waiting, ours: once its lease lapses it is taken over and
+        # offered again; the offer Slack refused never reached anyone.
+        offer = (await slack.wait_for(lambda: [c for c in with_blocks(slack) if c.result["ok"]]))[0]
+        assert await client.button(text.SEND_DRAFT, draft_id(offer)) == 200
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    assert slack.responses[-1]["text"] == text.draft_sending()
+    assert "second" in [message_text(m.message) for m in await transcript(store, root)]
