@@ -63,10 +63,18 @@ def _fence_closes(line: str, opener: str) -> bool:
     return set(body.rstrip()) == {opener[0]}
 
 
-def _lines(text: str) -> list[tuple[int, str, str | None]]:
-    """Each line's end offset, the line, and the fence open *after* it (None: outside)."""
+def _fence_of(opener: str | None) -> str | None:
+    if opener is None:
+        return None
+    opened = _FENCE_OPEN.match(opener)
+    return opened.group(1) if opened else None
+
+
+def _lines(text: str, inside: str | None = None) -> list[tuple[int, str, str | None]]:
+    """Each line's end offset, the line, and the fence open *after* it (None: outside).
+    ``inside``: the opening line of a fence ``text`` starts in (it continues earlier text)."""
     found: list[tuple[int, str, str | None]] = []
-    fence: str | None = None
+    fence: str | None = _fence_of(inside)
     offset = 0
     for line in text.splitlines(keepends=True):
         offset += len(line)
@@ -98,14 +106,14 @@ def closing_fence(opener: str) -> str:
     return char * (len(body) - len(body.lstrip(char)))
 
 
-def _boundaries(text: str) -> tuple[list[int], list[int], list[int]]:
+def _boundaries(text: str, inside: str | None = None) -> tuple[list[int], list[int], list[int]]:
     """Offsets where a piece may end: block ends outside a fence (after a blank line or a
     closing fence), line ends outside a fence, and every line end."""
     blocks: list[int] = []
     outside: list[int] = []
     anywhere: list[int] = []
-    previous: str | None = None
-    for end, line, fence in _lines(text):
+    previous: str | None = _fence_of(inside)
+    for end, line, fence in _lines(text, inside):
         anywhere.append(end)
         if fence is None:
             outside.append(end)
@@ -115,24 +123,26 @@ def _boundaries(text: str) -> tuple[list[int], list[int], list[int]]:
     return blocks, outside, anywhere
 
 
-def block_end(text: str) -> int:
-    """Where the last whole block of ``text`` ends (0: none has ended yet)."""
-    blocks, _, _ = _boundaries(text)
+def block_end(text: str, inside: str | None = None) -> int:
+    """Where the last whole block of ``text`` ends (0: none has ended yet); ``inside`` as for
+    ``split_markdown``."""
+    blocks, _, _ = _boundaries(text, inside)
     return blocks[-1] if blocks else 0
 
 
-def split_markdown(text: str, limit: int = APPEND_LIMIT) -> list[str]:
+def split_markdown(text: str, limit: int = APPEND_LIMIT, inside: str | None = None) -> list[str]:
     """``text`` in pieces of at most ``limit`` characters whose concatenation is ``text``.
 
     A piece ends, by preference: after a blank line or a closing fence (a block's end) outside
     any code fence; else at a line end outside a fence; else at any line end; else at
-    ``limit`` (a single line longer than a piece).
+    ``limit`` (a single line longer than a piece). ``inside``: the opening line of the code
+    fence ``text`` starts in, when it continues text that opened one.
     """
     if limit < 1:
         raise ValueError("limit must be positive")
     if len(text) <= limit:
         return [text] if text else []
-    preferences = _boundaries(text)
+    preferences = _boundaries(text, inside)
     pieces: list[str] = []
     start = 0
     while len(text) - start > limit:

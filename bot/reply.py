@@ -187,7 +187,7 @@ class ReplyStream:
         raw = self.text[self._sent : end]
         if not whole and len(self._shown) + len(raw) > self._limit() - APPEND_LIMIT:
             # Near the message's end: whole blocks only, so a cut can fall between them.
-            raw = raw[: render.block_end(raw)]
+            raw = raw[: render.block_end(raw, render.open_fence(self._shown))]
         if not raw:
             return
         self._last = time.monotonic()
@@ -220,13 +220,17 @@ class ReplyStream:
                 await self._end_message()
 
     def _cut(self, md: str, room: int) -> tuple[str, str]:
-        """The most of ``md`` that ends a block and fits in ``room``, and the rest; a code
-        fence left open by the cut is closed here and reopened in the rest."""
+        """The most of ``md`` that ends a block and fits in ``room``, and the rest. A code
+        block the cut would fall in goes whole to the next message; one already open here (or
+        longer than a message) is closed at the cut and reopened in the rest."""
         if room < MIN_ROOM:
             return "", md
-        head = render.split_markdown(md, room - 16)[0]
+        inside = render.open_fence(self._shown)
+        head = render.split_markdown(md, room - 16, inside)[0]
         rest = md[len(head) :]
         opener = render.open_fence(self._shown + head)
+        if opener is not None and inside is None and self._shown:
+            return "", md  # a code block that starts here starts the next message instead
         if opener is not None:
             head += ("" if head.endswith("\n") else "\n") + render.closing_fence(opener) + "\n"
             rest = opener + "\n" + rest
@@ -285,7 +289,7 @@ class ReplyStream:
             )
             self._shown = shown
             return ""
-        pieces = render.split_markdown(md, APPEND_LIMIT)
+        pieces = render.split_markdown(md, APPEND_LIMIT, render.open_fence(self._shown))
         for i, piece in enumerate(pieces):
             try:
                 await self.client.chat_appendStream(
@@ -294,9 +298,10 @@ class ReplyStream:
             except SlackApiError as exc:
                 if not _stream_gone(exc):
                     raise
-                # Slack keeps what it shows; the rest goes on below.
+                # Slack keeps what it shows; the rest goes on below (in its code block).
+                opener = render.open_fence(self._shown)
                 self._current, self._shown = None, ""
-                return "".join(pieces[i:])
+                return ("" if opener is None else opener + "\n") + "".join(pieces[i:])
             self._shown += piece
         return ""
 
