@@ -2,11 +2,12 @@
 
 It answers after a random 50-500 ms, streaming the answer in pieces; on some first rounds it
 calls the ``shell`` tool instead (so turns change their sandbox and take a second round); and
-it misbehaves at the rates it is given: a request that goes silent for longer than the
-replicas' ``MODEL_TIMEOUT_SECONDS`` (a timeout), a stream that is cut mid-answer. Every request
-names its conversation (the ``[t…]`` tag the load generator puts in each thread's messages), so
-the server knows how many requests of one conversation are in flight at once: the soak's
-"never two model calls at once for one session" is counted here, where the calls arrive.
+it misbehaves at exactly the shares it is given, spread evenly (``FaultSchedule``): a request
+that goes silent for longer than the replicas' ``MODEL_TIMEOUT_SECONDS`` (a timeout), a
+stream that is cut mid-answer. Every request names its conversation (the ``[t…]`` tag the
+load generator puts in each thread's messages), so the server knows how many requests of one
+conversation are in flight at once: the soak's "never two model calls at once for one
+session" is counted here, where the calls arrive.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from bot.standin import FaultSchedule
 
 _TAG = re.compile(r"\[(t\d+)\]")
 
@@ -87,7 +90,8 @@ class ModelStandIn:
         self.faults = faults
         self.stats = ModelStats()
         self.url = ""
-        self._random = random.Random(seed)
+        self._random = random.Random(seed)  # latencies and tool calls
+        self._faults = FaultSchedule(timeout=faults.timeout, cut=faults.cut)
         self._runner: web.AppRunner | None = None
 
     @property
@@ -131,16 +135,16 @@ class ModelStandIn:
     async def _answer(
         self, request: web.Request, messages: list[dict[str, Any]], tag: str
     ) -> web.StreamResponse:
-        draw = self._random.random()
+        fault = self._faults.next()
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         await response.write(_chunk({"role": "assistant", "content": ""}).encode())
-        if draw < self.faults.timeout:
+        if fault == "timeout":
             self.stats.injected["timeout"] += 1
             await _wait(request, self.faults.silence_seconds)
             return response
         await _wait(request, self._random.uniform(0.05, 0.5))
-        if draw < self.faults.timeout + self.faults.cut:
+        if fault == "cut":
             self.stats.injected["cut"] += 1
             await response.write(_chunk({"content": f"({tag}) this answer is cut "}).encode())
             assert request.transport is not None

@@ -61,7 +61,7 @@ class SoakConfig:
     retry_share: float = 0.10
     pair_share: float = 0.30
     slack_faults: SlackFaults = field(
-        default_factory=lambda: SlackFaults(rate_limited=0.05, server_error=0.01, seed=11)
+        default_factory=lambda: SlackFaults(rate_limited=0.05, server_error=0.01)
     )
     model_faults: ModelFaults = field(
         default_factory=lambda: ModelFaults(timeout=0.02, cut=0.01, tool=0.25, silence_seconds=6)

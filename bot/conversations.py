@@ -60,6 +60,7 @@ SURFACE = "slack"
 PROJECT = "slack"
 SHUTDOWN = "shutdown"  # the cancellation message of a turn stopped by a shutdown
 REFRESH_LAST = 10  # a stale refresh quotes at most this many of the messages the thread missed
+UNKNOWN_STREAMS = 20  # the thread messages after a taken-over one searched for a stream left open
 
 
 class Progress(Protocol):
@@ -307,6 +308,8 @@ class Conversations:
     ) -> Outcome:
         """Carry on from what the transcript holds (SPEC §6.10): a user message that is the tail
         is answered from there (never stored again); one with anything after it was answered."""
+        if record.reply_ref is None and record.state == "started":
+            await self._stop_unknown_streams(client, post)
         tail = await self.store.tail(session.id)
         if tail is not None and tail.message_id == record.message_id:
             if record.reply_ref is not None:  # the dead turn's reply, left half-written
@@ -326,6 +329,24 @@ class Conversations:
                 await self._post_reply(client, post, session.id, answer.message_id, reply)
         return Outcome.ANSWERED
 
+    async def _stop_unknown_streams(self, client: AsyncWebClient, post: Post) -> None:
+        """A replica killed between Slack starting its reply's stream and the database
+        recording where (``reply_ref``) left a stream open that no record names. The agent's
+        messages in the thread after the person's are stopped: only the dead turn's can still
+        be streaming (this try holds the delivery), and Slack refuses the others harmlessly."""
+        try:
+            response = await client.conversations_replies(
+                channel=post.channel, ts=post.thread_ts, oldest=post.ts, limit=UNKNOWN_STREAMS
+            )
+        except SLACK_FAILURES as exc:
+            log.warning("could not look for streams left open in %s: %s", post.thread, exc)
+            return
+        for message in response.get("messages") or []:
+            ts = message.get("ts") if isinstance(message, dict) else None
+            if isinstance(ts, str) and ts > post.ts and message.get("bot_id"):
+                with contextlib.suppress(*SLACK_FAILURES):
+                    await client.chat_stopStream(channel=post.channel, ts=ts)
+
     async def _close_reply(
         self, client: AsyncWebClient, post: Post, ts: str, body: str, *, replace: bool = False
     ) -> None:
@@ -333,18 +354,17 @@ class Conversations:
         ``body`` with ``replace``); a reply that cannot be edited any more gets a new message,
         and so does a ``body`` longer than one edit carries."""
         md = render.neutralise(body)
-        if not replace:
-            with contextlib.suppress(*SLACK_FAILURES):
+        try:
+            if not replace:
                 await client.chat_stopStream(channel=post.channel, ts=ts, markdown_text=md)
-            return
-        with contextlib.suppress(*SLACK_FAILURES):
-            await client.chat_stopStream(channel=post.channel, ts=ts)
-        if len(md) <= render.APPEND_LIMIT:
-            try:
+                return
+            with contextlib.suppress(*SLACK_FAILURES):
+                await client.chat_stopStream(channel=post.channel, ts=ts)
+            if len(md) <= render.APPEND_LIMIT:
                 await client.chat_update(channel=post.channel, ts=ts, markdown_text=md)
                 return
-            except SLACK_FAILURES:
-                pass
+        except SLACK_FAILURES:
+            pass
         stream = ReplyStream(
             client, channel=post.channel, thread_ts=post.thread_ts, team=post.team, user=post.user
         )

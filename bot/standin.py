@@ -4,7 +4,8 @@ A real HTTP server on 127.0.0.1 (``SLACK_API_URL`` points at it) that answers li
 (``ok: true``, fresh ``ts`` values, streaming methods included) and keeps what was posted, so the
 demo can print a thread as a Slack user would see it. It is not a test double of Slack's rules.
 With ``SlackFaults`` it answers a share of calls as an overloaded Slack does: 429 with
-``Retry-After``, or 500 (the call is then not carried out). Also: ``signed`` builds the headers
+``Retry-After``, or 500 (the call is then not carried out); ``FaultSchedule`` spreads those
+shares evenly over the calls. Also: ``signed`` builds the headers
 Slack signs its requests with.
 """
 
@@ -16,7 +17,6 @@ import hashlib
 import hmac
 import itertools
 import json
-import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,11 +28,32 @@ TEAM = "T0DEMO"
 BOT_USER = "U0AGENT"
 
 
+class FaultSchedule:
+    """Which fault, if any, the next request meets: each at exactly its share of the requests,
+    spread evenly. A random draw per request made a short run meet no fault of a rare kind now
+    and then (a 1 % fault over 200 requests is absent about one run in eight), so a run could
+    not prove it recovered from it; here ``n`` requests meet ``round(n * share)`` of each kind,
+    whatever order concurrent requests arrive in. Two faults due on one request: the second
+    waits for the next."""
+
+    def __init__(self, **shares: float) -> None:
+        self._shares = {name: share for name, share in shares.items() if share > 0}
+        self._credit = dict.fromkeys(self._shares, 0.5)
+
+    def next(self) -> str | None:
+        for name, share in self._shares.items():
+            self._credit[name] += share
+        for name, credit in self._credit.items():
+            if credit >= 1:
+                self._credit[name] = credit - 1
+                return name
+        return None
+
+
 @dataclass(frozen=True)
 class SlackFaults:
     rate_limited: float = 0.0  # share of calls answered 429 with Retry-After: 1
     server_error: float = 0.0  # share of calls answered 500
-    seed: int = 0
 
 
 @dataclass
@@ -73,13 +94,20 @@ def _track_tasks(posted: Posted, args: dict[str, Any]) -> None:
         if chunk.get("type") == "task_update":
             posted.tasks[str(chunk["id"])] = {**posted.tasks.get(str(chunk["id"]), {}), **chunk}
 
+    def as_slack(self) -> dict[str, Any]:
+        """The message as ``conversations.replies`` lists it."""
+        who = {"bot_id": "B0AGENT", "user": BOT_USER} if self.author == "agent" else {}
+        return {"ts": self.ts, "text": self.text, "user": self.author, **who}
+
 
 class SlackStandIn:
     def __init__(self, team: str = TEAM, faults: SlackFaults | None = None) -> None:
         self.team = team
         self.faults = faults or SlackFaults()
         self.injected: Counter[str] = Counter()
-        self._random = random.Random(self.faults.seed)
+        self._faults = FaultSchedule(
+            rate_limited=self.faults.rate_limited, server_error=self.faults.server_error
+        )
         self.url = ""
         self.posted: dict[str, Posted] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -120,13 +148,13 @@ class SlackStandIn:
         for key in ("blocks", "view", "chunks"):
             if isinstance(args.get(key), str):
                 args[key] = json.loads(args[key])
-        draw = self._random.random()
-        if draw < self.faults.rate_limited:
+        fault = self._faults.next()
+        if fault == "rate_limited":
             self.injected["429"] += 1
             return web.json_response(
                 {"ok": False, "error": "ratelimited"}, status=429, headers={"Retry-After": "1"}
             )
-        if draw < self.faults.rate_limited + self.faults.server_error:
+        if fault == "server_error":
             self.injected["500"] += 1
             return web.json_response({"ok": False, "error": "fatal_error"}, status=500)
         self.calls.append((method, args))
@@ -168,6 +196,8 @@ class SlackStandIn:
         if method in ("chat.update", "chat.appendStream", "chat.stopStream"):
             ts = str(args.get("ts"))
             found = self.posted.get(ts)
+            if method != "chat.update" and found is not None and not found.streaming:
+                return {"ok": False, "error": "message_not_in_streaming_state"}
             if found is not None:
                 found.text = text if method == "chat.update" else found.text + text
                 _track_tasks(found, args)
@@ -176,6 +206,10 @@ class SlackStandIn:
         if method == "views.open":
             self.views.append(dict(args.get("view") or {}))
             return {"ok": True, "view": {"id": f"V{len(self.views)}"}}
+        if method == "conversations.replies":
+            root, oldest = str(args.get("ts")), str(args.get("oldest") or "0")
+            shown = [p for p in self.thread(channel, root) if p.ts >= oldest]
+            return {"ok": True, "messages": [p.as_slack() for p in shown]}
         if method == "chat.delete":
             self.posted.pop(str(args.get("ts")), None)
         return {"ok": True}

@@ -114,6 +114,8 @@ class _Server:
 
     def release(self) -> None:
         """Let anything the server holds back go (before it stops)."""
+        for held in getattr(self, "hold", {}).values():
+            held.set()
 
 
 class FakeSlack(_Server):
@@ -132,6 +134,9 @@ class FakeSlack(_Server):
         # Files the app may download (GET /files/NAME): name -> (bytes, content type); a
         # request without the bot token gets Slack's HTML sign-in page.
         self.files: dict[str, tuple[bytes, str]] = {}
+        # Methods whose answer is held back until the event is set (Slack carried the call
+        # out; the app has not heard so yet).
+        self.hold: dict[str, asyncio.Event] = {}
         # What conversations.replies answers, by thread ts.
         self.threads: dict[str, list[dict[str, Any]]] = {}
         self.responses: list[dict[str, Any]] = []  # what the app sent to response_urls
@@ -243,6 +248,9 @@ class FakeSlack(_Server):
             self._keep(method, args, result)
         self.calls.append(Call(method, args, result))
         self._changed.set()
+        held = self.hold.get(method)
+        if held is not None:
+            await held.wait()
         return web.json_response(result)
 
     def _answer(self, method: str, args: dict[str, Any]) -> dict[str, Any]:

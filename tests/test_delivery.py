@@ -20,7 +20,7 @@ from core.models import Delivery
 from core.records import StoredMessage
 from core.store import SessionStore
 from core.turn import run_turn
-from tests.fake_slack import FakeSlack, GatedModel, SlackClient
+from tests.fake_slack import BOT_ID, BOT_USER, FakeSlack, GatedModel, SlackClient
 from tests.helpers import read_json_line, start_worker, stop_workers
 from tests.slack_harness import ServeProcess
 
@@ -302,3 +302,40 @@ async def test_follow_up__waits_for_its_threads_first_message_taken_over_from_a_
     found = await texts(store, root)
     assert [found[0], found[2]] == ["first", "follow-up"]
     assert [m.role for m in await transcript(store, root)] == ["user", "assistant"] * 2
+
+
+async def test_sigkill_before_the_reply_is_recorded__the_stream_slack_started_is_stopped(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    """Slack started the reply's stream, the replica died before it heard the answer (so the
+    record names no reply): the replica that takes over finds the stream in the thread and
+    stops it, then answers in a reply of its own."""
+    slack.hold["chat.startStream"] = asyncio.Event()
+    async with GatedModel(early="the dead turn began ") as model:
+        a = ServeProcess(database_url, slack, **model_env(model, **LOCK))
+        b = ServeProcess(database_url, slack, **model_env(model, **LOCK))
+        try:
+            await a.ready()
+            async with SlackClient(a.url) as to_a:
+                root = await to_a.message("answer me", mention=True)
+            started = await slack.wait_for(lambda: slack.named("chat.startStream"))
+            orphan = str(started[0].result["ts"])
+            slack.threads[root] = [
+                {"ts": root, "user": "U1", "text": "answer me"},
+                {"ts": orphan, "user": BOT_USER, "bot_id": BOT_ID, "text": "the dead turn"},
+            ]
+            a.kill()
+            await a.wait()
+            slack.hold.pop("chat.startStream").set()
+            model.gate.set()
+            await b.ready()
+            await slack.wait_for(
+                lambda: [c for c in slack.named("chat.stopStream") if c.args.get("ts") != orphan],
+                within=60,
+            )
+        finally:
+            await asyncio.gather(a.astop(), b.astop())
+    stops = [c.args.get("ts") for c in slack.named("chat.stopStream")]
+    assert orphan in stops  # the stream nobody recorded is closed
+    assert [m.role for m in await transcript(store, root)] == ["user", "assistant"]
+    assert {r.state for r in await records(store)} == {"done"}

@@ -5,7 +5,10 @@ answering 429s and 500s, the model timing out and cutting streams), then every p
 
 from __future__ import annotations
 
+from collections import Counter
+
 from bench.soak import SoakConfig, run_soak
+from bot.standin import FaultSchedule
 
 
 async def test_soak__every_promise_holds_under_load_and_faults(database_url: str) -> None:
@@ -26,3 +29,15 @@ async def test_soak__every_promise_holds_under_load_and_faults(database_url: str
     if database_url.startswith("postgresql"):
         assert any("database unreachable" in f for f in faults)
     assert report.exit_statuses == [0, 0, 0]  # SIGTERM at the end, every replica exits cleanly
+
+
+def test_fault_schedule__every_kind_at_its_share_whatever_the_run_length() -> None:
+    schedule = FaultSchedule(rate_limited=0.05, server_error=0.01, never=0.0)
+    met = Counter(schedule.next() for _ in range(200))
+    assert met["rate_limited"] == 10
+    assert met["server_error"] == 2
+    assert "never" not in met
+    assert met[None] == 188
+    # A rare fault comes within its first period, not at the end of a run.
+    first = FaultSchedule(cut=0.01)
+    assert "cut" in [first.next() for _ in range(60)]
