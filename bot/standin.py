@@ -71,6 +71,11 @@ class Posted:
     streaming: bool = False  # a stream that was started and not (yet) stopped
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # task cards, by id
 
+    def as_slack(self) -> dict[str, Any]:
+        """The message as ``conversations.replies`` lists it."""
+        who = {"bot_id": "B0AGENT", "user": BOT_USER} if self.author == "agent" else {}
+        return {"ts": self.ts, "text": self.text, "user": self.author, **who}
+
 
 def _shown_text(args: dict[str, Any]) -> str:
     """What a message's arguments show: Markdown as written, mrkdwn with its entities
@@ -93,11 +98,6 @@ def _track_tasks(posted: Posted, args: dict[str, Any]) -> None:
     for chunk in args.get("chunks") or []:
         if chunk.get("type") == "task_update":
             posted.tasks[str(chunk["id"])] = {**posted.tasks.get(str(chunk["id"]), {}), **chunk}
-
-    def as_slack(self) -> dict[str, Any]:
-        """The message as ``conversations.replies`` lists it."""
-        who = {"bot_id": "B0AGENT", "user": BOT_USER} if self.author == "agent" else {}
-        return {"ts": self.ts, "text": self.text, "user": self.author, **who}
 
 
 class SlackStandIn:
