@@ -126,21 +126,22 @@ def build_app(
         mentioned = event.get("type") == "app_mention" or (
             context.bot_user_id is not None and f"<@{context.bot_user_id}>" in raw
         )
-        if is_dm:
-            surface = "assistant" if event.get("assistant_thread") or thread_ts else "dm"
-        else:
+        surface = "assistant" if event.get("assistant_thread") or thread_ts else "dm"
+        stray = False
+        if not is_dm:
             surface = "channel"
-            if not mentioned and (
-                thread_ts is None
-                or not await worker.known_thread(thread_key(team, channel, thread_ts))
-            ):
-                return
+            if not mentioned:
+                if thread_ts is None:
+                    return
+                # A thread the agent is not in, or one whose first message has not reached
+                # any replica yet: kept a while in case it is the latter (``bot.delivery``).
+                stray = not await worker.known_thread(thread_key(team, channel, thread_ts))
         body_text = _for_the_agent(raw, context.bot_user_id)
         files = shared_files(event)
         if not body_text and not files:
             return
         post = Post(team, channel, thread_ts or ts, ts, user, surface)
-        await worker.receive(post, body_text, client, files=files)
+        await worker.receive(post, body_text, client, files=files, stray=stray)
 
     app.event("message")(on_message)
     app.event("app_mention")(on_message)

@@ -332,8 +332,9 @@ class Conversations:
     async def _stop_unknown_streams(self, client: AsyncWebClient, post: Post) -> None:
         """A replica killed between Slack starting its reply's stream and the database
         recording where (``reply_ref``) left a stream open that no record names. The agent's
-        messages in the thread after the person's are stopped: only the dead turn's can still
-        be streaming (this try holds the delivery), and Slack refuses the others harmlessly."""
+        messages in the thread after the person's are stopped, saying they were cut short:
+        only the dead turn's can still be streaming (this try holds the delivery), and Slack
+        refuses the others harmlessly."""
         try:
             response = await client.conversations_replies(
                 channel=post.channel, ts=post.thread_ts, oldest=post.ts, limit=UNKNOWN_STREAMS
@@ -345,7 +346,9 @@ class Conversations:
             ts = message.get("ts") if isinstance(message, dict) else None
             if isinstance(ts, str) and ts > post.ts and message.get("bot_id"):
                 with contextlib.suppress(*SLACK_FAILURES):
-                    await client.chat_stopStream(channel=post.channel, ts=ts)
+                    await client.chat_stopStream(
+                        channel=post.channel, ts=ts, markdown_text="\n" + text.cut_short()
+                    )
 
     async def _close_reply(
         self, client: AsyncWebClient, post: Post, ts: str, body: str, *, replace: bool = False

@@ -113,9 +113,14 @@ class DeliveryWorker:
         client: AsyncWebClient,
         *,
         files: Sequence[SharedFile] = (),
+        stray: bool = False,
     ) -> None:
         """Record a message for the agent; called before the acknowledgement (a failure here
-        fails the request, so Slack sends the message again)."""
+        fails the request, so Slack sends the message again).
+
+        ``stray``: a message of a thread nobody knows yet, maybe a follow-up that overtook its
+        thread's first message; recorded as a stray, adopted when that message is carried on.
+        """
         self.start()
         record = await self.deliveries.record(
             event_key=post.ref,
@@ -125,11 +130,22 @@ class DeliveryWorker:
             text=body,
             context={**post.context(), "files": [f.as_dict() for f in files]},
             owned=not self.closing,
+            stray=stray,
         )
         if record is None:
             log.debug("message %s already recorded", post.ref)
+        elif stray:
+            # The thread's first message may have been recorded while this one was checked;
+            # its carrier adopts the strays it sees, this looks once more for the rest.
+            if not self.closing and await self.known_thread(post.thread):
+                await self._adopt(post.thread, client)
         elif not self.closing:
             self._carry_on(record, client, resumed=False)
+
+    async def _adopt(self, thread: str, client: AsyncWebClient) -> None:
+        for adopted in await self.deliveries.adopt_strays(thread):
+            log.info("message %s: its thread is known now; answering it", adopted.event_key)
+            self._carry_on(adopted, client, resumed=False)
 
     def _carry_on(self, record: DeliveryRecord, client: AsyncWebClient, *, resumed: bool) -> None:
         task = asyncio.create_task(self._guarded(record, client, resumed))
@@ -147,6 +163,7 @@ class DeliveryWorker:
         with contextlib.suppress(TimeoutError):  # bounded: a steady stream never starves it
             await asyncio.wait_for(self._quiet.wait(), ACKS_FIRST_SECONDS)
         current: DeliveryRecord | None = record
+        failure: BaseException | None = None
         for pause in (*DATABASE_RETRIES, None):
             if current is None:
                 return
@@ -156,6 +173,7 @@ class DeliveryWorker:
             except asyncio.CancelledError:
                 raise
             except DatabaseError as exc:
+                failure = exc
                 if pause is None:
                     break
                 # A database blip (a restart, a failover): the record stays ours and leased;
@@ -165,15 +183,21 @@ class DeliveryWorker:
                 resumed = True
                 with contextlib.suppress(DatabaseError):
                     current = await self._reload(current)
-            except Exception:
+            except Exception as exc:
+                failure = exc
                 break
         # The record stays active and ours; its lease is no longer renewed, so after the
         # staleness window a replica (maybe this one) takes it over and tries again.
-        log.exception("message %s: failed; it will be taken over and retried", record.event_key)
+        log.error(
+            "message %s: failed; it will be taken over and retried",
+            record.event_key,
+            exc_info=failure,
+        )
 
     # -- one record, from received to finished --------------------------------------------------
 
     async def _carry(self, record: DeliveryRecord, client: AsyncWebClient, resumed: bool) -> None:
+        await self._adopt(record.thread_key, client)
         current: DeliveryRecord | None = record
         while current is not None and not self.closing:
             blocker = await self.deliveries.blocker(current)

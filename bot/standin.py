@@ -126,6 +126,7 @@ class SlackStandIn:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_post("/api/{method}", self._handle)
+        app.router.add_get("/api/{method}", self._handle)  # slack_sdk reads some with GET
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -141,8 +142,10 @@ class SlackStandIn:
 
     async def _handle(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
-        if request.content_type == "application/json":
-            args: dict[str, Any] = dict(await request.json())
+        if request.method == "GET":
+            args: dict[str, Any] = dict(request.query)
+        elif request.content_type == "application/json":
+            args = dict(await request.json())
         else:
             args = {k: str(v) for k, v in (await request.post()).items()}
         for key in ("blocks", "view", "chunks"):

@@ -56,7 +56,9 @@ class ObservedWebClient(AsyncWebClient):
         try:
             return await super().api_call(api_method, **kwargs)
         except SlackApiError as exc:
-            error = exc.response.get("error") if exc.response is not None else None
+            # An answer that was not JSON (a proxy's error page) leaves ``data`` a string.
+            data = exc.response.data if exc.response is not None else None
+            error = data.get("error") if isinstance(data, dict) else None
             metrics.SLACK_API_ERRORS.labels(api_method, str(error or "unknown")).inc()
             raise
         except Exception as exc:

@@ -27,6 +27,13 @@ What the statements guarantee:
   over changes nothing (the turn lock's fencing protects the transcript the same way).
 - ``claim``: a passive record goes to exactly one click.
 
+A message in a thread the surface does not know yet (no record, no session) may be a follow-up
+that overtook its thread's first message: Slack delivers events concurrently, and retries a
+failed one a minute later. It is recorded as a *stray* (finished, nobody's, kept at most
+``STRAY_SECONDS``) and *adopted* (``adopt_strays``: recorded again as received, after the
+first message) when a record of its thread is carried on; the stray's own receiver looks again
+after writing it, so one of the two always sees the other.
+
 A thread's records form its *line*: a record is answered only when no earlier record of the
 thread still waits to be answered (``blocker``), so a thread's messages are answered in the
 order they arrived, whichever replicas received them and whichever died in between.
@@ -47,9 +54,10 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    delete,
     exists,
     func,
-    literal,
+    insert,
     null,
     or_,
     select,
@@ -66,13 +74,16 @@ D: Final = DELIVERIES.c
 
 ACTIVE: Final = ("received", "started", "waiting")
 PASSIVE: Final = ("offered", "stale")
-FINISHED: Final = ("done", "discarded", "expired", "failed", "ignored")
+FINISHED: Final = ("done", "discarded", "expired", "failed", "ignored", "stray")
 # Why a record waits. ``thread``: behind an earlier message of its thread; ``queue``: on a busy
 # session, to be sent in order when it frees; ``ask``: on a busy session, to be offered.
 IN_LINE: Final = ("thread", "queue")
 # A record taken over this many times has probably killed every replica that tried it.
 MAX_TAKEOVERS: Final = 3
 FINISHED_TTL_SECONDS: Final = 86400.0
+# How long a stray waits for its thread's first message: beyond Slack's last retry (about five
+# minutes after the first try), and no longer, as it may be chatter the agent was never in.
+STRAY_SECONDS: Final = 600.0
 
 
 @dataclass(frozen=True)
@@ -136,7 +147,7 @@ def _received(values: dict[str, Any], record_id: int, created_at: datetime) -> D
         message_id=values["message_id"],
         text=values["text"],
         context=values["context"],
-        state="received",
+        state=values["state"],
         wait_reason=None,
         owner=values["owner"],
         takeovers=0,
@@ -172,7 +183,7 @@ class _GroupCommit:
             values: dict[str, Any] = {c: bindparam(c, type_=D[c].type) for c in columns}
             values.update(
                 context=bindparam("context", type_=D.context.type),
-                state=literal("received"),
+                state=bindparam("state", type_=D.state.type),
                 owner=bindparam("owner", type_=D.owner.type),
                 lease_at=case((bindparam("owned", type_=Boolean()), db_now()), else_=null()),
             )
@@ -238,12 +249,15 @@ class Deliveries:
         text: str,
         context: dict[str, Any],
         owned: bool = True,
+        stray: bool = False,
     ) -> DeliveryRecord | None:
         """Record a received message; None if it was recorded before (a retry, a duplicate).
 
         ``owned=False`` records it for another replica to take at once (a stopping process
         that still got a message must not drop it, and must not start it either).
+        ``stray``: a message of a thread not known yet, kept for ``adopt_strays``.
         """
+        owned = owned and not stray
         return await self._intake.add(
             {
                 "surface": self.surface,
@@ -255,8 +269,60 @@ class Deliveries:
                 "context": context,
                 "owner": self.owner if owned else None,
                 "owned": owned,
+                "state": "stray" if stray else "received",
             }
         )
+
+    async def adopt_strays(self, thread_key: str) -> list[DeliveryRecord]:
+        """The strays of a thread that is known now, recorded again as received records of
+        this process (after every record already in the thread's line, so they are answered
+        after its first message), oldest first. Each stray is adopted by one caller.
+
+        Only strays posted after the thread's first recorded message: what people wrote in a
+        thread before they called the agent into it is context (``bot.context``), not a
+        message to answer. (Slack ``ts`` values of one channel order as strings.)"""
+        first = (
+            select(func.min(D.event_key))
+            .where(
+                D.surface == self.surface,
+                D.thread_key == thread_key,
+                D.state.not_in(("ignored", "stray")),
+            )
+            .scalar_subquery()
+        )
+        strays = and_(
+            D.surface == self.surface,
+            D.thread_key == thread_key,
+            D.state == "stray",
+            D.created_at >= ago(STRAY_SECONDS),
+            or_(first.is_(None), D.event_key > first),
+        )
+        async with self.db.read() as conn:
+            if not await conn.scalar(select(exists().where(strays))):
+                return []  # the usual case, answered without a write
+        adopted: list[DeliveryRecord] = []
+        async with self.db.write() as conn:
+            rows = list(await conn.execute(delete(DELIVERIES).where(strays).returning(*D)))
+            for row in sorted(rows, key=lambda r: r.id):
+                again = await conn.execute(
+                    insert(DELIVERIES)
+                    .values(
+                        surface=row.surface,
+                        event_key=row.event_key,
+                        thread_key=row.thread_key,
+                        author=row.author,
+                        message_id=row.message_id,
+                        text=row.text,
+                        context=row.context,
+                        state="received",
+                        owner=self.owner,
+                        lease_at=db_now(),
+                        created_at=row.created_at,
+                    )
+                    .returning(*D)
+                )
+                adopted.append(_record(again.one()))
+        return adopted
 
     async def get(self, record_id: int) -> DeliveryRecord | None:
         async with self.db.read() as conn:
@@ -271,7 +337,7 @@ class Deliveries:
                     exists().where(
                         D.surface == self.surface,
                         D.thread_key == thread_key,
-                        D.state != "ignored",
+                        D.state.not_in(("ignored", "stray")),
                     )
                 )
             )
@@ -543,8 +609,11 @@ class Deliveries:
 
 async def sweep_finished_deliveries(db: Database, batch_size: int) -> int:
     """Sweeper pass: finished records older than a day (Slack retries within minutes, and a
-    finished record only answers "already taken" to a late retry)."""
-    finished = and_(D.state.in_(FINISHED), D.updated_at < ago(FINISHED_TTL_SECONDS))
+    finished record only answers "already taken" to a late retry), strays nobody adopted."""
+    finished = or_(
+        and_(D.state.in_(FINISHED), D.updated_at < ago(FINISHED_TTL_SECONDS)),
+        and_(D.state == "stray", D.created_at < ago(STRAY_SECONDS)),
+    )
     return await delete_in_batches(
         db,
         DELIVERIES,

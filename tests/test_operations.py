@@ -274,3 +274,36 @@ async def test_message_that_cannot_be_recorded__is_not_acknowledged_so_slack_sen
         assert await client.event(event, retry=1) == 200
         await slack.wait_for(lambda: slack.named("chat.stopStream"))
     assert [m.role for m in await transcript(store, ts)] == ["user", "assistant"]
+
+
+async def test_slack_answering_a_page_not_json__is_a_slack_error_the_callers_handle() -> None:
+    """A proxy in front of Slack answering a plain-text error page must end in the
+    ``SlackApiError`` every caller handles, counted on /metrics, not in an AttributeError
+    from reading an ``error`` field out of a string."""
+    from aiohttp import web
+    from slack_sdk.errors import SlackApiError
+
+    from bot.web import web_client
+    from core.settings import Settings
+
+    async def not_json(_: web.Request) -> web.Response:
+        return web.Response(status=405, text="405: Method Not Allowed")
+
+    app = web.Application()
+    app.router.add_route("*", "/api/{method}", not_json)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        settings = Settings(
+            _env_file=None,  # type: ignore[call-arg]
+            SLACK_BOT_TOKEN="xoxb-test",
+            SLACK_SIGNING_SECRET="s",
+            SLACK_API_URL=f"http://127.0.0.1:{port}/api/",
+        )
+        with pytest.raises(SlackApiError):
+            await web_client(settings, "xoxb-test").conversations_replies(channel="C1", ts="1.0")
+    finally:
+        await runner.cleanup()

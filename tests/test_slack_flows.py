@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from sqlalchemy import select
+
 from bot import messages as text
+from core.deliveries import DELIVERIES
 from core.messages import assistant_message, message_text, user_message
 from core.records import Actor, StoredMessage, TurnLease
 from core.store import ANY_TAIL, SessionStore
@@ -422,3 +425,50 @@ async def test_busy_ask__an_offer_slack_refused_is_offered_again_and_still_sends
         await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
     assert slack.responses[-1]["text"] == text.draft_sending()
     assert "second" in [message_text(m.message) for m in await transcript(store, root)]
+
+
+async def delivery_states(store: SessionStore) -> dict[str, str]:
+    async with store.db.read() as conn:
+        rows = await conn.execute(select(DELIVERIES.c.event_key, DELIVERIES.c.state))
+        return {key.rsplit("/", 1)[-1]: state for key, state in rows}
+
+
+async def test_follow_up_arriving_before_its_threads_first_message__is_answered_after_it(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    """Slack delivers events concurrently and retries a failed one a minute later, so a
+    follow-up can reach the app before the mention that started its thread. It was
+    acknowledged: it must be answered, after the mention."""
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root, follow_up = client.new_ts(), client.new_ts()
+        await client.message("and one more thing", ts=follow_up, thread_ts=root)
+        assert await delivery_states(store) == {follow_up: "stray"}
+        assert not slack.named("chat.startStream", "chat.postMessage")
+        await client.message("first question", ts=root, mention=True, kind="app_mention")
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    found = await transcript(store, root)
+    assert [m.role for m in found] == ["user", "assistant"] * 2
+    assert [message_text(found[0].message), message_text(found[2].message)] == [
+        "first question",
+        "and one more thing",
+    ]
+    assert await delivery_states(store) == {root: "done", follow_up: "done"}
+
+
+async def test_chatter_before_the_agent_is_called_into_a_thread__is_context_not_answered(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root = await client.message("a thread without the agent")
+        chatter = await client.message("people talking", thread_ts=root, user="U2")
+        call = await client.message("now you", thread_ts=root, mention=True, kind="app_mention")
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        later = await client.message("and a follow-up", thread_ts=root)
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    found = await transcript(store, root)
+    assert [message_text(m.message) for m in found if m.role == "user"] == [
+        "now you",
+        "and a follow-up",
+    ]
+    states = await delivery_states(store)
+    assert states == {chatter: "stray", call: "done", later: "done"}

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import pytest
 from sqlalchemy import select, update
 
 from core.db import Database, ago
+from core.deliveries import (
+    DELIVERIES,
+    FINISHED_TTL_SECONDS,
+    STRAY_SECONDS,
+    D,
+    Deliveries,
+    sweep_finished_deliveries,
+)
 from core.messages import user_message
 from core.models import (
     AgentSession,
@@ -227,3 +236,42 @@ async def test_retention__runtime_values_override_environment(db: Database) -> N
     with pytest.raises(ValueError, match="max per user"):
         await set_policy(db, defaults, max_per_user=-1)
     assert await load_policy(db, defaults) == RetentionPolicy(0, 5)
+
+
+async def test_deliveries_pass__finished_after_a_day_strays_after_ten_minutes_active_never(
+    db: Database,
+) -> None:
+    deliveries = Deliveries(db, "slack")
+
+    async def add(key: str, **values: Any) -> None:
+        stray = values.pop("stray", False)
+        record = await deliveries.record(
+            event_key=f"T1/C1/{key}",
+            thread_key="T1/C1/1.0",
+            author="U1",
+            message_id=str(uuid.uuid4()),
+            text=key,
+            context={},
+            stray=stray,
+        )
+        assert record is not None
+        if not values:
+            return
+        async with db.write() as conn:
+            await conn.execute(update(DELIVERIES).where(D.id == record.id).values(**values))
+
+    await add("2.0", state="done")
+    await add("3.0", state="done", updated_at=ago(FINISHED_TTL_SECONDS + 60))
+    await add("4.0", stray=True)
+    await add("5.0", stray=True, created_at=ago(STRAY_SECONDS + 60))
+    await add("6.0", state="received", updated_at=ago(10 * FINISHED_TTL_SECONDS))
+    assert await sweep_finished_deliveries(db, batch_size=1) == 2
+    async with db.read() as conn:
+        left = set((await conn.execute(select(D.event_key))).scalars())
+    assert left == {"T1/C1/2.0", "T1/C1/4.0", "T1/C1/6.0"}
+    # A stray past its window is not adopted either (it may be read before the sweep).
+    await add("7.0", stray=True, created_at=ago(STRAY_SECONDS + 60))
+    adopted = await deliveries.adopt_strays("T1/C1/1.0")
+    assert [r.event_key for r in adopted] == ["T1/C1/4.0"]
+    assert adopted[0].state == "received"
+    assert adopted[0].owner == deliveries.owner
