@@ -24,12 +24,20 @@ from typing import Any, Protocol
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import context
+from bot import context, render
 from bot import messages as text
 from bot.context import Prepared
 from bot.files import SharedFile
 from bot.reply import SLACK_FAILURES, ReplyStream
-from core.agent import Agent, AgentEvent, Notice, TextChunk, ToolStarted, TurnStarted
+from core.agent import (
+    Agent,
+    AgentEvent,
+    Notice,
+    TextChunk,
+    ToolFinished,
+    ToolStarted,
+    TurnStarted,
+)
 from core.deliveries import DeliveryRecord
 from core.errors import (
     AgentSessionBusy,
@@ -346,29 +354,34 @@ class Conversations:
         self, client: AsyncWebClient, post: Post, ts: str, body: str, *, replace: bool = False
     ) -> None:
         """Stop a stream a dead replica left open, ending with ``body`` (or showing only
-        ``body`` with ``replace``); a reply that cannot be edited any more gets a new message."""
+        ``body`` with ``replace``); a reply that cannot be edited any more gets a new message,
+        and so does a ``body`` longer than one edit carries."""
+        md = render.neutralise(body)
         try:
-            if replace:
-                with contextlib.suppress(*SLACK_FAILURES):
-                    await client.chat_stopStream(channel=post.channel, ts=ts)
-                await client.chat_update(channel=post.channel, ts=ts, text=body)
-            else:
-                await client.chat_stopStream(channel=post.channel, ts=ts, markdown_text=body)
+            if not replace:
+                await client.chat_stopStream(channel=post.channel, ts=ts, markdown_text=md)
+                return
+            with contextlib.suppress(*SLACK_FAILURES):
+                await client.chat_stopStream(channel=post.channel, ts=ts)
+            if len(md) <= render.APPEND_LIMIT:
+                await client.chat_update(channel=post.channel, ts=ts, markdown_text=md)
+                return
         except SLACK_FAILURES:
-            await client.chat_postMessage(channel=post.channel, thread_ts=post.thread_ts, text=body)
+            pass
+        stream = ReplyStream(
+            client, channel=post.channel, thread_ts=post.thread_ts, team=post.team, user=post.user
+        )
+        await stream.finish(body)
 
     async def _post_reply(
         self, client: AsyncWebClient, post: Post, session_id: int, message_id: str, body: str
     ) -> None:
-        response = await client.chat_postMessage(
-            channel=post.channel, thread_ts=post.thread_ts, text=body
+        """An answer the thread never showed, whole, with its feedback buttons."""
+        stream = ReplyStream(
+            client, channel=post.channel, thread_ts=post.thread_ts, team=post.team, user=post.user
         )
-        await self.state.add_ref(
-            thread_key(post.team, post.channel, str(response["ts"])),
-            session_id,
-            message_id,
-            "reply",
-        )
+        await stream.finish(body, blocks=text.feedback_blocks(message_id))
+        await self._add_reply_refs(post, session_id, message_id, stream.parts)
 
     async def _turn(
         self,
@@ -403,7 +416,12 @@ class Conversations:
             elif isinstance(event, TextChunk):
                 await stream.append(event.text)
             elif isinstance(event, ToolStarted):
-                await stream.append(text.tool_started(event.command))
+                await stream.task_started(event.command)
+            elif isinstance(event, ToolFinished):
+                result = event.result
+                await stream.task_finished(
+                    event.command, result.exit_code, result.stdout, result.stderr
+                )
             elif isinstance(event, Notice):
                 await stream.append(text.notice(event.text) + "\n")
 
@@ -471,15 +489,21 @@ class Conversations:
         final = stream.text or result.text
         if result.error is not None:
             final += "\n" + text.turn_failed(result.error.code)
-        ts = await self._close(client, post, stream, final)
-        if result.answer is not None and ts is not None:
-            await self.state.add_ref(
-                thread_key(post.team, post.channel, ts),
-                session.id,
-                result.answer.message_id,
-                "reply",
-            )
+        answer = result.answer
+        buttons = text.feedback_blocks(answer.message_id) if answer is not None else None
+        await self._close(client, post, stream, final, blocks=buttons)
+        if answer is not None:
+            await self._add_reply_refs(post, session.id, answer.message_id, stream.parts)
         return Outcome.ANSWERED
+
+    async def _add_reply_refs(
+        self, post: Post, session_id: int, message_id: str, parts: list[str]
+    ) -> None:
+        """Every message of a reply (a long one has several) stands for its answer."""
+        for ts in parts:
+            await self.state.add_ref(
+                thread_key(post.team, post.channel, ts), session_id, message_id, "reply"
+            )
 
     async def _unseen(self, session_id: int, shown: str | None) -> tuple[list[StoredMessage], bool]:
         """The messages after the one the thread last showed, read from there on (not the
@@ -525,10 +549,17 @@ class Conversations:
         )
 
     async def _close(
-        self, client: AsyncWebClient, post: Post, stream: ReplyStream, final: str
+        self,
+        client: AsyncWebClient,
+        post: Post,
+        stream: ReplyStream,
+        final: str,
+        *,
+        blocks: list[dict[str, Any]] | None = None,
     ) -> str | None:
-        """Finish the reply, and take Slack's agent session out of "processing" with it."""
-        ts = await stream.finish(final, session_status="active")
+        """Finish the reply (with the feedback buttons, ``blocks``, when it is an answer), and
+        take Slack's agent session out of "processing" with it."""
+        ts = await stream.finish(final, session_status="active", blocks=blocks)
         if not stream.status_sent:
             await self._session_status(client, post, "active")
         return ts

@@ -29,12 +29,12 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from slack_bolt.context.respond.async_respond import AsyncRespond
-from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import messages as text
 from bot.conversations import SHUTDOWN, Conversations, Outcome, Post
 from bot.files import SharedFile
+from bot.reply import SLACK_FAILURES
 from core import metrics
 from core.deliveries import ACTIVE, MAX_TAKEOVERS, Deliveries, DeliveryRecord
 from core.errors import AgentSessionNotFound, DatabaseError
@@ -150,7 +150,14 @@ class DeliveryWorker:
     def _carry_on(self, record: DeliveryRecord, client: AsyncWebClient, *, resumed: bool) -> None:
         task = asyncio.create_task(self._guarded(record, client, resumed))
         self._tasks[record.id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(record.id, None))
+
+        def forget(done: asyncio.Task[None]) -> None:
+            # A click may start a record's next task while the one that offered it is still
+            # finishing: only the task a record is tracked under is forgotten.
+            if self._tasks.get(record.id) is done:
+                del self._tasks[record.id]
+
+        task.add_done_callback(forget)
 
     async def _guarded(self, record: DeliveryRecord, client: AsyncWebClient, resumed: bool) -> None:
         with contextlib.suppress(TimeoutError):  # bounded: a steady stream never starves it
@@ -213,10 +220,7 @@ class DeliveryWorker:
                         current, client, resumed=resumed, progress=_Progress(self, current)
                     )
                     if outcome is Outcome.STALE:
-                        # Offered before the record leaves the line: an offer Slack refused
-                        # leaves it ours and active, so it is taken over and tried again.
-                        await self.conv.offer(client, current, stale=True)
-                        await self._finish(current, "stale")
+                        await self._offer(current, client, stale=True)
                         return
                     if outcome is Outcome.ANSWERED:
                         await self._finish(current, "done")
@@ -345,16 +349,30 @@ class DeliveryWorker:
                 elif waiter.record.id in free and waiter.record.id not in held:
                     waiter.event.set()
 
-    async def _offer(self, record: DeliveryRecord, client: AsyncWebClient) -> None:
-        """ask mode, session free: offer Send/Discard. The offer is posted before the record
-        leaves ``waiting``, so an offer Slack refused is simply tried again at the next poll."""
+    async def _offer(
+        self, record: DeliveryRecord, client: AsyncWebClient, *, stale: bool = False
+    ) -> None:
+        """Offer Send/Discard (ask mode on a free session, or **Send anyway** after a stale
+        refusal). The record becomes passive (``offered`` / ``stale``) *before* the offer is
+        posted, so a click, however quick, finds it claimable. An offer Slack refused takes the
+        record back (no click can have come: nobody saw it) and leaves it ours and active
+        without a lease renewal, so a take-over offers it again."""
+        state = "stale" if stale else "offered"
+        moved = await self._finish(record, state) if stale else await self._mark_offered(record)
+        if moved is None:
+            return  # no longer ours (taken over, or discarded meanwhile)
         try:
-            await self.conv.offer(client, record, stale=False)
-        except SlackApiError as exc:
+            await self.conv.offer(client, moved, stale=stale)
+        except SLACK_FAILURES as exc:
             log.warning("offer for %s not posted (%s); will try again", record.event_key, exc)
-            return  # still waiting and ours: the lease lapses, a take-over tries again
-        await self.deliveries.move(record.id, ("waiting",), "offered")
+            back = await self.deliveries.claim(record.id, (state,))
+            if back is not None and not stale:
+                await self.deliveries.wait(back.id, ("received",), "ask")
+
+    async def _mark_offered(self, record: DeliveryRecord) -> DeliveryRecord | None:
+        moved = await self.deliveries.move(record.id, ("waiting",), "offered")
         self._wake_thread(record.thread_key)
+        return moved
 
     async def _session_busy(self, record: DeliveryRecord) -> bool:
         try:

@@ -198,6 +198,9 @@ def print_thread(standin: SlackStandIn, root: str, viewer: str, title: str) -> N
             print(f"  {' ' * len(who)}  {line}")
         if len(lines) > 12:
             print(f"  {' ' * len(who)}  …")
+        for task in p.tasks.values():
+            output = f": {task['output']}" if task.get("output") else ""
+            print(f"  {' ' * len(who)}  ⚙ {task['title']} ({task['status']}){output}")
         if p.buttons:
             print(f"  {' ' * len(who)}  [{'] ['.join(p.buttons)}]")
 

@@ -2,11 +2,18 @@
 
 Tone: short, plain, says what happened and what the reader can do next. Nothing else in ``bot``
 writes user-facing words; listeners call these functions.
+
+These texts are mrkdwn: whatever a person or the model wrote is quoted through ``_quote`` or
+``escape`` (``bot.render``), so it shows as written and never becomes a mention or a link.
+The exceptions go into a Markdown reply, which ``bot.reply`` neutralises: ``notice`` and the
+turn's own notes (``resumed``, ``stopped``, ``turn_failed``…).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from bot.render import escape
 
 # Action ids of the buttons (the listeners match on them).
 SEND_DRAFT = "draft_send"
@@ -161,8 +168,12 @@ def rewound(deleted: int, by_user: str) -> str:
     )
 
 
+REWOUND_SHOWN = 3_000  # characters of a rewound reply still shown under its marker
+
+
 def rewound_reply(original: str) -> str:
-    return f"~(rewound: no longer part of the conversation)~\n{original}"
+    shown = original if len(original) <= REWOUND_SHOWN else original[:REWOUND_SHOWN] + "…"
+    return f"~(rewound: no longer part of the conversation)~\n{escape(shown)}"
 
 
 def returned_draft(text: str) -> str:
@@ -188,8 +199,22 @@ def fork_done(permalink: str) -> str:
     return f"Forked. The new conversation is here: {permalink}"
 
 
-def compacted(checkpoint: str) -> str:
-    return f":compression: The conversation was compacted into a checkpoint:\n{checkpoint}"
+def compacted(sections: list[tuple[str, list[str]]]) -> str:
+    """A checkpoint as a person reads it: a heading per section that has something, its items
+    as bullets (never the XML the model reads)."""
+    lines = [":compression: The conversation was compacted into a checkpoint:"]
+    for name, items in sections:
+        if items:
+            lines.append(f"*{name.replace('_', ' ').capitalize()}*")
+            lines.extend(f"• {_quote(item, 1000)}" for item in items)
+    if len(lines) == 1:
+        lines.append("_(nothing to keep)_")
+    return "\n".join(lines)
+
+
+def compacted_text(body: str) -> str:
+    """A checkpoint that could not be read as sections: its text, as written."""
+    return f":compression: The conversation was compacted into a checkpoint:\n{escape(body)}"
 
 
 def already_compact() -> str:
@@ -342,8 +367,9 @@ def _button(label: str, action_id: str, value: str, style: str | None = None) ->
 
 
 def _quote(text: str, limit: int = 300) -> str:
+    """Someone else's words on one line, shortened to ``limit``, escaped for mrkdwn."""
     folded = " ".join(text.split())
-    return folded if len(folded) <= limit else folded[: limit - 1] + "…"
+    return escape(folded if len(folded) <= limit else folded[: limit - 1] + "…")
 
 
 def file_refused(name: str, reason: str, limit: int) -> str:

@@ -19,7 +19,7 @@ from bot import messages as text
 from bot import payload
 from bot.conversations import PROJECT, Conversations, Post, thread_key
 from core.agent import Agent
-from core.checkpoint import render_checkpoint
+from core.checkpoint import SECTIONS
 from core.compaction import parse_checkpoint
 from core.errors import (
     AgentSessionAlreadyCompact,
@@ -312,10 +312,14 @@ class SessionActions:
             await self._say(client, post, _compact_refusal(exc))
             return
         checkpoint = parse_checkpoint(stored)
-        rendered = render_checkpoint(checkpoint) if checkpoint else message_text(stored.message)
+        shown = (
+            text.compacted([(name, checkpoint.items(name)) for name in SECTIONS])
+            if checkpoint
+            else text.compacted_text(message_text(stored.message))
+        )
         await self.state.set_shown(session_id, stored.message_id)
         reply = await client.chat_postMessage(
-            channel=post.channel, thread_ts=post.thread_ts, text=text.compacted(rendered)
+            channel=post.channel, thread_ts=post.thread_ts, text=shown
         )
         await self.state.add_ref(
             thread_key(post.team, post.channel, str(reply["ts"])),

@@ -69,11 +69,35 @@ class Posted:
     buttons: list[str] = field(default_factory=list)
     values: list[str] = field(default_factory=list)
     streaming: bool = False  # a stream that was started and not (yet) stopped
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # task cards, by id
 
     def as_slack(self) -> dict[str, Any]:
         """The message as ``conversations.replies`` lists it."""
         who = {"bot_id": "B0AGENT", "user": BOT_USER} if self.author == "agent" else {}
         return {"ts": self.ts, "text": self.text, "user": self.author, **who}
+
+
+def _shown_text(args: dict[str, Any]) -> str:
+    """What a message's arguments show: Markdown as written, mrkdwn with its entities
+    decoded, ``markdown`` blocks, and the text of ``markdown_text`` chunks."""
+    markdown = [b for b in args.get("blocks") or [] if b.get("type") == "markdown"]
+    if markdown:
+        return "".join(str(b.get("text", "")) for b in markdown)
+    if args.get("markdown_text"):
+        text = str(args["markdown_text"])
+    else:
+        mrkdwn = str(args.get("text") or "")
+        text = mrkdwn.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    chunks = args.get("chunks") or []
+    return text + "".join(
+        str(c.get("text", "")) for c in chunks if c.get("type") == "markdown_text"
+    )
+
+
+def _track_tasks(posted: Posted, args: dict[str, Any]) -> None:
+    for chunk in args.get("chunks") or []:
+        if chunk.get("type") == "task_update":
+            posted.tasks[str(chunk["id"])] = {**posted.tasks.get(str(chunk["id"]), {}), **chunk}
 
 
 class SlackStandIn:
@@ -124,7 +148,7 @@ class SlackStandIn:
             args = dict(await request.json())
         else:
             args = {k: str(v) for k, v in (await request.post()).items()}
-        for key in ("blocks", "view"):
+        for key in ("blocks", "view", "chunks"):
             if isinstance(args.get(key), str):
                 args[key] = json.loads(args[key])
         fault = self._faults.next()
@@ -143,7 +167,7 @@ class SlackStandIn:
 
     def _answer(self, method: str, args: dict[str, Any]) -> dict[str, Any]:
         channel = str(args.get("channel") or args.get("channel_id") or "")
-        text = str(args.get("text") or args.get("markdown_text") or "")
+        text = _shown_text(args)
         if method == "auth.test":
             return {
                 "ok": True,
@@ -158,6 +182,7 @@ class SlackStandIn:
             ts = self.next_ts()
             posted = Posted(ts, channel, args.get("thread_ts"), text)
             posted.streaming = method == "chat.startStream"
+            _track_tasks(posted, args)
             if method == "chat.postEphemeral":
                 posted.visible_to = str(args.get("user"))
                 for block in args.get("blocks") or []:
@@ -178,6 +203,7 @@ class SlackStandIn:
                 return {"ok": False, "error": "message_not_in_streaming_state"}
             if found is not None:
                 found.text = text if method == "chat.update" else found.text + text
+                _track_tasks(found, args)
                 found.streaming = found.streaming and method != "chat.stopStream"
             return {"ok": True, "channel": channel, "ts": ts}
         if method == "views.open":

@@ -8,6 +8,13 @@
 open a gate, counting requests in flight, so tests can hold a turn open (busy) and check that a
 session never has two model calls at once.
 
+Slack's rules the stand-in keeps: one ``markdown_text`` holds at most 12,000 characters and a
+message at most 40,000 (``msg_too_long`` otherwise; a longer mrkdwn ``text`` is cut, as Slack
+does); a stopped stream answers ``message_not_in_streaming_state``. It keeps each message as a
+person would read it (``Shown``: mrkdwn entities decoded, Markdown as written, task cards,
+blocks) and every Slack control sequence that reached a field Slack would act on
+(``controls``).
+
 ``SlackClient``: sends correctly signed requests (v0 signature, ``X-Slack-Request-Timestamp``)
 to a running bot, the way Slack does.
 """
@@ -21,10 +28,11 @@ import hmac
 import io
 import itertools
 import json
+import re
 import time
 import urllib.parse
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -33,6 +41,11 @@ from aiohttp import web
 
 from tests.fake_openai import DONE, text_frames, tool_call_frames, usage_chunk
 from tests.providers_fixtures import sse_frame
+
+MARKDOWN_LIMIT = 12_000
+MESSAGE_LIMIT = 40_000
+# What Slack acts on in a message: mentions, channel links, special mentions, labelled links.
+CONTROL = re.compile(r"<(?:[!@#][^>\s]*|[A-Za-z][A-Za-z0-9+.\-]*:[^>|\s]*\|[^>]*)>")
 
 TEAM = "T1"
 BOT_USER = "UBOT"
@@ -50,6 +63,22 @@ class Call:
     @property
     def text(self) -> str:
         return str(self.args.get("text") or self.args.get("markdown_text") or "")
+
+
+@dataclass
+class Shown:
+    """One message of the app as a person reads it."""
+
+    ts: str
+    thread_ts: str | None
+    text: str = ""
+    streaming: bool = False
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # task cards by id
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _unescape(mrkdwn: str) -> str:
+    return mrkdwn.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
 
 
 class _Server:
@@ -111,6 +140,11 @@ class FakeSlack(_Server):
         # What conversations.replies answers, by thread ts.
         self.threads: dict[str, list[dict[str, Any]]] = {}
         self.responses: list[dict[str, Any]] = []  # what the app sent to response_urls
+        # Awaited with each call's method and arguments before it is answered (a test acting
+        # while the app waits on a call).
+        self.intercept: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
+        self.shown_messages: dict[str, Shown] = {}  # the app's messages, by ts
+        self.controls: list[str] = []  # control sequences that reached a field Slack acts on
         self.sockets: list[web.WebSocketResponse] = []
         self.socket_acks: list[dict[str, Any]] = []
         self._changed = asyncio.Event()
@@ -186,6 +220,8 @@ class FakeSlack(_Server):
         for key in ("blocks", "metadata", "view"):
             if isinstance(args.get(key), str):
                 args[key] = json.loads(args[key])
+        if self.intercept is not None:
+            await self.intercept(method, args)
         statuses = self.fail_next.get(method)
         if statuses:
             status = statuses.pop(0)
@@ -207,7 +243,9 @@ class FakeSlack(_Server):
             return web.json_response(
                 {"ok": False, "error": "ratelimited"}, status=429, headers={"Retry-After": "1"}
             )
-        result = self._answer(method, args)
+        result = self._limits(method, args) or self._answer(method, args)
+        if result.get("ok"):
+            self._keep(method, args, result)
         self.calls.append(Call(method, args, result))
         self._changed.set()
         held = self.hold.get(method)
@@ -261,6 +299,70 @@ class FakeSlack(_Server):
         if method == "conversations.replies":
             return {"ok": True, "messages": self.threads.get(str(args.get("ts")), [])}
         return {"ok": True}
+
+    def _limits(self, method: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        """Slack's length rules: an error to answer, or None."""
+        if not method.startswith("chat."):
+            return None
+        pieces = [str(args.get("markdown_text") or "")]
+        pieces += [
+            str(c.get("text") or "") for c in args.get("chunks") or [] if isinstance(c, dict)
+        ]
+        if any(len(p) > MARKDOWN_LIMIT for p in pieces):
+            return {"ok": False, "error": "msg_too_long"}
+        found = self.shown_messages.get(str(args.get("ts")))
+        growing = method in ("chat.appendStream", "chat.stopStream") and found is not None
+        if growing and found and len(found.text) + sum(map(len, pieces)) > MESSAGE_LIMIT:
+            return {"ok": False, "error": "msg_too_long"}
+        return None
+
+    def _keep(self, method: str, args: dict[str, Any], result: dict[str, Any]) -> None:
+        """What a person now sees, and any control sequence that reached them."""
+        for key in ("text", "markdown_text"):
+            if isinstance(args.get(key), str):
+                self.controls += CONTROL.findall(args[key])
+        for block in args.get("blocks") or []:
+            inner = block.get("text") if isinstance(block, dict) else None
+            if isinstance(inner, dict) and inner.get("type") == "mrkdwn":
+                self.controls += CONTROL.findall(str(inner.get("text", "")))
+            elif isinstance(inner, str):  # a markdown block
+                self.controls += CONTROL.findall(inner)
+        chunks = [c for c in args.get("chunks") or [] if isinstance(c, dict)]
+        for chunk in chunks:
+            for key in ("text", "title", "output"):
+                self.controls += CONTROL.findall(str(chunk.get(key) or ""))
+        if method in ("chat.postMessage", "chat.startStream"):
+            ts = str(result["ts"])
+            self.shown_messages[ts] = Shown(
+                ts, args.get("thread_ts"), streaming=method == "chat.startStream"
+            )
+        found = self.shown_messages.get(str(args.get("ts") or result.get("ts")))
+        if found is None:
+            return
+        added = str(args.get("markdown_text") or "")
+        if "text" in args and "markdown_text" not in args:
+            added = _unescape(str(args["text"]))[:MESSAGE_LIMIT]
+        added += "".join(
+            str(c.get("text") or "") for c in chunks if c.get("type") == "markdown_text"
+        )
+        if method == "chat.update":
+            found.text = added
+            markdown = [b for b in args.get("blocks") or [] if b.get("type") == "markdown"]
+            if markdown:
+                found.text = "".join(str(b["text"]) for b in markdown)
+        else:
+            found.text += added
+        for chunk in chunks:
+            if chunk.get("type") == "task_update":
+                found.tasks[str(chunk["id"])] = {**found.tasks.get(str(chunk["id"]), {}), **chunk}
+        if args.get("blocks"):
+            found.blocks = list(args["blocks"])
+        if method == "chat.stopStream":
+            found.streaming = False
+
+    def thread_messages(self, thread_ts: str) -> list[Shown]:
+        """The app's messages in a thread, oldest first, as a person reads them."""
+        return [m for m in self.shown_messages.values() if m.thread_ts == thread_ts]
 
     # -- what tests look at ---------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from core.deliveries import DELIVERIES
 from core.messages import assistant_message, message_text, user_message
 from core.records import Actor, StoredMessage, TurnLease
 from core.store import ANY_TAIL, SessionStore
-from tests.fake_slack import FakeSlack, GatedModel, SlackClient
+from tests.fake_slack import Call, FakeSlack, GatedModel, SlackClient
 from tests.slack_harness import running_bot
 
 
@@ -333,6 +333,98 @@ async def test_offers__are_replaced_once_clicked_so_they_cannot_be_clicked_twice
         await slack.wait_for(lambda: len(slack.responses) == 2)
     assert slack.responses[1]["text"] == text.draft_gone()
     assert [message_text(m.message) for m in await transcript(store, root)].count("second") == 1
+
+
+class OfferHeld:
+    """Holds the call that posts an offer until the test has clicked it: the quickest a person
+    could ever be."""
+
+    def __init__(self, slack: FakeSlack) -> None:
+        self.posting: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.clicked = asyncio.Event()
+        slack.intercept = self._intercept
+
+    async def _intercept(self, method: str, args: dict[str, Any]) -> None:
+        if method == "chat.postEphemeral" and args.get("blocks") and not self.posting.done():
+            self.posting.set_result(args)
+            await self.clicked.wait()
+
+    async def click(self, client: SlackClient, slack: FakeSlack) -> dict[str, Any]:
+        """Send, while the offer is still being posted; what its ``response_url`` got."""
+        args = await asyncio.wait_for(self.posting, 20)
+        try:
+            assert await client.button(text.SEND_DRAFT, draft_id(Call("", args, {}))) == 200
+            await slack.wait_for(lambda: slack.responses)
+        finally:
+            self.clicked.set()
+        return slack.responses[-1]
+
+
+async def test_busy_ask__a_click_before_the_offer_is_even_posted_sends(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with (
+        running_bot(database_url, slack) as bot,
+        SlackClient(bot.url, response_url=slack.response_url) as client,
+    ):
+        root, lease = await busy_elsewhere(client, slack, store)
+        held = OfferHeld(slack)
+        await store.finish(lease, [assistant_message("terminal answer")])
+        answer = await held.click(client, slack)
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    assert answer["text"] == text.draft_sending()
+    assert "second" in [message_text(m.message) for m in await transcript(store, root)]
+
+
+async def test_stale__a_click_before_the_offer_is_even_posted_sends(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with (
+        running_bot(database_url, slack) as bot,
+        SlackClient(bot.url, response_url=slack.response_url) as client,
+    ):
+        root = await client.message("from slack", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        session = await store.find_session("slack", f"T1/C1/{root}")
+        assert session is not None
+        tail = await store.tail(session.id)
+        assert tail is not None
+        lease = await store.start_turn(
+            session.id,
+            user_message=user_message("from the terminal"),
+            last_message_id=tail.message_id,
+        )
+        await store.finish(lease, [assistant_message("terminal answer")])
+        held = OfferHeld(slack)
+        await client.message("slack again", thread_ts=root)
+        answer = await held.click(client, slack)
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    assert answer["text"] == text.draft_sending()
+    assert "slack again" in [message_text(m.message) for m in await store.messages(session.id)]
+
+
+async def test_busy_ask__an_offer_slack_refused_is_offered_again_and_still_sends(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    fast = {"turn_lock_staleness_seconds": 1, "turn_heartbeat_seconds": 0.2}
+    async with (
+        running_bot(database_url, slack, **fast) as bot,
+        SlackClient(bot.url, response_url=slack.response_url) as client,
+    ):
+        root, lease = await busy_elsewhere(client, slack, store)
+        slack.errors["chat.postEphemeral"] = "channel_not_found"
+        await store.finish(lease, [assistant_message("terminal answer")])
+        await slack.wait_for(
+            lambda: [c for c in slack.named("chat.postEphemeral") if c.args.get("blocks")]
+        )
+        del slack.errors["chat.postEphemeral"]
+        # The record went back to waiting, ours: once its lease lapses it is taken over and
+        # offered again; the offer Slack refused never reached anyone.
+        offer = (await slack.wait_for(lambda: [c for c in with_blocks(slack) if c.result["ok"]]))[0]
+        assert await client.button(text.SEND_DRAFT, draft_id(offer)) == 200
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    assert slack.responses[-1]["text"] == text.draft_sending()
+    assert "second" in [message_text(m.message) for m in await transcript(store, root)]
 
 
 async def delivery_states(store: SessionStore) -> dict[str, str]:

@@ -131,9 +131,14 @@ async def test_compact__shortcut_posts_the_checkpoint_and_refuses_twice(
 ) -> None:
     root, users, _ = await conversation(client, slack, turns=2)
     await client.shortcut("compact_session", message_ts=users[0], thread_ts=root)
-    await slack.wait_for(
+    (shown,) = await slack.wait_for(
         lambda: [c for c in slack.named("chat.postMessage") if "compacted" in c.text]
     )
+    # Readable sections, not the XML the model reads.
+    assert "*Objectives*" in shown.text
+    assert "\n• " in shown.text
+    assert "<objectives>" not in shown.text
+    assert "<checkpoint>" not in shown.text
     session = await store.find_session("slack", f"T1/C1/{root}")
     assert session is not None
     tail = await store.tail(session.id)

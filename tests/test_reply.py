@@ -1,0 +1,115 @@
+"""``ReplyStream`` against the Slack stand-in: text that arrives in small pieces, as a model
+writes it, still reaches Slack whole, neutralised, and within Slack's limits."""
+
+from __future__ import annotations
+
+import pytest
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.render import ZWJ, open_fence
+from bot.reply import ReplyStream
+from tests.fake_slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, FakeSlack
+
+THREAD = "1700000000.000001"
+
+
+def stream(slack: FakeSlack) -> ReplyStream:
+    client = AsyncWebClient(token="xoxb-test", base_url=slack.api_url)
+    return ReplyStream(client, channel="C1", thread_ts=THREAD, team="T1", user="U1", interval=0)
+
+
+def read(slack: FakeSlack) -> str:
+    return "".join(m.text for m in slack.thread_messages(THREAD)).replace(ZWJ, "")
+
+
+def long_markdown() -> str:
+    blocks = []
+    for i in range(60):
+        blocks.append(f"Paragraph {i}: " + "words and <@U1> && more words " * 40)
+        if i % 7 == 3:
+            blocks.append("```sh\n" + "".join(f"echo line {j} > out\n" for j in range(200)) + "```")
+    return "\n\n".join(blocks) + "\n"
+
+
+@pytest.mark.parametrize("size", [61, 997, 7919])
+async def test_small_pieces__a_long_reply_arrives_whole_within_every_limit(size: int) -> None:
+    body = long_markdown()
+    assert len(body) > 2 * MESSAGE_LIMIT
+    async with FakeSlack() as slack:
+        reply = stream(slack)
+        for start in range(0, len(body), size):
+            await reply.append(body[start : start + size])
+        await reply.finish(blocks=[{"type": "divider"}])
+        shown = slack.thread_messages(THREAD)
+        assert read(slack) == body
+        assert len(shown) >= 3
+        assert all(len(m.text) <= MESSAGE_LIMIT for m in shown)
+        assert all(open_fence(m.text) is None for m in shown)
+        assert all(len(c.args.get("markdown_text") or "") <= MARKDOWN_LIMIT for c in slack.calls)
+        assert all(c.result["ok"] for c in slack.calls)
+        assert not slack.controls
+        assert reply.parts == [m.ts for m in shown]
+        assert shown[-1].blocks == [{"type": "divider"}]
+
+
+async def test_a_control_sequence_split_across_pieces_is_still_neutralised() -> None:
+    async with FakeSlack() as slack:
+        reply = stream(slack)
+        for piece in ("Tell everyone: <", "!chan", "nel> and <", "@U", "999> @ev", "eryone"):
+            await reply.append(piece)
+        await reply.finish()
+        assert read(slack) == "Tell everyone: <!channel> and <@U999> @everyone"
+        assert not slack.controls
+        assert ZWJ + "everyone" in "".join(m.text for m in slack.thread_messages(THREAD))
+
+
+async def test_a_stream_slack_ended_midway__the_rest_goes_on_in_a_new_message() -> None:
+    async with FakeSlack() as slack:
+        reply = stream(slack)
+        await reply.append("Before the end.\n\n")
+        slack.stopped_streams.add(str(reply.ts))
+        await reply.append("After it.\n\n")
+        await reply.finish(
+            "Before the end.\n\nAfter it.\n\nThe last words.", session_status="active"
+        )
+        first, second = slack.thread_messages(THREAD)
+        assert first.text == "Before the end.\n\n"
+        assert second.text == "After it.\n\nThe last words."
+        assert reply.status_sent
+
+
+async def test_without_streaming__messages_of_one_edit_each_and_buttons_in_blocks() -> None:
+    body = long_markdown()[:30_000]
+    async with FakeSlack(streaming=False) as slack:
+        reply = stream(slack)
+        for start in range(0, len(body), 4_000):
+            await reply.append(body[start : start + 4_000])
+        await reply.finish(blocks=[{"type": "divider"}])
+        shown = slack.thread_messages(THREAD)
+        assert read(slack) == body
+        assert all(len(m.text) <= MARKDOWN_LIMIT for m in shown)
+        assert shown[-1].blocks[-1] == {"type": "divider"}
+        assert not reply.status_sent
+
+
+async def test_task_cards__in_order_with_the_text_around_them() -> None:
+    async with FakeSlack() as slack:
+        reply = stream(slack)
+        await reply.append("Let me look.")
+        await reply.task_started("ls -la")
+        await reply.task_finished("ls -la", 0, "total 0\n", "")
+        await reply.task_started("sleep 100")
+        await reply.finish("Let me look. Done.")  # the turn was stopped mid-command
+        methods = [
+            (c.method, [ch.get("status") for ch in c.args.get("chunks") or []]) for c in slack.calls
+        ]
+        assert methods == [
+            ("chat.startStream", []),
+            ("chat.appendStream", ["in_progress"]),
+            ("chat.appendStream", ["complete"]),
+            ("chat.appendStream", ["in_progress"]),
+            ("chat.stopStream", ["error"]),
+        ]
+        (message,) = slack.thread_messages(THREAD)
+        assert message.text == "Let me look. Done."
+        assert message.tasks["task_1"]["output"] == "total 0"
