@@ -65,7 +65,9 @@ class TranscriptOperations:
         """Rewind (SPEC §7), owner or admin only.
 
         A user target is removed with everything after it and its text returned as a draft;
-        an assistant target stays and only what follows it goes. Snapshots of deleted messages
+        an assistant target stays and only what follows it goes, and so does a checkpoint
+        (``StoredMessage.returns_as_draft``: rewinding *at* a checkpoint returns to just after
+        that compaction; nothing comes back as a draft). Snapshots of deleted messages
         go with them (FK cascade), so the sandbox state becomes that of the new tail.
         """
         async with self.db.write() as conn:
@@ -78,7 +80,7 @@ class TranscriptOperations:
             )
             if taken.rowcount == 0:
                 raise AgentSessionBusy(f"session {session_id} has a turn in progress")
-            is_user = target.role == "user"
+            is_user = target.returns_as_draft
             cut = target.position if is_user else target.position + 1
             deleted = (
                 await conn.execute(
@@ -107,8 +109,9 @@ class TranscriptOperations:
     ) -> BranchResult:
         """Fork (SPEC §7): copy the prefix into a new session owned by ``user_id``.
 
-        Up to the target for an assistant message, up to just before it (returned as a draft)
-        for a user message. Every message gets a new id; snapshots of copied messages are copied
+        Up to the target for an assistant message or a checkpoint (the fork starts from that
+        compacted state, no draft), up to just before it (returned as a draft) for a user
+        message. Every message gets a new id; snapshots of copied messages are copied
         as references to the same content, so nothing is duplicated.
         """
         async with self.db.write() as conn:
@@ -118,7 +121,7 @@ class TranscriptOperations:
             if source is None:
                 raise AgentSessionNotFound(f"session {session_id} does not exist")
             target = await q.message_in(conn, session_id, message_id)
-            is_user = target.role == "user"
+            is_user = target.returns_as_draft
             end = target.position - 1 if is_user else target.position
             new_id = (
                 await conn.execute(

@@ -94,19 +94,39 @@ async def test_truncate__unknown_session_or_message_is_refused(store: SessionSto
     assert len(await store.messages(session.id)) == 2
 
 
-async def test_truncate__cutting_a_checkpoint_falls_back_to_the_previous_one(
+async def test_truncate__at_a_checkpoint_keeps_it_and_returns_no_draft(
     store: SessionStore,
 ) -> None:
+    # A checkpoint is user-role but nobody wrote it: rewinding at it goes back to just after
+    # that compaction (like an assistant message), and no "<checkpoint>" text comes back.
+    owner, session = await new_session(store)
+    await add_exchange(store, session.id)
+    cp = await checkpoint(store, session.id, "one")
+    after = await add_exchange(store, session.id)
+    result = await store.truncate(session.id, cp, Actor(owner))
+    assert result.draft is None
+    assert result.deleted == 2
+    assert result.deleted_message_ids == tuple(after)
+    assert result.tail_message_id == cp
+    assert [m.message_id for m in await store.history(session.id)] == [cp]
+
+
+async def test_truncate__before_a_checkpoint_falls_back_to_the_previous_one(
+    store: SessionStore,
+) -> None:
+    # Undoing a compaction: rewind to the message before its checkpoint.
     owner, session = await new_session(store)
     await add_exchange(store, session.id)
     first = await checkpoint(store, session.id, "first")
-    await add_exchange(store, session.id)
+    before_second = await add_exchange(store, session.id)
     second = await checkpoint(store, session.id, "second")
     ids_after = await add_exchange(store, session.id)
     assert (await store.history(session.id))[0].message_id == second
-    await store.truncate(session.id, second, Actor(owner))
+    result = await store.truncate(session.id, before_second[-1], Actor(owner))
+    assert result.draft is None
     history = await store.history(session.id)
     assert history[0].message_id == first
+    assert second not in [m.message_id for m in history]
     assert ids_after[0] not in [m.message_id for m in history]
 
 
@@ -162,6 +182,21 @@ async def test_branch__user_target_stops_before_it_and_returns_draft(store: Sess
         "question 0",
         "answer 0",
     ]
+
+
+async def test_branch__at_a_checkpoint_starts_from_it_with_no_draft(
+    store: SessionStore,
+) -> None:
+    owner, session = await new_session(store)
+    await add_exchange(store, session.id)
+    cp = await checkpoint(store, session.id, "one")
+    await add_exchange(store, session.id)
+    result = await store.branch(session.id, cp, user_id=owner)
+    assert result.draft is None
+    assert result.copied == 3
+    history = await store.history(result.session.id)
+    assert [m.message_id for m in history] == [result.message_id_map[cp]]
+    assert history[0].is_compaction_message
 
 
 async def test_branch__allowed_while_source_is_busy(store: SessionStore) -> None:
