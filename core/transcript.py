@@ -72,7 +72,9 @@ class TranscriptOperations:
         """
         async with self.db.write() as conn:
             await q.check_owner(conn, session_id, actor)
-            target = await q.message_in(conn, session_id, message_id)
+            # Lock first, then read: under READ COMMITTED a turn releasing between a read of
+            # the target and the lock could have moved it (auto-compaction moves the turn's
+            # user message up one position), and the cut would take the checkpoint with it.
             taken = await conn.execute(
                 update(SESSIONS)
                 .where(SESSIONS.c.id == session_id, q.claimable(self.staleness_seconds))
@@ -80,6 +82,7 @@ class TranscriptOperations:
             )
             if taken.rowcount == 0:
                 raise AgentSessionBusy(f"session {session_id} has a turn in progress")
+            target = await q.message_in(conn, session_id, message_id)
             is_user = target.returns_as_draft
             cut = target.position if is_user else target.position + 1
             deleted = (

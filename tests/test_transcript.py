@@ -7,6 +7,7 @@ import json
 import pytest
 from sqlalchemy import text
 
+from core import queries as q
 from core.db import Database
 from core.errors import (
     AgentSessionBusy,
@@ -17,7 +18,7 @@ from core.errors import (
 from core.messages import assistant_message, user_message
 from core.models import AgentSessionSnapshot, SnapshotContent, SnapshotSet, SnapshotSetMember
 from core.queries import history_statement
-from core.records import Actor
+from core.records import Actor, StoredMessage
 from core.store import SessionStore
 from tests.helpers import add_exchange, new_session, statements
 
@@ -128,6 +129,49 @@ async def test_truncate__before_a_checkpoint_falls_back_to_the_previous_one(
     assert history[0].message_id == first
     assert second not in [m.message_id for m in history]
     assert ids_after[0] not in [m.message_id for m in history]
+
+
+async def test_truncate__a_turn_released_while_the_rewind_starts_cannot_shift_the_cut(
+    store: SessionStore, replica: SessionStore, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race of READ COMMITTED: the rewind reads its target, then a turn on another replica
+    # auto-compacts (its user message moves up one position), answers and releases, then the
+    # rewind takes the lock. The rewind must cut at where the target is now. On SQLite the
+    # write transaction excludes the turn's writes, so the interleaving cannot be built there.
+    if backend != "postgresql":
+        pytest.skip("PostgreSQL only: SQLite's write lock serialises the two")
+    owner, session = await new_session(store)
+    ids = await add_exchange(store, session.id)
+    lease = await replica.start_turn(
+        session.id, user_message=user_message("the question"), last_message_id=ids[-1]
+    )
+    assert lease.tail is not None
+    question = lease.tail.message_id
+    finished: list[str] = []
+
+    async def finish_turn() -> None:
+        if finished:
+            return
+        stored = await replica.insert_checkpoint_before_tail(lease, user_message("<checkpoint/>"))
+        await replica.finish(lease, [assistant_message("the answer")])
+        finished.append(stored.message_id)
+
+    original = q.message_in
+
+    async def read_then_let_the_turn_finish(*args: object) -> StoredMessage:
+        found = await original(*args)  # type: ignore[arg-type]
+        await finish_turn()  # another connection: commits while the rewind's transaction runs
+        return found
+
+    monkeypatch.setattr(q, "message_in", read_then_let_the_turn_finish)
+    try:
+        result = await store.truncate(session.id, question, Actor(owner))
+    except AgentSessionBusy:  # locked before reading: the running turn refused the rewind
+        await finish_turn()
+        result = await store.truncate(session.id, question, Actor(owner))
+    assert result.draft == "the question"
+    assert [m.message_id for m in await store.messages(session.id)] == [*ids, finished[0]]
+    assert (await store.history(session.id))[0].message_id == finished[0]
 
 
 async def checkpoint(store: SessionStore, session_id: int, label: str) -> str:
