@@ -290,10 +290,21 @@ class Database:
             raise database_error(exc) from exc
 
     @contextlib.asynccontextmanager
-    async def write(self) -> AsyncIterator[Conn]:
-        """One write transaction, committed on success and rolled back on any error."""
+    async def write(self, *, consistent: bool = False) -> AsyncIterator[Conn]:
+        """One write transaction, committed on success and rolled back on any error.
+
+        ``consistent``: every statement reads the same snapshot of the database (PostgreSQL
+        REPEATABLE READ, for a transaction that reads in several statements what others may
+        change meanwhile, such as a fork reading its source). SQLite's write transaction is
+        already that: no other writer commits while it runs.
+        """
         try:
-            if self._sqlite is not None:
+            if self._async is not None and consistent:
+                async with self._async.connect() as aconn:
+                    aconn = await aconn.execution_options(isolation_level="REPEATABLE READ")
+                    async with aconn.begin():
+                        yield aconn
+            elif self._sqlite is not None:
                 async with self._write_lock:
                     conn = await self._sqlite_begin_immediate(self._sqlite)
                     try:

@@ -117,7 +117,9 @@ class TranscriptOperations:
         message. Every message gets a new id; snapshots of copied messages are copied
         as references to the same content, so nothing is duplicated.
         """
-        async with self.db.write() as conn:
+        # One snapshot for every read of the source (PostgreSQL): a rewind of the source
+        # committing between them would leave copied rows without their snapshots.
+        async with self.db.write(consistent=True) as conn:
             source = (
                 await conn.execute(select(*SESSIONS.c).where(SESSIONS.c.id == session_id))
             ).first()

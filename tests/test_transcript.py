@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from core import queries as q
+from core import transcript
 from core.db import Database
 from core.errors import (
     AgentSessionBusy,
@@ -311,6 +313,85 @@ async def test_branch__carries_checkpoint_flag_model_and_snapshots(
         result.message_id_map[m] for m in (ids[1], more[1])
     )
     assert {(r.content_digest, r.base_set_id) for r in rows} == {("ab" * 32, set_id)}
+
+
+async def fake_snapshots(db: Database, session_id: int, message_ids: list[str]) -> None:
+    """Snapshot rows (one shared set of one object) for these messages."""
+    async with db.write() as conn:
+        content_id = (
+            await conn.execute(
+                SnapshotContent.__table__.insert()
+                .values(digest="ef" * 32, codec="zstd", raw_size=3, stored_size=3, data=b"abc")
+                .returning(SnapshotContent.__table__.c.id)
+            )
+        ).scalar_one()
+        set_id = (
+            await conn.execute(
+                SnapshotSet.__table__.insert()
+                .values(digest="12" * 32, size=1)
+                .returning(SnapshotSet.__table__.c.id)
+            )
+        ).scalar_one()
+        await conn.execute(
+            SnapshotSetMember.__table__.insert().values(set_id=set_id, content_id=content_id)
+        )
+        await conn.execute(
+            AgentSessionSnapshot.__table__.insert(),
+            [
+                {
+                    "message_id": m,
+                    "session_id": session_id,
+                    "content_digest": "ef" * 32,
+                    "base_set_id": set_id,
+                    "raw_size": 3,
+                    "stored_size": 3,
+                }
+                for m in message_ids
+            ],
+        )
+
+
+async def test_branch__a_rewind_of_the_source_during_the_fork_cannot_split_its_reads(
+    store: SessionStore,
+    replica: SessionStore,
+    db: Database,
+    backend: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The fork reads its source in several statements; a rewind of the source committing on
+    # another connection between them must not leave copied rows without their snapshots or
+    # a wrong count. On SQLite the fork's write transaction excludes the rewind.
+    if backend != "postgresql":
+        pytest.skip("PostgreSQL only: SQLite's write lock serialises the two")
+    owner, session = await new_session(store)
+    ids = await add_exchange(store, session.id, 3)
+    await fake_snapshots(db, session.id, [ids[1], ids[3], ids[5]])
+    original = transcript._id_map
+    rewound: list[int] = []
+
+    async def rewind_then_map(*args: Any) -> dict[str, str]:
+        if not rewound:
+            result = await replica.truncate(session.id, ids[1], Actor(owner))
+            rewound.append(result.deleted)
+        return await original(*args)
+
+    monkeypatch.setattr(transcript, "_id_map", rewind_then_map)
+    result = await store.branch(session.id, ids[5], user_id=owner)
+    assert rewound == [4]  # the rewind did commit in the middle of the fork
+    copied = await store.messages(result.session.id)
+    assert result.copied == len(copied) == 6
+    assert sorted(result.message_id_map) == sorted(ids)
+    async with db.read() as conn:
+        with_state = set(
+            (
+                await conn.execute(
+                    select(AgentSessionSnapshot.__table__.c.message_id).where(
+                        AgentSessionSnapshot.__table__.c.session_id == result.session.id
+                    )
+                )
+            ).scalars()
+        )
+    assert with_state == {result.message_id_map[m] for m in (ids[1], ids[3], ids[5])}
 
 
 async def test_branch__unknown_session_or_message(store: SessionStore) -> None:
