@@ -34,13 +34,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from core.db import Conn, ago, db_now
+from core.db import Conn, ago, database_error, db_now
 from core.errors import (
     AgentSessionBusy,
     AgentSessionForbidden,
     AgentSessionNotFound,
     DuplicateMessage,
     MessageNotFound,
+    SlackAgentError,
 )
 from core.messages import Message
 from core.models import (
@@ -191,11 +192,26 @@ async def message_in(conn: Conn, session_id: int, message_id: str) -> StoredMess
     return stored(row)
 
 
+def message_integrity_error(exc: IntegrityError) -> SlackAgentError:
+    """What a failed message insert means: ``DuplicateMessage`` only when the message's id is
+    already stored (a retried delivery); any other constraint (a position already taken, a
+    session that is gone) is a ``DatabaseError`` naming it, never "already stored"."""
+    detail = str(exc.orig)
+    # SQLite: "UNIQUE constraint failed: agent_session_messages.message_id"; PostgreSQL:
+    # 'duplicate key value violates unique constraint "uq_agent_session_messages_message_id"'.
+    if "agent_session_messages.message_id" in detail or _MESSAGE_ID_UNIQUE in detail:
+        return DuplicateMessage(f"a message with this id is already stored: {detail}")
+    return database_error(exc)
+
+
+_MESSAGE_ID_UNIQUE: Final = "uq_agent_session_messages_message_id"
+
+
 async def insert_messages(conn: Conn, rows: list[dict[str, Any]]) -> None:
     try:
         await conn.execute(insert(MESSAGES), rows)
     except IntegrityError as exc:
-        raise DuplicateMessage(f"a message with this id is already stored: {exc.orig}") from exc
+        raise message_integrity_error(exc) from exc
 
 
 # -- the turn's hot path, built once with bind parameters ---------------------------------------
@@ -297,7 +313,7 @@ async def insert_if_tail_is(
     try:
         position = (await conn.execute(INSERT_IF_TAIL_IS, params)).scalar()
     except IntegrityError as exc:
-        raise DuplicateMessage(f"a message with this id is already stored: {exc.orig}") from exc
+        raise message_integrity_error(exc) from exc
     return None if position is None else int(position)
 
 
@@ -354,7 +370,7 @@ async def fenced_insert(
     try:
         return (await conn.execute(FENCED_INSERT[release], params)).rowcount
     except IntegrityError as exc:
-        raise DuplicateMessage(f"a message with this id is already stored: {exc.orig}") from exc
+        raise message_integrity_error(exc) from exc
 
 
 async def append_messages(

@@ -166,12 +166,14 @@ class TranscriptOperations:
         """Append already-written ``(message, is_checkpoint)`` pairs outside any turn.
 
         For imports and benchmarks; refused while a turn is active, like every other writer.
+        A stale lock is cleared with its fencing token, as a rewind does, so the dead turn that
+        held it cannot write after the imported messages.
         """
         async with self.db.write() as conn:
             taken = await conn.execute(
                 update(SESSIONS)
                 .where(SESSIONS.c.id == session_id, q.claimable(self.staleness_seconds))
-                .values(updated_at=db_now())
+                .values(updated_at=db_now(), heartbeat_at=None, lock_token=None)
             )
             if taken.rowcount == 0:
                 await q.raise_missing_or_busy(conn, session_id)
