@@ -18,13 +18,24 @@ import asyncio
 import contextlib
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import DateTime, Engine, String, Table, create_engine, event, text
+from sqlalchemy import (
+    ColumnElement,
+    DateTime,
+    Engine,
+    String,
+    Table,
+    create_engine,
+    event,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, CursorResult, Dialect, ScalarResult
+from sqlalchemy.engine import Connection, CursorResult, Dialect, Row, ScalarResult
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.ext.compiler import compiles
@@ -33,10 +44,14 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator
 
-from core.errors import DatabaseError
+from core.errors import ConfigError, DatabaseError
 from core.settings import normalize_database_url
 
 T = TypeVar("T")
+# The oldest SQLite the SQL here is written for: what RHEL 9's Python 3.11 links (3.34.1),
+# below Ubuntu 22.04 (3.37.2) and Debian 12 (3.40.1). So no RETURNING or MATERIALIZED
+# (3.35), no HAVING without GROUP BY (3.39), no UPDATE … FROM on SQLite.
+MIN_SQLITE: tuple[int, int, int] = (3, 31, 0)
 # How long a writer waits for another process's write lock before giving up.
 SQLITE_WRITE_WAIT_SECONDS = 30.0
 # Readers in WAL mode wait only in rare cases (another connection recovering the WAL).
@@ -96,10 +111,11 @@ def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
 class uuid7_hex(FunctionElement[str]):
     """The 32 hex digits of a version 7 UUID, made by the database for each row of a copy.
 
-    ``uuid7_hex(position)``: the database clock's milliseconds, then the row's position (so a
-    copy's ids are ordered like its rows and land at the right edge of the ``message_id``
-    index), then 40 random bits; the layout of ``core.messages.new_message_id``. Compute it once
-    per row (a materialised CTE) and format it with ``uuid_text``.
+    ``uuid7_hex(position, nonce)``: the database clock's milliseconds, then the row's position
+    (so a copy's ids are ordered like its rows and land at the right edge of the ``message_id``
+    index), then 40 random bits; the layout of ``core.messages.new_message_id``. PostgreSQL:
+    random per row, so compute it once per row (a materialised CTE); SQLite: ``nonce``, random
+    per statement (10 hex digits), so it may be computed twice. Format with ``uuid_text``.
     """
 
     type = String(32)
@@ -109,16 +125,19 @@ class uuid7_hex(FunctionElement[str]):
 
 @compiles(uuid7_hex, "sqlite")
 def _sqlite_uuid7_hex(element: uuid7_hex, compiler: SQLCompiler, **kw: Any) -> str:
-    (position,) = (compiler.process(arg, **kw) for arg in element.clauses)
+    # SQLite: the last 40 bits are the second argument (10 hex digits, random per statement),
+    # so the value is a function of the row and can be computed twice without MATERIALIZED.
+    position, nonce = (compiler.process(arg, **kw) for arg in element.clauses)
     millis = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
     return (
         f"(printf('%012x7%03x8%05x', {millis}, ({position} >> 20) & 4095, "
-        f"{position} & 1048575) || lower(hex(randomblob(5))))"
+        f"{position} & 1048575) || {nonce})"
     )
 
 
 @compiles(uuid7_hex, "postgresql")
 def _pg_uuid7_hex(element: uuid7_hex, compiler: SQLCompiler, **kw: Any) -> str:
+    # The second argument (SQLite's nonce) is not used: the CTE is materialised.
     # gen_random_uuid() is C and fast; its first 48 bits and version nibble are replaced by the
     # time and 7 (position ordering is left out here: string building per row costs more in
     # PostgreSQL than the index locality it would buy within one millisecond).
@@ -173,6 +192,31 @@ def ago(seconds: float) -> db_now:
 def hence(seconds: float) -> db_now:
     """``db_now() + seconds``: expiry times of temporary sessions."""
     return db_now(float(seconds))
+
+
+async def update_returning(
+    conn: Conn,
+    table: Table,
+    where: ColumnElement[bool],
+    values: dict[str, Any],
+    columns: Sequence[ColumnElement[Any]],
+    params: dict[str, Any] | None = None,
+) -> list[Row[Any]]:
+    """``UPDATE table SET values WHERE where RETURNING columns``, on every supported SQLite.
+
+    PostgreSQL: that one statement. SQLite (RETURNING needs 3.35; see ``MIN_SQLITE``): the
+    ids matching, an UPDATE of exactly those, and their rows as updated, three statements
+    inside the caller's write transaction, which no other writer can interleave with (it holds
+    SQLite's write lock), so the effect is the same. ``table`` has an ``id`` primary key.
+    """
+    if conn.dialect.name == "postgresql":
+        stmt = update(table).where(where).values(values).returning(*columns)
+        return list(await conn.execute(stmt, params))
+    ids = list((await conn.execute(select(table.c.id).where(where), params)).scalars())
+    if not ids:
+        return []
+    await conn.execute(update(table).where(table.c.id.in_(ids)).values(values))
+    return list(await conn.execute(select(*columns).where(table.c.id.in_(ids))))
 
 
 class Conn(Protocol):
@@ -242,6 +286,7 @@ class Database:
         self._sqlite: Engine | None = None
         self._write_lock = asyncio.Lock()
         if self.url.startswith("sqlite"):
+            check_sqlite_version()
             self._sqlite = create_engine(
                 self.url.replace("sqlite+aiosqlite", "sqlite+pysqlite", 1),
                 echo=echo,
@@ -411,6 +456,16 @@ class Database:
             self._sqlite.dispose()
         if self._async is not None:
             await self._async.dispose()
+
+
+def check_sqlite_version() -> None:
+    """Refuse, in one line, a SQLite older than ``MIN_SQLITE`` (the library Python links)."""
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        needed = ".".join(map(str, MIN_SQLITE))
+        raise ConfigError(
+            f"DATABASE_URL: SQLite {sqlite3.sqlite_version} is too old; slack-agent needs "
+            f"SQLite {needed} or newer (the library Python's sqlite3 module uses), or PostgreSQL"
+        )
 
 
 def _raw(conn: Connection) -> Any:

@@ -126,7 +126,9 @@ _REFRESH_CONTENT: Final = (
     update(CONTENTS)
     .where(CONTENTS.c.digest.in_(bindparam("digests", expanding=True)))
     .values(created_at=db_now())
-    .returning(CONTENTS.c.digest)
+)
+_STORED_DIGESTS: Final = select(CONTENTS.c.digest).where(
+    CONTENTS.c.digest.in_(bindparam("digests", expanding=True))
 )
 _FIND_SET: Final = select(SETS.c.id, (SETS.c.created_at < _REFRESH_BEFORE).label("aging")).where(
     SETS.c.digest == bindparam("p_digest")
@@ -167,12 +169,13 @@ def _insert_contents(dialect: str) -> Any:
 
 def _insert_set(dialect: str) -> Any:
     insert_ = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    return (
+    stmt = (
         insert_(SETS)
         .values(digest=bindparam("p_digest"), size=bindparam("p_size"))
         .on_conflict_do_nothing(index_elements=[SETS.c.digest])
-        .returning(SETS.c.id)
     )
+    # SQLite: no RETURNING before 3.35; the new row's id is the cursor's lastrowid.
+    return stmt.returning(SETS.c.id) if dialect == "postgresql" else stmt
 
 
 _INSERT_CONTENTS: Final = {d: _insert_contents(d) for d in ("postgresql", "sqlite")}
@@ -224,7 +227,7 @@ async def _store_objects(conn: Conn, objects: Sequence[NewObject]) -> int:
     writing = {obj.digest for obj in to_write}
     aging = [d for d, (_, old) in existing.items() if old and d not in writing]
     for chunk in _chunks(aging):
-        refreshed = set((await conn.execute(_REFRESH_CONTENT, {"digests": chunk})).scalars())
+        refreshed = await _refresh_contents(conn, chunk)
         # Collected between our SELECT and this UPDATE: store it again.
         to_write += [wanted[d] for d in chunk if d not in refreshed]
     if not to_write:
@@ -255,13 +258,15 @@ async def _store_set(conn: Conn, ref: SetRef) -> tuple[int, int]:
     if ref.id is not None:
         return ref.id, 0  # read back with the state this sandbox was restored from
     for _ in range(2):
-        created = (
-            await conn.execute(
-                _INSERT_SET[conn.dialect.name], {"p_digest": ref.digest, "p_size": len(ref.members)}
-            )
-        ).first()
+        result = await conn.execute(
+            _INSERT_SET[conn.dialect.name], {"p_digest": ref.digest, "p_size": len(ref.members)}
+        )
+        if conn.dialect.name == "postgresql":
+            created = result.scalar()
+        else:
+            created = result.lastrowid if result.rowcount == 1 else None
         if created is not None:
-            return int(created.id), await _add_members(conn, int(created.id), ref)
+            return int(created), await _add_members(conn, int(created), ref)
         found = (await conn.execute(_FIND_SET, {"p_digest": ref.digest})).first()
         if found is None:
             continue  # collected between the two statements: create it again
@@ -270,6 +275,19 @@ async def _store_set(conn: Conn, ref: SetRef) -> tuple[int, int]:
         if (await conn.execute(_REFRESH_SET, {"p_id": found.id})).rowcount:
             return int(found.id), 0
     raise DatabaseError(f"snapshot set {ref.digest} keeps disappearing while being stored")
+
+
+async def _refresh_contents(conn: Conn, digests: list[str]) -> set[str]:
+    """Refresh the grace period of these content rows; the digests that were still there."""
+    params = {"digests": digests}
+    if conn.dialect.name == "postgresql":
+        return set(
+            (await conn.execute(_REFRESH_CONTENT.returning(CONTENTS.c.digest), params)).scalars()
+        )
+    # SQLite (no RETURNING before 3.35): read, then update, under the same write lock.
+    found = set((await conn.execute(_STORED_DIGESTS, params)).scalars())
+    await conn.execute(_REFRESH_CONTENT, params)
+    return found
 
 
 async def _add_members(conn: Conn, set_id: int, ref: SetRef) -> int:

@@ -85,13 +85,22 @@ class TranscriptOperations:
             target = await q.message_in(conn, session_id, message_id)
             is_user = target.returns_as_draft
             cut = target.position if is_user else target.position + 1
-            deleted = (
-                await conn.execute(
-                    delete(MESSAGES)
-                    .where(MESSAGES.c.session_id == session_id, MESSAGES.c.position >= cut)
-                    .returning(MESSAGES.c.message_id, MESSAGES.c.position)
-                )
-            ).all()
+            going = (MESSAGES.c.session_id == session_id) & (MESSAGES.c.position >= cut)
+            if conn.dialect.name == "postgresql":
+                deleted = (
+                    await conn.execute(
+                        delete(MESSAGES)
+                        .where(going)
+                        .returning(MESSAGES.c.message_id, MESSAGES.c.position)
+                    )
+                ).all()
+            else:  # no RETURNING before SQLite 3.35; the write lock keeps the two together
+                deleted = (
+                    await conn.execute(
+                        select(MESSAGES.c.message_id, MESSAGES.c.position).where(going)
+                    )
+                ).all()
+                await conn.execute(delete(MESSAGES).where(going))
             tail = await q.tail(conn, session_id)
         ordered = tuple(row.message_id for row in sorted(deleted, key=lambda r: r.position))
         return TruncateResult(
@@ -128,10 +137,9 @@ class TranscriptOperations:
             target = await q.message_in(conn, session_id, message_id)
             is_user = target.returns_as_draft
             end = target.position - 1 if is_user else target.position
-            new_id = (
+            inserted = (
                 await conn.execute(
-                    insert(SESSIONS)
-                    .values(
+                    insert(SESSIONS).values(
                         project_name=project_name or source.project_name,
                         project_session_id=project_session_id or f"fork/{uuid.uuid4()}",
                         user_id=user_id,
@@ -141,10 +149,11 @@ class TranscriptOperations:
                         custom_provider_id=source.custom_provider_id,
                         builtin_provider=source.builtin_provider,
                     )
-                    .returning(SESSIONS.c.id)
                 )
-            ).scalar_one()
-            await conn.execute(_copy_prefix(session_id, new_id, end))
+            ).inserted_primary_key
+            assert inserted is not None
+            new_id = int(inserted[0])
+            await conn.execute(_copy_prefix(conn.dialect.name, session_id, new_id, end))
             id_map = await _id_map(conn, session_id, new_id, end)
             if id_map:
                 await _copy_snapshots(conn, session_id, new_id, end, id_map)
@@ -181,24 +190,28 @@ class TranscriptOperations:
             return len(await q.append_messages(conn, session_id, start, list(messages)))
 
 
-def _copy_prefix(source_id: int, new_session_id: int, end: int) -> Insert:
+def _copy_prefix(dialect: str, source_id: int, new_session_id: int, end: int) -> Insert:
     """Copy messages ``0..end`` under new ids in one statement: no row passes through Python.
 
-    The new id is made once per row in a materialised CTE and used twice, for ``message_id``
-    and inside the JSON, so the two stay equal (the invariant ``validate_message`` keeps for
-    rows written from Python).
+    The new id is used twice, for ``message_id`` and inside the JSON, so the two must be equal
+    (the invariant ``validate_message`` keeps for rows written from Python). PostgreSQL makes
+    it once per row in a materialised CTE. SQLite (``MATERIALIZED`` needs 3.35) computes it
+    from the row's position and a random per-fork nonce, with no per-row randomness, so
+    evaluating it twice gives the same id: ``uuid7_hex`` with ``nonce``.
     """
+    nonce = uuid.uuid4().hex[:10] if dialect == "sqlite" else None
     source = (
         select(
             MESSAGES.c.position,
             MESSAGES.c.message,
             MESSAGES.c.is_compaction_message,
-            uuid7_hex(MESSAGES.c.position).label("new_id"),
+            uuid7_hex(MESSAGES.c.position, nonce).label("new_id"),
         )
         .where(MESSAGES.c.session_id == source_id, MESSAGES.c.position <= end)
         .cte("source")
-        .prefix_with("MATERIALIZED")
     )
+    if dialect == "postgresql":
+        source = source.prefix_with("MATERIALIZED")
     new_id = uuid_text(source.c.new_id)
     return insert(MESSAGES).from_select(
         ["session_id", "position", "message", "message_id", "is_compaction_message"],
