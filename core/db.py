@@ -365,6 +365,42 @@ class Database:
             raise database_error(exc) from exc
 
     @contextlib.asynccontextmanager
+    async def migrating(self) -> AsyncIterator[Conn]:
+        """The write transaction migrations run in.
+
+        SQLite, the recipe Alembic documents for batch mode: foreign keys are turned off on
+        the connection *before* the transaction (``PRAGMA foreign_keys`` does nothing inside
+        one), so a migration that rebuilds a table (copy, drop the old one, rename) does not
+        cascade the drop into its children; before the commit ``PRAGMA foreign_key_check``
+        must find no row pointing nowhere, and the connection gets foreign keys back before it
+        returns to the pool. PostgreSQL: an ordinary transaction (its DDL alters in place).
+        """
+        if self._sqlite is None:
+            async with self.write() as conn:
+                yield conn
+            return
+        try:
+            async with self._write_lock:
+                locked = await self._sqlite_begin_immediate(self._sqlite, foreign_keys=False)
+                raw = _raw(locked)
+                try:
+                    yield InlineConnection(locked)
+                    broken = raw.execute("PRAGMA foreign_key_check").fetchall()
+                    if broken:
+                        raise DatabaseError(
+                            f"the migration left {len(broken)} row(s) whose foreign key points "
+                            f"nowhere (first: table {broken[0][0]}, row {broken[0][1]}); "
+                            "nothing was changed"
+                        )
+                    locked.commit()
+                finally:
+                    locked.rollback()  # whatever was not committed; then outside any transaction
+                    raw.execute("PRAGMA foreign_keys=ON")
+                    locked.close()
+        except (SQLAlchemyError, OSError, sqlite3.Error) as exc:
+            raise database_error(exc) from exc
+
+    @contextlib.asynccontextmanager
     async def autocommit(self) -> AsyncIterator[Conn]:
         """PostgreSQL: a connection outside any transaction, for a one-statement write (no
         BEGIN or COMMIT round trips). SQLite: an ordinary write transaction."""
@@ -379,11 +415,13 @@ class Database:
             raise database_error(exc) from exc
 
     @staticmethod
-    async def _sqlite_begin_immediate(engine: Engine) -> Connection:
+    async def _sqlite_begin_immediate(engine: Engine, *, foreign_keys: bool = True) -> Connection:
         conn = engine.connect()
         raw = _raw(conn)
         delay, waited = 0.001, 0.0
         try:
+            if not foreign_keys:  # only outside a transaction does this take effect
+                raw.execute("PRAGMA foreign_keys=OFF")
             raw.execute("PRAGMA busy_timeout = 0")
             while True:
                 try:
