@@ -312,6 +312,9 @@ async def attach_snapshot(
         insert(SNAPSHOTS).values(
             message_id=message_id,
             session_id=session_id,
+            position=select(MESSAGES.c.position)
+            .where(MESSAGES.c.message_id == message_id)
+            .scalar_subquery(),
             content_digest=ref.commit,
             base_set_id=ref.base_set_id,
             delta_set_id=ref.delta_set_id,
@@ -334,16 +337,14 @@ async def copy_snapshots(
         await conn.execute(
             select(
                 SNAPSHOTS.c.message_id,
+                SNAPSHOTS.c.position,
                 SNAPSHOTS.c.content_digest,
                 SNAPSHOTS.c.base_set_id,
                 SNAPSHOTS.c.delta_set_id,
                 SNAPSHOTS.c.raw_size,
-            )
-            .join(MESSAGES, MESSAGES.c.message_id == SNAPSHOTS.c.message_id)
-            .where(
+            ).where(
                 SNAPSHOTS.c.session_id == source_session_id,
-                MESSAGES.c.session_id == source_session_id,
-                MESSAGES.c.position <= up_to_position,
+                SNAPSHOTS.c.position <= up_to_position,
             )
         )
     ).all()
@@ -351,6 +352,7 @@ async def copy_snapshots(
         {
             "message_id": message_ids[r.message_id],
             "session_id": new_session_id,
+            "position": r.position,
             "content_digest": r.content_digest,
             "base_set_id": r.base_set_id,
             "delta_set_id": r.delta_set_id,
@@ -374,20 +376,16 @@ def state_statement(*, at_message: bool) -> Any:
     """The one SELECT that restores a state: every object row of the chosen snapshot.
 
     The snapshot is that of the newest message at or before ``:at_message_id`` (the session's
-    newest when ``at_message`` is false) that has one: found by walking the session's messages
-    backwards on ``(session_id, position)`` and probing ``message_id`` (both unique indexes).
+    newest when ``at_message`` is false) that has one: one backward seek on the snapshots'
+    own ``(session_id, position)`` index, whatever the number of messages without state.
     Parameters: ``:session_id`` and, with ``at_message``, ``:at_message_id``.
     """
     session_id: BindParameter[int] = bindparam("session_id")
     target_msg = aliased(MESSAGES)
-    chosen = (
-        select(SNAPSHOTS.c.id)
-        .join(MESSAGES, MESSAGES.c.message_id == SNAPSHOTS.c.message_id)
-        .where(MESSAGES.c.session_id == session_id, SNAPSHOTS.c.session_id == session_id)
-    )
+    chosen = select(SNAPSHOTS.c.id).where(SNAPSHOTS.c.session_id == session_id)
     if at_message:
         chosen = chosen.where(
-            MESSAGES.c.position
+            SNAPSHOTS.c.position
             <= select(target_msg.c.position)
             .where(
                 target_msg.c.session_id == session_id,
@@ -395,7 +393,7 @@ def state_statement(*, at_message: bool) -> Any:
             )
             .scalar_subquery()
         )
-    chosen_id = chosen.order_by(MESSAGES.c.position.desc()).limit(1).scalar_subquery()
+    chosen_id = chosen.order_by(SNAPSHOTS.c.position.desc()).limit(1).scalar_subquery()
     base = aliased(CONTENTS)
     base_set = aliased(SETS)
     return (

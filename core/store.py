@@ -401,14 +401,14 @@ class SessionStore(TranscriptOperations):
                 raise AgentSessionLockLost(
                     f"session {lease.session_id}: this turn's lock was taken over or released"
                 )
-            await conn.execute(
-                update(q.MESSAGES)
-                .where(
-                    q.MESSAGES.c.session_id == lease.session_id,
-                    q.MESSAGES.c.position == tail_position,
+            for table in (q.SNAPSHOTS, q.MESSAGES):  # a snapshot keeps its message's position
+                await conn.execute(
+                    update(table)
+                    .where(
+                        table.c.session_id == lease.session_id, table.c.position == tail_position
+                    )
+                    .values(position=tail_position + 1)
                 )
-                .values(position=tail_position + 1)
-            )
             await q.insert_messages(conn, [row])
         lease.next_position += 1
         self._held.confirm(lease)

@@ -175,8 +175,8 @@ async def test_snapshot_contents__unreferenced_old_content_is_collected(
         )
         by_digest = dict((await conn.execute(select(contents.c.digest, contents.c.id))).all())
         set_id = (
-            await conn.execute(sets.insert().values(digest="d" * 64, size=1).returning(sets.c.id))
-        ).scalar_one()
+            await conn.execute(sets.insert().values(digest="d" * 64, size=1))
+        ).inserted_primary_key[0]
         await conn.execute(
             SnapshotSetMember.__table__.insert().values(
                 set_id=set_id, content_id=by_digest["a" * 64]
@@ -186,6 +186,7 @@ async def test_snapshot_contents__unreferenced_old_content_is_collected(
             AgentSessionSnapshot.__table__.insert().values(
                 message_id=ids[1],
                 session_id=session.id,
+                position=1,
                 content_digest="a" * 64,
                 base_set_id=set_id,
                 raw_size=1,

@@ -265,21 +265,18 @@ async def test_branch__carries_checkpoint_flag_model_and_snapshots(
     ids = await add_exchange(store, session.id)
     cp = await checkpoint(store, session.id, "one")
     more = await add_exchange(store, session.id)
+    positions = {m.message_id: m.position for m in await store.messages(session.id)}
     async with db.write() as conn:
         content_id = (
             await conn.execute(
-                SnapshotContent.__table__.insert()
-                .values(digest="ab" * 32, codec="zstd", raw_size=3, stored_size=3, data=b"abc")
-                .returning(SnapshotContent.__table__.c.id)
+                SnapshotContent.__table__.insert().values(
+                    digest="ab" * 32, codec="zstd", raw_size=3, stored_size=3, data=b"abc"
+                )
             )
-        ).scalar_one()
+        ).inserted_primary_key[0]
         set_id = (
-            await conn.execute(
-                SnapshotSet.__table__.insert()
-                .values(digest="cd" * 32, size=1)
-                .returning(SnapshotSet.__table__.c.id)
-            )
-        ).scalar_one()
+            await conn.execute(SnapshotSet.__table__.insert().values(digest="cd" * 32, size=1))
+        ).inserted_primary_key[0]
         await conn.execute(
             SnapshotSetMember.__table__.insert().values(set_id=set_id, content_id=content_id)
         )
@@ -289,6 +286,7 @@ async def test_branch__carries_checkpoint_flag_model_and_snapshots(
                 {
                     "message_id": m,
                     "session_id": session.id,
+                    "position": positions[m],
                     "content_digest": "ab" * 32,
                     "base_set_id": set_id,
                     "raw_size": 3,
@@ -317,21 +315,24 @@ async def test_branch__carries_checkpoint_flag_model_and_snapshots(
 
 async def fake_snapshots(db: Database, session_id: int, message_ids: list[str]) -> None:
     """Snapshot rows (one shared set of one object) for these messages."""
+    async with db.read() as conn:
+        found = await conn.execute(
+            select(q.MESSAGES.c.message_id, q.MESSAGES.c.position).where(
+                q.MESSAGES.c.message_id.in_(message_ids)
+            )
+        )
+        positions = {r.message_id: r.position for r in found}
     async with db.write() as conn:
         content_id = (
             await conn.execute(
-                SnapshotContent.__table__.insert()
-                .values(digest="ef" * 32, codec="zstd", raw_size=3, stored_size=3, data=b"abc")
-                .returning(SnapshotContent.__table__.c.id)
+                SnapshotContent.__table__.insert().values(
+                    digest="ef" * 32, codec="zstd", raw_size=3, stored_size=3, data=b"abc"
+                )
             )
-        ).scalar_one()
+        ).inserted_primary_key[0]
         set_id = (
-            await conn.execute(
-                SnapshotSet.__table__.insert()
-                .values(digest="12" * 32, size=1)
-                .returning(SnapshotSet.__table__.c.id)
-            )
-        ).scalar_one()
+            await conn.execute(SnapshotSet.__table__.insert().values(digest="12" * 32, size=1))
+        ).inserted_primary_key[0]
         await conn.execute(
             SnapshotSetMember.__table__.insert().values(set_id=set_id, content_id=content_id)
         )
@@ -341,6 +342,7 @@ async def fake_snapshots(db: Database, session_id: int, message_ids: list[str]) 
                 {
                     "message_id": m,
                     "session_id": session_id,
+                    "position": positions[m],
                     "content_digest": "ef" * 32,
                     "base_set_id": set_id,
                     "raw_size": 3,
@@ -475,3 +477,24 @@ async def test_history__query_plan_uses_indexes(store: SessionStore, db: Databas
             plan = json.dumps(rows.scalar())
             assert "Seq Scan" not in plan, plan
             assert "Index" in plan, plan
+
+
+async def test_sqlite__the_store_uses_no_syntax_newer_than_the_oldest_supported(
+    store: SessionStore, db: Database, backend: str
+) -> None:
+    # The SQL is written for core.db.MIN_SQLITE (verified against that library by hand): no
+    # RETURNING or MATERIALIZED (3.35), no HAVING without GROUP BY (3.39).
+    if backend != "sqlite":
+        pytest.skip("SQLite only")
+    with statements(db) as seen:
+        owner, session = await new_session(store)
+        ids = await add_exchange(store, session.id, 2)
+        await checkpoint(store, session.id, "one")
+        await store.import_messages(session.id, [(assistant_message("imported"), False)])
+        await store.branch(session.id, ids[1], user_id=owner)
+        await store.truncate(session.id, ids[2], Actor(owner))
+        await store.get_or_create_session("slack", "T1/C1/again", user_id=owner)
+    sql = [" ".join(s.upper().split()) for s, _ in seen]
+    assert sql
+    assert not [s for s in sql if " RETURNING " in s or "MATERIALIZED" in s]
+    assert not [s for s in sql if " HAVING " in s and " GROUP BY " not in s]

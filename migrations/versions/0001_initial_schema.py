@@ -252,6 +252,7 @@ def upgrade() -> None:
         sa.Column("id", _id(), autoincrement=True, nullable=False),
         sa.Column("message_id", sa.String(length=36), nullable=False),
         sa.Column("session_id", _id(), nullable=False),
+        sa.Column("position", sa.Integer(), nullable=False),
         sa.Column("content_digest", sa.String(length=64), nullable=False),
         sa.Column("base_set_id", _id(), nullable=False),
         sa.Column("delta_set_id", _id(), nullable=True),
@@ -282,6 +283,11 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_agent_session_snapshots")),
         sa.UniqueConstraint("message_id", name=op.f("uq_agent_session_snapshots_message_id")),
+        sa.UniqueConstraint(
+            "session_id",
+            "position",
+            name=op.f("uq_agent_session_snapshots_session_id_position"),
+        ),
     )
     with op.batch_alter_table("agent_session_snapshots", schema=None) as batch_op:
         batch_op.create_index(
@@ -289,9 +295,6 @@ def upgrade() -> None:
         )
         batch_op.create_index(
             batch_op.f("ix_agent_session_snapshots_delta_set_id"), ["delta_set_id"], unique=False
-        )
-        batch_op.create_index(
-            batch_op.f("ix_agent_session_snapshots_session_id"), ["session_id"], unique=False
         )
 
     op.create_table(
