@@ -383,6 +383,10 @@ class Database:
             async with self._write_lock:
                 locked = await self._sqlite_begin_immediate(self._sqlite, foreign_keys=False)
                 raw = _raw(locked)
+                # A statement that reads the file, so the schema another replica's migration
+                # just committed is loaded: Alembic asks with PRAGMA table_info, which answers
+                # from the connection's cached schema (on older SQLite it is then stale).
+                raw.execute("SELECT count(*) FROM sqlite_master").fetchone()
                 try:
                     yield InlineConnection(locked)
                     broken = raw.execute("PRAGMA foreign_key_check").fetchall()
