@@ -46,7 +46,7 @@ async def delete_in_batches(
     after: Any = None
     while True:
         batch = candidates if after is None else candidates.where(table.c.id > after)
-        async with db.read() as conn:
+        async with db.read(large=True) as conn:
             ids = list((await conn.execute(batch.limit(batch_size))).scalars())
         if not ids:
             return deleted
@@ -93,7 +93,7 @@ async def _delete(
 ) -> int | None:
     """Delete these rows where ``condition`` still holds; None if a row became referenced."""
     try:
-        async with db.write() as conn:
+        async with db.write(large=True) as conn:
             result = await conn.execute(delete(table).where(table.c.id.in_(ids), condition))
     except DatabaseError as exc:
         if isinstance(exc.__cause__, IntegrityError):

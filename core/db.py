@@ -20,7 +20,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -265,6 +265,37 @@ class InlineConnection:
         return fn(self.sync_connection)
 
 
+class ThreadedConnection(InlineConnection):
+    """``InlineConnection`` whose statements run in a worker thread, one at a time.
+
+    For the few operations whose statements grow with the data (a fork copying a whole
+    transcript, an import, a sweep's batches): the event loop keeps answering (acknowledging
+    Slack, heartbeating other turns) while SQLite works. Rows are fetched in the thread too.
+    The hot path (a turn's small statements) stays inline, where a thread hop would cost more
+    than the statement.
+    """
+
+    async def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[Any]:
+        return await asyncio.to_thread(self._execute, statement, parameters)
+
+    def _execute(self, statement: Executable, parameters: Any) -> CursorResult[Any]:
+        result = self.sync_connection.execute(statement, parameters)
+        if not result.returns_rows:
+            return result
+        # Fetched here, not on the loop; the caller iterates a buffered copy.
+        return cast(CursorResult[Any], result.freeze()())
+
+    async def scalar(self, statement: Executable, parameters: Any = None) -> Any:
+        return await asyncio.to_thread(self.sync_connection.scalar, statement, parameters)
+
+    async def scalars(self, statement: Executable, parameters: Any = None) -> ScalarResult[Any]:
+        result = await self.execute(statement, parameters)
+        return result.scalars()
+
+    async def run_sync(self, fn: Callable[[Connection], T]) -> T:
+        return await asyncio.to_thread(fn, self.sync_connection)
+
+
 class Database:
     """The engine of one database, and how transactions are opened on it.
 
@@ -321,12 +352,16 @@ class Database:
         return self._async.sync_engine
 
     @contextlib.asynccontextmanager
-    async def read(self) -> AsyncIterator[Conn]:
-        """A short read transaction (deferred on SQLite: never blocks or is blocked by writers)."""
+    async def read(self, *, large: bool = False) -> AsyncIterator[Conn]:
+        """A short read transaction (deferred on SQLite: never blocks or is blocked by writers).
+
+        ``large``: SQLite runs the statements in a worker thread (``ThreadedConnection``), for
+        reads that grow with the data; no effect on PostgreSQL, whose driver never blocks.
+        """
         try:
             if self._sqlite is not None:
                 with self._sqlite.connect() as conn:
-                    yield InlineConnection(conn)
+                    yield ThreadedConnection(conn) if large else InlineConnection(conn)
             else:
                 assert self._async is not None
                 async with self._async.connect() as aconn:
@@ -335,8 +370,11 @@ class Database:
             raise database_error(exc) from exc
 
     @contextlib.asynccontextmanager
-    async def write(self, *, consistent: bool = False) -> AsyncIterator[Conn]:
+    async def write(self, *, consistent: bool = False, large: bool = False) -> AsyncIterator[Conn]:
         """One write transaction, committed on success and rolled back on any error.
+
+        ``large``: as for ``read``, SQLite runs the statements (and the commit) in a worker
+        thread, so an operation whose statements grow with the data never holds the loop.
 
         ``consistent``: every statement reads the same snapshot of the database (PostgreSQL
         REPEATABLE READ, for a transaction that reads in several statements what others may
@@ -353,8 +391,12 @@ class Database:
                 async with self._write_lock:
                     conn = await self._sqlite_begin_immediate(self._sqlite)
                     try:
-                        yield InlineConnection(conn)
-                        conn.commit()
+                        if large:
+                            yield ThreadedConnection(conn)
+                            await asyncio.to_thread(conn.commit)
+                        else:
+                            yield InlineConnection(conn)
+                            conn.commit()
                     finally:
                         conn.close()  # rolls back whatever was not committed
             else:

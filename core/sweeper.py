@@ -131,7 +131,7 @@ async def sweep(
             .order_by(ranked.c.id)
         )
         # Ranked once per pass (one scan), not once per batch.
-        async with db.read() as conn:
+        async with db.read(large=True) as conn:
             over = list((await conn.execute(candidates)).scalars())
         report.over_cap = await delete_listed_in_batches(
             db,

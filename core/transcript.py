@@ -36,7 +36,7 @@ class TranscriptOperations:
 
     async def messages(self, session_id: int, *, after_position: int = -1) -> list[StoredMessage]:
         """The persisted transcript after a position (what a client has not shown yet)."""
-        async with self.db.read() as conn:
+        async with self.db.read(large=True) as conn:
             rows = await conn.execute(
                 select(*q.MESSAGE_COLUMNS)
                 .where(MESSAGES.c.session_id == session_id, MESSAGES.c.position > after_position)
@@ -70,7 +70,7 @@ class TranscriptOperations:
         that compaction; nothing comes back as a draft). Snapshots of deleted messages
         go with them (FK cascade), so the sandbox state becomes that of the new tail.
         """
-        async with self.db.write() as conn:
+        async with self.db.write(large=True) as conn:
             await q.check_owner(conn, session_id, actor)
             # Lock first, then read: under READ COMMITTED a turn releasing between a read of
             # the target and the lock could have moved it (auto-compaction moves the turn's
@@ -128,7 +128,7 @@ class TranscriptOperations:
         """
         # One snapshot for every read of the source (PostgreSQL): a rewind of the source
         # committing between them would leave copied rows without their snapshots.
-        async with self.db.write(consistent=True) as conn:
+        async with self.db.write(consistent=True, large=True) as conn:
             source = (
                 await conn.execute(select(*SESSIONS.c).where(SESSIONS.c.id == session_id))
             ).first()
@@ -178,7 +178,7 @@ class TranscriptOperations:
         A stale lock is cleared with its fencing token, as a rewind does, so the dead turn that
         held it cannot write after the imported messages.
         """
-        async with self.db.write() as conn:
+        async with self.db.write(large=True) as conn:
             taken = await conn.execute(
                 update(SESSIONS)
                 .where(SESSIONS.c.id == session_id, q.claimable(self.staleness_seconds))

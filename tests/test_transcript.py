@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import event, select, text, update
 
 from core import queries as q
 from core import transcript
-from core.db import Database
+from core.db import Database, ago
 from core.errors import (
     AgentSessionBusy,
     AgentSessionForbidden,
@@ -21,7 +22,9 @@ from core.messages import assistant_message, user_message
 from core.models import AgentSessionSnapshot, SnapshotContent, SnapshotSet, SnapshotSetMember
 from core.queries import history_statement
 from core.records import Actor, StoredMessage
+from core.retention import RetentionPolicy
 from core.store import SessionStore
+from core.sweeper import sweep
 from tests.helpers import add_exchange, new_session, statements
 
 
@@ -498,3 +501,41 @@ async def test_sqlite__the_store_uses_no_syntax_newer_than_the_oldest_supported(
     assert sql
     assert not [s for s in sql if " RETURNING " in s or "MATERIALIZED" in s]
     assert not [s for s in sql if " HAVING " in s and " GROUP BY " not in s]
+
+
+async def test_sqlite__operations_that_grow_with_the_data_run_off_the_event_loop(
+    store: SessionStore, db: Database, backend: str
+) -> None:
+    # SQLite statements otherwise run on the loop (no aiosqlite hop on the hot path): a fork,
+    # an import, a rewind and the sweeper's batches must not hold it for their whole length.
+    if backend != "sqlite":
+        pytest.skip("SQLite only: PostgreSQL's driver never blocks the loop")
+    loop_thread = threading.get_ident()
+    on_loop: dict[str, set[bool]] = {}
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        words = " ".join(statement.upper().split()[:3])
+        on_loop.setdefault(words, set()).add(threading.get_ident() == loop_thread)
+
+    owner, session = await new_session(store)
+    ids = await add_exchange(store, session.id, 3)
+    event.listen(db.sync_engine, "before_cursor_execute", record)
+    try:
+        await store.branch(session.id, ids[-1], user_id=owner)
+        await store.import_messages(session.id, [(assistant_message("imported"), False)])
+        await store.truncate(session.id, ids[2], Actor(owner))
+        temporary, _ = await store.get_or_create_session(
+            "slack", "T1/C1/temporary", user_id=owner, temporary=True
+        )
+        async with db.write() as conn:
+            await conn.execute(
+                update(q.SESSIONS).where(q.SESSIONS.c.id == temporary.id).values(expires_at=ago(10))
+            )
+        await sweep(db, RetentionPolicy(0, 0), staleness_seconds=60)
+        await add_exchange(store, session.id)
+    finally:
+        event.remove(db.sync_engine, "before_cursor_execute", record)
+    assert on_loop["INSERT INTO AGENT_SESSION_MESSAGES"] >= {False}  # fork copy, import
+    assert on_loop["DELETE FROM AGENT_SESSION_MESSAGES"] == {False}  # rewind
+    assert on_loop["DELETE FROM AGENT_SESSIONS"] == {False}  # sweeper batch
+    assert on_loop["UPDATE AGENT_SESSIONS SET"] >= {True}  # a turn's claim stays inline
