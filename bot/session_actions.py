@@ -103,12 +103,12 @@ class SessionActions:
             return
         target = located[1]
         later = await self.store.messages(ref.session_id, after_position=target.position)
-        leaving = len(later) + (1 if target.role == "user" else 0)
+        leaving = len(later) + (1 if target.returns_as_draft else 0)
         trigger = payload.nested_string(body, "trigger_id")
         key = await self.state.stash(
             {"session_id": ref.session_id, "message_id": ref.message_id, "post": post.context()}
         )
-        modal = text.rewind_modal(leaving, key, to_a_question=target.role == "user")
+        modal = text.rewind_modal(leaving, key, to_a_question=target.returns_as_draft)
         await client.views_open(trigger_id=trigger or "", view=modal)
 
     async def rewind_confirmed(

@@ -3,6 +3,10 @@
 Select a batch of candidate ids, then delete them with a statement that repeats the whole
 condition. A row that changed in between (touched, claimed, referenced again, or deleted by
 another sweeper) is skipped, so sweepers on several replicas neither fail nor delete twice.
+
+A pass is linear in the table: each batch's candidates start after the last id the previous
+batch saw (keyset pagination on the primary key), so no batch re-reads what an earlier one
+already passed over; a row skipped in this pass is met again in the next one.
 """
 
 from __future__ import annotations
@@ -34,27 +38,66 @@ async def delete_in_batches(
 ) -> int:
     """Delete ``table`` rows whose ids ``candidates`` selects and that still meet ``condition``.
 
+    ``candidates`` selects ``table``'s ids in ascending order (it may join other tables).
     ``on_batch`` runs between the select and the delete (tests use it to change a row there).
     An integrity error (a row became referenced in between) leaves the batch for the next pass.
     """
     deleted = 0
+    after: Any = None
     while True:
-        async with db.read() as conn:
-            ids = list((await conn.execute(candidates.limit(batch_size))).scalars())
+        batch = candidates if after is None else candidates.where(table.c.id > after)
+        async with db.read(large=True) as conn:
+            ids = list((await conn.execute(batch.limit(batch_size))).scalars())
         if not ids:
             return deleted
+        after = max(ids)
         if on_batch is not None:
             await on_batch(name, ids)
-        try:
-            async with db.write() as conn:
-                result = await conn.execute(delete(table).where(table.c.id.in_(ids), condition))
-        except DatabaseError as exc:
-            if isinstance(exc.__cause__, IntegrityError):
-                log.info("%s: a row became referenced during the pass; batch skipped", name)
-                return deleted
-            raise
-        deleted += result.rowcount
-        if len(ids) < batch_size or result.rowcount == 0:
+        removed = await _delete(db, table, ids, condition, name)
+        if removed is None:
+            return deleted
+        deleted += removed
+        if len(ids) < batch_size or removed == 0:
             # A short batch is the last one; an empty delete means another sweeper is working
             # through the same rows, and it (or our next run) will finish them.
             return deleted
+
+
+async def delete_listed_in_batches(
+    db: Database,
+    table: Table,
+    ids: list[Any],
+    condition: ColumnElement[bool],
+    batch_size: int,
+    *,
+    name: str,
+    on_batch: BatchHook | None = None,
+) -> int:
+    """``delete_in_batches`` for candidates chosen once for the whole pass (a ranking that
+    would cost a scan of the table to repeat per batch); each delete still re-checks
+    ``condition`` row by row."""
+    deleted = 0
+    for start in range(0, len(ids), batch_size):
+        batch = ids[start : start + batch_size]
+        if on_batch is not None:
+            await on_batch(name, batch)
+        removed = await _delete(db, table, batch, condition, name)
+        if removed is None:
+            break
+        deleted += removed
+    return deleted
+
+
+async def _delete(
+    db: Database, table: Table, ids: list[Any], condition: ColumnElement[bool], name: str
+) -> int | None:
+    """Delete these rows where ``condition`` still holds; None if a row became referenced."""
+    try:
+        async with db.write(large=True) as conn:
+            result = await conn.execute(delete(table).where(table.c.id.in_(ids), condition))
+    except DatabaseError as exc:
+        if isinstance(exc.__cause__, IntegrityError):
+            log.info("%s: a row became referenced during the pass; batch skipped", name)
+            return None
+        raise
+    return int(result.rowcount)

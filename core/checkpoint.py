@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from xml.sax.saxutils import escape as xml_escape
+from xml.sax.saxutils import unescape as xml_unescape
 
 from core.messages import Message, user_message
 from core.records import StoredMessage
@@ -44,14 +46,41 @@ Summariser = Callable[
 
 
 def render_checkpoint(checkpoint: Checkpoint) -> str:
-    """The text the model reads in place of the history the checkpoint replaced."""
+    """The text the model reads in place of the history the checkpoint replaced.
+
+    Items are escaped as XML text (``&``, ``<``, ``>``) and their later lines indented, so no
+    item can close a section or start an item of its own: an item that quotes
+    ``</objectives>`` stays one item for the next compaction (``parse_checkpoint_text``).
+    """
     lines = ["<checkpoint>"]
     for section in SECTIONS:
         lines.append(f"<{section}>")
-        lines.extend(f"- {item}" for item in checkpoint.items(section))
+        lines.extend(f"- {_item_text(item)}" for item in checkpoint.items(section))
         lines.append(f"</{section}>")
     lines.append("</checkpoint>")
     return "\n".join(lines)
+
+
+def _item_text(item: str) -> str:
+    return xml_escape(item).replace("\n", "\n  ")
+
+
+def parse_checkpoint_text(text: str) -> dict[str, list[str]] | None:
+    """The sections of a text ``render_checkpoint`` wrote (None if it is not one)."""
+    if not text.startswith("<checkpoint>"):
+        return None
+    sections: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        tag = line.strip()
+        if current and line.startswith("- "):
+            sections.setdefault(current, []).append(line.removeprefix("- "))
+        elif current and line.startswith("  ") and sections.get(current):
+            sections[current][-1] += "\n" + line.removeprefix("  ")
+        elif tag.startswith("<") and tag.endswith(">"):
+            name = tag.strip("</>")
+            current = name if not tag.startswith("</") and name in SECTIONS else None
+    return {name: [xml_unescape(item) for item in items] for name, items in sections.items()}
 
 
 def checkpoint_message(checkpoint: Checkpoint, *, focus: str | None = None) -> Message:

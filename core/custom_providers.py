@@ -22,20 +22,18 @@ PROVIDERS: Final = cast(Table, CustomProvider.__table__)
 async def add_custom_provider(db: Database, spec: CustomProviderSpec) -> int:
     if spec.kind not in ("openai", "anthropic"):
         raise ConfigError(f"custom provider {spec.name!r}: kind must be openai or anthropic")
-    statement = (
-        insert(PROVIDERS)
-        .values(
-            name=spec.name,
-            kind=spec.kind,
-            base_url=spec.base_url,
-            api_key_env=spec.api_key_env,
-            default_model=spec.default_model,
-        )
-        .returning(PROVIDERS.c.id)
+    statement = insert(PROVIDERS).values(
+        name=spec.name,
+        kind=spec.kind,
+        base_url=spec.base_url,
+        api_key_env=spec.api_key_env,
+        default_model=spec.default_model,
     )
     async with db.write() as conn:
         try:
-            return int((await conn.execute(statement)).scalar_one())
+            inserted = (await conn.execute(statement)).inserted_primary_key
+            assert inserted is not None
+            return int(inserted[0])
         except IntegrityError as exc:
             raise ConfigError(f"custom provider {spec.name!r} already exists") from exc
 

@@ -18,13 +18,24 @@ import asyncio
 import contextlib
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
-from sqlalchemy import DateTime, Engine, String, Table, create_engine, event, text
+from sqlalchemy import (
+    ColumnElement,
+    DateTime,
+    Engine,
+    String,
+    Table,
+    create_engine,
+    event,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, CursorResult, Dialect, ScalarResult
+from sqlalchemy.engine import Connection, CursorResult, Dialect, Row, ScalarResult
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.ext.compiler import compiles
@@ -33,10 +44,14 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator
 
-from core.errors import DatabaseError
+from core.errors import ConfigError, DatabaseError
 from core.settings import normalize_database_url
 
 T = TypeVar("T")
+# The oldest SQLite the SQL here is written for: what RHEL 9's Python 3.11 links (3.34.1),
+# below Ubuntu 22.04 (3.37.2) and Debian 12 (3.40.1). So no RETURNING or MATERIALIZED
+# (3.35), no HAVING without GROUP BY (3.39), no UPDATE … FROM on SQLite.
+MIN_SQLITE: tuple[int, int, int] = (3, 31, 0)
 # How long a writer waits for another process's write lock before giving up.
 SQLITE_WRITE_WAIT_SECONDS = 30.0
 # Readers in WAL mode wait only in rare cases (another connection recovering the WAL).
@@ -96,10 +111,11 @@ def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
 class uuid7_hex(FunctionElement[str]):
     """The 32 hex digits of a version 7 UUID, made by the database for each row of a copy.
 
-    ``uuid7_hex(position)``: the database clock's milliseconds, then the row's position (so a
-    copy's ids are ordered like its rows and land at the right edge of the ``message_id``
-    index), then 40 random bits; the layout of ``core.messages.new_message_id``. Compute it once
-    per row (a materialised CTE) and format it with ``uuid_text``.
+    ``uuid7_hex(position, nonce)``: the database clock's milliseconds, then the row's position
+    (so a copy's ids are ordered like its rows and land at the right edge of the ``message_id``
+    index), then 40 random bits; the layout of ``core.messages.new_message_id``. PostgreSQL:
+    random per row, so compute it once per row (a materialised CTE); SQLite: ``nonce``, random
+    per statement (10 hex digits), so it may be computed twice. Format with ``uuid_text``.
     """
 
     type = String(32)
@@ -109,16 +125,19 @@ class uuid7_hex(FunctionElement[str]):
 
 @compiles(uuid7_hex, "sqlite")
 def _sqlite_uuid7_hex(element: uuid7_hex, compiler: SQLCompiler, **kw: Any) -> str:
-    (position,) = (compiler.process(arg, **kw) for arg in element.clauses)
+    # SQLite: the last 40 bits are the second argument (10 hex digits, random per statement),
+    # so the value is a function of the row and can be computed twice without MATERIALIZED.
+    position, nonce = (compiler.process(arg, **kw) for arg in element.clauses)
     millis = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
     return (
         f"(printf('%012x7%03x8%05x', {millis}, ({position} >> 20) & 4095, "
-        f"{position} & 1048575) || lower(hex(randomblob(5))))"
+        f"{position} & 1048575) || {nonce})"
     )
 
 
 @compiles(uuid7_hex, "postgresql")
 def _pg_uuid7_hex(element: uuid7_hex, compiler: SQLCompiler, **kw: Any) -> str:
+    # The second argument (SQLite's nonce) is not used: the CTE is materialised.
     # gen_random_uuid() is C and fast; its first 48 bits and version nibble are replaced by the
     # time and 7 (position ordering is left out here: string building per row costs more in
     # PostgreSQL than the index locality it would buy within one millisecond).
@@ -175,6 +194,31 @@ def hence(seconds: float) -> db_now:
     return db_now(float(seconds))
 
 
+async def update_returning(
+    conn: Conn,
+    table: Table,
+    where: ColumnElement[bool],
+    values: dict[str, Any],
+    columns: Sequence[ColumnElement[Any]],
+    params: dict[str, Any] | None = None,
+) -> list[Row[Any]]:
+    """``UPDATE table SET values WHERE where RETURNING columns``, on every supported SQLite.
+
+    PostgreSQL: that one statement. SQLite (RETURNING needs 3.35; see ``MIN_SQLITE``): the
+    ids matching, an UPDATE of exactly those, and their rows as updated, three statements
+    inside the caller's write transaction, which no other writer can interleave with (it holds
+    SQLite's write lock), so the effect is the same. ``table`` has an ``id`` primary key.
+    """
+    if conn.dialect.name == "postgresql":
+        stmt = update(table).where(where).values(values).returning(*columns)
+        return list(await conn.execute(stmt, params))
+    ids = list((await conn.execute(select(table.c.id).where(where), params)).scalars())
+    if not ids:
+        return []
+    await conn.execute(update(table).where(table.c.id.in_(ids)).values(values))
+    return list(await conn.execute(select(*columns).where(table.c.id.in_(ids))))
+
+
 class Conn(Protocol):
     """What a transaction body sees: ``AsyncConnection`` on PostgreSQL, ``InlineConnection`` on
     SQLite. Only these methods are used, so the two are interchangeable."""
@@ -221,6 +265,37 @@ class InlineConnection:
         return fn(self.sync_connection)
 
 
+class ThreadedConnection(InlineConnection):
+    """``InlineConnection`` whose statements run in a worker thread, one at a time.
+
+    For the few operations whose statements grow with the data (a fork copying a whole
+    transcript, an import, a sweep's batches): the event loop keeps answering (acknowledging
+    Slack, heartbeating other turns) while SQLite works. Rows are fetched in the thread too.
+    The hot path (a turn's small statements) stays inline, where a thread hop would cost more
+    than the statement.
+    """
+
+    async def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[Any]:
+        return await asyncio.to_thread(self._execute, statement, parameters)
+
+    def _execute(self, statement: Executable, parameters: Any) -> CursorResult[Any]:
+        result = self.sync_connection.execute(statement, parameters)
+        if not result.returns_rows:
+            return result
+        # Fetched here, not on the loop; the caller iterates a buffered copy.
+        return cast(CursorResult[Any], result.freeze()())
+
+    async def scalar(self, statement: Executable, parameters: Any = None) -> Any:
+        return await asyncio.to_thread(self.sync_connection.scalar, statement, parameters)
+
+    async def scalars(self, statement: Executable, parameters: Any = None) -> ScalarResult[Any]:
+        result = await self.execute(statement, parameters)
+        return result.scalars()
+
+    async def run_sync(self, fn: Callable[[Connection], T]) -> T:
+        return await asyncio.to_thread(fn, self.sync_connection)
+
+
 class Database:
     """The engine of one database, and how transactions are opened on it.
 
@@ -242,6 +317,7 @@ class Database:
         self._sqlite: Engine | None = None
         self._write_lock = asyncio.Lock()
         if self.url.startswith("sqlite"):
+            check_sqlite_version()
             self._sqlite = create_engine(
                 self.url.replace("sqlite+aiosqlite", "sqlite+pysqlite", 1),
                 echo=echo,
@@ -276,12 +352,16 @@ class Database:
         return self._async.sync_engine
 
     @contextlib.asynccontextmanager
-    async def read(self) -> AsyncIterator[Conn]:
-        """A short read transaction (deferred on SQLite: never blocks or is blocked by writers)."""
+    async def read(self, *, large: bool = False) -> AsyncIterator[Conn]:
+        """A short read transaction (deferred on SQLite: never blocks or is blocked by writers).
+
+        ``large``: SQLite runs the statements in a worker thread (``ThreadedConnection``), for
+        reads that grow with the data; no effect on PostgreSQL, whose driver never blocks.
+        """
         try:
             if self._sqlite is not None:
                 with self._sqlite.connect() as conn:
-                    yield InlineConnection(conn)
+                    yield ThreadedConnection(conn) if large else InlineConnection(conn)
             else:
                 assert self._async is not None
                 async with self._async.connect() as aconn:
@@ -290,21 +370,79 @@ class Database:
             raise database_error(exc) from exc
 
     @contextlib.asynccontextmanager
-    async def write(self) -> AsyncIterator[Conn]:
-        """One write transaction, committed on success and rolled back on any error."""
+    async def write(self, *, consistent: bool = False, large: bool = False) -> AsyncIterator[Conn]:
+        """One write transaction, committed on success and rolled back on any error.
+
+        ``large``: as for ``read``, SQLite runs the statements (and the commit) in a worker
+        thread, so an operation whose statements grow with the data never holds the loop.
+
+        ``consistent``: every statement reads the same snapshot of the database (PostgreSQL
+        REPEATABLE READ, for a transaction that reads in several statements what others may
+        change meanwhile, such as a fork reading its source). SQLite's write transaction is
+        already that: no other writer commits while it runs.
+        """
         try:
-            if self._sqlite is not None:
+            if self._async is not None and consistent:
+                async with self._async.connect() as aconn:
+                    aconn = await aconn.execution_options(isolation_level="REPEATABLE READ")
+                    async with aconn.begin():
+                        yield aconn
+            elif self._sqlite is not None:
                 async with self._write_lock:
                     conn = await self._sqlite_begin_immediate(self._sqlite)
                     try:
-                        yield InlineConnection(conn)
-                        conn.commit()
+                        if large:
+                            yield ThreadedConnection(conn)
+                            await asyncio.to_thread(conn.commit)
+                        else:
+                            yield InlineConnection(conn)
+                            conn.commit()
                     finally:
                         conn.close()  # rolls back whatever was not committed
             else:
                 assert self._async is not None
                 async with self._async.begin() as aconn:
                     yield aconn
+        except (SQLAlchemyError, OSError, sqlite3.Error) as exc:
+            raise database_error(exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def migrating(self) -> AsyncIterator[Conn]:
+        """The write transaction migrations run in.
+
+        SQLite, the recipe Alembic documents for batch mode: foreign keys are turned off on
+        the connection *before* the transaction (``PRAGMA foreign_keys`` does nothing inside
+        one), so a migration that rebuilds a table (copy, drop the old one, rename) does not
+        cascade the drop into its children; before the commit ``PRAGMA foreign_key_check``
+        must find no row pointing nowhere, and the connection gets foreign keys back before it
+        returns to the pool. PostgreSQL: an ordinary transaction (its DDL alters in place).
+        """
+        if self._sqlite is None:
+            async with self.write() as conn:
+                yield conn
+            return
+        try:
+            async with self._write_lock:
+                locked = await self._sqlite_begin_immediate(self._sqlite, foreign_keys=False)
+                raw = _raw(locked)
+                # A statement that reads the file, so the schema another replica's migration
+                # just committed is loaded: Alembic asks with PRAGMA table_info, which answers
+                # from the connection's cached schema (on older SQLite it is then stale).
+                raw.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                try:
+                    yield InlineConnection(locked)
+                    broken = raw.execute("PRAGMA foreign_key_check").fetchall()
+                    if broken:
+                        raise DatabaseError(
+                            f"the migration left {len(broken)} row(s) whose foreign key points "
+                            f"nowhere (first: table {broken[0][0]}, row {broken[0][1]}); "
+                            "nothing was changed"
+                        )
+                    locked.commit()
+                finally:
+                    locked.rollback()  # whatever was not committed; then outside any transaction
+                    raw.execute("PRAGMA foreign_keys=ON")
+                    locked.close()
         except (SQLAlchemyError, OSError, sqlite3.Error) as exc:
             raise database_error(exc) from exc
 
@@ -323,11 +461,13 @@ class Database:
             raise database_error(exc) from exc
 
     @staticmethod
-    async def _sqlite_begin_immediate(engine: Engine) -> Connection:
+    async def _sqlite_begin_immediate(engine: Engine, *, foreign_keys: bool = True) -> Connection:
         conn = engine.connect()
         raw = _raw(conn)
         delay, waited = 0.001, 0.0
         try:
+            if not foreign_keys:  # only outside a transaction does this take effect
+                raw.execute("PRAGMA foreign_keys=OFF")
             raw.execute("PRAGMA busy_timeout = 0")
             while True:
                 try:
@@ -400,6 +540,16 @@ class Database:
             self._sqlite.dispose()
         if self._async is not None:
             await self._async.dispose()
+
+
+def check_sqlite_version() -> None:
+    """Refuse, in one line, a SQLite older than ``MIN_SQLITE`` (the library Python links)."""
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        needed = ".".join(map(str, MIN_SQLITE))
+        raise ConfigError(
+            f"DATABASE_URL: SQLite {sqlite3.sqlite_version} is too old; slack-agent needs "
+            f"SQLite {needed} or newer (the library Python's sqlite3 module uses), or PostgreSQL"
+        )
 
 
 def _raw(conn: Connection) -> Any:

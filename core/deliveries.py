@@ -66,7 +66,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import aliased
 
 from core.batched import delete_in_batches
-from core.db import Database, ago, db_now
+from core.db import Conn, Database, ago, db_now, update_returning
 from core.models import Delivery
 
 DELIVERIES: Final = cast(Table, Delivery.__table__)
@@ -187,13 +187,34 @@ class _GroupCommit:
                 owner=bindparam("owner", type_=D.owner.type),
                 lease_at=case((bindparam("owned", type_=Boolean()), db_now()), else_=null()),
             )
+            insert_ = self.db.upsert(DELIVERIES).values(values)
+            insert_ = insert_.on_conflict_do_nothing(index_elements=["surface", "event_key"])
+            # SQLite: no RETURNING before 3.35 (see ``_insert_rows``).
+            postgres = self.db.dialect == "postgresql"
             self._insert = (
-                self.db.upsert(DELIVERIES)
-                .values(values)
-                .on_conflict_do_nothing(index_elements=["surface", "event_key"])
-                .returning(D.id, D.event_key, D.created_at)
+                insert_.returning(D.id, D.event_key, D.created_at) if postgres else insert_
             )
         return self._insert
+
+    async def _insert_rows(
+        self, conn: Conn, rows: list[dict[str, Any]]
+    ) -> dict[str, tuple[int, datetime]]:
+        """Insert the rows not recorded yet; id and creation time of those inserted, by key.
+
+        SQLite: the rows are inserted without RETURNING, then read back by the ids above the
+        largest one before the insert (the write lock keeps other writers out meanwhile)."""
+        if self.db.dialect == "postgresql":
+            found = await conn.execute(self._statement(), rows)
+        else:
+            before = await conn.scalar(select(func.coalesce(func.max(D.id), 0)))
+            await conn.execute(self._statement(), rows)
+            found = await conn.execute(
+                select(D.id, D.event_key, D.created_at).where(
+                    D.id > before,
+                    D.event_key.in_([r["event_key"] for r in rows]),
+                )
+            )
+        return {r.event_key: (int(r.id), r.created_at) for r in found}
 
     async def add(self, values: dict[str, Any]) -> DeliveryRecord | None:
         future: asyncio.Future[DeliveryRecord | None] = asyncio.get_running_loop().create_future()
@@ -210,8 +231,7 @@ class _GroupCommit:
                 first.setdefault(values["event_key"], values)  # a duplicate in the same batch
             try:
                 async with self.db.write() as conn:
-                    rows = await conn.execute(self._statement(), list(first.values()))
-                    written = {row.event_key: (int(row.id), row.created_at) for row in rows}
+                    written = await self._insert_rows(conn, list(first.values()))
             except Exception as exc:
                 for _, future in batch:
                     if not future.done():
@@ -391,20 +411,21 @@ class Deliveries:
         if not record_ids:
             return set()
         async with self.db.write() as conn:
-            rows = await conn.execute(
-                update(DELIVERIES)
-                .where(
+            rows = await update_returning(
+                conn,
+                DELIVERIES,
+                and_(
                     D.id.in_(bindparam("ids", expanding=True)),
                     D.owner == self.owner,
                     D.state == "waiting",
                     D.wait_reason.in_(("ask", "queue")),
                     D.waiting_since < ago(timeout_seconds),
-                )
-                .values(state="expired", owner=None, lease_at=None, updated_at=db_now())
-                .returning(D.id),
+                ),
+                {"state": "expired", "owner": None, "lease_at": None, "updated_at": db_now()},
+                [D.id],
                 {"ids": record_ids},
             )
-            return {int(r) for r in rows.scalars()}
+            return {int(r.id) for r in rows}
 
     async def move(
         self, record_id: int, from_states: tuple[str, ...], to_state: str, **values: Any
@@ -415,15 +436,14 @@ class Deliveries:
         if to_state not in ACTIVE:
             values.update(owner=None, lease_at=None)
         async with self.db.write() as conn:
-            row = (
-                await conn.execute(
-                    update(DELIVERIES)
-                    .where(self._mine(record_id), D.state.in_(from_states))
-                    .values(**values)
-                    .returning(*DELIVERIES.c)
-                )
-            ).first()
-        return None if row is None else _record(row)
+            rows = await update_returning(
+                conn,
+                DELIVERIES,
+                and_(self._mine(record_id), D.state.in_(from_states)),
+                values,
+                list(DELIVERIES.c),
+            )
+        return _record(rows[0]) if rows else None
 
     async def wait(
         self,
@@ -456,75 +476,69 @@ class Deliveries:
         if author is not None:
             condition = and_(condition, D.author == author)
         async with self.db.write() as conn:
-            row = (
-                await conn.execute(
-                    update(DELIVERIES)
-                    .where(condition)
-                    .values(
-                        state="received",
-                        waiting_since=None,
-                        owner=self.owner,
-                        lease_at=db_now(),
-                        updated_at=db_now(),
-                    )
-                    .returning(*DELIVERIES.c)
-                )
-            ).first()
-        return None if row is None else _record(row)
+            rows = await update_returning(
+                conn,
+                DELIVERIES,
+                condition,
+                {
+                    "state": "received",
+                    "waiting_since": None,
+                    "owner": self.owner,
+                    "lease_at": db_now(),
+                    "updated_at": db_now(),
+                },
+                list(DELIVERIES.c),
+            )
+        return _record(rows[0]) if rows else None
 
     async def discard(self, record_id: int, *, author: str) -> DeliveryRecord | None:
         """The author drops a message that is waiting or offered (whoever owns it)."""
         async with self.db.write() as conn:
-            row = (
-                await conn.execute(
-                    update(DELIVERIES)
-                    .where(
-                        D.id == record_id,
-                        D.author == author,
-                        D.state.in_(("waiting", *PASSIVE)),
-                    )
-                    .values(state="discarded", owner=None, lease_at=None, updated_at=db_now())
-                    .returning(*DELIVERIES.c)
-                )
-            ).first()
-        return None if row is None else _record(row)
+            rows = await update_returning(
+                conn,
+                DELIVERIES,
+                and_(D.id == record_id, D.author == author, D.state.in_(("waiting", *PASSIVE))),
+                {"state": "discarded", "owner": None, "lease_at": None, "updated_at": db_now()},
+                list(DELIVERIES.c),
+            )
+        return _record(rows[0]) if rows else None
 
     async def expire_overdue(self, record_id: int, timeout_seconds: float) -> DeliveryRecord | None:
         """Give up on a record that has waited on a busy session for longer than the timeout
         (measured on the database clock from when it started waiting, across take-overs)."""
         async with self.db.write() as conn:
-            row = (
-                await conn.execute(
-                    update(DELIVERIES)
-                    .where(
-                        self._mine(record_id),
-                        D.state == "waiting",
-                        D.wait_reason.in_(("ask", "queue")),
-                        D.waiting_since < ago(timeout_seconds),
-                    )
-                    .values(state="expired", owner=None, lease_at=None, updated_at=db_now())
-                    .returning(*DELIVERIES.c)
-                )
-            ).first()
-        return None if row is None else _record(row)
+            rows = await update_returning(
+                conn,
+                DELIVERIES,
+                and_(
+                    self._mine(record_id),
+                    D.state == "waiting",
+                    D.wait_reason.in_(("ask", "queue")),
+                    D.waiting_since < ago(timeout_seconds),
+                ),
+                {"state": "expired", "owner": None, "lease_at": None, "updated_at": db_now()},
+                list(DELIVERIES.c),
+            )
+        return _record(rows[0]) if rows else None
 
     async def refresh(self, record_ids: list[int]) -> set[int]:
         """Renew the leases of these records; returns the ids that are still ours."""
         if not record_ids:
             return set()
         async with self.db.write() as conn:
-            rows = await conn.execute(
-                update(DELIVERIES)
-                .where(
+            rows = await update_returning(
+                conn,
+                DELIVERIES,
+                and_(
                     D.owner == self.owner,
                     D.id.in_(bindparam("ids", expanding=True)),
                     D.state.in_(ACTIVE),
-                )
-                .values(lease_at=db_now())
-                .returning(D.id),
+                ),
+                {"lease_at": db_now()},
+                [D.id],
                 {"ids": record_ids},
             )
-            return {int(r) for r in rows.scalars()}
+            return {int(r.id) for r in rows}
 
     async def release(self, record_ids: list[int]) -> int:
         """Give these records up so another replica takes them at once (a clean stop)."""
@@ -555,17 +569,18 @@ class Deliveries:
             .scalar_subquery()
         )
         async with self.db.write() as conn:
-            rows = await conn.execute(
-                update(DELIVERIES)
-                .where(D.id.in_(candidates), lapsed)
-                .values(
-                    owner=self.owner,
-                    lease_at=db_now(),
+            rows = await update_returning(
+                conn,
+                DELIVERIES,
+                and_(D.id.in_(candidates), lapsed),
+                {
+                    "owner": self.owner,
+                    "lease_at": db_now(),
                     # A released record (a clean stop) was not abandoned: it does not count.
-                    takeovers=D.takeovers + case((D.owner.is_(None), 0), else_=1),
-                    updated_at=db_now(),
-                )
-                .returning(*DELIVERIES.c)
+                    "takeovers": D.takeovers + case((D.owner.is_(None), 0), else_=1),
+                    "updated_at": db_now(),
+                },
+                list(DELIVERIES.c),
             )
             taken = [_record(r) for r in rows]
         return sorted(taken, key=lambda r: r.id)

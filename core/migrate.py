@@ -2,7 +2,8 @@
 
 PostgreSQL: the upgrade runs under a session-level advisory lock, so replicas migrate one at a
 time and the later ones find nothing to do. SQLite: the upgrade runs in a ``BEGIN IMMEDIATE``
-transaction, which other processes wait for.
+transaction, which other processes wait for, with foreign keys off so that a batch migration
+may rebuild a table without cascading into its children (``Database.migrating``).
 """
 
 from __future__ import annotations
@@ -51,5 +52,5 @@ async def upgrade(db: Database, revision: str = "head") -> tuple[str | None, str
         command.upgrade(config, revision)
         return before, _current(connection)
 
-    async with db.advisory_lock(_ADVISORY_LOCK_KEY), db.write() as conn:
+    async with db.advisory_lock(_ADVISORY_LOCK_KEY), db.migrating() as conn:
         return await conn.run_sync(_run)

@@ -251,9 +251,13 @@ class AgentSessionSnapshot(Base):
 
     ``content_digest`` is the bashkit commit to check out; the objects are the members of
     ``base_set_id`` and ``delta_set_id`` (which always include the commit itself).
+    ``position`` is the message's position, kept in step with it, so a session's newest state
+    (at or before a position) is one seek on ``(session_id, position)``, however long the
+    session and however long ago its last snapshot.
     """
 
     __tablename__ = "agent_session_snapshots"
+    __table_args__ = (UniqueConstraint("session_id", "position"),)
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     message_id: Mapped[str] = mapped_column(
@@ -263,8 +267,9 @@ class AgentSessionSnapshot(Base):
         unique=True,
     )
     session_id: Mapped[int] = mapped_column(
-        Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False, index=True
+        Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False
     )
+    position: Mapped[int] = mapped_column(Integer, nullable=False)
     content_digest: Mapped[str] = mapped_column(String(64), nullable=False)
     base_set_id: Mapped[int] = mapped_column(
         Id, ForeignKey("snapshot_sets.id"), nullable=False, index=True

@@ -34,13 +34,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from core.db import Conn, ago, db_now
+from core.db import Conn, ago, database_error, db_now
 from core.errors import (
     AgentSessionBusy,
     AgentSessionForbidden,
     AgentSessionNotFound,
     DuplicateMessage,
     MessageNotFound,
+    SlackAgentError,
 )
 from core.messages import Message
 from core.models import (
@@ -191,11 +192,26 @@ async def message_in(conn: Conn, session_id: int, message_id: str) -> StoredMess
     return stored(row)
 
 
+def message_integrity_error(exc: IntegrityError) -> SlackAgentError:
+    """What a failed message insert means: ``DuplicateMessage`` only when the message's id is
+    already stored (a retried delivery); any other constraint (a position already taken, a
+    session that is gone) is a ``DatabaseError`` naming it, never "already stored"."""
+    detail = str(exc.orig)
+    # SQLite: "UNIQUE constraint failed: agent_session_messages.message_id"; PostgreSQL:
+    # 'duplicate key value violates unique constraint "uq_agent_session_messages_message_id"'.
+    if "agent_session_messages.message_id" in detail or _MESSAGE_ID_UNIQUE in detail:
+        return DuplicateMessage(f"a message with this id is already stored: {detail}")
+    return database_error(exc)
+
+
+_MESSAGE_ID_UNIQUE: Final = "uq_agent_session_messages_message_id"
+
+
 async def insert_messages(conn: Conn, rows: list[dict[str, Any]]) -> None:
     try:
         await conn.execute(insert(MESSAGES), rows)
     except IntegrityError as exc:
-        raise DuplicateMessage(f"a message with this id is already stored: {exc.orig}") from exc
+        raise message_integrity_error(exc) from exc
 
 
 # -- the turn's hot path, built once with bind parameters ---------------------------------------
@@ -233,12 +249,31 @@ def _claim(*, stamp: bool) -> Update:
             or_(SESSIONS.c.heartbeat_at.is_(None), SESSIONS.c.heartbeat_at < _LIVE_BOUNDARY),
         )
         .values(values)
-        .returning(SESSIONS.c.lock_token)
     )
 
 
-CLAIM: Final = _claim(stamp=False)
-CLAIM_AND_STAMP: Final = _claim(stamp=True)
+# PostgreSQL reads the token the claim set with RETURNING; SQLite (no RETURNING before 3.35)
+# reads it back in the same write transaction, which no other writer can interleave with.
+_CLAIMS: Final = {
+    (stamp, postgres): _claim(stamp=stamp).returning(SESSIONS.c.lock_token)
+    if postgres
+    else _claim(stamp=stamp)
+    for stamp in (False, True)
+    for postgres in (False, True)
+}
+_TOKEN: Final = select(SESSIONS.c.lock_token).where(SESSIONS.c.id == bindparam("sid", type_=Id))
+
+
+async def claim(conn: Conn, params: dict[str, Any], *, stamp: bool) -> str | None:
+    """The claim (SPEC §6.2): the new fencing token, or None when the lock is live."""
+    if conn.dialect.name == "postgresql":
+        token = (await conn.execute(_CLAIMS[stamp, True], params)).scalar()
+        return None if token is None else str(token)
+    if not (await conn.execute(_CLAIMS[stamp, False], params)).rowcount:
+        return None
+    return str(await conn.scalar(_TOKEN, {"sid": params["sid"]}))
+
+
 TAIL: Final = (
     select(*MESSAGE_COLUMNS)
     .where(MESSAGES.c.session_id == bindparam("sid", type_=Id))
@@ -258,29 +293,32 @@ def _insert_if_tail_is() -> Insert:
         .limit(1)
         .scalar_subquery()
     )
-    next_position = func.coalesce(func.max(MESSAGES.c.position) + 1, 0)
-    source = (
-        select(
-            sid,
-            next_position,
-            bindparam("p_message", type_=JsonDoc),
-            bindparam("p_message_id", type_=String(36)),
-            false(),
-        )
-        .select_from(MESSAGES)
+    next_position = (
+        select(func.coalesce(func.max(MESSAGES.c.position) + 1, 0))
         .where(MESSAGES.c.session_id == sid)
-        .having(tail_id.is_not_distinct_from(bindparam("last", type_=String(36))))
+        .scalar_subquery()
     )
-    return (
-        insert(MESSAGES)
-        .from_select(
-            ["session_id", "position", "message", "message_id", "is_compaction_message"], source
-        )
-        .returning(MESSAGES.c.position)
+    # A SELECT without FROM whose WHERE is the tail check: one row or none. (Not an aggregate
+    # with HAVING: HAVING without GROUP BY needs SQLite 3.39.)
+    source = select(
+        sid,
+        next_position,
+        bindparam("p_message", type_=JsonDoc),
+        bindparam("p_message_id", type_=String(36)),
+        false(),
+    ).where(tail_id.is_not_distinct_from(bindparam("last", type_=String(36))))
+    return insert(MESSAGES).from_select(
+        ["session_id", "position", "message", "message_id", "is_compaction_message"], source
     )
 
 
-INSERT_IF_TAIL_IS: Final = _insert_if_tail_is()
+INSERT_IF_TAIL_IS: Final = {
+    True: _insert_if_tail_is().returning(MESSAGES.c.position),
+    False: _insert_if_tail_is(),  # SQLite: no RETURNING before 3.35
+}
+_POSITION_OF: Final = select(MESSAGES.c.position).where(
+    MESSAGES.c.message_id == bindparam("p_message_id", type_=String(36))
+)
 
 
 async def insert_if_tail_is(
@@ -295,9 +333,14 @@ async def insert_if_tail_is(
         "last": last_message_id,
     }
     try:
-        position = (await conn.execute(INSERT_IF_TAIL_IS, params)).scalar()
+        if conn.dialect.name == "postgresql":
+            position = (await conn.execute(INSERT_IF_TAIL_IS[True], params)).scalar()
+        elif (await conn.execute(INSERT_IF_TAIL_IS[False], params)).rowcount:
+            position = await conn.scalar(_POSITION_OF, {"p_message_id": row["message_id"]})
+        else:
+            position = None
     except IntegrityError as exc:
-        raise DuplicateMessage(f"a message with this id is already stored: {exc.orig}") from exc
+        raise message_integrity_error(exc) from exc
     return None if position is None else int(position)
 
 
@@ -354,7 +397,7 @@ async def fenced_insert(
     try:
         return (await conn.execute(FENCED_INSERT[release], params)).rowcount
     except IntegrityError as exc:
-        raise DuplicateMessage(f"a message with this id is already stored: {exc.orig}") from exc
+        raise message_integrity_error(exc) from exc
 
 
 async def append_messages(

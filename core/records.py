@@ -69,6 +69,17 @@ class StoredMessage:
     def role(self) -> str:
         return str(self.message.get("role"))
 
+    @property
+    def returns_as_draft(self) -> bool:
+        """Whether rewinding or forking *at* this message withdraws it and hands its text back.
+
+        Only what a person wrote: a user message. A checkpoint is user-role but written by
+        compaction, so rewinding or forking at it behaves like an assistant message: it is kept
+        (the conversation goes back to just after that compaction) and nothing comes back as a
+        draft. To undo a compaction, rewind to the message before the checkpoint.
+        """
+        return self.role == "user" and not self.is_compaction_message
+
 
 @dataclass
 class TurnLease:

@@ -126,7 +126,9 @@ _REFRESH_CONTENT: Final = (
     update(CONTENTS)
     .where(CONTENTS.c.digest.in_(bindparam("digests", expanding=True)))
     .values(created_at=db_now())
-    .returning(CONTENTS.c.digest)
+)
+_STORED_DIGESTS: Final = select(CONTENTS.c.digest).where(
+    CONTENTS.c.digest.in_(bindparam("digests", expanding=True))
 )
 _FIND_SET: Final = select(SETS.c.id, (SETS.c.created_at < _REFRESH_BEFORE).label("aging")).where(
     SETS.c.digest == bindparam("p_digest")
@@ -167,12 +169,13 @@ def _insert_contents(dialect: str) -> Any:
 
 def _insert_set(dialect: str) -> Any:
     insert_ = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    return (
+    stmt = (
         insert_(SETS)
         .values(digest=bindparam("p_digest"), size=bindparam("p_size"))
         .on_conflict_do_nothing(index_elements=[SETS.c.digest])
-        .returning(SETS.c.id)
     )
+    # SQLite: no RETURNING before 3.35; the new row's id is the cursor's lastrowid.
+    return stmt.returning(SETS.c.id) if dialect == "postgresql" else stmt
 
 
 _INSERT_CONTENTS: Final = {d: _insert_contents(d) for d in ("postgresql", "sqlite")}
@@ -224,7 +227,7 @@ async def _store_objects(conn: Conn, objects: Sequence[NewObject]) -> int:
     writing = {obj.digest for obj in to_write}
     aging = [d for d, (_, old) in existing.items() if old and d not in writing]
     for chunk in _chunks(aging):
-        refreshed = set((await conn.execute(_REFRESH_CONTENT, {"digests": chunk})).scalars())
+        refreshed = await _refresh_contents(conn, chunk)
         # Collected between our SELECT and this UPDATE: store it again.
         to_write += [wanted[d] for d in chunk if d not in refreshed]
     if not to_write:
@@ -255,13 +258,15 @@ async def _store_set(conn: Conn, ref: SetRef) -> tuple[int, int]:
     if ref.id is not None:
         return ref.id, 0  # read back with the state this sandbox was restored from
     for _ in range(2):
-        created = (
-            await conn.execute(
-                _INSERT_SET[conn.dialect.name], {"p_digest": ref.digest, "p_size": len(ref.members)}
-            )
-        ).first()
+        result = await conn.execute(
+            _INSERT_SET[conn.dialect.name], {"p_digest": ref.digest, "p_size": len(ref.members)}
+        )
+        if conn.dialect.name == "postgresql":
+            created = result.scalar()
+        else:
+            created = result.lastrowid if result.rowcount == 1 else None
         if created is not None:
-            return int(created.id), await _add_members(conn, int(created.id), ref)
+            return int(created), await _add_members(conn, int(created), ref)
         found = (await conn.execute(_FIND_SET, {"p_digest": ref.digest})).first()
         if found is None:
             continue  # collected between the two statements: create it again
@@ -270,6 +275,19 @@ async def _store_set(conn: Conn, ref: SetRef) -> tuple[int, int]:
         if (await conn.execute(_REFRESH_SET, {"p_id": found.id})).rowcount:
             return int(found.id), 0
     raise DatabaseError(f"snapshot set {ref.digest} keeps disappearing while being stored")
+
+
+async def _refresh_contents(conn: Conn, digests: list[str]) -> set[str]:
+    """Refresh the grace period of these content rows; the digests that were still there."""
+    params = {"digests": digests}
+    if conn.dialect.name == "postgresql":
+        return set(
+            (await conn.execute(_REFRESH_CONTENT.returning(CONTENTS.c.digest), params)).scalars()
+        )
+    # SQLite (no RETURNING before 3.35): read, then update, under the same write lock.
+    found = set((await conn.execute(_STORED_DIGESTS, params)).scalars())
+    await conn.execute(_REFRESH_CONTENT, params)
+    return found
 
 
 async def _add_members(conn: Conn, set_id: int, ref: SetRef) -> int:
@@ -294,6 +312,9 @@ async def attach_snapshot(
         insert(SNAPSHOTS).values(
             message_id=message_id,
             session_id=session_id,
+            position=select(MESSAGES.c.position)
+            .where(MESSAGES.c.message_id == message_id)
+            .scalar_subquery(),
             content_digest=ref.commit,
             base_set_id=ref.base_set_id,
             delta_set_id=ref.delta_set_id,
@@ -316,16 +337,14 @@ async def copy_snapshots(
         await conn.execute(
             select(
                 SNAPSHOTS.c.message_id,
+                SNAPSHOTS.c.position,
                 SNAPSHOTS.c.content_digest,
                 SNAPSHOTS.c.base_set_id,
                 SNAPSHOTS.c.delta_set_id,
                 SNAPSHOTS.c.raw_size,
-            )
-            .join(MESSAGES, MESSAGES.c.message_id == SNAPSHOTS.c.message_id)
-            .where(
+            ).where(
                 SNAPSHOTS.c.session_id == source_session_id,
-                MESSAGES.c.session_id == source_session_id,
-                MESSAGES.c.position <= up_to_position,
+                SNAPSHOTS.c.position <= up_to_position,
             )
         )
     ).all()
@@ -333,6 +352,7 @@ async def copy_snapshots(
         {
             "message_id": message_ids[r.message_id],
             "session_id": new_session_id,
+            "position": r.position,
             "content_digest": r.content_digest,
             "base_set_id": r.base_set_id,
             "delta_set_id": r.delta_set_id,
@@ -356,20 +376,16 @@ def state_statement(*, at_message: bool) -> Any:
     """The one SELECT that restores a state: every object row of the chosen snapshot.
 
     The snapshot is that of the newest message at or before ``:at_message_id`` (the session's
-    newest when ``at_message`` is false) that has one: found by walking the session's messages
-    backwards on ``(session_id, position)`` and probing ``message_id`` (both unique indexes).
+    newest when ``at_message`` is false) that has one: one backward seek on the snapshots'
+    own ``(session_id, position)`` index, whatever the number of messages without state.
     Parameters: ``:session_id`` and, with ``at_message``, ``:at_message_id``.
     """
     session_id: BindParameter[int] = bindparam("session_id")
     target_msg = aliased(MESSAGES)
-    chosen = (
-        select(SNAPSHOTS.c.id)
-        .join(MESSAGES, MESSAGES.c.message_id == SNAPSHOTS.c.message_id)
-        .where(MESSAGES.c.session_id == session_id, SNAPSHOTS.c.session_id == session_id)
-    )
+    chosen = select(SNAPSHOTS.c.id).where(SNAPSHOTS.c.session_id == session_id)
     if at_message:
         chosen = chosen.where(
-            MESSAGES.c.position
+            SNAPSHOTS.c.position
             <= select(target_msg.c.position)
             .where(
                 target_msg.c.session_id == session_id,
@@ -377,7 +393,7 @@ def state_statement(*, at_message: bool) -> Any:
             )
             .scalar_subquery()
         )
-    chosen_id = chosen.order_by(MESSAGES.c.position.desc()).limit(1).scalar_subquery()
+    chosen_id = chosen.order_by(SNAPSHOTS.c.position.desc()).limit(1).scalar_subquery()
     base = aliased(CONTENTS)
     base_set = aliased(SETS)
     return (

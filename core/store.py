@@ -121,11 +121,9 @@ class SessionStore(TranscriptOperations):
             if temporary:
                 stmt = stmt.values(expires_at=hence(self.temporary_ttl_hours * 3600))
             result = await conn.execute(
-                stmt.on_conflict_do_nothing(
-                    index_elements=["project_name", "project_session_id"]
-                ).returning(SESSIONS.c.id)
+                stmt.on_conflict_do_nothing(index_elements=["project_name", "project_session_id"])
             )
-            created = result.first() is not None
+            created = result.rowcount == 1
         session = await self.find_session(project_name, project_session_id)
         if session is None:  # deleted between the two statements: treat as not found
             raise AgentSessionNotFound(f"session {project_name}/{project_session_id} vanished")
@@ -320,12 +318,10 @@ class SessionStore(TranscriptOperations):
                 builtin_provider=model.builtin_provider,
             )
         async with self.db.write() as conn:
-            claimed = (
-                await conn.execute(q.CLAIM if model is None else q.CLAIM_AND_STAMP, params)
-            ).first()
+            claimed = await q.claim(conn, params, stamp=model is not None)
             if claimed is None:
                 await q.raise_missing_or_busy(conn, session_id)
-            token = str(claimed[0])
+            token = claimed
             if user_message is not None and not isinstance(last_message_id, _Unset):
                 # The usual turn: the stale guard and the insert are one statement (a round
                 # trip less); it inserts nothing when the tail is not what the client saw.
@@ -411,14 +407,14 @@ class SessionStore(TranscriptOperations):
                 raise AgentSessionLockLost(
                     f"session {lease.session_id}: this turn's lock was taken over or released"
                 )
-            await conn.execute(
-                update(q.MESSAGES)
-                .where(
-                    q.MESSAGES.c.session_id == lease.session_id,
-                    q.MESSAGES.c.position == tail_position,
+            for table in (q.SNAPSHOTS, q.MESSAGES):  # a snapshot keeps its message's position
+                await conn.execute(
+                    update(table)
+                    .where(
+                        table.c.session_id == lease.session_id, table.c.position == tail_position
+                    )
+                    .values(position=tail_position + 1)
                 )
-                .values(position=tail_position + 1)
-            )
             await q.insert_messages(conn, [row])
         lease.next_position += 1
         self._held.confirm(lease)

@@ -20,7 +20,7 @@ from sqlalchemy import ColumnElement, Table, and_, func, or_, select
 from sqlalchemy.orm import aliased
 
 from core import metrics, snapshots
-from core.batched import BatchHook, delete_in_batches
+from core.batched import BatchHook, delete_in_batches, delete_listed_in_batches
 from core.db import Database, ago
 from core.models import AgentSession
 from core.queries import claimable
@@ -130,10 +130,13 @@ async def sweep(
             .where(ranked.c.rank > cap, inactive)
             .order_by(ranked.c.id)
         )
-        report.over_cap = await delete_in_batches(
+        # Ranked once per pass (one scan), not once per batch.
+        async with db.read(large=True) as conn:
+            over = list((await conn.execute(candidates)).scalars())
+        report.over_cap = await delete_listed_in_batches(
             db,
             SESSIONS,
-            candidates,
+            over,
             and_(_over_cap(cap), inactive),
             batch_size,
             name="over_cap",

@@ -36,7 +36,7 @@ class TranscriptOperations:
 
     async def messages(self, session_id: int, *, after_position: int = -1) -> list[StoredMessage]:
         """The persisted transcript after a position (what a client has not shown yet)."""
-        async with self.db.read() as conn:
+        async with self.db.read(large=True) as conn:
             rows = await conn.execute(
                 select(*q.MESSAGE_COLUMNS)
                 .where(MESSAGES.c.session_id == session_id, MESSAGES.c.position > after_position)
@@ -65,12 +65,18 @@ class TranscriptOperations:
         """Rewind, owner or admin only.
 
         A user target is removed with everything after it and its text returned as a draft;
-        an assistant target stays and only what follows it goes. Snapshots of deleted messages
+        an assistant target stays and only what follows it goes, and so does a checkpoint
+        (``StoredMessage.returns_as_draft``: rewinding *at* a checkpoint returns to just after
+        that compaction; nothing comes back as a draft). Snapshots of deleted messages
         go with them (FK cascade), so the sandbox state becomes that of the new tail.
+        Inline on SQLite (not ``large``): a rewind usually removes a few messages, and seven
+        thread hops cost more than that (measured: 1.5 ms inline, 16 ms with hops under load).
         """
         async with self.db.write() as conn:
             await q.check_owner(conn, session_id, actor)
-            target = await q.message_in(conn, session_id, message_id)
+            # Lock first, then read: under READ COMMITTED a turn releasing between a read of
+            # the target and the lock could have moved it (auto-compaction moves the turn's
+            # user message up one position), and the cut would take the checkpoint with it.
             taken = await conn.execute(
                 update(SESSIONS)
                 .where(SESSIONS.c.id == session_id, q.claimable(self.staleness_seconds))
@@ -78,15 +84,25 @@ class TranscriptOperations:
             )
             if taken.rowcount == 0:
                 raise AgentSessionBusy(f"session {session_id} has a turn in progress")
-            is_user = target.role == "user"
+            target = await q.message_in(conn, session_id, message_id)
+            is_user = target.returns_as_draft
             cut = target.position if is_user else target.position + 1
-            deleted = (
-                await conn.execute(
-                    delete(MESSAGES)
-                    .where(MESSAGES.c.session_id == session_id, MESSAGES.c.position >= cut)
-                    .returning(MESSAGES.c.message_id, MESSAGES.c.position)
-                )
-            ).all()
+            going = (MESSAGES.c.session_id == session_id) & (MESSAGES.c.position >= cut)
+            if conn.dialect.name == "postgresql":
+                deleted = (
+                    await conn.execute(
+                        delete(MESSAGES)
+                        .where(going)
+                        .returning(MESSAGES.c.message_id, MESSAGES.c.position)
+                    )
+                ).all()
+            else:  # no RETURNING before SQLite 3.35; the write lock keeps the two together
+                deleted = (
+                    await conn.execute(
+                        select(MESSAGES.c.message_id, MESSAGES.c.position).where(going)
+                    )
+                ).all()
+                await conn.execute(delete(MESSAGES).where(going))
             tail = await q.tail(conn, session_id)
         ordered = tuple(row.message_id for row in sorted(deleted, key=lambda r: r.position))
         return TruncateResult(
@@ -107,23 +123,25 @@ class TranscriptOperations:
     ) -> BranchResult:
         """Fork: copy the prefix into a new session owned by ``user_id``.
 
-        Up to the target for an assistant message, up to just before it (returned as a draft)
-        for a user message. Every message gets a new id; snapshots of copied messages are copied
+        Up to the target for an assistant message or a checkpoint (the fork starts from that
+        compacted state, no draft), up to just before it (returned as a draft) for a user
+        message. Every message gets a new id; snapshots of copied messages are copied
         as references to the same content, so nothing is duplicated.
         """
-        async with self.db.write() as conn:
+        # One snapshot for every read of the source (PostgreSQL): a rewind of the source
+        # committing between them would leave copied rows without their snapshots.
+        async with self.db.write(consistent=True, large=True) as conn:
             source = (
                 await conn.execute(select(*SESSIONS.c).where(SESSIONS.c.id == session_id))
             ).first()
             if source is None:
                 raise AgentSessionNotFound(f"session {session_id} does not exist")
             target = await q.message_in(conn, session_id, message_id)
-            is_user = target.role == "user"
+            is_user = target.returns_as_draft
             end = target.position - 1 if is_user else target.position
-            new_id = (
+            inserted = (
                 await conn.execute(
-                    insert(SESSIONS)
-                    .values(
+                    insert(SESSIONS).values(
                         project_name=project_name or source.project_name,
                         project_session_id=project_session_id or f"fork/{uuid.uuid4()}",
                         user_id=user_id,
@@ -133,10 +151,11 @@ class TranscriptOperations:
                         custom_provider_id=source.custom_provider_id,
                         builtin_provider=source.builtin_provider,
                     )
-                    .returning(SESSIONS.c.id)
                 )
-            ).scalar_one()
-            await conn.execute(_copy_prefix(session_id, new_id, end))
+            ).inserted_primary_key
+            assert inserted is not None
+            new_id = int(inserted[0])
+            await conn.execute(_copy_prefix(conn.dialect.name, session_id, new_id, end))
             id_map = await _id_map(conn, session_id, new_id, end)
             if id_map:
                 await _copy_snapshots(conn, session_id, new_id, end, id_map)
@@ -158,12 +177,14 @@ class TranscriptOperations:
         """Append already-written ``(message, is_checkpoint)`` pairs outside any turn.
 
         For imports and benchmarks; refused while a turn is active, like every other writer.
+        A stale lock is cleared with its fencing token, as a rewind does, so the dead turn that
+        held it cannot write after the imported messages.
         """
-        async with self.db.write() as conn:
+        async with self.db.write(large=True) as conn:
             taken = await conn.execute(
                 update(SESSIONS)
                 .where(SESSIONS.c.id == session_id, q.claimable(self.staleness_seconds))
-                .values(updated_at=db_now())
+                .values(updated_at=db_now(), heartbeat_at=None, lock_token=None)
             )
             if taken.rowcount == 0:
                 await q.raise_missing_or_busy(conn, session_id)
@@ -171,24 +192,28 @@ class TranscriptOperations:
             return len(await q.append_messages(conn, session_id, start, list(messages)))
 
 
-def _copy_prefix(source_id: int, new_session_id: int, end: int) -> Insert:
+def _copy_prefix(dialect: str, source_id: int, new_session_id: int, end: int) -> Insert:
     """Copy messages ``0..end`` under new ids in one statement: no row passes through Python.
 
-    The new id is made once per row in a materialised CTE and used twice, for ``message_id``
-    and inside the JSON, so the two stay equal (the invariant ``validate_message`` keeps for
-    rows written from Python).
+    The new id is used twice, for ``message_id`` and inside the JSON, so the two must be equal
+    (the invariant ``validate_message`` keeps for rows written from Python). PostgreSQL makes
+    it once per row in a materialised CTE. SQLite (``MATERIALIZED`` needs 3.35) computes it
+    from the row's position and a random per-fork nonce, with no per-row randomness, so
+    evaluating it twice gives the same id: ``uuid7_hex`` with ``nonce``.
     """
+    nonce = uuid.uuid4().hex[:10] if dialect == "sqlite" else None
     source = (
         select(
             MESSAGES.c.position,
             MESSAGES.c.message,
             MESSAGES.c.is_compaction_message,
-            uuid7_hex(MESSAGES.c.position).label("new_id"),
+            uuid7_hex(MESSAGES.c.position, nonce).label("new_id"),
         )
         .where(MESSAGES.c.session_id == source_id, MESSAGES.c.position <= end)
         .cte("source")
-        .prefix_with("MATERIALIZED")
     )
+    if dialect == "postgresql":
+        source = source.prefix_with("MATERIALIZED")
     new_id = uuid_text(source.c.new_id)
     return insert(MESSAGES).from_select(
         ["session_id", "position", "message", "message_id", "is_compaction_message"],

@@ -39,7 +39,7 @@ async def _run_with_engine() -> None:
     url = config.get_main_option("sqlalchemy.url") or load_settings().database_url
     db = create_database(url)
     try:
-        async with db.write() as conn:
+        async with db.migrating() as conn:
             await conn.run_sync(_run)
     finally:
         await db.dispose()

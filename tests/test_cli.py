@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from core.db import MIN_SQLITE
 from core.messages import user_message
 from core.migrate import head_revision
 from core.store import SessionStore
@@ -100,6 +101,34 @@ def test_bad_configuration__one_line_naming_it() -> None:
     assert one_line_error(unreachable).startswith("slack-agent: database_error:")
     bad_number = cli("sweep", "--once", SWEEPER_BATCH_SIZE="lots")
     assert one_line_error(bad_number).startswith("slack-agent: config_invalid: SWEEPER_BATCH_SIZE")
+
+
+def test_start_up__an_sqlite_older_than_supported_is_refused_in_one_line(tmp_path: Path) -> None:
+    # The library cannot be swapped inside a test, so the child process is told an older
+    # version, the way the sqlite3 module reports it, before the command starts.
+    old = (
+        "import sqlite3; sqlite3.sqlite_version_info = (3, 30, 1); "
+        "sqlite3.sqlite_version = '3.30.1'"
+    )
+    start = f"{old}; from bot.cli import main; raise SystemExit(main(['migrate']))"
+    environment = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'old.db'}"}
+    result = subprocess.run(
+        [sys.executable, "-c", start],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+    )
+    needed = ".".join(map(str, MIN_SQLITE))
+    assert one_line_error(result) == (
+        "slack-agent: config_invalid: DATABASE_URL: SQLite 3.30.1 is too old; slack-agent "
+        f"needs SQLite {needed} or newer (the library Python's sqlite3 module uses), or PostgreSQL"
+    )
+    assert not (tmp_path / "old.db").exists()
+    ok = cli("migrate", database_url=f"sqlite:///{tmp_path / 'current.db'}")
+    assert ok.returncode == 0, ok.stderr
 
 
 def test_serve_without_slack_settings_names_the_variable_and_python_dash_m_works() -> None:

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+from pathlib import Path
 from typing import Any
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 
+from core import migrate as core_migrate
 from core.db import create_database
+from core.errors import DatabaseError
 from core.migrate import current_revision, head_revision, upgrade
 from core.models import Base
-from tests.helpers import read_json_line, start_worker, stop_workers
+from core.records import Actor
+from core.store import SessionStore
+from tests.helpers import add_exchange, new_session, read_json_line, start_worker, stop_workers
 
 
 def _diff(connection: Connection) -> list[Any]:
@@ -64,3 +71,75 @@ async def test_upgrade__replicas_starting_at_once_migrate_one_at_a_time(
     head = head_revision()
     assert all(r["after"] == head for r in results)
     assert sorted(str(r["before"]) for r in results) == sorted(["None", head, head])  # type: ignore[list-item]
+
+
+_THROWAWAY = '''"""A throwaway migration rebuilding the tables with the most children (batch mode).
+
+Revision ID: 9999
+Revises: {head}
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "9999"
+down_revision = "{head}"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    # Changing a column's type rebuilds the table on SQLite (copy, drop, rename).
+    for table, column in (
+        ("users", "display_name"),
+        ("agent_sessions", "title"),
+        ("agent_session_messages", "message_id"),
+    ):
+        with op.batch_alter_table(table, recreate="auto") as batch_op:
+            batch_op.alter_column(column, type_=sa.String(length=300))
+
+
+def downgrade() -> None:
+    pass
+'''
+
+
+async def _row_counts(db: Any, tables: list[str]) -> dict[str, int]:
+    async with db.read() as conn:
+        return {t: int(await conn.scalar(text(f"SELECT count(*) FROM {t}"))) for t in tables}
+
+
+async def test_upgrade__a_batch_migration_rebuilding_parent_tables_keeps_their_children(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With foreign keys on inside the migration's transaction, dropping the old copy of a
+    # rebuilt parent table would cascade-delete every child row (sessions, messages, snapshots).
+    store = SessionStore(create_database(database_url))
+    try:
+        owner, session = await new_session(store)
+        ids = await add_exchange(store, session.id, 2)
+        await store.set_title(session.id, "kept", Actor(owner))
+        forked = await store.branch(session.id, ids[-1], user_id=owner)
+        tables = ["users", "agent_sessions", "agent_session_messages"]
+        before = await _row_counts(store.db, tables)
+        assert before == {"users": 1, "agent_sessions": 2, "agent_session_messages": 8}
+        migrations = tmp_path / "migrations"
+        shutil.copytree(core_migrate.MIGRATIONS_DIR, migrations)
+        (migrations / "versions" / "9999_throwaway.py").write_text(
+            _THROWAWAY.replace("{head}", str(head_revision()))
+        )
+        monkeypatch.setattr(core_migrate, "MIGRATIONS_DIR", migrations)
+        assert (await upgrade(store.db))[1] == "9999"
+        assert await _row_counts(store.db, tables) == before
+        assert len(await store.messages(forked.session.id)) == 4
+        # Foreign keys are enforced again afterwards, on every pooled connection.
+        with pytest.raises(DatabaseError):
+            async with store.db.write() as conn:
+                await conn.execute(
+                    text(
+                        "INSERT INTO agent_sessions (project_name, project_session_id, user_id)"
+                        " VALUES ('x', 'y', 987654)"
+                    )
+                )
+    finally:
+        await store.db.dispose()

@@ -112,16 +112,14 @@ async def test_custom_provider_deleted__is_derived(store: SessionStore, db: obje
     async with store.db.write() as conn:
         provider_id = (
             await conn.execute(
-                insert(CustomProvider.__table__)
-                .values(
+                insert(CustomProvider.__table__).values(
                     name="team-llm",
                     kind="openai",
                     base_url="http://127.0.0.1:9/v1",
                     api_key_env="TEAM_KEY",
                 )
-                .returning(CustomProvider.__table__.c.id)
             )
-        ).scalar_one()
+        ).inserted_primary_key[0]
     lease = await store.start_turn(
         session.id,
         user_message=user_message("q"),

@@ -148,6 +148,33 @@ async def test_compact__shortcut_posts_the_checkpoint_and_refuses_twice(
     await slack.wait_for(lambda: text.already_compact() in ephemeral_texts(slack))
 
 
+async def test_rewind__to_a_checkpoint_keeps_it_and_returns_no_draft(
+    client: SlackClient, slack: FakeSlack, store: SessionStore
+) -> None:
+    root, users, _ = await conversation(client, slack, turns=1)
+    await client.shortcut("compact_session", message_ts=users[0], thread_ts=root)
+    await slack.wait_for(
+        lambda: [c for c in slack.named("chat.postMessage") if "compacted" in c.text]
+    )
+    (posted,) = [c for c in slack.named("chat.postMessage") if "compacted" in c.text]
+    before = len(slack.named("chat.stopStream"))
+    await client.message("after the checkpoint", thread_ts=root)
+    await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == before + 1)
+    modal = await rewind(client, slack, message_ts=str(posted.result["ts"]), thread_ts=root)
+    # The checkpoint stays; only the exchange after it leaves, and nothing is a draft.
+    assert "2 messages will leave" in json.dumps(modal)
+    assert "draft" not in json.dumps(modal)
+    await slack.wait_for(
+        lambda: any("rewound the conversation" in c.text for c in slack.named("chat.postMessage"))
+    )
+    session = await store.find_session("slack", f"T1/C1/{root}")
+    assert session is not None
+    tail = await store.tail(session.id)
+    assert tail is not None
+    assert tail.is_compaction_message
+    assert not any("<checkpoint>" in t for t in ephemeral_texts(slack))
+
+
 async def test_compact__by_someone_else_is_refused(
     client: SlackClient, slack: FakeSlack, store: SessionStore
 ) -> None:

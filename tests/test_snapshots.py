@@ -4,12 +4,13 @@ one-read restore, garbage collection and truncation."""
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select, update
+from sqlalchemy import event, func, select, text, update
 
 from core import snapshots
 from core.db import Database, ago
@@ -20,7 +21,7 @@ from core.retention import RetentionPolicy
 from core.sandbox import Sandbox
 from core.store import SessionStore
 from core.sweeper import sweep
-from tests.helpers import new_session
+from tests.helpers import add_exchange, new_session
 
 OFF = RetentionPolicy(max_idle_days=0, max_per_user=0)
 CONTENTS = snapshots.CONTENTS
@@ -219,6 +220,42 @@ async def test_restore__is_one_query_whatever_the_history(
         seen.append(sql)
     assert [len(sql) for sql in seen] == [1, 1, 1]
     assert seen[0][0].lstrip().upper().startswith("SELECT")
+
+
+async def test_restore__finds_the_state_by_one_seek_not_by_walking_messages(
+    store: SessionStore, db: Database
+) -> None:
+    _, session = await new_session(store)
+    sandbox = Sandbox.new()
+    with_state = await turn(store, db, session.id, sandbox, files={"/home/user/a": "kept"})
+    ids = await add_exchange(store, session.id, 150)  # 300 messages without state after it
+    # Auto-compaction moves the turn's user message up: the snapshot keeps its own position.
+    lease = await store.start_turn(
+        session.id, user_message=user_message("more"), last_message_id=ids[-1]
+    )
+    await store.insert_checkpoint_before_tail(lease, user_message("<checkpoint/>"))
+    await store.finish(lease, [assistant_message("answer")])
+    for at in (None, ids[-1], with_state):
+        state = await snapshots.load_state(db, session.id, at_message_id=at)
+        assert state is not None
+        assert state.message_id == with_state
+    query = str(
+        snapshots.state_statement(at_message=True)
+        .params(session_id=session.id, at_message_id=ids[-1])
+        .compile(dialect=db.sync_engine.dialect, compile_kwargs={"literal_binds": True})
+    )
+    async with db.read() as conn:
+        if db.dialect == "sqlite":
+            rows = await conn.execute(text(f"EXPLAIN QUERY PLAN {query}"))
+            plan = " | ".join(str(r[-1]) for r in rows)
+            assert "agent_session_snapshots USING COVERING INDEX" in plan, plan
+            assert "(session_id=? AND position<?)" in plan, plan
+            assert "SCAN agent_session_messages" not in plan, plan
+        else:  # one snapshot row: say that the index serves this shape, not what 1 row costs
+            await conn.execute(text("SET enable_seqscan = off"))
+            rows = await conn.execute(text(f"EXPLAIN (FORMAT JSON) {query}"))
+            plan = json.dumps(rows.scalar())
+            assert "uq_agent_session_snapshots_session_id_position" in plan, plan
 
 
 # -- dedupe -----------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 
 from core.db import Database, ago
 from core.deliveries import (
@@ -93,6 +93,34 @@ async def test_cap_pass__keeps_most_recent_and_breaks_ties_by_id(
     assert report.over_cap == 3
     # Kept: the two most recent, then the tie among the four broken by the highest id.
     assert await remaining(db) == {mine[5], mine[4], mine[3], *theirs}
+
+
+async def test_pass__is_linear_each_batch_starts_after_the_last_and_the_cap_ranks_once(
+    store: SessionStore, db: Database
+) -> None:
+    expired = await sessions(store, 7, owner="slack:T1:U9", temporary=True)
+    await backdate(db, expired, expires_at=10)
+    mine = await sessions(store, 9)
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(" ".join(statement.upper().split()))
+
+    event.listen(db.sync_engine, "before_cursor_execute", record)
+    try:
+        report = await sweep(db, RetentionPolicy(0, 2), staleness_seconds=60, batch_size=2)
+    finally:
+        event.remove(db.sync_engine, "before_cursor_execute", record)
+    assert (report.expired, report.over_cap) == (7, 7)
+    assert await remaining(db) == set(mine[-2:])
+    # The per-user ranking (a scan of every persisted session) runs once, not once per batch.
+    assert len([s for s in seen if "ROW_NUMBER" in s]) == 1
+    # Four batches of expired candidates: every one after the first starts past the last id.
+    expired_selects = [
+        s for s in seen if s.startswith("SELECT AGENT_SESSIONS.ID") and "EXPIRES_AT <" in s
+    ]
+    assert len(expired_selects) == 4
+    assert all("AGENT_SESSIONS.ID >" in s for s in expired_selects[1:])
 
 
 async def test_active_session__is_never_deleted_by_any_pass(
@@ -184,8 +212,8 @@ async def test_snapshot_contents__unreferenced_old_content_is_collected(
         )
         by_digest = dict((await conn.execute(select(contents.c.digest, contents.c.id))).all())
         set_id = (
-            await conn.execute(sets.insert().values(digest="d" * 64, size=1).returning(sets.c.id))
-        ).scalar_one()
+            await conn.execute(sets.insert().values(digest="d" * 64, size=1))
+        ).inserted_primary_key[0]
         await conn.execute(
             SnapshotSetMember.__table__.insert().values(
                 set_id=set_id, content_id=by_digest["a" * 64]
@@ -195,6 +223,7 @@ async def test_snapshot_contents__unreferenced_old_content_is_collected(
             AgentSessionSnapshot.__table__.insert().values(
                 message_id=ids[1],
                 session_id=session.id,
+                position=1,
                 content_digest="a" * 64,
                 base_set_id=set_id,
                 raw_size=1,

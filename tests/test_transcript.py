@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import threading
+from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, select, text, update
 
-from core.db import Database
+from core import queries as q
+from core import transcript
+from core.db import Database, ago
 from core.errors import (
     AgentSessionBusy,
     AgentSessionForbidden,
@@ -17,8 +21,10 @@ from core.errors import (
 from core.messages import assistant_message, user_message
 from core.models import AgentSessionSnapshot, SnapshotContent, SnapshotSet, SnapshotSetMember
 from core.queries import history_statement
-from core.records import Actor
+from core.records import Actor, StoredMessage
+from core.retention import RetentionPolicy
 from core.store import SessionStore
+from core.sweeper import sweep
 from tests.helpers import add_exchange, new_session, statements
 
 
@@ -94,20 +100,83 @@ async def test_truncate__unknown_session_or_message_is_refused(store: SessionSto
     assert len(await store.messages(session.id)) == 2
 
 
-async def test_truncate__cutting_a_checkpoint_falls_back_to_the_previous_one(
+async def test_truncate__at_a_checkpoint_keeps_it_and_returns_no_draft(
     store: SessionStore,
 ) -> None:
+    # A checkpoint is user-role but nobody wrote it: rewinding at it goes back to just after
+    # that compaction (like an assistant message), and no "<checkpoint>" text comes back.
+    owner, session = await new_session(store)
+    await add_exchange(store, session.id)
+    cp = await checkpoint(store, session.id, "one")
+    after = await add_exchange(store, session.id)
+    result = await store.truncate(session.id, cp, Actor(owner))
+    assert result.draft is None
+    assert result.deleted == 2
+    assert result.deleted_message_ids == tuple(after)
+    assert result.tail_message_id == cp
+    assert [m.message_id for m in await store.history(session.id)] == [cp]
+
+
+async def test_truncate__before_a_checkpoint_falls_back_to_the_previous_one(
+    store: SessionStore,
+) -> None:
+    # Undoing a compaction: rewind to the message before its checkpoint.
     owner, session = await new_session(store)
     await add_exchange(store, session.id)
     first = await checkpoint(store, session.id, "first")
-    await add_exchange(store, session.id)
+    before_second = await add_exchange(store, session.id)
     second = await checkpoint(store, session.id, "second")
     ids_after = await add_exchange(store, session.id)
     assert (await store.history(session.id))[0].message_id == second
-    await store.truncate(session.id, second, Actor(owner))
+    result = await store.truncate(session.id, before_second[-1], Actor(owner))
+    assert result.draft is None
     history = await store.history(session.id)
     assert history[0].message_id == first
+    assert second not in [m.message_id for m in history]
     assert ids_after[0] not in [m.message_id for m in history]
+
+
+async def test_truncate__a_turn_released_while_the_rewind_starts_cannot_shift_the_cut(
+    store: SessionStore, replica: SessionStore, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race of READ COMMITTED: the rewind reads its target, then a turn on another replica
+    # auto-compacts (its user message moves up one position), answers and releases, then the
+    # rewind takes the lock. The rewind must cut at where the target is now. On SQLite the
+    # write transaction excludes the turn's writes, so the interleaving cannot be built there.
+    if backend != "postgresql":
+        pytest.skip("PostgreSQL only: SQLite's write lock serialises the two")
+    owner, session = await new_session(store)
+    ids = await add_exchange(store, session.id)
+    lease = await replica.start_turn(
+        session.id, user_message=user_message("the question"), last_message_id=ids[-1]
+    )
+    assert lease.tail is not None
+    question = lease.tail.message_id
+    finished: list[str] = []
+
+    async def finish_turn() -> None:
+        if finished:
+            return
+        stored = await replica.insert_checkpoint_before_tail(lease, user_message("<checkpoint/>"))
+        await replica.finish(lease, [assistant_message("the answer")])
+        finished.append(stored.message_id)
+
+    original = q.message_in
+
+    async def read_then_let_the_turn_finish(*args: object) -> StoredMessage:
+        found = await original(*args)  # type: ignore[arg-type]
+        await finish_turn()  # another connection: commits while the rewind's transaction runs
+        return found
+
+    monkeypatch.setattr(q, "message_in", read_then_let_the_turn_finish)
+    try:
+        result = await store.truncate(session.id, question, Actor(owner))
+    except AgentSessionBusy:  # locked before reading: the running turn refused the rewind
+        await finish_turn()
+        result = await store.truncate(session.id, question, Actor(owner))
+    assert result.draft == "the question"
+    assert [m.message_id for m in await store.messages(session.id)] == [*ids, finished[0]]
+    assert (await store.history(session.id))[0].message_id == finished[0]
 
 
 async def checkpoint(store: SessionStore, session_id: int, label: str) -> str:
@@ -164,6 +233,21 @@ async def test_branch__user_target_stops_before_it_and_returns_draft(store: Sess
     ]
 
 
+async def test_branch__at_a_checkpoint_starts_from_it_with_no_draft(
+    store: SessionStore,
+) -> None:
+    owner, session = await new_session(store)
+    await add_exchange(store, session.id)
+    cp = await checkpoint(store, session.id, "one")
+    await add_exchange(store, session.id)
+    result = await store.branch(session.id, cp, user_id=owner)
+    assert result.draft is None
+    assert result.copied == 3
+    history = await store.history(result.session.id)
+    assert [m.message_id for m in history] == [result.message_id_map[cp]]
+    assert history[0].is_compaction_message
+
+
 async def test_branch__allowed_while_source_is_busy(store: SessionStore) -> None:
     owner, session = await new_session(store)
     ids = await add_exchange(store, session.id, 2)
@@ -184,21 +268,18 @@ async def test_branch__carries_checkpoint_flag_model_and_snapshots(
     ids = await add_exchange(store, session.id)
     cp = await checkpoint(store, session.id, "one")
     more = await add_exchange(store, session.id)
+    positions = {m.message_id: m.position for m in await store.messages(session.id)}
     async with db.write() as conn:
         content_id = (
             await conn.execute(
-                SnapshotContent.__table__.insert()
-                .values(digest="ab" * 32, codec="zstd", raw_size=3, stored_size=3, data=b"abc")
-                .returning(SnapshotContent.__table__.c.id)
+                SnapshotContent.__table__.insert().values(
+                    digest="ab" * 32, codec="zstd", raw_size=3, stored_size=3, data=b"abc"
+                )
             )
-        ).scalar_one()
+        ).inserted_primary_key[0]
         set_id = (
-            await conn.execute(
-                SnapshotSet.__table__.insert()
-                .values(digest="cd" * 32, size=1)
-                .returning(SnapshotSet.__table__.c.id)
-            )
-        ).scalar_one()
+            await conn.execute(SnapshotSet.__table__.insert().values(digest="cd" * 32, size=1))
+        ).inserted_primary_key[0]
         await conn.execute(
             SnapshotSetMember.__table__.insert().values(set_id=set_id, content_id=content_id)
         )
@@ -208,6 +289,7 @@ async def test_branch__carries_checkpoint_flag_model_and_snapshots(
                 {
                     "message_id": m,
                     "session_id": session.id,
+                    "position": positions[m],
                     "content_digest": "ab" * 32,
                     "base_set_id": set_id,
                     "raw_size": 3,
@@ -232,6 +314,89 @@ async def test_branch__carries_checkpoint_flag_model_and_snapshots(
         result.message_id_map[m] for m in (ids[1], more[1])
     )
     assert {(r.content_digest, r.base_set_id) for r in rows} == {("ab" * 32, set_id)}
+
+
+async def fake_snapshots(db: Database, session_id: int, message_ids: list[str]) -> None:
+    """Snapshot rows (one shared set of one object) for these messages."""
+    async with db.read() as conn:
+        found = await conn.execute(
+            select(q.MESSAGES.c.message_id, q.MESSAGES.c.position).where(
+                q.MESSAGES.c.message_id.in_(message_ids)
+            )
+        )
+        positions = {r.message_id: r.position for r in found}
+    async with db.write() as conn:
+        content_id = (
+            await conn.execute(
+                SnapshotContent.__table__.insert().values(
+                    digest="ef" * 32, codec="zstd", raw_size=3, stored_size=3, data=b"abc"
+                )
+            )
+        ).inserted_primary_key[0]
+        set_id = (
+            await conn.execute(SnapshotSet.__table__.insert().values(digest="12" * 32, size=1))
+        ).inserted_primary_key[0]
+        await conn.execute(
+            SnapshotSetMember.__table__.insert().values(set_id=set_id, content_id=content_id)
+        )
+        await conn.execute(
+            AgentSessionSnapshot.__table__.insert(),
+            [
+                {
+                    "message_id": m,
+                    "session_id": session_id,
+                    "position": positions[m],
+                    "content_digest": "ef" * 32,
+                    "base_set_id": set_id,
+                    "raw_size": 3,
+                    "stored_size": 3,
+                }
+                for m in message_ids
+            ],
+        )
+
+
+async def test_branch__a_rewind_of_the_source_during_the_fork_cannot_split_its_reads(
+    store: SessionStore,
+    replica: SessionStore,
+    db: Database,
+    backend: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The fork reads its source in several statements; a rewind of the source committing on
+    # another connection between them must not leave copied rows without their snapshots or
+    # a wrong count. On SQLite the fork's write transaction excludes the rewind.
+    if backend != "postgresql":
+        pytest.skip("PostgreSQL only: SQLite's write lock serialises the two")
+    owner, session = await new_session(store)
+    ids = await add_exchange(store, session.id, 3)
+    await fake_snapshots(db, session.id, [ids[1], ids[3], ids[5]])
+    original = transcript._id_map
+    rewound: list[int] = []
+
+    async def rewind_then_map(*args: Any) -> dict[str, str]:
+        if not rewound:
+            result = await replica.truncate(session.id, ids[1], Actor(owner))
+            rewound.append(result.deleted)
+        return await original(*args)
+
+    monkeypatch.setattr(transcript, "_id_map", rewind_then_map)
+    result = await store.branch(session.id, ids[5], user_id=owner)
+    assert rewound == [4]  # the rewind did commit in the middle of the fork
+    copied = await store.messages(result.session.id)
+    assert result.copied == len(copied) == 6
+    assert sorted(result.message_id_map) == sorted(ids)
+    async with db.read() as conn:
+        with_state = set(
+            (
+                await conn.execute(
+                    select(AgentSessionSnapshot.__table__.c.message_id).where(
+                        AgentSessionSnapshot.__table__.c.session_id == result.session.id
+                    )
+                )
+            ).scalars()
+        )
+    assert with_state == {result.message_id_map[m] for m in (ids[1], ids[3], ids[5])}
 
 
 async def test_branch__unknown_session_or_message(store: SessionStore) -> None:
@@ -315,3 +480,61 @@ async def test_history__query_plan_uses_indexes(store: SessionStore, db: Databas
             plan = json.dumps(rows.scalar())
             assert "Seq Scan" not in plan, plan
             assert "Index" in plan, plan
+
+
+async def test_sqlite__the_store_uses_no_syntax_newer_than_the_oldest_supported(
+    store: SessionStore, db: Database, backend: str
+) -> None:
+    # The SQL is written for core.db.MIN_SQLITE (verified against that library by hand): no
+    # RETURNING or MATERIALIZED (3.35), no HAVING without GROUP BY (3.39).
+    if backend != "sqlite":
+        pytest.skip("SQLite only")
+    with statements(db) as seen:
+        owner, session = await new_session(store)
+        ids = await add_exchange(store, session.id, 2)
+        await checkpoint(store, session.id, "one")
+        await store.import_messages(session.id, [(assistant_message("imported"), False)])
+        await store.branch(session.id, ids[1], user_id=owner)
+        await store.truncate(session.id, ids[2], Actor(owner))
+        await store.get_or_create_session("slack", "T1/C1/again", user_id=owner)
+    sql = [" ".join(s.upper().split()) for s, _ in seen]
+    assert sql
+    assert not [s for s in sql if " RETURNING " in s or "MATERIALIZED" in s]
+    assert not [s for s in sql if " HAVING " in s and " GROUP BY " not in s]
+
+
+async def test_sqlite__operations_that_grow_with_the_data_run_off_the_event_loop(
+    store: SessionStore, db: Database, backend: str
+) -> None:
+    # SQLite statements otherwise run on the loop (no aiosqlite hop on the hot path): a fork,
+    # an import and the sweeper's batches must not hold it for their whole length.
+    if backend != "sqlite":
+        pytest.skip("SQLite only: PostgreSQL's driver never blocks the loop")
+    loop_thread = threading.get_ident()
+    on_loop: dict[str, set[bool]] = {}
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        words = " ".join(statement.upper().split()[:3])
+        on_loop.setdefault(words, set()).add(threading.get_ident() == loop_thread)
+
+    owner, session = await new_session(store)
+    ids = await add_exchange(store, session.id, 3)
+    event.listen(db.sync_engine, "before_cursor_execute", record)
+    try:
+        await store.branch(session.id, ids[-1], user_id=owner)
+        await store.import_messages(session.id, [(assistant_message("imported"), False)])
+        await store.truncate(session.id, ids[2], Actor(owner))
+        temporary, _ = await store.get_or_create_session(
+            "slack", "T1/C1/temporary", user_id=owner, temporary=True
+        )
+        async with db.write() as conn:
+            await conn.execute(
+                update(q.SESSIONS).where(q.SESSIONS.c.id == temporary.id).values(expires_at=ago(10))
+            )
+        await sweep(db, RetentionPolicy(0, 0), staleness_seconds=60)
+        await add_exchange(store, session.id)
+    finally:
+        event.remove(db.sync_engine, "before_cursor_execute", record)
+    assert on_loop["INSERT INTO AGENT_SESSION_MESSAGES"] >= {False}  # fork copy, import
+    assert on_loop["DELETE FROM AGENT_SESSIONS"] == {False}  # sweeper batch
+    assert on_loop["UPDATE AGENT_SESSIONS SET"] >= {True}  # a turn's claim stays inline

@@ -7,12 +7,14 @@ import asyncio
 import pytest
 from sqlalchemy import func, select
 
+from core import queries as q
 from core.db import Database, create_database
 from core.errors import (
     AgentSessionBusy,
     AgentSessionLockLost,
     AgentSessionNotFound,
     AgentSessionStale,
+    DatabaseError,
     DuplicateMessage,
 )
 from core.messages import assistant_message, message_text, user_message
@@ -231,6 +233,41 @@ async def test_start_turn__duplicate_message_id_is_refused(store: SessionStore) 
     with pytest.raises(DuplicateMessage):
         await store.start_turn(other.id, user_message=message, last_message_id=None)
     assert not await store.is_turn_active(other.id)
+
+
+async def test_import__clears_a_stale_turns_token_so_it_cannot_write_after(
+    store: SessionStore, replica: SessionStore, db: Database
+) -> None:
+    _, session = await new_session(store)
+    ids = await add_exchange(store, session.id)
+    lease = await store.start_turn(
+        session.id, user_message=user_message("then it died"), last_message_id=ids[-1]
+    )
+    await age_lock(db, session.id, 120)
+    assert await replica.import_messages(session.id, [(assistant_message("imported"), False)]) == 1
+    with pytest.raises(AgentSessionLockLost):
+        await store.finish(lease, [assistant_message("too late")])
+    texts = [message_text(m.message) for m in await store.messages(session.id)]
+    assert texts[-2:] == ["then it died", "imported"]
+    assert not await store.is_turn_active(session.id)
+
+
+async def test_insert__only_a_stored_message_id_is_reported_as_a_duplicate(
+    store: SessionStore, db: Database
+) -> None:
+    _, session = await new_session(store)
+    ids = await add_exchange(store, session.id)
+    taken_position = q.message_row(session.id, 0, user_message("same position"))
+    with pytest.raises(DatabaseError) as refused:
+        async with db.write() as conn:
+            await q.insert_messages(conn, [taken_position])
+    assert not isinstance(refused.value, DuplicateMessage)
+    assert refused.value.code == "database_error"
+    (stored,) = [m for m in await store.messages(session.id) if m.message_id == ids[0]]
+    same_id = q.message_row(session.id, 5, stored.message)
+    with pytest.raises(DuplicateMessage):
+        async with db.write() as conn:
+            await q.insert_messages(conn, [same_id])
 
 
 async def test_run_turn__failure_persists_partial_output_as_interrupted(

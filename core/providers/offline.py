@@ -19,7 +19,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from core.checkpoint import SECTIONS
+from core.checkpoint import SECTIONS, parse_checkpoint_text
 from core.errors import ModelProviderRejected
 from core.messages import shorten
 from core.providers.base import (
@@ -99,19 +99,8 @@ def _result_summary(result: ToolResult, call: ToolCall | None) -> str:
 
 
 def _parse_checkpoint(text: str) -> dict[str, list[str]] | None:
-    """Sections of a checkpoint as ``core.compaction.render_checkpoint`` writes them."""
-    if not text.startswith("<checkpoint>"):
-        return None
-    sections: dict[str, list[str]] = {}
-    current: str | None = None
-    for line in text.splitlines():
-        tag = line.strip()
-        if tag.startswith("<") and tag.endswith(">"):
-            name = tag.strip("</>")
-            current = name if not tag.startswith("</") and name in CHECKPOINT_SECTIONS else None
-        elif current and line.startswith("- "):
-            sections.setdefault(current, []).append(line.removeprefix("- "))
-    return sections
+    """Sections of a checkpoint as ``core.checkpoint.render_checkpoint`` writes them."""
+    return parse_checkpoint_text(text)
 
 
 def checkpoint_arguments(messages: Sequence[ChatMessage]) -> dict[str, list[str]]:
