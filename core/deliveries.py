@@ -320,29 +320,38 @@ class Deliveries:
         async with self.db.read() as conn:
             if not await conn.scalar(select(exists().where(strays))):
                 return []  # the usual case, answered without a write
-        adopted: list[DeliveryRecord] = []
         async with self.db.write() as conn:
-            rows = list(await conn.execute(delete(DELIVERIES).where(strays).returning(*D)))
-            for row in sorted(rows, key=lambda r: r.id):
-                again = await conn.execute(
-                    insert(DELIVERIES)
-                    .values(
-                        surface=row.surface,
-                        event_key=row.event_key,
-                        thread_key=row.thread_key,
-                        author=row.author,
-                        message_id=row.message_id,
-                        text=row.text,
-                        context=row.context,
-                        state="received",
-                        owner=self.owner,
-                        lease_at=db_now(),
-                        created_at=row.created_at,
-                    )
-                    .returning(*D)
-                )
-                adopted.append(_record(again.one()))
-        return adopted
+            # Locked (PostgreSQL) or under the write lock (SQLite): one adopter per stray.
+            found = select(*D).where(strays).order_by(D.id)
+            if self.db.dialect == "postgresql":
+                found = found.with_for_update(skip_locked=True)
+            rows = list(await conn.execute(found))
+            if not rows:
+                return []
+            keys = [row.event_key for row in rows]
+            await conn.execute(delete(DELIVERIES).where(D.id.in_([row.id for row in rows])))
+            await conn.execute(
+                insert(DELIVERIES),
+                [
+                    {
+                        "surface": row.surface,
+                        "event_key": row.event_key,
+                        "thread_key": row.thread_key,
+                        "author": row.author,
+                        "message_id": row.message_id,
+                        "text": row.text,
+                        "context": row.context,
+                        "state": "received",
+                        "owner": self.owner,
+                        "created_at": row.created_at,
+                    }
+                    for row in rows
+                ],
+            )
+            adopted = and_(D.surface == self.surface, D.event_key.in_(keys))
+            await conn.execute(update(DELIVERIES).where(adopted).values(lease_at=db_now()))
+            again = await conn.execute(select(*D).where(adopted).order_by(D.id))
+            return [_record(row) for row in again]
 
     async def get(self, record_id: int) -> DeliveryRecord | None:
         async with self.db.read() as conn:
