@@ -484,15 +484,17 @@ class Conversations:
                 if stream.ts is not None:
                     await self._close(client, post, stream, stream.text + "\n" + text.will_retry())
             raise
-        if result.answer is not None:
-            await self.state.set_shown(session.id, result.answer.message_id)
         final = stream.text or result.text
         if result.error is not None:
             final += "\n" + text.turn_failed(result.error.code)
         answer = result.answer
         buttons = text.feedback_blocks(answer.message_id) if answer is not None else None
+        # The reply is closed before the bookkeeping below: the answer is stored, so a
+        # database failure from here on must leave neither a stream open nor the answer
+        # unshown; the retry finds the answer and this reply (``_resume``).
         await self._close(client, post, stream, final, blocks=buttons)
         if answer is not None:
+            await self.state.set_shown(session.id, answer.message_id)
             await self._add_reply_refs(post, session.id, answer.message_id, stream.parts)
         return Outcome.ANSWERED
 

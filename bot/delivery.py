@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_sdk.web.async_client import AsyncWebClient
@@ -73,6 +73,8 @@ class DeliveryWorker:
         self.client_for = client_for
         self.closing = False
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        # Where each record's reply went, as soon as Slack said (``_Progress.replying``).
+        self.replies: dict[int, str] = {}
         self._turning: set[int] = set()  # records whose turn runs now (not released on stop)
         self._wake: dict[str, asyncio.Event] = {}  # thread -> set when a record of it finishes
         # Turns run at once by this process; the rest wait, already recorded and leased.
@@ -162,6 +164,12 @@ class DeliveryWorker:
     async def _guarded(self, record: DeliveryRecord, client: AsyncWebClient, resumed: bool) -> None:
         with contextlib.suppress(TimeoutError):  # bounded: a steady stream never starves it
             await asyncio.wait_for(self._quiet.wait(), ACKS_FIRST_SECONDS)
+        try:
+            await self._retried(record, client, resumed)
+        finally:
+            self.replies.pop(record.id, None)
+
+    async def _retried(self, record: DeliveryRecord, client: AsyncWebClient, resumed: bool) -> None:
         current: DeliveryRecord | None = record
         failure: BaseException | None = None
         for pause in (*DATABASE_RETRIES, None):
@@ -183,6 +191,9 @@ class DeliveryWorker:
                 resumed = True
                 with contextlib.suppress(DatabaseError):
                     current = await self._reload(current)
+                shown = self.replies.get(record.id)
+                if current is not None and current.reply_ref is None and shown is not None:
+                    current = replace(current, reply_ref=shown)
             except Exception as exc:
                 failure = exc
                 break
@@ -529,6 +540,7 @@ class _Progress:
     """What a try tells its record: started (the user message is stored), replying (where)."""
 
     def __init__(self, worker: DeliveryWorker, record: DeliveryRecord) -> None:
+        self.worker = worker
         self.deliveries = worker.deliveries
         self.record = record
 
@@ -538,6 +550,9 @@ class _Progress:
         )
 
     async def replying(self, reply_ts: str) -> None:
+        # Known here first: if the database cannot take it now, this process's retry still
+        # knows the reply exists and edits it instead of posting the answer a second time.
+        self.worker.replies[self.record.id] = reply_ts
         await self.deliveries.set_reply(self.record.id, reply_ts)
 
 
