@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import shlex
 import statistics
 import tempfile
@@ -44,7 +45,7 @@ from bot import messages as text
 from bot.standin import TEAM, SlackFaults, SlackStandIn
 from core.db import create_database
 from core.deliveries import Deliveries
-from core.messages import slack_message_id
+from core.messages import message_text, slack_message_id
 from core.migrate import upgrade
 from core.store import SessionStore
 
@@ -405,11 +406,21 @@ class Soak:
                 p for p in replies if text.cut_short() in p.text or text.will_retry() in p.text
             ]
             report.closed_for_a_takeover += len(interim)
-            finished = [p for p in replies if not p.streaming and p not in interim]
-            if len(finished) != len(thread_answers):
+            # Each answer shown once: a reply whose stream broke goes on in a message of its
+            # own (nothing lost), so answers are matched by their text across the thread's
+            # replies, not by counting messages.
+            thread_text = "".join(p.text for p in replies if p not in interim)
+            shown = Counter(_ANSWERED.findall(thread_text))
+            stored = Counter(
+                found
+                for m in thread_answers
+                for found in _ANSWERED.findall(message_text(m.message))
+            )
+            if shown != stored:
                 v.append(
-                    f"thread {root}: {len(finished)} finished replies for "
-                    f"{len(thread_answers)} answers"
+                    f"thread {root}: answers shown {sum(shown.values())} times for "
+                    f"{sum(stored.values())} answers ({sorted((shown - stored).elements())} "
+                    f"more, {sorted((stored - shown).elements())} missing)"
                 )
         report.turns = answers
         report.resumed = sum(
@@ -425,6 +436,10 @@ class Soak:
 
     def _thread_of(self, ts: str) -> str:
         return self.plan.messages.get(ts, ts) if self.plan else ts
+
+
+# What the stand-in model answers (``bench.model_standin``): one per finished answer.
+_ANSWERED = re.compile(r"\(t\d+\) answered after \d+ messages\.")
 
 
 def _plain(config: SoakConfig) -> dict[str, Any]:
