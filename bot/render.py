@@ -1,4 +1,4 @@
-"""Text on its way to Slack, so that it arrives as it was written (SPEC §10, *Rendering*).
+"""Text on its way to Slack, so that it arrives as it was written.
 
 Two kinds of field, two treatments:
 

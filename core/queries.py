@@ -265,7 +265,7 @@ _TOKEN: Final = select(SESSIONS.c.lock_token).where(SESSIONS.c.id == bindparam("
 
 
 async def claim(conn: Conn, params: dict[str, Any], *, stamp: bool) -> str | None:
-    """The claim (SPEC §6.2): the new fencing token, or None when the lock is live."""
+    """The claim (see docs/design.md): the new fencing token, or None when the lock is live."""
     if conn.dialect.name == "postgresql":
         token = (await conn.execute(_CLAIMS[stamp, True], params)).scalar()
         return None if token is None else str(token)

@@ -1,5 +1,5 @@
 """What the model and people write reaches Slack as written, on both databases, over real HTTP
-with signed requests (SPEC §10, *Rendering*, *Feedback*): Markdown replies neutralised and whole
+with signed requests: Markdown replies neutralised and whole
 however long, sandbox commands as task cards, mrkdwn escaped, feedback buttons on every
 finished reply."""
 

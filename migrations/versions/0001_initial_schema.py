@@ -1,4 +1,4 @@
-"""The initial schema: every table of SPEC §5 and the surfaces' state, in one revision.
+"""The initial schema, in one revision: the data model (docs/design.md) and the surfaces' state.
 
 Revision ID: 0001
 Revises:
