@@ -136,6 +136,7 @@ async def test_truncate__before_a_checkpoint_falls_back_to_the_previous_one(
     assert ids_after[0] not in [m.message_id for m in history]
 
 
+@pytest.mark.parametrize("backend", ["postgresql"])  # only there: see below
 async def test_truncate__a_turn_released_while_the_rewind_starts_cannot_shift_the_cut(
     store: SessionStore, replica: SessionStore, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -143,8 +144,6 @@ async def test_truncate__a_turn_released_while_the_rewind_starts_cannot_shift_th
     # auto-compacts (its user message moves up one position), answers and releases, then the
     # rewind takes the lock. The rewind must cut at where the target is now. On SQLite the
     # write transaction excludes the turn's writes, so the interleaving cannot be built there.
-    if backend != "postgresql":
-        pytest.skip("PostgreSQL only: SQLite's write lock serialises the two")
     owner, session = await new_session(store)
     ids = await add_exchange(store, session.id)
     lease = await replica.start_turn(
@@ -356,6 +355,7 @@ async def fake_snapshots(db: Database, session_id: int, message_ids: list[str]) 
         )
 
 
+@pytest.mark.parametrize("backend", ["postgresql"])  # only there: see below
 async def test_branch__a_rewind_of_the_source_during_the_fork_cannot_split_its_reads(
     store: SessionStore,
     replica: SessionStore,
@@ -366,8 +366,6 @@ async def test_branch__a_rewind_of_the_source_during_the_fork_cannot_split_its_r
     # The fork reads its source in several statements; a rewind of the source committing on
     # another connection between them must not leave copied rows without their snapshots or
     # a wrong count. On SQLite the fork's write transaction excludes the rewind.
-    if backend != "postgresql":
-        pytest.skip("PostgreSQL only: SQLite's write lock serialises the two")
     owner, session = await new_session(store)
     ids = await add_exchange(store, session.id, 3)
     await fake_snapshots(db, session.id, [ids[1], ids[3], ids[5]])
@@ -482,13 +480,12 @@ async def test_history__query_plan_uses_indexes(store: SessionStore, db: Databas
             assert "Index" in plan, plan
 
 
+@pytest.mark.parametrize("backend", ["sqlite"])  # only there: see below
 async def test_sqlite__the_store_uses_no_syntax_newer_than_the_oldest_supported(
     store: SessionStore, db: Database, backend: str
 ) -> None:
     # The SQL is written for core.db.MIN_SQLITE (verified against that library by hand): no
     # RETURNING or MATERIALIZED (3.35), no HAVING without GROUP BY (3.39).
-    if backend != "sqlite":
-        pytest.skip("SQLite only")
     with statements(db) as seen:
         owner, session = await new_session(store)
         ids = await add_exchange(store, session.id, 2)
@@ -503,13 +500,12 @@ async def test_sqlite__the_store_uses_no_syntax_newer_than_the_oldest_supported(
     assert not [s for s in sql if " HAVING " in s and " GROUP BY " not in s]
 
 
+@pytest.mark.parametrize("backend", ["sqlite"])  # only there: see below
 async def test_sqlite__operations_that_grow_with_the_data_run_off_the_event_loop(
     store: SessionStore, db: Database, backend: str
 ) -> None:
     # SQLite statements otherwise run on the loop (no aiosqlite hop on the hot path): a fork,
     # an import and the sweeper's batches must not hold it for their whole length.
-    if backend != "sqlite":
-        pytest.skip("SQLite only: PostgreSQL's driver never blocks the loop")
     loop_thread = threading.get_ident()
     on_loop: dict[str, set[bool]] = {}
 
