@@ -4,6 +4,12 @@ Select a batch of candidate ids, then delete them with a statement that repeats 
 condition. A row that changed in between (touched, claimed, referenced again, or deleted by
 another sweeper) is skipped, so sweepers on several replicas neither fail nor delete twice.
 
+On SQLite a sweeper yields the write lock between batches for as long as it held it: there is
+one writer at a time, and a lock that polls (``Database.write``) is not fair, so a sweeper
+going straight from one batch to the next kept every acknowledgement (each writes its delivery
+record) waiting for hundreds of milliseconds. PostgreSQL's writers lock rows, not the
+database, so batches follow each other there.
+
 A pass is linear in the table: each batch's candidates start after the last id the previous
 batch saw (keyset pagination on the primary key), so no batch re-reads what an earlier one
 already passed over; a row skipped in this pass is met again in the next one.
@@ -11,7 +17,9 @@ already passed over; a row skipped in this pass is met again in the next one.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -94,7 +102,10 @@ async def _delete(
     """Delete these rows where ``condition`` still holds; None if a row became referenced."""
     try:
         async with db.write(large=True) as conn:
+            held_since = time.monotonic()
             result = await conn.execute(delete(table).where(table.c.id.in_(ids), condition))
+        if db.dialect == "sqlite":
+            await asyncio.sleep(time.monotonic() - held_since)
     except DatabaseError as exc:
         if isinstance(exc.__cause__, IntegrityError):
             log.info("%s: a row became referenced during the pass; batch skipped", name)

@@ -108,61 +108,46 @@ def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
     return f"(statement_timestamp() + make_interval(secs => CAST({seconds} AS double precision)))"
 
 
-class uuid7_hex(FunctionElement[str]):
-    """The 32 hex digits of a version 7 UUID, made by the database for each row of a copy.
+class copied_message_id(FunctionElement[str]):
+    """A version 7 UUID in canonical text, made by the database for each row a fork copies.
 
-    ``uuid7_hex(position, nonce)``: the database clock's milliseconds, then the row's position
+    ``copied_message_id(position, nonce, millis)``: the milliseconds, then the row's position
     (so a copy's ids are ordered like its rows and land at the right edge of the ``message_id``
-    index), then 40 random bits; the layout of ``core.messages.new_message_id``. PostgreSQL:
-    random per row, so compute it once per row (a materialised CTE); SQLite: ``nonce``, random
-    per statement (10 hex digits), so it may be computed twice. Format with ``uuid_text``.
+    index), then random bits; the layout of ``core.messages.new_message_id``. SQLite: one
+    ``printf`` of the position, the statement's ``millis`` (the local clock, which is SQLite's)
+    and ``nonce``, 10 hex digits random per statement, so the value is a function of the row
+    and evaluating it twice (for the column and inside the JSON) gives the same id; formatting
+    in the same ``printf`` matters, as every reference to a non-materialised CTE column is
+    evaluated again (SQLite 3.31 has no ``MATERIALIZED``). PostgreSQL: the time prefix once per
+    statement, the rest of ``gen_random_uuid()`` per row (compute it in a materialised CTE);
+    ``nonce`` and ``millis`` are not used (its clock is ``statement_timestamp()``).
     """
-
-    type = String(32)
-    inherit_cache = True
-    name = "uuid7_hex"
-
-
-@compiles(uuid7_hex, "sqlite")
-def _sqlite_uuid7_hex(element: uuid7_hex, compiler: SQLCompiler, **kw: Any) -> str:
-    # SQLite: the last 40 bits are the second argument (10 hex digits, random per statement),
-    # so the value is a function of the row and can be computed twice without MATERIALIZED.
-    position, nonce = (compiler.process(arg, **kw) for arg in element.clauses)
-    millis = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
-    return (
-        f"(printf('%012x7%03x8%05x', {millis}, ({position} >> 20) & 4095, "
-        f"{position} & 1048575) || {nonce})"
-    )
-
-
-@compiles(uuid7_hex, "postgresql")
-def _pg_uuid7_hex(element: uuid7_hex, compiler: SQLCompiler, **kw: Any) -> str:
-    # The second argument (SQLite's nonce) is not used: the CTE is materialised.
-    # gen_random_uuid() is C and fast; its first 48 bits and version nibble are replaced by the
-    # time and 7 (position ordering is left out here: string building per row costs more in
-    # PostgreSQL than the index locality it would buy within one millisecond).
-    millis = "floor(extract(epoch from statement_timestamp()) * 1000)::bigint"
-    return (
-        f"(lpad(to_hex({millis}), 12, '0') || '7' || "
-        "substr(replace(CAST(gen_random_uuid() AS TEXT), '-', ''), 14, 19))"
-    )
-
-
-class uuid_text(FunctionElement[str]):
-    """32 hex digits in the canonical 8-4-4-4-12 form."""
 
     type = String(36)
     inherit_cache = True
-    name = "uuid_text"
+    name = "copied_message_id"
 
 
-@compiles(uuid_text)
-def _uuid_text(element: uuid_text, compiler: SQLCompiler, **kw: Any) -> str:
-    (h,) = (compiler.process(arg, **kw) for arg in element.clauses)
+@compiles(copied_message_id, "sqlite")
+def _sqlite_copied_message_id(element: copied_message_id, compiler: SQLCompiler, **kw: Any) -> str:
+    position, nonce, millis = (compiler.process(arg, **kw) for arg in element.clauses)
     return (
-        f"(substr({h}, 1, 8) || '-' || substr({h}, 9, 4) || '-' || substr({h}, 13, 4) || '-' "
-        f"|| substr({h}, 17, 4) || '-' || substr({h}, 21, 12))"
+        f"(printf('%08x-%04x-7%03x-8%03x-%02x', {millis} >> 16, {millis} & 65535, "
+        f"({position} >> 20) & 4095, ({position} >> 8) & 4095, {position} & 255) || {nonce})"
     )
+
+
+@compiles(copied_message_id, "postgresql")
+def _pg_copied_message_id(element: copied_message_id, compiler: SQLCompiler, **kw: Any) -> str:
+    # gen_random_uuid() is C and fast, and already canonical text: its first 14 characters
+    # (time-low, time-mid) become the milliseconds, its version digit 7; the variant and the
+    # random bits stay. The prefix is an uncorrelated scalar subquery: computed once.
+    millis = "floor(extract(epoch from statement_timestamp()) * 1000)::bigint"
+    prefix = (
+        f"(SELECT lpad(to_hex({millis} >> 16), 8, '0') || '-' || "
+        f"lpad(to_hex({millis} & 65535), 4, '0') || '-7')"
+    )
+    return f"({prefix} || substr(CAST(gen_random_uuid() AS TEXT), 16))"
 
 
 class json_with_id(FunctionElement[Any]):

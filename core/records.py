@@ -109,4 +109,3 @@ class BranchResult:
     session: SessionInfo
     draft: str | None
     copied: int
-    message_id_map: dict[str, str]

@@ -32,7 +32,7 @@ period, in batches, each DELETE re-checking its condition row by row.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -44,6 +44,7 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    literal,
     select,
     text,
     update,
@@ -59,6 +60,7 @@ from core.errors import DatabaseError
 from core.models import (
     AgentSessionMessage,
     AgentSessionSnapshot,
+    Id,
     SnapshotContent,
     SnapshotSet,
     SnapshotSetMember,
@@ -325,48 +327,49 @@ async def attach_snapshot(
 
 
 async def copy_snapshots(
-    conn: Conn,
-    *,
-    source_session_id: int,
-    new_session_id: int,
-    up_to_position: int,
-    message_ids: Mapping[str, str],
+    conn: Conn, *, source_session_id: int, new_session_id: int, up_to_position: int
 ) -> int:
-    """Fork: the copied messages' snapshots, as references to the same sets (no content)."""
-    rows = (
-        await conn.execute(
+    """Fork: the copied messages' snapshots, as references to the same sets (no content).
+
+    One ``INSERT … SELECT``: each source snapshot goes to the fork's message at the same
+    position (the fork's messages are already copied, in the same transaction).
+    """
+    copy = MESSAGES.alias("copy")
+    result = await conn.execute(
+        insert(SNAPSHOTS).from_select(
+            [
+                "message_id",
+                "session_id",
+                "position",
+                "content_digest",
+                "base_set_id",
+                "delta_set_id",
+                "raw_size",
+                "stored_size",
+            ],
             select(
-                SNAPSHOTS.c.message_id,
+                copy.c.message_id,
+                literal(new_session_id, Id),
                 SNAPSHOTS.c.position,
                 SNAPSHOTS.c.content_digest,
                 SNAPSHOTS.c.base_set_id,
                 SNAPSHOTS.c.delta_set_id,
                 SNAPSHOTS.c.raw_size,
-            ).where(
+                func.length(copy.c.message_id)
+                + func.length(SNAPSHOTS.c.content_digest)
+                + SNAPSHOT_FIXED_BYTES,
+            )
+            .join(
+                copy,
+                (copy.c.session_id == new_session_id) & (copy.c.position == SNAPSHOTS.c.position),
+            )
+            .where(
                 SNAPSHOTS.c.session_id == source_session_id,
                 SNAPSHOTS.c.position <= up_to_position,
-            )
+            ),
         )
-    ).all()
-    copies = [
-        {
-            "message_id": message_ids[r.message_id],
-            "session_id": new_session_id,
-            "position": r.position,
-            "content_digest": r.content_digest,
-            "base_set_id": r.base_set_id,
-            "delta_set_id": r.delta_set_id,
-            "raw_size": r.raw_size,
-            "stored_size": len(message_ids[r.message_id])
-            + len(r.content_digest)
-            + SNAPSHOT_FIXED_BYTES,
-        }
-        for r in rows
-        if r.message_id in message_ids
-    ]
-    if copies:
-        await conn.execute(insert(SNAPSHOTS), copies)
-    return len(copies)
+    )
+    return int(result.rowcount)
 
 
 # -- reading ----------------------------------------------------------------------------------

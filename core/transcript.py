@@ -7,13 +7,14 @@ only reads the source's persisted messages, so it is allowed while the source is
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterable
 
 from sqlalchemy import Insert, delete, insert, literal, select, update
 
 from core import queries as q
-from core.db import Conn, Database, db_now, json_with_id, uuid7_hex, uuid_text
+from core.db import Conn, Database, copied_message_id, db_now, json_with_id
 from core.errors import AgentSessionBusy, AgentSessionNotFound
 from core.messages import Message, message_text
 from core.models import Id
@@ -155,10 +156,8 @@ class TranscriptOperations:
             ).inserted_primary_key
             assert inserted is not None
             new_id = int(inserted[0])
-            await conn.execute(_copy_prefix(conn.dialect.name, session_id, new_id, end))
-            id_map = await _id_map(conn, session_id, new_id, end)
-            if id_map:
-                await _copy_snapshots(conn, session_id, new_id, end, id_map)
+            copied = await conn.execute(_copy_prefix(conn.dialect.name, session_id, new_id, end))
+            await _copy_snapshots(conn, session_id, new_id, end)
             info = (
                 await conn.execute(
                     q.session_select(self.staleness_seconds).where(SESSIONS.c.id == new_id)
@@ -167,8 +166,7 @@ class TranscriptOperations:
         return BranchResult(
             session=q.session_info(info),
             draft=message_text(target.message) if is_user else None,
-            copied=len(id_map),
-            message_id_map=id_map,
+            copied=int(copied.rowcount),
         )
 
     async def import_messages(
@@ -197,59 +195,53 @@ def _copy_prefix(dialect: str, source_id: int, new_session_id: int, end: int) ->
 
     The new id is used twice, for ``message_id`` and inside the JSON, so the two must be equal
     (the invariant ``validate_message`` keeps for rows written from Python). PostgreSQL makes
-    it once per row in a materialised CTE. SQLite (``MATERIALIZED`` needs 3.35) computes it
-    from the row's position and a random per-fork nonce, with no per-row randomness, so
-    evaluating it twice gives the same id: ``uuid7_hex`` with ``nonce``.
+    it once per row in a materialised CTE. SQLite computes it from the row's position and a
+    per-fork nonce, so evaluating it twice gives the same id (``copied_message_id``); no CTE
+    there, as Python's sqlite3 reports no row count for a statement that starts with ``WITH``.
     """
-    nonce = uuid.uuid4().hex[:10] if dialect == "sqlite" else None
+    columns = ["session_id", "position", "message", "message_id", "is_compaction_message"]
+    in_prefix = (MESSAGES.c.session_id == source_id) & (MESSAGES.c.position <= end)
+    if dialect == "sqlite":
+        new_id = copied_message_id(
+            MESSAGES.c.position,
+            literal(uuid.uuid4().hex[:10]),
+            literal(time.time_ns() // 1_000_000),
+        )
+        rows = select(
+            literal(new_session_id, Id),
+            MESSAGES.c.position,
+            json_with_id(MESSAGES.c.message, new_id),
+            new_id,
+            MESSAGES.c.is_compaction_message,
+        ).where(in_prefix)
+        return insert(MESSAGES).from_select(columns, rows)
     source = (
         select(
             MESSAGES.c.position,
             MESSAGES.c.message,
             MESSAGES.c.is_compaction_message,
-            uuid7_hex(MESSAGES.c.position, nonce).label("new_id"),
+            copied_message_id(MESSAGES.c.position, literal(""), literal(0)).label("new_id"),
         )
-        .where(MESSAGES.c.session_id == source_id, MESSAGES.c.position <= end)
+        .where(in_prefix)
         .cte("source")
+        .prefix_with("MATERIALIZED")
     )
-    if dialect == "postgresql":
-        source = source.prefix_with("MATERIALIZED")
-    new_id = uuid_text(source.c.new_id)
     return insert(MESSAGES).from_select(
-        ["session_id", "position", "message", "message_id", "is_compaction_message"],
+        columns,
         select(
             literal(new_session_id, Id),
             source.c.position,
-            json_with_id(source.c.message, new_id),
-            new_id,
+            json_with_id(source.c.message, source.c.new_id),
+            source.c.new_id,
             source.c.is_compaction_message,
         ),
     )
 
 
-async def _id_map(conn: Conn, source_id: int, new_session_id: int, end: int) -> dict[str, str]:
-    old, new = MESSAGES.alias("old"), MESSAGES.alias("new")
-    rows = await conn.execute(
-        select(old.c.message_id, new.c.message_id.label("new_id"))
-        .join(
-            new,
-            (new.c.session_id == new_session_id) & (new.c.position == old.c.position),
-        )
-        .where(old.c.session_id == source_id, old.c.position <= end)
-    )
-    return {row.message_id: row.new_id for row in rows}
-
-
-async def _copy_snapshots(
-    conn: Conn, source_id: int, new_session_id: int, end: int, id_map: dict[str, str]
-) -> None:
+async def _copy_snapshots(conn: Conn, source_id: int, new_session_id: int, end: int) -> None:
     """The fork's snapshots: new rows naming the same content, so nothing is duplicated."""
     from core.snapshots import copy_snapshots  # all SQL on snapshot tables lives there
 
     await copy_snapshots(
-        conn,
-        source_session_id=source_id,
-        new_session_id=new_session_id,
-        up_to_position=end,
-        message_ids=id_map,
+        conn, source_session_id=source_id, new_session_id=new_session_id, up_to_position=end
     )

@@ -307,10 +307,11 @@ async def test_fork__shares_content_and_then_has_its_own_sandbox(
     assert (await count(db, CONTENTS), await count(db, SETS), await count(db, MEMBERS)) == totals
     copied = await snapshot_messages(db, fork.session.id)
     assert len(copied) == 2
-    assert fork.message_id_map[fork_point] in copied
+    at_fork = (await store.messages(fork.session.id))[-1].message_id  # the fork point's copy
+    assert at_fork in copied
 
     forked = await restore(db, fork.session.id)
-    assert forked.message_id == fork.message_id_map[fork_point]
+    assert forked.message_id == at_fork
     assert forked.read_file("/home/user/g") == "at-fork\n"
     await turn(store, db, fork.session.id, forked, "echo fork-only > /home/user/g")
 

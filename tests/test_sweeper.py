@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import uuid
 from typing import Any
 
 import pytest
 from sqlalchemy import event, select, update
 
+from core import batched
 from core.db import Database, ago
 from core.deliveries import (
     DELIVERIES,
@@ -121,6 +123,31 @@ async def test_pass__is_linear_each_batch_starts_after_the_last_and_the_cap_rank
     ]
     assert len(expired_selects) == 4
     assert all("AGENT_SESSIONS.ID >" in s for s in expired_selects[1:])
+
+
+async def test_batches__on_sqlite_yield_the_write_lock_as_long_as_they_held_it(
+    store: SessionStore, db: Database, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SQLite has one writer; a sweeper in its own thread going straight from one batch to the
+    # next kept the replica's acknowledgements (each a write) waiting. After each batch it
+    # must leave the lock free for as long as it held it. PostgreSQL locks rows: no pause.
+    expired = await sessions(store, 5, temporary=True)
+    await backdate(db, expired, expires_at=10)
+    pauses: list[float] = []
+    original = asyncio.sleep
+
+    async def recording(delay: float, *args: Any) -> Any:
+        if sys._getframe(1).f_code.co_filename == batched.__file__:
+            pauses.append(delay)
+        return await original(delay, *args)
+
+    monkeypatch.setattr(batched.asyncio, "sleep", recording)
+    report = await sweep(db, OFF, staleness_seconds=60, batch_size=2)
+    assert report.expired == 5
+    if backend == "sqlite":
+        assert len(pauses) == 3 and all(p > 0 for p in pauses)  # batches of 2, 2 and 1
+    else:
+        assert pauses == []
 
 
 async def test_active_session__is_never_deleted_by_any_pass(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from core.errors import (
 from core.messages import assistant_message, user_message
 from core.models import AgentSessionSnapshot, SnapshotContent, SnapshotSet, SnapshotSetMember
 from core.queries import history_statement
-from core.records import Actor, StoredMessage
+from core.records import Actor, BranchResult, StoredMessage
 from core.retention import RetentionPolicy
 from core.store import SessionStore
 from core.sweeper import sweep
@@ -178,6 +179,15 @@ async def test_truncate__a_turn_released_while_the_rewind_starts_cannot_shift_th
     assert (await store.history(session.id))[0].message_id == finished[0]
 
 
+async def copy_of(
+    store: SessionStore, source_id: int, fork: BranchResult, source_ids: list[str]
+) -> list[str]:
+    """The ids the fork gave these source messages: the copy keeps each one's position."""
+    source = {m.message_id: m.position for m in await store.messages(source_id)}
+    copied = {m.position: m.message_id for m in await store.messages(fork.session.id)}
+    return [copied[source[i]] for i in source_ids]
+
+
 async def checkpoint(store: SessionStore, session_id: int, label: str) -> str:
     lease = await store.start_turn(
         session_id,
@@ -207,7 +217,10 @@ async def test_branch__assistant_target_copies_through_it_with_new_ids(store: Se
     new_ids = [m.message_id for m in copied]
     assert not set(new_ids) & set(ids)
     assert all(m.message["id"] == m.message_id for m in copied)
-    assert result.message_id_map == dict(zip(ids[:4], new_ids, strict=True))
+    assert [m.position for m in copied] == [0, 1, 2, 3]
+    # Version 7 UUIDs in canonical form, distinct, as a message written from Python has.
+    assert all(str(uuid.UUID(i)) == i and uuid.UUID(i).version == 7 for i in new_ids)
+    assert len(set(new_ids)) == 4
     assert result.draft is None
     assert result.session.user_id == forker
     assert result.session.title == (await store.get_session(session.id)).title
@@ -243,7 +256,7 @@ async def test_branch__at_a_checkpoint_starts_from_it_with_no_draft(
     assert result.draft is None
     assert result.copied == 3
     history = await store.history(result.session.id)
-    assert [m.message_id for m in history] == [result.message_id_map[cp]]
+    assert [m.message_id for m in history] == [(await copy_of(store, session.id, result, [cp]))[0]]
     assert history[0].is_compaction_message
 
 
@@ -300,7 +313,7 @@ async def test_branch__carries_checkpoint_flag_model_and_snapshots(
     result = await store.branch(session.id, more[1], user_id=owner)
     history = await store.history(result.session.id)
     assert history[0].is_compaction_message
-    assert history[0].message_id == result.message_id_map[cp]
+    assert history[0].message_id == (await copy_of(store, session.id, result, [cp]))[0]
     async with db.read() as conn:
         rows = (
             await conn.execute(
@@ -310,7 +323,7 @@ async def test_branch__carries_checkpoint_flag_model_and_snapshots(
             )
         ).all()
     assert sorted(r.message_id for r in rows) == sorted(
-        result.message_id_map[m] for m in (ids[1], more[1])
+        await copy_of(store, session.id, result, [ids[1], more[1]])
     )
     assert {(r.content_digest, r.base_set_id) for r in rows} == {("ab" * 32, set_id)}
 
@@ -369,21 +382,23 @@ async def test_branch__a_rewind_of_the_source_during_the_fork_cannot_split_its_r
     owner, session = await new_session(store)
     ids = await add_exchange(store, session.id, 3)
     await fake_snapshots(db, session.id, [ids[1], ids[3], ids[5]])
-    original = transcript._id_map
+    original = transcript._copy_snapshots
     rewound: list[int] = []
 
-    async def rewind_then_map(*args: Any) -> dict[str, str]:
+    async def rewind_then_copy(*args: Any) -> None:
         if not rewound:
             result = await replica.truncate(session.id, ids[1], Actor(owner))
             rewound.append(result.deleted)
-        return await original(*args)
+        await original(*args)
 
-    monkeypatch.setattr(transcript, "_id_map", rewind_then_map)
+    monkeypatch.setattr(transcript, "_copy_snapshots", rewind_then_copy)
     result = await store.branch(session.id, ids[5], user_id=owner)
     assert rewound == [4]  # the rewind did commit in the middle of the fork
     copied = await store.messages(result.session.id)
     assert result.copied == len(copied) == 6
-    assert sorted(result.message_id_map) == sorted(ids)
+    assert [m.message["parts"][0]["text"] for m in copied] == [
+        f"{kind} {i}" for i in range(3) for kind in ("question", "answer")
+    ]
     async with db.read() as conn:
         with_state = set(
             (
@@ -394,7 +409,7 @@ async def test_branch__a_rewind_of_the_source_during_the_fork_cannot_split_its_r
                 )
             ).scalars()
         )
-    assert with_state == {result.message_id_map[m] for m in (ids[1], ids[3], ids[5])}
+    assert with_state == {copied[p].message_id for p in (1, 3, 5)}
 
 
 async def test_branch__unknown_session_or_message(store: SessionStore) -> None:
