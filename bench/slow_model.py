@@ -37,6 +37,7 @@ class SlowModel:
         self.seconds = seconds
         self.in_flight = 0
         self.most = 0
+        self.started = 0
         self.finished = 0
         self.failed = 0
         self.url = ""
@@ -63,6 +64,7 @@ class SlowModel:
             {
                 "in_flight": self.in_flight,
                 "most": self.most,
+                "started": self.started,
                 "finished": self.finished,
                 "failed": self.failed,
             }
@@ -71,6 +73,7 @@ class SlowModel:
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         await request.read()
         self.in_flight += 1
+        self.started += 1
         self.most = max(self.most, self.in_flight)
         try:
             response = web.StreamResponse(headers={"content-type": "text/event-stream"})

@@ -206,7 +206,7 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> None:
     result["concurrent_turns"] = await bench_concurrent_turns(
         args.database_url,
         sizes=(10, 100) if args.quick else (10, 100, 500),
-        stream_seconds=5.0 if args.quick else 10.0,
+        stream_seconds=5.0 if args.quick else 20.0,
     )
     result["ack_during_fork_and_sweep"] = await bench_ack_during_fork_and_sweep(
         args.database_url, fork_messages=2000 if args.quick else 10_000

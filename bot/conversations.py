@@ -28,10 +28,12 @@ from bot import context, render
 from bot import messages as text
 from bot.context import Prepared
 from bot.files import SharedFile
-from bot.reply import SLACK_FAILURES, ReplyStream
+from bot.reply import SLACK_FAILURES, ReplyStream, StreamPacer
 from core.agent import (
     Agent,
     AgentEvent,
+    ModelCalled,
+    ModelDone,
     Notice,
     TextChunk,
     ToolFinished,
@@ -71,6 +73,12 @@ class Progress(Protocol):
 
     async def replying(self, reply_ts: str) -> None:
         """The reply's first message exists in Slack (a take-over finishes it)."""
+
+    def waiting_on_model(self) -> None:
+        """The turn's work before its model call is done; it now mostly waits."""
+
+    async def done_with_model(self) -> None:
+        """The model's answer is complete; the turn's own work resumes (storing it)."""
 
 
 def thread_key(team: str, channel: str, thread_ts: str) -> str:
@@ -145,7 +153,7 @@ class Conversations:
         self.store = store
         self.agent = agent
         self.state = state
-        self.update_interval = update_interval
+        self.pacer = StreamPacer(update_interval)  # every reply of this process shares it
         self._tasks: set[asyncio.Task[None]] = set()
         self.closing = False
 
@@ -403,7 +411,7 @@ class Conversations:
             thread_ts=post.thread_ts,
             team=post.team,
             user=post.user,
-            interval=self.update_interval,
+            pacer=self.pacer,
             on_start=progress.replying,
         )
 
@@ -413,6 +421,10 @@ class Conversations:
                 await self._session_status(client, post, "processing", title=session.title)
                 if resume:
                     await stream.append(text.notice(text.resumed()) + "\n")
+            elif isinstance(event, ModelCalled):
+                progress.waiting_on_model()
+            elif isinstance(event, ModelDone):
+                await progress.done_with_model()
             elif isinstance(event, TextChunk):
                 await stream.append(event.text)
             elif isinstance(event, ToolStarted):

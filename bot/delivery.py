@@ -53,6 +53,12 @@ DATABASE_RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0)
 WAIT_RECHECK_SECONDS = 30.0
 # Work on a message waits at most this long for a burst of requests to be acknowledged.
 ACKS_FIRST_SECONDS = 0.5
+# Turns doing their own work at once: before their model call (records, claim, history,
+# sandbox, Slack status) and after it (storing the answer, closing the reply, records). That
+# work is CPU on the one event loop, 20-30 ms a turn; hundreds of turns starting or ending
+# together made each pass of the loop hundreds of milliseconds long, and every acknowledgement
+# waited for such passes. Turns waiting on their model, the most of a turn, are not counted.
+TURNS_AT_WORK = 32
 
 
 class DeliveryWorker:
@@ -79,6 +85,7 @@ class DeliveryWorker:
         self._wake: dict[str, asyncio.Event] = {}  # thread -> set when a record of it finishes
         # Turns run at once by this process; the rest wait, already recorded and leased.
         self._slots = asyncio.Semaphore(max_turns)
+        self._at_work = asyncio.Semaphore(TURNS_AT_WORK)
         self._upkeep: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._waiters: dict[int, _Waiter] = {}  # records waiting here, by id
@@ -226,9 +233,11 @@ class DeliveryWorker:
                 if self.closing:
                     return
                 self._turning.add(current.id)  # from here on, a stop waits for it
+                progress = _Progress(self, current)
                 try:
+                    await progress.done_with_model()  # the work before the model call
                     outcome = await self.conv.attempt(
-                        current, client, resumed=resumed, progress=_Progress(self, current)
+                        current, client, resumed=resumed, progress=progress
                     )
                     if outcome is Outcome.STALE:
                         await self._offer(current, client, stale=True)
@@ -245,6 +254,7 @@ class DeliveryWorker:
                         await asyncio.shield(self.deliveries.release([current.id]))
                     raise
                 finally:
+                    progress.waiting_on_model()  # the turn ended: its place goes to another
                     self._turning.discard(current.id)
             resumed = False
             current = await self._start_waiting(current, client)
@@ -543,6 +553,17 @@ class _Progress:
         self.worker = worker
         self.deliveries = worker.deliveries
         self.record = record
+        self._holding = False  # one of the worker's ``TURNS_AT_WORK``
+
+    def waiting_on_model(self) -> None:
+        if self._holding:
+            self._holding = False
+            self.worker._at_work.release()
+
+    async def done_with_model(self) -> None:
+        if not self._holding:
+            await self.worker._at_work.acquire()
+            self._holding = True
 
     async def started(self, session_id: int) -> None:
         await self.deliveries.move(

@@ -55,7 +55,7 @@ class Replica:
             _env_file=None,
         )
         bot = await Bot.open(settings)
-        bot.conversations.update_interval = 0.2
+        bot.conversations.pacer.base = 0.2
         bot.start()
         runner = web.AppRunner(bot.web_app(), access_log=None)
         await runner.setup()

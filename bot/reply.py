@@ -31,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -54,6 +56,31 @@ MESSAGE_LIMIT = 36_000
 MIN_ROOM = 1_000
 # A task card's output: its last characters.
 TASK_OUTPUT = 300
+# Text updates a second that one replica's replies share (``StreamPacer``).
+STREAM_CALLS_PER_SECOND = 100.0
+
+
+class StreamPacer:
+    """The pace of one replica's streaming replies: together they make at most about
+    ``budget`` Web API calls a second, so each one's interval grows with how many stream at
+    once (never below ``interval``). Under a few hundred turns at once, a call a second for
+    each was most of the replica's CPU (and more than Slack's rate limits allow): replies then
+    arrive in fewer, larger pieces, and nothing else slows down."""
+
+    def __init__(self, interval: float = 1.0, budget: float = STREAM_CALLS_PER_SECOND) -> None:
+        self.base = interval
+        self.budget = budget
+        self._streaming: weakref.WeakSet[ReplyStream] = weakref.WeakSet()
+
+    @property
+    def interval(self) -> float:
+        return max(self.base, len(self._streaming) / self.budget)
+
+    def started(self, reply: ReplyStream) -> None:
+        self._streaming.add(reply)
+
+    def finished(self, reply: ReplyStream) -> None:
+        self._streaming.discard(reply)
 
 
 def _stream_gone(exc: SlackApiError) -> bool:
@@ -71,6 +98,7 @@ class ReplyStream:
         team: str | None,
         user: str | None,
         interval: float = 1.0,
+        pacer: StreamPacer | None = None,
         on_start: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.client = client
@@ -78,7 +106,7 @@ class ReplyStream:
         self.thread_ts = thread_ts
         self.team = team
         self.user = user
-        self.interval = interval
+        self.pacer = pacer or StreamPacer(interval, budget=math.inf)
         self.on_start = on_start  # told the reply's first ts once it exists
         self.ts: str | None = None  # the reply's first message
         self.parts: list[str] = []  # every message of the reply, in order
@@ -96,6 +124,11 @@ class ReplyStream:
         self._pending: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
+    @property
+    def interval(self) -> float:
+        """Seconds between two text updates while text arrives (the first goes at once)."""
+        return self.pacer.interval
+
     # -- what the turn calls --------------------------------------------------------------------
 
     async def append(self, text: str) -> None:
@@ -104,6 +137,7 @@ class ReplyStream:
         self.text += text
         if self.broken:
             return
+        self.pacer.started(self)
         if self.ts is None or time.monotonic() - self._last >= self.interval:
             await self._flush()
         elif self._pending is None:
@@ -143,6 +177,7 @@ class ReplyStream:
         ``status_sent`` says whether it went. ``blocks`` (the feedback buttons) go under the
         reply's last message.
         """
+        self.pacer.finished(self)
         if self._pending is not None:
             self._pending.cancel()
             with contextlib.suppress(asyncio.CancelledError):

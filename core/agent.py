@@ -109,7 +109,19 @@ class TurnStarted:
     user: StoredMessage | None
 
 
-AgentEvent = TurnStarted | TextChunk | ToolStarted | ToolFinished | Notice
+@dataclass(frozen=True)
+class ModelCalled:
+    """A model request goes out: the turn's own work before it (claim, history, sandbox) is
+    done, and from here it mostly waits. A surface running many turns uses it to keep their
+    starts, which are CPU work on its event loop, from crowding out everything else."""
+
+
+@dataclass(frozen=True)
+class ModelDone:
+    """The model has written its answer (or failed); what follows is storing it."""
+
+
+AgentEvent = TurnStarted | ModelCalled | ModelDone | TextChunk | ToolStarted | ToolFinished | Notice
 OnEvent = Callable[[AgentEvent], Awaitable[None]]
 
 
@@ -210,7 +222,7 @@ class Agent:
             compacted = False
             error: ModelProviderError | None = None
             try:
-                compacted = await self._auto_compact(turn, model)
+                compacted = await self._auto_compact(turn, model, emit)
                 if compacted:
                     notices.append(COMPACTED_NOTICE)
                     await emit(Notice(COMPACTED_NOTICE))
@@ -224,6 +236,7 @@ class Agent:
                 turn.partial = answer.message()
                 turn.partial_snapshot = await self._snapshot(sandbox)
                 raise
+            await emit(ModelDone())
             metadata: dict[str, Any] = {}
             if error is not None:
                 metadata = {
@@ -257,6 +270,7 @@ class Agent:
                 system=self.config.system_prompt,
             )
             answer.parts.append(step_start_part())
+            await emit(ModelCalled())
             calls: list[ToolCall] = []
             text_index: int | None = None
             async for event in model.provider.stream(conversation, tools, model=model.choice.name):
@@ -303,7 +317,7 @@ class Agent:
         captured = await sandbox.capture()
         return None if captured is None else await store_content(self.store.db, captured)
 
-    async def _auto_compact(self, turn: Turn, model: ResolvedModel) -> bool:
+    async def _auto_compact(self, turn: Turn, model: ResolvedModel, emit: OnEvent) -> bool:
         limit = self.config.auto_compact_tokens
         if limit <= 0:
             return False
@@ -314,6 +328,7 @@ class Agent:
         if estimate_tokens(history) <= limit:
             return False
         summarise = model_summariser(model.provider, model=model.choice.name)
+        await emit(ModelCalled())
         checkpoint = await summarise(earlier, parse_checkpoint(earlier[0]), None)
         await self.store.insert_checkpoint_before_tail(turn.lease, checkpoint_message(checkpoint))
         return True

@@ -38,6 +38,7 @@ stored verbatim as ``bashkit``), and bashkit re-checks every hash on checkout.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -314,7 +315,7 @@ class Sandbox:
 
     def __init__(self, limits: SandboxLimits | None = None) -> None:
         self.limits = limits or SandboxLimits()
-        self._bash = self._new_bash()
+        self._shell: bashkit.Bash | None = None  # made when first needed (``_bash``)
         self._lock = asyncio.Lock()
         self._inflight: asyncio.Future[Any] | None = None
         self._dirty = False
@@ -322,6 +323,14 @@ class Sandbox:
         self.message_id: str | None = None
 
     # -- opening ------------------------------------------------------------------------------
+
+    @property
+    def _bash(self) -> bashkit.Bash:
+        """The shell, made on first use: most turns of a conversation never run a command,
+        and making one (about 2 ms, holding the GIL) was a tenth of a turn's CPU time."""
+        if self._shell is None:
+            self._shell = self._new_bash()
+        return self._shell
 
     def _new_bash(self) -> bashkit.Bash:
         return bashkit.Bash(
@@ -344,10 +353,12 @@ class Sandbox:
 
     @classmethod
     def new(cls, limits: SandboxLimits | None = None) -> Sandbox:
-        """An empty sandbox (a session's first turn)."""
+        """An empty sandbox (a session's first turn). Its baseline is the empty shell's
+        commit, the same for every empty shell of these limits (content-addressed), so it is
+        made once per process and the shell itself only when a command runs."""
         sandbox = cls(limits)
-        packed = sandbox._bash.commit()
-        sandbox._note_head(packed.id, {k: bytes(v) for k, v in packed.objects.items()})
+        commit, objects = _empty_commit(sandbox.limits)
+        sandbox._note_head(commit, objects)
         return sandbox
 
     @classmethod
@@ -373,7 +384,10 @@ class Sandbox:
 
     @classmethod
     async def open(cls, state: SandboxState | None, limits: SandboxLimits | None = None) -> Sandbox:
-        """``from_state`` off the event loop (decoding and checkout take a few milliseconds)."""
+        """``from_state`` off the event loop (decoding and checkout take a few milliseconds);
+        an empty one in place, where there is nothing to decode."""
+        if state is None:
+            return cls.new(limits)
         return await asyncio.to_thread(cls.from_state, state, limits)
 
     def _note_head(self, commit: str, objects: Mapping[str, bytes]) -> None:
@@ -470,7 +484,7 @@ class Sandbox:
             # Keep the shell as it is: its commands may time out, but the turn goes on.
             log.exception("sandbox: restarting the shell after a time-out failed")
             return
-        self._bash = fresh
+        self._shell = fresh
 
     def state_bytes(self) -> int:
         """File contents plus shell variables, the bytes ``max_state_bytes`` limits.
@@ -642,6 +656,13 @@ class Sandbox:
             len(v) - 1 if v[:1] == bytes([_STORED]) else len(v) for v in objects.values()
         )
         return Captured(packed.id, tuple(rows), base_set, delta_set, raw_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _empty_commit(limits: SandboxLimits) -> tuple[str, dict[str, bytes]]:
+    """The commit of an empty shell of these limits and its objects (``Sandbox.new``)."""
+    packed = Sandbox(limits)._bash.commit()
+    return packed.id, {k: bytes(v) for k, v in packed.objects.items()}
 
 
 def _encode(

@@ -75,7 +75,15 @@ class SessionStore(TranscriptOperations):
     # -- users and sessions -------------------------------------------------------------------
 
     async def get_or_create_user(self, external_id: str, display_name: str | None = None) -> int:
-        """Idempotent under concurrency: replicas meeting a new user at once agree on one row."""
+        """Idempotent under concurrency: replicas meeting a new user at once agree on one row.
+
+        Read first: users are never deleted, so a known one (every turn but a person's first)
+        costs a read, not a write transaction.
+        """
+        async with self.db.read() as conn:
+            known = await conn.scalar(select(USERS.c.id).where(USERS.c.external_id == external_id))
+        if known is not None:
+            return int(known)
         async with self.db.write() as conn:
             await conn.execute(
                 self.db.upsert(USERS)

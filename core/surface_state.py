@@ -55,6 +55,13 @@ class SurfaceState:
     async def bind_thread(
         self, thread_key: str, session_id: int, last_shown_message_id: str | None = None
     ) -> ThreadInfo:
+        """The thread's binding; made if there is none (an existing one is kept as it is).
+
+        Read first: every turn of a thread binds it, and all but the first find it bound.
+        """
+        found = await self.get_thread(thread_key)
+        if found is not None:
+            return found
         async with self.db.write() as conn:
             await conn.execute(
                 self.db.upsert(THREADS)

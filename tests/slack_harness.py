@@ -51,7 +51,7 @@ async def running_bot(
     database_url: str, slack: FakeSlack, **overrides: Any
 ) -> AsyncIterator[RunningBot]:
     bot = await Bot.open(load_settings(**bot_settings(database_url, slack, **overrides)))
-    bot.conversations.update_interval = 0.05
+    bot.conversations.pacer.base = 0.05
     bot.start()
     runner = web.AppRunner(bot.web_app(), access_log=None)
     await runner.setup()

@@ -24,6 +24,8 @@ async def test_concurrent_turns__small_n_reports_what_it_measured() -> None:
     assert row["turns"] == 3
     assert row["ack"]["n"] == 3
     assert row["cpu_ms_per_turn"] > 0
+    assert row["running_at_once"] == 3
+    assert row["turns_started_per_second"] > 0
     assert row["model_calls_failed"] == 0
     assert format_lines({"concurrent_turns": result})
 

@@ -145,7 +145,8 @@ async def test_batches__on_sqlite_yield_the_write_lock_as_long_as_they_held_it(
     report = await sweep(db, OFF, staleness_seconds=60, batch_size=2)
     assert report.expired == 5
     if backend == "sqlite":
-        assert len(pauses) == 3 and all(p > 0 for p in pauses)  # batches of 2, 2 and 1
+        assert len(pauses) == 3  # batches of 2, 2 and 1
+        assert all(p > 0 for p in pauses)
     else:
         assert pauses == []
 
