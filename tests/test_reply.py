@@ -7,7 +7,7 @@ import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.render import ZWJ, open_fence
-from bot.reply import ReplyStream
+from bot.reply import ReplyStream, StreamPacer
 from tests.fake_slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, FakeSlack
 
 THREAD = "1700000000.000001"
@@ -113,3 +113,31 @@ async def test_task_cards__in_order_with_the_text_around_them() -> None:
         (message,) = slack.thread_messages(THREAD)
         assert message.text == "Let me look. Done."
         assert message.tasks["task_1"]["output"] == "total 0"
+
+
+async def test_pacer__replies_streaming_at_once_share_the_budget_of_updates() -> None:
+    # Four replies on a budget of two updates a second: each may update every two seconds;
+    # as they finish, the interval comes back to the base.
+    pacer = StreamPacer(0.5, budget=2.0)
+    async with FakeSlack() as slack:
+        client = AsyncWebClient(token="xoxb-test", base_url=slack.api_url)
+        replies = [
+            ReplyStream(
+                client,
+                channel="C1",
+                thread_ts=f"17000000{i}0.000001",
+                team="T1",
+                user="U1",
+                pacer=pacer,
+            )
+            for i in range(4)
+        ]
+        assert replies[0].interval == 0.5  # nothing streams yet
+        for reply in replies:
+            await reply.append("first words")
+        assert all(reply.interval == 2.0 for reply in replies)
+        for reply in replies[:3]:
+            await reply.finish()
+        assert replies[3].interval == 0.5
+        await replies[3].finish()
+        assert len(slack.named("chat.stopStream")) == 4  # each one still arrived whole

@@ -11,7 +11,7 @@ from core.errors import AgentSessionBusy, AgentSessionForbidden, AgentSessionNot
 from core.messages import user_message
 from core.records import Actor
 from core.store import SessionStore
-from tests.helpers import add_exchange, new_session
+from tests.helpers import add_exchange, new_session, statements
 
 
 async def test_get_or_create_session__concurrent_callers_share_one_row(
@@ -35,8 +35,11 @@ async def test_get_or_create_session__concurrent_callers_share_one_row(
 
 async def test_get_or_create_user__is_idempotent(store: SessionStore) -> None:
     a = await store.get_or_create_user("slack:T1:U1", "Ann")
-    b = await store.get_or_create_user("slack:T1:U1", "Ann again")
+    with statements(store.db) as seen:
+        b = await store.get_or_create_user("slack:T1:U1", "Ann again")
     assert a == b
+    # Every turn asks; a known user costs one read, no write transaction.
+    assert [s.split()[0].upper() for s, _ in seen if s != "BEGIN"] == ["SELECT"]
 
 
 async def test_temporary_session__expires_on_database_clock(store: SessionStore) -> None:

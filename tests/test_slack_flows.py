@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
+from bot import delivery
 from bot import messages as text
 from core.deliveries import DELIVERIES
 from core.messages import assistant_message, message_text, user_message
@@ -472,3 +474,27 @@ async def test_chatter_before_the_agent_is_called_into_a_thread__is_context_not_
     ]
     states = await delivery_states(store)
     assert states == {chatter: "stray", call: "done", later: "done"}
+
+
+async def test_turns_at_work__waiting_on_the_model_frees_a_place_and_every_turn_finishes(
+    database_url: str, slack: FakeSlack, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two places for turns doing their own work (before and after the model call): six turns
+    # must still all reach their model at once, as a turn waiting on it holds no place, and
+    # all six must finish, as each takes a place again to store its answer and gives it back.
+    monkeypatch.setattr(delivery, "TURNS_AT_WORK", 2)
+    async with (
+        GatedModel() as model,
+        running_bot(database_url, slack, **gated(model)) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        roots = [await client.message(f"question {i}", mention=True) for i in range(6)]
+        for _ in range(400):
+            if model.in_flight == 6:
+                break
+            await asyncio.sleep(0.05)
+        assert model.in_flight == 6
+        model.release()
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 6)
+    for root in roots:
+        assert [m.role for m in await transcript(store, root)] == ["user", "assistant"]
