@@ -15,6 +15,7 @@ All time that decides anything (lock staleness, expiry, idleness) is the databas
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import sqlite3
 import time
@@ -281,6 +282,56 @@ class ThreadedConnection(InlineConnection):
         return await asyncio.to_thread(fn, self.sync_connection)
 
 
+# Connections of a PostgreSQL ``Database`` kept for urgent writes (``Database.write``).
+URGENT_POOL_SIZE = 2
+
+
+class _WriteLock:
+    """SQLite's writers in this process, one at a time, in arrival order, except that an urgent
+    writer goes before every waiting ordinary one: a message's delivery record, which Slack's
+    acknowledgement waits for, must not queue behind the writes of a hundred running turns.
+    The lock passes directly from holder to next waiter, so no one overtakes in between."""
+
+    def __init__(self) -> None:
+        self._held = False
+        self._urgent: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._ordinary: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, *, urgent: bool = False) -> AsyncIterator[None]:
+        await self._acquire(urgent)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self, urgent: bool) -> None:
+        if not self._held and not self._urgent and not self._ordinary:
+            self._held = True
+            return
+        queue = self._urgent if urgent else self._ordinary
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self._release()  # handed the lock as the wait was cancelled: pass it on
+            else:
+                with contextlib.suppress(ValueError):  # a release may have dropped it already
+                    queue.remove(turn)
+            raise
+
+    def _release(self) -> None:
+        for queue in (self._urgent, self._ordinary):
+            while queue:
+                turn = queue.popleft()
+                if not turn.done():
+                    turn.set_result(None)  # still held: it is theirs now
+                    return
+        self._held = False
+
+
 class Database:
     """The engine of one database, and how transactions are opened on it.
 
@@ -299,8 +350,9 @@ class Database:
     ) -> None:
         self.url = normalize_database_url(url)
         self._async: AsyncEngine | None = None
+        self._urgent: AsyncEngine | None = None
         self._sqlite: Engine | None = None
-        self._write_lock = asyncio.Lock()
+        self._write_lock = _WriteLock()
         if self.url.startswith("sqlite"):
             check_sqlite_version()
             self._sqlite = create_engine(
@@ -321,6 +373,15 @@ class Database:
                 echo=echo,
                 pool_size=pool_size,
                 max_overflow=pool_size,
+                connect_args={"server_settings": server_settings},
+            )
+            # Urgent writes (``write(urgent=True)``) have connections of their own, so they
+            # never queue behind the turns holding the main pool's.
+            self._urgent = create_async_engine(
+                self.url,
+                echo=echo,
+                pool_size=URGENT_POOL_SIZE,
+                max_overflow=URGENT_POOL_SIZE,
                 connect_args={"server_settings": server_settings},
             )
 
@@ -355,8 +416,13 @@ class Database:
             raise database_error(exc) from exc
 
     @contextlib.asynccontextmanager
-    async def write(self, *, consistent: bool = False, large: bool = False) -> AsyncIterator[Conn]:
+    async def write(
+        self, *, consistent: bool = False, large: bool = False, urgent: bool = False
+    ) -> AsyncIterator[Conn]:
         """One write transaction, committed on success and rolled back on any error.
+
+        ``urgent``: ahead of this process's other writers: on SQLite before the waiting ones
+        (``_WriteLock``), on PostgreSQL on connections of its own.
 
         ``large``: as for ``read``, SQLite runs the statements (and the commit) in a worker
         thread, so an operation whose statements grow with the data never holds the loop.
@@ -373,7 +439,7 @@ class Database:
                     async with aconn.begin():
                         yield aconn
             elif self._sqlite is not None:
-                async with self._write_lock:
+                async with self._write_lock.hold(urgent=urgent):
                     conn = await self._sqlite_begin_immediate(self._sqlite)
                     try:
                         if large:
@@ -385,8 +451,9 @@ class Database:
                     finally:
                         conn.close()  # rolls back whatever was not committed
             else:
-                assert self._async is not None
-                async with self._async.begin() as aconn:
+                engine = self._urgent if urgent else self._async
+                assert engine is not None
+                async with engine.begin() as aconn:
                     yield aconn
         except (SQLAlchemyError, OSError, sqlite3.Error) as exc:
             raise database_error(exc) from exc
@@ -407,7 +474,7 @@ class Database:
                 yield conn
             return
         try:
-            async with self._write_lock:
+            async with self._write_lock.hold():
                 locked = await self._sqlite_begin_immediate(self._sqlite, foreign_keys=False)
                 raw = _raw(locked)
                 # A statement that reads the file, so the schema another replica's migration
@@ -525,6 +592,8 @@ class Database:
             self._sqlite.dispose()
         if self._async is not None:
             await self._async.dispose()
+        if self._urgent is not None:
+            await self._urgent.dispose()
 
 
 def check_sqlite_version() -> None:

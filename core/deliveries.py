@@ -230,7 +230,8 @@ class _GroupCommit:
             for values, _ in batch:
                 first.setdefault(values["event_key"], values)  # a duplicate in the same batch
             try:
-                async with self.db.write() as conn:
+                # Urgent: acknowledgements wait for this commit, turns' writes can wait.
+                async with self.db.write(urgent=True) as conn:
                     written = await self._insert_rows(conn, list(first.values()))
             except Exception as exc:
                 for _, future in batch:

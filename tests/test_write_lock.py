@@ -1,0 +1,52 @@
+"""SQLite's in-process write lock: one writer at a time, urgent writers (the delivery records an
+acknowledgement waits for) ahead of ordinary ones, and a cancelled waiter never keeps it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from core.db import _WriteLock
+
+
+async def test_urgent_writers_go_before_waiting_ordinary_ones_each_queue_in_order() -> None:
+    lock = _WriteLock()
+    order: list[str] = []
+
+    async def write(name: str, urgent: bool) -> None:
+        async with lock.hold(urgent=urgent):
+            order.append(name)
+            await asyncio.sleep(0)
+
+    async with lock.hold():  # a turn's write holds it while the others arrive
+        tasks = [
+            asyncio.create_task(write(name, urgent))
+            for name, urgent in [("turn 1", False), ("ack 1", True), ("turn 2", False)]
+        ]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(write("ack 2", True)))
+        await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    assert order == ["ack 1", "ack 2", "turn 1", "turn 2"]
+
+
+async def test_a_waiter_cancelled_before_or_after_being_handed_the_lock_passes_it_on() -> None:
+    lock = _WriteLock()
+    entered: list[str] = []
+
+    async def write(name: str) -> None:
+        async with lock.hold():
+            entered.append(name)
+
+    async with lock.hold():
+        early = asyncio.create_task(write("cancelled while waiting"))
+        handed = asyncio.create_task(write("cancelled once handed"))
+        last = asyncio.create_task(write("last"))
+        await asyncio.sleep(0)
+        early.cancel()
+        await asyncio.sleep(0)
+    handed.cancel()  # the release handed it the lock; it is cancelled before it runs
+    await asyncio.gather(early, handed, last, return_exceptions=True)
+    assert entered == ["last"]
+    async with asyncio.timeout(1):
+        async with lock.hold():  # free again
+            pass
