@@ -186,10 +186,6 @@ async def _concurrent(
                 # answer's time.
                 to_all_started = time.perf_counter() - started
                 wave_started = stats["started"] - base["started"]
-                if stats["in_flight"] < n:
-                    stats = await _wait_for(
-                        lambda s: s["in_flight"] >= n, http, model_url, stream_seconds * 2
-                    )
                 to_all_running = time.perf_counter() - started
                 running = stats["in_flight"]
                 active_rss = max(rss_bytes(proc.pid) for _ in range(3))

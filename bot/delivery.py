@@ -235,7 +235,7 @@ class DeliveryWorker:
                 self._turning.add(current.id)  # from here on, a stop waits for it
                 progress = _Progress(self, current)
                 try:
-                    await progress.done_with_model()  # the work before the model call
+                    await progress.enter()  # its work before the model call
                     outcome = await self.conv.attempt(
                         current, client, resumed=resumed, progress=progress
                     )
@@ -254,7 +254,7 @@ class DeliveryWorker:
                         await asyncio.shield(self.deliveries.release([current.id]))
                     raise
                 finally:
-                    progress.waiting_on_model()  # the turn ended: its place goes to another
+                    progress.leave()  # the turn ended: its place goes to another
                     self._turning.discard(current.id)
             resumed = False
             current = await self._start_waiting(current, client)
@@ -553,17 +553,23 @@ class _Progress:
         self.worker = worker
         self.deliveries = worker.deliveries
         self.record = record
-        self._holding = False  # one of the worker's ``TURNS_AT_WORK``
+        self._at_work = False  # holds one of the worker's ``TURNS_AT_WORK`` places
 
-    def waiting_on_model(self) -> None:
-        if self._holding:
-            self._holding = False
+    async def enter(self) -> None:
+        if not self._at_work:
+            await self.worker._at_work.acquire()
+            self._at_work = True
+
+    def leave(self) -> None:
+        if self._at_work:
+            self._at_work = False
             self.worker._at_work.release()
 
+    def waiting_on_model(self) -> None:
+        self.leave()
+
     async def done_with_model(self) -> None:
-        if not self._holding:
-            await self.worker._at_work.acquire()
-            self._holding = True
+        await self.enter()
 
     async def started(self, session_id: int) -> None:
         await self.deliveries.move(

@@ -111,9 +111,10 @@ class TurnStarted:
 
 @dataclass(frozen=True)
 class ModelCalled:
-    """A model request goes out: the turn's own work before it (claim, history, sandbox) is
-    done, and from here it mostly waits. A surface running many turns uses it to keep their
-    starts, which are CPU work on its event loop, from crowding out everything else."""
+    """A model request goes out (for the answer, or for an automatic compaction): the turn's
+    own work before it (claim, history, sandbox) is done, and from here it mostly waits. A
+    surface running many turns uses this and ``ModelDone`` to keep the turns' own work, which
+    is CPU on its event loop, from crowding out everything else."""
 
 
 @dataclass(frozen=True)
