@@ -5,7 +5,8 @@ The model writes Markdown, and it goes to Slack as Markdown (``markdown_text``),
 
 - **Streaming** where the workspace has it (``chat.startStream`` / ``appendStream`` /
   ``stopStream``); otherwise messages posted with ``chat.postMessage`` and edited with
-  ``chat.update``. At most about one Web API call a second while text arrives (Slack
+  ``chat.update``. At most about one Web API call a second while text arrives, fewer when
+  more than ``STREAM_CALLS_PER_SECOND`` replies stream at once (``StreamPacer``; Slack
   rate-limits them); the first text goes out at once. 429s, 5xx answers and dropped
   connections are retried by slack_sdk's retry handlers (``bot.web``).
 - **Limits.** One ``markdown_text`` carries at most 12,000 characters: more goes in several

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from core.db import _WriteLock
+import pytest
+from sqlalchemy import text
+
+from core.db import _WriteLock, create_database
 
 
 async def test_urgent_writers_go_before_waiting_ordinary_ones_each_queue_in_order() -> None:
@@ -50,3 +53,33 @@ async def test_a_waiter_cancelled_before_or_after_being_handed_the_lock_passes_i
     async with asyncio.timeout(1):
         async with lock.hold():  # free again
             pass
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])  # SQLite: the lock above
+async def test_postgresql__an_urgent_write_goes_through_while_turns_hold_every_pooled_connection(
+    database_url: str, backend: str
+) -> None:
+    db = create_database(database_url, pool_size=1)  # one connection, one overflow
+    holding = asyncio.Event()
+    done = asyncio.Event()
+    held = 0
+
+    async def turn_write() -> None:
+        nonlocal held
+        async with db.write() as conn:
+            await conn.execute(text("SELECT 1"))
+            held += 1
+            if held == 2:
+                holding.set()
+            await done.wait()
+
+    try:
+        turns = [asyncio.create_task(turn_write()) for _ in range(2)]
+        await asyncio.wait_for(holding.wait(), 10)
+        async with asyncio.timeout(10), db.write(urgent=True) as conn:
+            assert await conn.scalar(text("SELECT 2")) == 2
+        done.set()
+        await asyncio.gather(*turns)
+    finally:
+        done.set()
+        await db.dispose()
