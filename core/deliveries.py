@@ -256,6 +256,26 @@ class Deliveries:
         self.staleness_seconds = float(staleness_seconds)
         self.owner = uuid.uuid4().hex
         self._intake = _GroupCommit(db)
+        # Every message carried on asks whether its thread has strays: the statement is built
+        # once (its thread a bind parameter), as building and keying it cost more than running it.
+        thread = bindparam("thread_key", type_=D.thread_key.type)
+        first = (
+            select(func.min(D.event_key))
+            .where(
+                D.surface == surface,
+                D.thread_key == thread,
+                D.state.not_in(("ignored", "stray")),
+            )
+            .scalar_subquery()
+        )
+        self._strays = and_(
+            D.surface == surface,
+            D.thread_key == thread,
+            D.state == "stray",
+            D.created_at >= ago(STRAY_SECONDS),
+            or_(first.is_(None), D.event_key > first),
+        )
+        self._any_stray = select(exists().where(self._strays))
 
     def _mine(self, record_id: int) -> ColumnElement[bool]:
         return and_(D.id == record_id, D.owner == self.owner)
@@ -302,31 +322,16 @@ class Deliveries:
         Only strays posted after the thread's first recorded message: what people wrote in a
         thread before they called the agent into it is context (``bot.context``), not a
         message to answer. (Slack ``ts`` values of one channel order as strings.)"""
-        first = (
-            select(func.min(D.event_key))
-            .where(
-                D.surface == self.surface,
-                D.thread_key == thread_key,
-                D.state.not_in(("ignored", "stray")),
-            )
-            .scalar_subquery()
-        )
-        strays = and_(
-            D.surface == self.surface,
-            D.thread_key == thread_key,
-            D.state == "stray",
-            D.created_at >= ago(STRAY_SECONDS),
-            or_(first.is_(None), D.event_key > first),
-        )
+        params = {"thread_key": thread_key}
         async with self.db.read() as conn:
-            if not await conn.scalar(select(exists().where(strays))):
+            if not await conn.scalar(self._any_stray, params):
                 return []  # the usual case, answered without a write
         async with self.db.write() as conn:
             # Locked (PostgreSQL) or under the write lock (SQLite): one adopter per stray.
-            found = select(*D).where(strays).order_by(D.id)
+            found = select(*D).where(self._strays).order_by(D.id)
             if self.db.dialect == "postgresql":
                 found = found.with_for_update(skip_locked=True)
-            rows = list(await conn.execute(found))
+            rows = list(await conn.execute(found, params))
             if not rows:
                 return []
             keys = [row.event_key for row in rows]
