@@ -3,8 +3,8 @@
 Every database test runs twice, once per backend (``database_url`` is parametrised). Both
 backends start from a template migrated once per run with ``alembic upgrade head`` (so the
 migrations are what the tests exercise): SQLite copies a migrated file, PostgreSQL clones a
-template database. PostgreSQL is required when ``CI`` or ``SLACK_AGENT_REQUIRE_POSTGRES`` is
-set: there an unreachable server fails the run; elsewhere those tests skip, saying why.
+template database. PostgreSQL is always required: an unreachable server fails its tests with
+the reason, never skips them, since a rule proved on SQLite alone proves nothing about replicas.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from core.store import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel
 
 PG_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
-PG_REQUIRED = bool(os.environ.get("CI") or os.environ.get("SLACK_AGENT_REQUIRE_POSTGRES"))
 BACKENDS = ["sqlite", "postgresql"]
 
 
@@ -89,9 +88,7 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _require_pg(template: str | None) -> str:
     if template is None:
         reason = getattr(pytest, "pg_unavailable_reason", "PostgreSQL not reachable")
-        if PG_REQUIRED:
-            pytest.fail(f"PostgreSQL is required here (CI): {reason}")
-        pytest.skip(reason)
+        pytest.fail(f"PostgreSQL is required (set TEST_POSTGRES_URL to reach it): {reason}")
     return template
 
 
