@@ -85,7 +85,7 @@ class DeliveryWorker:
         self._wake: dict[str, asyncio.Event] = {}  # thread -> set when a record of it finishes
         # Turns run at once by this process; the rest wait, already recorded and leased.
         self._slots = asyncio.Semaphore(max_turns)
-        self._at_work = asyncio.Semaphore(TURNS_AT_WORK)
+        self.at_work = asyncio.Semaphore(TURNS_AT_WORK)  # taken by ``_Progress``
         self._upkeep: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._waiters: dict[int, _Waiter] = {}  # records waiting here, by id
@@ -553,17 +553,18 @@ class _Progress:
         self.worker = worker
         self.deliveries = worker.deliveries
         self.record = record
-        self._at_work = False  # holds one of the worker's ``TURNS_AT_WORK`` places
+        self._places = worker.at_work  # the worker's ``TURNS_AT_WORK`` places
+        self._holding = False
 
     async def enter(self) -> None:
-        if not self._at_work:
-            await self.worker._at_work.acquire()
-            self._at_work = True
+        if not self._holding:
+            await self._places.acquire()
+            self._holding = True
 
     def leave(self) -> None:
-        if self._at_work:
-            self._at_work = False
-            self.worker._at_work.release()
+        if self._holding:
+            self._holding = False
+            self._places.release()
 
     def waiting_on_model(self) -> None:
         self.leave()

@@ -138,7 +138,8 @@ class ReplyStream:
         self.text += text
         if self.broken:
             return
-        self.pacer.started(self)
+        if self.ts is None:  # the reply's first text: it streams from now on
+            self.pacer.started(self)
         if self.ts is None or time.monotonic() - self._last >= self.interval:
             await self._flush()
         elif self._pending is None:

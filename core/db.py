@@ -368,22 +368,20 @@ class Database:
             # PostgreSQL crash may then lose the last fraction of a second of commits (never
             # consistency); a crash of this process loses nothing. Off only when asked for.
             server_settings = {} if synchronous_commit else {"synchronous_commit": "off"}
-            self._async = create_async_engine(
-                self.url,
-                echo=echo,
-                pool_size=pool_size,
-                max_overflow=pool_size,
-                connect_args={"server_settings": server_settings},
-            )
+
+            def engine(size: int) -> AsyncEngine:
+                return create_async_engine(
+                    self.url,
+                    echo=echo,
+                    pool_size=size,
+                    max_overflow=size,
+                    connect_args={"server_settings": server_settings},
+                )
+
+            self._async = engine(pool_size)
             # Urgent writes (``write(urgent=True)``) have connections of their own, so they
             # never queue behind the turns holding the main pool's.
-            self._urgent = create_async_engine(
-                self.url,
-                echo=echo,
-                pool_size=URGENT_POOL_SIZE,
-                max_overflow=URGENT_POOL_SIZE,
-                connect_args={"server_settings": server_settings},
-            )
+            self._urgent = engine(URGENT_POOL_SIZE)
 
     @property
     def dialect(self) -> str:
@@ -391,7 +389,8 @@ class Database:
 
     @property
     def sync_engine(self) -> Engine:
-        """The engine events listen on (statement counting, plans), on either database."""
+        """The engine events listen on (statement counting, plans), on either database.
+        PostgreSQL's urgent writes run on an engine of their own, which it does not see."""
         if self._sqlite is not None:
             return self._sqlite
         assert self._async is not None
