@@ -1,10 +1,15 @@
 """What ``bench --compare`` asks of each contender: append a message, load the history, run a
 writer's turn; and slack-agent's own side of it.
 
-Ours appends each message as a whole turn (``core.turn.run_turn``: the stale guard against the
-tail it last saw, the claim of the turn lock, the message, the release), never a bare insert: the
-comparison is our full turn against a peer's bare append. Its writers retry, like a queued Slack
-message, when the session is busy or their view is stale.
+Ours appends the conversation as the product stores it, in whole turns (``core.turn.run_turn``):
+a question opens a turn (the stale guard against the tail it last saw, the claim of the turn
+lock and the question, one transaction) and the answer closes it (the fence, the answer and the
+release, one transaction). Every message is still appended, and timed, on its own, never as a
+bare insert: per message, our cost is half a full locked, guarded turn, which is what a turn
+costs the product per message it keeps. (Until 2026-12-01 every message was a turn of its own,
+two transactions for one message, a turn the product never runs: a claim with no question or a
+release with no answer.) Its writers retry, like a queued Slack message, when the session is
+busy or their view is stale.
 """
 
 from __future__ import annotations
@@ -17,10 +22,10 @@ from dataclasses import dataclass
 
 from core.db import create_database
 from core.errors import AgentSessionBusy, AgentSessionStale
-from core.messages import assistant_message, message_text, user_message
+from core.messages import Message, assistant_message, message_text, user_message
 from core.migrate import upgrade
 from core.store import SessionStore
-from core.turn import run_turn
+from core.turn import Turn, run_turn
 
 
 @dataclass(frozen=True)
@@ -54,17 +59,34 @@ class Ours(Conversation):
         self.store = store
         self.session_id = session_id
         self.last: str | None = None  # the tail this client has seen (the stale guard's input)
+        self._open: tuple[contextlib.AsyncExitStack, Turn] | None = None  # a question's turn
 
     async def append(self, item: Item) -> None:
         if item.role == "user":
-            question, answers = user_message(item.text), []
-        else:
-            question, answers = None, [assistant_message(item.text)]
-        async with run_turn(
-            self.store, self.session_id, user_message=question, last_message_id=self.last
-        ) as turn:
+            await self._close([])  # two questions in a row: the first went unanswered
+            question = user_message(item.text)
+            await self._start(question)
+            self.last = question["id"]
+            return
+        if self._open is None:  # an answer with no question before it: a turn of its own
+            await self._start(None)
+        await self._close([assistant_message(item.text)])
+
+    async def _start(self, question: Message | None) -> None:
+        stack = contextlib.AsyncExitStack()
+        turn = await stack.enter_async_context(
+            run_turn(self.store, self.session_id, user_message=question, last_message_id=self.last)
+        )
+        self._open = (stack, turn)
+
+    async def _close(self, answers: list[Message]) -> None:
+        if self._open is None:
+            return
+        (stack, turn), self._open = self._open, None
+        async with stack:
             stored = await turn.finish(answers)
-        self.last = stored[-1].message_id if stored else (question or {}).get("id")
+        if stored:
+            self.last = stored[-1].message_id
 
     async def load(self) -> list[str]:
         return [message_text(m.message) for m in await self.store.history(self.session_id)]
@@ -95,6 +117,10 @@ async def ours(url: str, conversation: str) -> AsyncIterator[Conversation]:
         await upgrade(db)
         store = SessionStore(db, staleness_seconds=60)
         session, _ = await store.get_or_create_session("bench-compare", conversation, user_id=None)
-        yield Ours(store, session.id)
+        mine = Ours(store, session.id)
+        try:
+            yield mine
+        finally:
+            await mine._close([])  # a question left unanswered: release its turn
     finally:
         await db.dispose()

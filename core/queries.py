@@ -53,6 +53,7 @@ from core.models import (
     User,
     validate_message,
 )
+from core.prepared import Prepared
 from core.records import Actor, SessionInfo, StoredMessage
 
 SESSIONS: Final = cast(Table, AgentSession.__table__)
@@ -208,10 +209,25 @@ _MESSAGE_ID_UNIQUE: Final = "uq_agent_session_messages_message_id"
 
 
 async def insert_messages(conn: Conn, rows: list[dict[str, Any]]) -> None:
+    """Insert ``message_row`` rows (one, a turn's answer, the usual case: prepared)."""
     try:
-        await conn.execute(insert(MESSAGES), rows)
+        if len(rows) == 1:
+            await _INSERT_ONE.run(conn, rows[0])
+        else:
+            await conn.execute(insert(MESSAGES), rows)
     except IntegrityError as exc:
         raise message_integrity_error(exc) from exc
+
+
+_INSERT_ONE: Final = Prepared(
+    insert(MESSAGES).values(
+        session_id=bindparam("session_id", type_=Id),
+        position=bindparam("position", type_=Integer()),
+        message=bindparam("message", type_=JsonDoc),
+        message_id=bindparam("message_id", type_=String(36)),
+        is_compaction_message=bindparam("is_compaction_message", type_=Boolean()),
+    )
+)
 
 
 # -- the turn's hot path, built once with bind parameters ---------------------------------------
@@ -252,26 +268,31 @@ def _claim(*, stamp: bool) -> Update:
     )
 
 
-# PostgreSQL reads the token the claim set with RETURNING; SQLite (no RETURNING before 3.35)
-# reads it back in the same write transaction, which no other writer can interleave with.
+# Where the database has RETURNING (PostgreSQL; SQLite from 3.35, see ``core.db.MIN_SQLITE``)
+# the claim returns the token it set; an older SQLite reads it back in the same write
+# transaction, which no other writer can interleave with.
 _CLAIMS: Final = {
-    (stamp, postgres): _claim(stamp=stamp).returning(SESSIONS.c.lock_token)
-    if postgres
-    else _claim(stamp=stamp)
+    (stamp, returning): Prepared(
+        _claim(stamp=stamp).returning(SESSIONS.c.lock_token) if returning else _claim(stamp=stamp)
+    )
     for stamp in (False, True)
-    for postgres in (False, True)
+    for returning in (False, True)
 }
-_TOKEN: Final = select(SESSIONS.c.lock_token).where(SESSIONS.c.id == bindparam("sid", type_=Id))
+_TOKEN: Final = Prepared(
+    select(SESSIONS.c.lock_token).where(SESSIONS.c.id == bindparam("sid", type_=Id))
+)
 
 
 async def claim(conn: Conn, params: dict[str, Any], *, stamp: bool) -> str | None:
     """The claim (see docs/design.md): the new fencing token, or None when the lock is live."""
-    if conn.dialect.name == "postgresql":
-        token = (await conn.execute(_CLAIMS[stamp, True], params)).scalar()
-        return None if token is None else str(token)
-    if not (await conn.execute(_CLAIMS[stamp, False], params)).rowcount:
+    if conn.dialect.update_returning:
+        row = (await _CLAIMS[stamp, True].run(conn, params)).row
+        return None if row is None else str(row[0])
+    if not (await _CLAIMS[stamp, False].run(conn, params)).rowcount:
         return None
-    return str(await conn.scalar(_TOKEN, {"sid": params["sid"]}))
+    token = (await _TOKEN.run(conn, {"sid": params["sid"]})).row
+    assert token is not None  # the claim just updated this row, in this transaction
+    return str(token[0])
 
 
 TAIL: Final = (
@@ -313,11 +334,13 @@ def _insert_if_tail_is() -> Insert:
 
 
 INSERT_IF_TAIL_IS: Final = {
-    True: _insert_if_tail_is().returning(MESSAGES.c.position),
-    False: _insert_if_tail_is(),  # SQLite: no RETURNING before 3.35
+    True: Prepared(_insert_if_tail_is().returning(MESSAGES.c.position)),
+    False: Prepared(_insert_if_tail_is()),  # SQLite before 3.35: no RETURNING
 }
-_POSITION_OF: Final = select(MESSAGES.c.position).where(
-    MESSAGES.c.message_id == bindparam("p_message_id", type_=String(36))
+_POSITION_OF: Final = Prepared(
+    select(MESSAGES.c.position).where(
+        MESSAGES.c.message_id == bindparam("p_message_id", type_=String(36))
+    )
 )
 
 
@@ -333,15 +356,15 @@ async def insert_if_tail_is(
         "last": last_message_id,
     }
     try:
-        if conn.dialect.name == "postgresql":
-            position = (await conn.execute(INSERT_IF_TAIL_IS[True], params)).scalar()
-        elif (await conn.execute(INSERT_IF_TAIL_IS[False], params)).rowcount:
-            position = await conn.scalar(_POSITION_OF, {"p_message_id": row["message_id"]})
+        if conn.dialect.insert_returning:
+            position = (await INSERT_IF_TAIL_IS[True].run(conn, params)).row
+        elif (await INSERT_IF_TAIL_IS[False].run(conn, params)).rowcount:
+            position = (await _POSITION_OF.run(conn, {"p_message_id": row["message_id"]})).row
         else:
             position = None
     except IntegrityError as exc:
         raise message_integrity_error(exc) from exc
-    return None if position is None else int(position)
+    return None if position is None else int(position[0])
 
 
 def _fence(*, release: bool) -> Update:
@@ -379,8 +402,15 @@ def _fenced_insert(fence: Update) -> Insert:
     )
 
 
-FENCE: Final = {False: _fence(release=False), True: _fence(release=True)}
-FENCED_INSERT: Final = {release: _fenced_insert(fence) for release, fence in FENCE.items()}
+_FENCES: Final = {release: _fence(release=release) for release in (False, True)}
+FENCE: Final = {release: Prepared(fence) for release, fence in _FENCES.items()}
+FENCED_INSERT: Final = {release: _fenced_insert(fence) for release, fence in _FENCES.items()}
+
+
+async def fence(conn: Conn, lease_params: dict[str, Any], *, release: bool) -> bool:
+    """Refresh the turn's heartbeat, or release its lock, if the token is still the session's;
+    False when it is not (the turn's lock was taken over or released)."""
+    return bool((await FENCE[release].run(conn, lease_params)).rowcount)
 
 
 async def fenced_insert(

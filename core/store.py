@@ -407,10 +407,10 @@ class SessionStore(TranscriptOperations):
         tail_position = lease.next_position - 1
         row = q.message_row(lease.session_id, tail_position, checkpoint, compaction=True)
         async with self.db.write() as conn:
-            fenced = await conn.execute(
-                q.FENCE[False], {"sid": lease.session_id, "token": lease.token}
+            fenced = await q.fence(
+                conn, {"sid": lease.session_id, "token": lease.token}, release=False
             )
-            if not fenced.rowcount:
+            if not fenced:
                 self._held.forget(lease)
                 raise AgentSessionLockLost(
                     f"session {lease.session_id}: this turn's lock was taken over or released"
@@ -458,7 +458,7 @@ class SessionStore(TranscriptOperations):
                     changed = await q.fenced_insert(conn, params, rows[0], release=release)
             else:
                 async with self.db.write() as conn:
-                    changed = (await conn.execute(q.FENCE[release], params)).rowcount
+                    changed = await q.fence(conn, params, release=release)
                     if changed and rows:
                         await q.insert_messages(conn, rows)
                         if snapshot is not None:

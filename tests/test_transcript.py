@@ -16,7 +16,9 @@ from core.db import Database, ago
 from core.errors import (
     AgentSessionBusy,
     AgentSessionForbidden,
+    AgentSessionLockLost,
     AgentSessionNotFound,
+    AgentSessionStale,
     MessageNotFound,
 )
 from core.messages import assistant_message, user_message
@@ -24,9 +26,9 @@ from core.models import AgentSessionSnapshot, SnapshotContent, SnapshotSet, Snap
 from core.queries import history_statement
 from core.records import Actor, BranchResult, StoredMessage
 from core.retention import RetentionPolicy
-from core.store import SessionStore
+from core.store import ANY_TAIL, TAKEOVER_MARK, SessionStore
 from core.sweeper import sweep
-from tests.helpers import add_exchange, new_session, statements
+from tests.helpers import add_exchange, age_lock, new_session, statements
 
 
 async def texts(store: SessionStore, session_id: int) -> list[str]:
@@ -497,19 +499,46 @@ async def test_history__query_plan_uses_indexes(store: SessionStore, db: Databas
 
 @pytest.mark.parametrize("backend", ["sqlite"])  # only there: see below
 async def test_sqlite__the_store_uses_no_syntax_newer_than_the_oldest_supported(
-    store: SessionStore, db: Database, backend: str
+    store: SessionStore,
+    replica: SessionStore,
+    db: Database,
+    backend: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The SQL is written for core.db.MIN_SQLITE (verified against that library by hand): no
-    # RETURNING or MATERIALIZED (3.35), no HAVING without GROUP BY (3.39).
-    with statements(db) as seen:
+    # MATERIALIZED (3.35), no HAVING without GROUP BY (3.39), and RETURNING (3.35) only where
+    # SQLAlchemy's dialect says the library has it. Here the dialect says what it says for a
+    # SQLite older than 3.35, and the turn's other way (read back in the same transaction)
+    # must do everything: a turn, a stale refusal, a takeover.
+    for flag in ("insert_returning", "update_returning", "delete_returning"):
+        for database in (db, replica.db):
+            monkeypatch.setattr(database.sync_engine.dialect, flag, False)
+    with statements(db) as seen, statements(replica.db) as seen_by_replica:
         owner, session = await new_session(store)
         ids = await add_exchange(store, session.id, 2)
+        with pytest.raises(AgentSessionStale):
+            await store.start_turn(
+                session.id, user_message=user_message("late"), last_message_id=ids[0]
+            )
+        stalled = await store.start_turn(
+            session.id, user_message=user_message("stalls"), last_message_id=ids[-1]
+        )
+        await age_lock(db, session.id, 61)
+        taken = await replica.start_turn(session.id, user_message=None, last_message_id=ANY_TAIL)
+        assert taken.token.startswith(TAKEOVER_MARK)
+        assert taken.token != stalled.token
+        assert taken.tail is not None
+        assert taken.tail.message_id == stalled.tail.message_id
+        await replica.finish(taken, [assistant_message("answered by the next turn")])
+        with pytest.raises(AgentSessionLockLost):
+            await store.finish(stalled, [assistant_message("too late")])
+        ids = [m.message_id for m in await store.history(session.id)]
         await checkpoint(store, session.id, "one")
         await store.import_messages(session.id, [(assistant_message("imported"), False)])
         await store.branch(session.id, ids[1], user_id=owner)
         await store.truncate(session.id, ids[2], Actor(owner))
         await store.get_or_create_session("slack", "T1/C1/again", user_id=owner)
-    sql = [" ".join(s.upper().split()) for s, _ in seen]
+    sql = [" ".join(s.upper().split()) for s, _ in seen + seen_by_replica]
     assert sql
     assert not [s for s in sql if " RETURNING " in s or "MATERIALIZED" in s]
     assert not [s for s in sql if " HAVING " in s and " GROUP BY " not in s]

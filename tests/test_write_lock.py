@@ -8,7 +8,8 @@ import asyncio
 import pytest
 from sqlalchemy import text
 
-from core.db import _WriteLock, create_database
+from core.db import SQLITE_READ_BUSY_MS, Database, _WriteLock, create_database
+from core.errors import DatabaseError
 
 
 async def test_urgent_writers_go_before_waiting_ordinary_ones_each_queue_in_order() -> None:
@@ -83,3 +84,40 @@ async def test_postgresql__an_urgent_write_goes_through_while_turns_hold_every_p
     finally:
         done.set()
         await db.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # SQLite's inline writes share one connection
+async def test_sqlite__a_write_that_fails_or_is_cancelled_leaves_nothing_for_the_next(
+    db: Database, backend: str
+) -> None:
+    """Inline writes reuse one connection (``Database._sqlite_writer_begin``): whatever a write
+    left undone, by an error or a cancellation between statements, must be rolled back before
+    the next one begins, and the connection's busy timeout of 0 must never reach the pool's
+    readers."""
+    async with db.write() as conn:
+        await conn.execute(text("CREATE TABLE marks (name TEXT)"))
+
+    with pytest.raises(DatabaseError, match="boom"):
+        async with db.write() as conn:
+            await conn.execute(text("INSERT INTO marks VALUES ('failed')"))
+            raise DatabaseError("boom")
+
+    inside = asyncio.Event()
+
+    async def cancelled() -> None:
+        async with db.write() as conn:
+            await conn.execute(text("INSERT INTO marks VALUES ('cancelled')"))
+            inside.set()
+            await asyncio.sleep(30)
+
+    task = asyncio.create_task(cancelled())
+    await asyncio.wait_for(inside.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    async with db.write() as conn:
+        await conn.execute(text("INSERT INTO marks VALUES ('kept')"))
+    async with db.read() as conn:
+        assert list((await conn.execute(text("SELECT name FROM marks"))).scalars()) == ["kept"]
+        assert await conn.scalar(text("PRAGMA busy_timeout")) == SQLITE_READ_BUSY_MS
