@@ -4,8 +4,9 @@ For each contender and each N (100, 1,000, 10,000; ``--quick``: 100, 1,000), in 
 database of its own (a new SQLite file, or a new PostgreSQL database on the server given):
 
 - ``append``: a conversation of N messages (user and assistant in turn) appended one at a
-  time, each timed; ours appends each as a full locked, guarded turn (``bench.conversation``),
-  a peer with its bare append;
+  time, each timed; ours inside full locked, guarded turns, as the product stores them (a
+  question opens a turn, its answer closes it: ``bench.conversation``), a peer with its bare
+  append;
 - ``load``: the whole history loaded after every 100 messages (each checked for its length);
 - ``bytes_per_message``: what the N messages added to the database's files (SQLite: the file
   after the last connection closed; PostgreSQL: ``pg_database_size``), divided by N;
@@ -366,7 +367,11 @@ def format_compare(result: dict[str, Any]) -> str:
     """The comparison as tables for people."""
     if "skipped" in result and isinstance(result["skipped"], str):
         return str(result["skipped"])
-    lines = ["slack-agent bench --compare (ms; ours: a full locked, guarded turn per message)", ""]
+    lines = [
+        "slack-agent bench --compare (ms; ours: every message inside a full locked, guarded "
+        "turn, a question opening it and its answer closing it)",
+        "",
+    ]
     header = (
         f"{'contender':<42} {'N':>6}  {'append p50':>10} {'p95':>8}  "
         f"{'load p50':>9} {'p95':>8} {'at N':>8}  {'bytes/msg':>9}  {'ours/peer':>9}"

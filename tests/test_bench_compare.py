@@ -11,6 +11,9 @@ import pytest
 
 from bench import compare
 from bench.compare import CompareSizes, format_compare, run_compare
+from bench.conversation import Item, Ours, ours
+from core.db import create_database
+from core.store import SessionStore
 
 TINY = CompareSizes(
     sizes=(20, 40), rounds={20: 2, 40: 1}, load_every=10, writers=6, think_seconds=0
@@ -49,3 +52,24 @@ async def test_compare__without_the_peers_skips_with_the_install_command(
     assert "openai-agents" in result["skipped"]
     assert "uv sync --extra compare" in result["skipped"]
     assert format_compare(result) == result["skipped"]
+
+
+async def test_compare__ours_turns_take_any_order_of_messages_and_release_at_the_end(
+    backend: str, database_url: str
+) -> None:
+    """A question opens a turn and its answer closes it; two questions in a row, an answer
+    with no question, and a question left unanswered at the end still store every message
+    in order and leave no turn holding the session's lock."""
+    roles = ["user", "user", "assistant", "assistant", "user"]
+    async with ours(database_url, "any-order") as conversation:
+        for i, role in enumerate(roles):
+            await conversation.append(Item(role, f"{role} {i}"))
+        assert await conversation.load() == [f"{role} {i}" for i, role in enumerate(roles)]
+        assert isinstance(conversation, Ours)
+        store, session_id = conversation.store, conversation.session_id
+        assert await store.is_turn_active(session_id)  # the last question's turn, still open
+    db = create_database(database_url)
+    try:
+        assert not await SessionStore(db, staleness_seconds=60).is_turn_active(session_id)
+    finally:
+        await db.dispose()

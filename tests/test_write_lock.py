@@ -97,7 +97,7 @@ async def test_sqlite__a_write_that_fails_or_is_cancelled_leaves_nothing_for_the
     async with db.write() as conn:
         await conn.execute(text("CREATE TABLE marks (name TEXT)"))
 
-    with pytest.raises(DatabaseError, match="boom"):
+    with pytest.raises(DatabaseError, match="boom"):  # noqa: PT012 (a write that fails inside)
         async with db.write() as conn:
             await conn.execute(text("INSERT INTO marks VALUES ('failed')"))
             raise DatabaseError("boom")
