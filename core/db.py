@@ -19,8 +19,10 @@ import collections
 import contextlib
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy import (
@@ -36,7 +38,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, CursorResult, Dialect, Row, ScalarResult
+from sqlalchemy.engine import Connection, CursorResult, Dialect, Row, ScalarResult, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.ext.compiler import compiles
@@ -352,16 +354,19 @@ class Database:
         self._async: AsyncEngine | None = None
         self._urgent: AsyncEngine | None = None
         self._sqlite: Engine | None = None
+        self._sqlite_path = ""
         self._writer: Connection | None = None  # SQLite's inline writes: _sqlite_writer_begin
         self._write_lock = _WriteLock()
         if self.url.startswith("sqlite"):
             check_sqlite_version()
+            sync_url = make_url(self.url.replace("sqlite+aiosqlite", "sqlite+pysqlite", 1))
+            self._sqlite_path = sync_url.database or ""
             self._sqlite = create_engine(
-                self.url.replace("sqlite+aiosqlite", "sqlite+pysqlite", 1),
+                sync_url,
                 echo=echo,
                 pool_size=pool_size,
                 max_overflow=pool_size,
-                connect_args={"check_same_thread": False},
+                creator=_sqlite_opener(self._sqlite_path),
             )
             _configure_sqlite(self._sqlite)
         else:
@@ -592,9 +597,8 @@ class Database:
         query = "SELECT version_num FROM alembic_version LIMIT 1"
         try:
             if self._sqlite is not None:
-                path = self._sqlite.url.database or ""
                 with contextlib.closing(
-                    sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=1.0)
+                    sqlite3.connect(_file_uri(self._sqlite_path), uri=True, timeout=1.0)
                 ) as probe:
                     probe.execute(query).fetchall()
                 return True
@@ -649,6 +653,32 @@ async def _begin_immediate(raw: Any) -> None:
         await asyncio.sleep(delay)
         waited += delay
         delay = min(delay * 2, 0.05)
+
+
+def _sqlite_opener(path: str) -> Callable[[], sqlite3.Connection]:
+    """How the engine opens SQLite: the file is created here, once, if it does not exist yet;
+    a connection never creates it. A connection opened while the file is away (deleted,
+    renamed, its volume gone) would otherwise make an empty database in its place and keep
+    it, pooled, after the real one is back: it fails instead, and the next one finds the file.
+    """
+    if not Path(path).exists():
+        try:
+            sqlite3.connect(path).close()  # an empty file: SQLite's empty database
+        except sqlite3.Error as exc:
+            raise ConfigError(
+                f"DATABASE_URL: cannot create the SQLite file {path}: {exc}"
+            ) from None
+    uri = _file_uri(path)
+
+    def open_() -> sqlite3.Connection:
+        return sqlite3.connect(uri, uri=True, check_same_thread=False)
+
+    return open_
+
+
+def _file_uri(path: str) -> str:
+    """``path`` as a SQLite URI that opens it read-write and never creates it."""
+    return f"file:{urllib.parse.quote(str(Path(path).resolve()))}?mode=rw"
 
 
 def _raw(conn: Connection) -> Any:

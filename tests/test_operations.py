@@ -16,6 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text as sql
 
 from bench.tcp_proxy import TcpProxy
+from core.db import create_database
+from core.errors import DatabaseError
 from core.messages import message_text
 from core.store import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
@@ -119,6 +121,36 @@ async def test_healthz__503_while_the_database_is_gone_then_200_and_working_agai
             root = await client.message("after the blip", mention=True)
             await slack.wait_for(lambda: slack.named("chat.stopStream"))
     assert [m.role for m in await transcript(store, root)] == ["user", "assistant"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # a file that goes away: SQLite's case
+async def test_sqlite__a_connection_opened_while_the_file_is_away_never_makes_an_empty_one(
+    database_url: str, backend: str
+) -> None:
+    """A new pooled connection opened while the database file is away (renamed, deleted, its
+    volume gone) used to create an empty database in its place and keep it after the real one
+    was back: "no such table" from then on, on that connection. It fails instead, and once the
+    file is back every connection reads it."""
+    path = Path(urlsplit(database_url).path)
+    db = create_database(database_url)
+    try:
+        async with db.read() as held:  # held open, so the next read needs a new connection
+            assert await held.scalar(sql("SELECT count(*) FROM deliveries")) == 0
+            os.rename(path, path.with_suffix(".away"))
+            try:
+                with pytest.raises(DatabaseError):
+                    async with db.read() as conn:
+                        await conn.scalar(sql("SELECT count(*) FROM deliveries"))
+                assert not os.path.exists(path)  # noqa: ASYNC240 (a test, one stat)
+            finally:
+                os.rename(path.with_suffix(".away"), path)
+        for _ in range(3):
+            async with db.read() as conn:
+                assert await conn.scalar(sql("SELECT count(*) FROM deliveries")) == 0
+            async with db.write() as conn:
+                await conn.execute(sql("DELETE FROM deliveries"))
+    finally:
+        await db.dispose()
 
 
 async def test_socket_mode__healthz_and_metrics_on_the_small_http_listener(
