@@ -55,10 +55,13 @@ WAIT_RECHECK_SECONDS = 30.0
 ACKS_FIRST_SECONDS = 0.5
 # Turns doing their own work at once: before their model call (records, claim, history,
 # sandbox, Slack status) and after it (storing the answer, closing the reply, records). That
-# work is CPU on the one event loop, 20-30 ms a turn; hundreds of turns starting or ending
+# work is CPU on the one event loop, 15-20 ms a turn; hundreds of turns starting or ending
 # together made each pass of the loop hundreds of milliseconds long, and every acknowledgement
 # waited for such passes. Turns waiting on their model, the most of a turn, are not counted.
-TURNS_AT_WORK = 32
+# An acknowledgement takes a few passes, each as long as the ready turns' steps: measured with
+# a burst of 100 requests while 120 turns run (docs/benchmarks.md), p99 72-80 ms with 8 places,
+# 89-113 with 16, 136-192 with 32; 500 turns still started at the same rate with 8 as with 32.
+TURNS_AT_WORK = 8
 
 
 class DeliveryWorker:

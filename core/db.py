@@ -192,12 +192,13 @@ async def update_returning(
 ) -> list[Row[Any]]:
     """``UPDATE table SET values WHERE where RETURNING columns``, on every supported SQLite.
 
-    PostgreSQL: that one statement. SQLite (RETURNING needs 3.35; see ``MIN_SQLITE``): the
-    ids matching, an UPDATE of exactly those, and their rows as updated, three statements
-    inside the caller's write transaction, which no other writer can interleave with (it holds
-    SQLite's write lock), so the effect is the same. ``table`` has an ``id`` primary key.
+    That one statement where the database has RETURNING (PostgreSQL; SQLite from 3.35, as
+    SQLAlchemy's dialect reports). An older SQLite (see ``MIN_SQLITE``): the ids matching, an
+    UPDATE of exactly those, and their rows as updated, three statements inside the caller's
+    write transaction, which no other writer can interleave with (it holds SQLite's write
+    lock), so the effect is the same. ``table`` has an ``id`` primary key.
     """
-    if conn.dialect.name == "postgresql":
+    if conn.dialect.update_returning:
         stmt = update(table).where(where).values(values).returning(*columns)
         return list(await conn.execute(stmt, params))
     ids = list((await conn.execute(select(table.c.id).where(where), params)).scalars())

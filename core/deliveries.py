@@ -190,20 +190,24 @@ class _GroupCommit:
             insert_ = self.db.upsert(DELIVERIES).values(values)
             insert_ = insert_.on_conflict_do_nothing(index_elements=["surface", "event_key"])
             # SQLite: no RETURNING before 3.35 (see ``_insert_rows``).
-            postgres = self.db.dialect == "postgresql"
             self._insert = (
-                insert_.returning(D.id, D.event_key, D.created_at) if postgres else insert_
+                insert_.returning(D.id, D.event_key, D.created_at) if self._returning else insert_
             )
         return self._insert
+
+    @property
+    def _returning(self) -> bool:
+        return bool(self.db.sync_engine.dialect.insert_returning)
 
     async def _insert_rows(
         self, conn: Conn, rows: list[dict[str, Any]]
     ) -> dict[str, tuple[int, datetime]]:
         """Insert the rows not recorded yet; id and creation time of those inserted, by key.
 
-        SQLite: the rows are inserted without RETURNING, then read back by the ids above the
-        largest one before the insert (the write lock keeps other writers out meanwhile)."""
-        if self.db.dialect == "postgresql":
+        A SQLite older than 3.35: the rows are inserted without RETURNING, then read back by
+        the ids above the largest one before the insert (the write lock keeps other writers out
+        meanwhile)."""
+        if self._returning:
             found = await conn.execute(self._statement(), rows)
         else:
             before = await conn.scalar(select(func.coalesce(func.max(D.id), 0)))

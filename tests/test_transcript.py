@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import uuid
@@ -13,6 +14,7 @@ from sqlalchemy import event, select, text, update
 from core import queries as q
 from core import transcript
 from core.db import Database, ago
+from core.deliveries import Deliveries
 from core.errors import (
     AgentSessionBusy,
     AgentSessionForbidden,
@@ -538,6 +540,28 @@ async def test_sqlite__the_store_uses_no_syntax_newer_than_the_oldest_supported(
         await store.branch(session.id, ids[1], user_id=owner)
         await store.truncate(session.id, ids[2], Actor(owner))
         await store.get_or_create_session("slack", "T1/C1/again", user_id=owner)
+        # Delivery records: a burst's group commit (a duplicate in it) and a state change.
+        deliveries = Deliveries(db, "slack")
+        recorded = await asyncio.gather(
+            *(
+                deliveries.record(
+                    event_key=key,
+                    thread_key="T1/C1/1",
+                    author="U1",
+                    message_id=str(uuid.uuid4()),
+                    text=key,
+                    context={},
+                )
+                for key in ("T1/C1/1", "T1/C1/2", "T1/C1/1")
+            )
+        )
+        assert [r.event_key if r else None for r in recorded] == ["T1/C1/1", "T1/C1/2", None]
+        assert recorded[0] is not None
+        moved = await deliveries.move(
+            recorded[0].id, ("received",), "started", session_id=session.id
+        )
+        assert moved is not None
+        assert moved.state == "started"
     sql = [" ".join(s.upper().split()) for s, _ in seen + seen_by_replica]
     assert sql
     assert not [s for s in sql if " RETURNING " in s or "MATERIALIZED" in s]
