@@ -3,6 +3,7 @@ in both modes, start-up refusals of settings that cannot work, and Slack failing
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text as sql
 
 from bench.tcp_proxy import TcpProxy
+from bot.serve import FULL_COLLECTION_AFTER, tune_garbage_collection
 from core.db import create_database
 from core.errors import DatabaseError
 from core.messages import message_text
@@ -339,3 +341,17 @@ async def test_slack_answering_a_page_not_json__is_a_slack_error_the_callers_han
             await web_client(settings, "xoxb-test").conversations_replies(channel="C1", ts="1.0")
     finally:
         await runner.cleanup()
+
+
+def test_serve__start_up_freezes_its_heap_and_spaces_full_collections() -> None:
+    """What ``serve`` does once it listens (``tune_garbage_collection``): what start-up made
+    leaves later collections, and a full collection waits for 100 middle ones."""
+    before_threshold, before_frozen = gc.get_threshold(), gc.get_freeze_count()
+    try:
+        tune_garbage_collection()
+        assert gc.get_freeze_count() > before_frozen
+        assert gc.get_threshold() == (*before_threshold[:2], FULL_COLLECTION_AFTER)
+        assert before_threshold[2] < FULL_COLLECTION_AFTER
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before_threshold)
