@@ -59,9 +59,10 @@ ACKS_FIRST_SECONDS = 0.5
 # together made each pass of the loop hundreds of milliseconds long, and every acknowledgement
 # waited for such passes. Turns waiting on their model, the most of a turn, are not counted.
 # An acknowledgement takes a few passes, each as long as the ready turns' steps: measured with
-# a burst of 100 requests while 120 turns run (docs/benchmarks.md), p99 72-80 ms with 8 places,
-# 89-113 with 16, 136-192 with 32; 500 turns still started at the same rate with 8 as with 32.
-TURNS_AT_WORK = 8
+# a burst of 100 requests while 120 turns run (docs/benchmarks.md), p99 82-98 ms with 4 places
+# against 117-168 with 8 in the same minutes (and 136-192 with 32 in a faster hour); 500 turns
+# started as fast with 4 as with 8 or 32 (on SQLite and PostgreSQL): that work is CPU-bound.
+TURNS_AT_WORK = 4
 
 
 class DeliveryWorker:
