@@ -396,16 +396,17 @@ def tune_garbage_collection() -> None:
     A full collection walks every tracked object with the event loop stopped. Measured in the
     500-turn benchmark (docs/benchmarks.md) on a slow hour of the machine: with CPython's
     defaults three to six full collections ran while the turns started, of 60-235 ms each, and an
-    acknowledgement that met one waited that long (p99 119-375 ms). Two changes, both kept:
+    acknowledgement that met one waited that long (PostgreSQL p99 256-375 ms in five runs of
+    seven). Two changes, both kept:
 
     - what start-up made (modules, the app, engines, clients: about 130,000 objects, all alive
       as long as the process) is frozen out of every later collection, which made each full
       collection about half as long;
     - a full collection comes after 100 collections of the middle generation instead of 10,
       so a replica taking on hundreds of turns (175,000 tracked objects at 500) is not walked
-      again at every quarter of growth: none ran while the turns started (p99 8-42 ms in four
-      runs). Garbage in cycles waits longer for its collection: the turns' own, about 70
-      objects a turn, is collected when a full collection comes.
+      again at every quarter of growth: none ran while the turns started (p99 6-42 ms in ten
+      runs on both databases). Garbage in cycles waits longer for its collection: the turns'
+      own, about 70 objects a turn, is collected when a full collection comes.
     """
     gc.collect()
     gc.freeze()

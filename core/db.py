@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
+import logging
 import sqlite3
 import time
 import urllib.parse
@@ -51,6 +53,7 @@ from core.errors import ConfigError, DatabaseError
 from core.settings import normalize_database_url
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 # The oldest SQLite the SQL here is written for: what RHEL 9's Python 3.11 links (3.34.1),
 # below Ubuntu 22.04 (3.37.2) and Debian 12 (3.40.1). So no RETURNING or MATERIALIZED
 # (3.35), no HAVING without GROUP BY (3.39), no UPDATE … FROM on SQLite.
@@ -355,19 +358,21 @@ class Database:
         self._async: AsyncEngine | None = None
         self._urgent: AsyncEngine | None = None
         self._sqlite: Engine | None = None
-        self._sqlite_path = ""
+        self._sqlite_uri = ""  # SQLite: see _sqlite_file
         self._writer: Connection | None = None  # SQLite's inline writes: _sqlite_writer_begin
         self._write_lock = _WriteLock()
         if self.url.startswith("sqlite"):
             check_sqlite_version()
             sync_url = make_url(self.url.replace("sqlite+aiosqlite", "sqlite+pysqlite", 1))
-            self._sqlite_path = sync_url.database or ""
+            self._sqlite_uri = _sqlite_file(sync_url.database or "")
             self._sqlite = create_engine(
                 sync_url,
                 echo=echo,
                 pool_size=pool_size,
                 max_overflow=pool_size,
-                creator=_sqlite_opener(self._sqlite_path),
+                creator=functools.partial(
+                    sqlite3.connect, self._sqlite_uri, uri=True, check_same_thread=False
+                ),
             )
             _configure_sqlite(self._sqlite)
         else:
@@ -459,11 +464,7 @@ class Database:
                         yield InlineConnection(conn)
                         conn.commit()
                     except BaseException:
-                        # Not committed (an error, a refusal, a cancellation): the connection
-                        # goes, and SQLite rolls back as it closes; the next write opens another.
-                        self._writer = None
-                        conn.invalidate()
-                        conn.close()
+                        self._roll_back_writer(conn)
                         raise
             else:
                 engine = self._urgent if urgent else self._async
@@ -569,6 +570,21 @@ class Database:
         writer.begin()  # SQLAlchemy's view of the transaction BEGIN IMMEDIATE opened
         return writer
 
+    def _roll_back_writer(self, writer: Connection) -> None:
+        """A write that did not commit (an error, a refusal such as a stale claim, a
+        cancellation): roll it back and keep the connection for the next write. If the
+        rollback fails or leaves SQLite inside a transaction (a failed commit can), the
+        connection goes instead, and SQLite rolls back as it closes."""
+        try:
+            writer.rollback()
+            if not _raw(writer).in_transaction:
+                return
+        except Exception:
+            log.warning("SQLite writer connection replaced after a failed rollback", exc_info=True)
+        self._writer = None
+        writer.invalidate()
+        writer.close()
+
     @contextlib.asynccontextmanager
     async def advisory_lock(self, key: int) -> AsyncIterator[None]:
         """Hold a PostgreSQL session-level advisory lock (replicas migrating one at a time).
@@ -599,7 +615,7 @@ class Database:
         try:
             if self._sqlite is not None:
                 with contextlib.closing(
-                    sqlite3.connect(_file_uri(self._sqlite_path), uri=True, timeout=1.0)
+                    sqlite3.connect(self._sqlite_uri, uri=True, timeout=1.0)
                 ) as probe:
                     probe.execute(query).fetchall()
                 return True
@@ -656,12 +672,19 @@ async def _begin_immediate(raw: Any) -> None:
         delay = min(delay * 2, 0.05)
 
 
-def _sqlite_opener(path: str) -> Callable[[], sqlite3.Connection]:
-    """How the engine opens SQLite: the file is created here, once, if it does not exist yet;
-    a connection never creates it. A connection opened while the file is away (deleted,
-    renamed, its volume gone) would otherwise make an empty database in its place and keep
-    it, pooled, after the real one is back: it fails instead, and the next one finds the file.
+def _sqlite_file(path: str) -> str:
+    """The URI every connection opens SQLite by: read-write, never creating the file.
+
+    The file is created here, once, if it does not exist yet. A connection that could create it
+    and was opened while the file was away (deleted, renamed, its volume gone) would make an
+    empty database in its place and keep it, pooled, after the real one was back; it fails
+    instead, and the next one finds the file. An in-memory database is refused: every
+    connection would see a database of its own.
     """
+    if path in ("", ":memory:"):
+        raise ConfigError(
+            f"DATABASE_URL: SQLite needs a file path (got {path or 'an in-memory database'!r})"
+        )
     if not Path(path).exists():
         try:
             sqlite3.connect(path).close()  # an empty file: SQLite's empty database
@@ -669,16 +692,6 @@ def _sqlite_opener(path: str) -> Callable[[], sqlite3.Connection]:
             raise ConfigError(
                 f"DATABASE_URL: cannot create the SQLite file {path}: {exc}"
             ) from None
-    uri = _file_uri(path)
-
-    def open_() -> sqlite3.Connection:
-        return sqlite3.connect(uri, uri=True, check_same_thread=False)
-
-    return open_
-
-
-def _file_uri(path: str) -> str:
-    """``path`` as a SQLite URI that opens it read-write and never creates it."""
     return f"file:{urllib.parse.quote(str(Path(path).resolve()))}?mode=rw"
 
 

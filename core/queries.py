@@ -208,17 +208,6 @@ def message_integrity_error(exc: IntegrityError) -> SlackAgentError:
 _MESSAGE_ID_UNIQUE: Final = "uq_agent_session_messages_message_id"
 
 
-async def insert_messages(conn: Conn, rows: list[dict[str, Any]]) -> None:
-    """Insert ``message_row`` rows (one, a turn's answer, the usual case: prepared)."""
-    try:
-        if len(rows) == 1:
-            await _INSERT_ONE.run(conn, rows[0])
-        else:
-            await conn.execute(insert(MESSAGES), rows)
-    except IntegrityError as exc:
-        raise message_integrity_error(exc) from exc
-
-
 _INSERT_ONE: Final = Prepared(
     insert(MESSAGES).values(
         session_id=bindparam("session_id", type_=Id),
@@ -228,6 +217,17 @@ _INSERT_ONE: Final = Prepared(
         is_compaction_message=bindparam("is_compaction_message", type_=Boolean()),
     )
 )
+
+
+async def insert_messages(conn: Conn, rows: list[dict[str, Any]]) -> None:
+    """Insert ``message_row`` rows (one, a turn's answer, the usual case: prepared)."""
+    try:
+        if len(rows) == 1:
+            await _INSERT_ONE.run(conn, rows[0])
+        else:
+            await conn.execute(insert(MESSAGES), rows)
+    except IntegrityError as exc:
+        raise message_integrity_error(exc) from exc
 
 
 # -- the turn's hot path, built once with bind parameters ---------------------------------------

@@ -103,6 +103,19 @@ def test_bad_configuration__one_line_naming_it() -> None:
     assert one_line_error(bad_number).startswith("slack-agent: config_invalid: SWEEPER_BATCH_SIZE")
 
 
+def test_bad_sqlite_location__one_line_naming_it(tmp_path: Path) -> None:
+    for memory in ("sqlite://", "sqlite:///:memory:"):
+        result = cli("migrate", database_url=memory)
+        assert one_line_error(result).startswith(
+            "slack-agent: config_invalid: DATABASE_URL: SQLite needs a file path"
+        )
+    nowhere = tmp_path / "missing" / "agent.db"
+    result = cli("migrate", database_url=f"sqlite:///{nowhere}")
+    assert one_line_error(result).startswith(
+        f"slack-agent: config_invalid: DATABASE_URL: cannot create the SQLite file {nowhere}"
+    )
+
+
 def test_start_up__an_sqlite_older_than_supported_is_refused_in_one_line(tmp_path: Path) -> None:
     # The library cannot be swapped inside a test, so the child process is told an older
     # version, the way the sqlite3 module reports it, before the command starts.
