@@ -41,13 +41,13 @@ from bench.load import CHANNEL, Plan, Sender
 from bench.model_standin import ModelFaults, ModelStandIn
 from bench.replicas import Replica
 from bench.tcp_proxy import TcpProxy
-from bot import messages as text
+from bot import texts as text
 from bot.standin import TEAM, SlackFaults, SlackStandIn
-from core.db import create_database
-from core.deliveries import Deliveries
 from core.messages import message_text, slack_message_id
-from core.migrate import upgrade
-from core.store import SessionStore
+from core.storage.deliveries import Deliveries
+from core.storage.engine import create_database
+from core.storage.migrate import upgrade
+from core.storage.sessions import SessionStore
 
 SECRET = "soak-signing-secret"
 

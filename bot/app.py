@@ -2,7 +2,7 @@
 
 A message for the agent is recorded durably inside its listener, which Bolt runs before it
 acknowledges (``process_before_response``): once Slack hears "received", the record guarantees
-an answer (``bot.delivery``); if the record cannot be written, the request fails with 500 and
+an answer (``bot.worker``); if the record cannot be written, the request fails with 500 and
 Slack sends it again. The answer itself is worked out after the acknowledgement, as is
 everything the other listeners do (they acknowledge first and hand the work to a task).
 """
@@ -24,13 +24,13 @@ from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
 from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import messages as text
 from bot import payload
+from bot import texts as text
 from bot.conversations import Conversations, Post, thread_key
-from bot.delivery import DeliveryWorker
 from bot.files import shared_files
 from bot.session_actions import SessionActions
 from bot.web import web_client
+from bot.worker import DeliveryWorker
 from core.errors import DatabaseError, InvalidRequest
 from core.settings import Settings
 
@@ -136,7 +136,7 @@ def build_app(
                 if thread_ts is None:
                     return
                 # A thread the agent is not in, or one whose first message has not reached
-                # any replica yet: kept a while in case it is the latter (``bot.delivery``).
+                # any replica yet: kept a while in case it is the latter (``bot.worker``).
                 stray = not await worker.known_thread(thread_key(team, channel, thread_ts))
         body_text = _for_the_agent(raw, context.bot_user_id)
         files = shared_files(event)

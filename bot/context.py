@@ -4,7 +4,7 @@ files shared with the message, what the person is looking at in Slack.
 It travels in the user message's ``metadata.context`` (the model reads it just before the
 message; drafts, titles and rewinds keep the person's own words), so it is stored with the
 transcript, rewinds and forks with it, and a turn resumed elsewhere sees the same.
-Model-facing wording lives here; words a person reads live in ``bot.messages``.
+Model-facing wording lives here; words a person reads live in ``bot.texts``.
 """
 
 from __future__ import annotations

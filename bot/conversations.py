@@ -1,6 +1,6 @@
 """Slack threads as agent sessions: one try at answering a received message.
 
-``bot.delivery`` decides *when* a received message is tried (its thread's line, a busy session,
+``bot.worker`` decides *when* a received message is tried (its thread's line, a busy session,
 a take-over after a replica died); this module makes one try: find or create the thread's
 session, run the turn through the core, stream the reply, and say what came of it
 (``Outcome``). Busy and stale refusals come from the core before any model call. Everything
@@ -25,11 +25,11 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import context, render
-from bot import messages as text
+from bot import texts as text
 from bot.context import Prepared
 from bot.files import SharedFile
 from bot.reply import SLACK_FAILURES, ReplyStream, StreamPacer
-from core.agent import (
+from core.agent.loop import (
     Agent,
     AgentEvent,
     ModelCalled,
@@ -40,7 +40,6 @@ from core.agent import (
     ToolStarted,
     TurnStarted,
 )
-from core.deliveries import DeliveryRecord
 from core.errors import (
     AgentSessionBusy,
     AgentSessionLockLost,
@@ -49,12 +48,13 @@ from core.errors import (
     InvalidRequest,
     TurnInterrupted,
 )
-from core.feedback import record_vote
 from core.messages import message_text, user_message
 from core.records import Actor, SessionInfo, StoredMessage
 from core.settings import Settings
-from core.store import SessionStore
-from core.surface_state import SurfaceState
+from core.storage.deliveries import DeliveryRecord
+from core.storage.feedback import record_vote
+from core.storage.sessions import SessionStore
+from core.storage.surface_state import SurfaceState
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ UNKNOWN_STREAMS = 20  # the thread messages after a taken-over one searched for 
 
 
 class Progress(Protocol):
-    """What the delivery record learns during a try (``bot.delivery`` keeps it)."""
+    """What the delivery record learns during a try (``bot.worker`` keeps it)."""
 
     async def started(self, session_id: int) -> None:
         """The claim held: the user message is in the transcript."""
@@ -132,8 +132,8 @@ class Outcome(enum.Enum):
 
 
 async def _let_others_run() -> None:
-    """Yield to the event loop. SQLite statements run in place (``core.db``), so a chain of
-    them never suspends; without these, HTTP acknowledgements would wait behind whole chains."""
+    """Yield to the event loop. SQLite statements run in place (``core.storage.engine``), so a chain
+    of them never suspends; without these, HTTP acknowledgements would wait behind whole chains."""
     await asyncio.sleep(0)
 
 

@@ -38,22 +38,22 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.app import build_app
 from bot.conversations import SURFACE, Conversations
-from bot.delivery import DeliveryWorker
+from bot.installations import InstallStores, open_install_stores
 from bot.session_actions import SessionActions
 from bot.web import http_session, web_client
+from bot.worker import DeliveryWorker
 from core import metrics
-from core.agent import Agent, AgentConfig
-from core.db import Database, create_database
-from core.deliveries import Deliveries
+from core.agent.loop import Agent, AgentConfig
+from core.agent.model_choice import ProviderCache
 from core.errors import ConfigError, DatabaseError
-from core.installations import InstallStores, open_install_stores
-from core.migrate import upgrade
-from core.model_choice import ProviderCache
-from core.retention import RetentionPolicy, load_policy
 from core.settings import Settings
-from core.store import SessionStore
-from core.surface_state import SURFACE_SWEEPS, SurfaceState
-from core.sweeper import sweep
+from core.storage.deliveries import Deliveries
+from core.storage.engine import Database, create_database
+from core.storage.migrate import upgrade
+from core.storage.retention import RetentionPolicy, load_policy
+from core.storage.sessions import SessionStore
+from core.storage.surface_state import SURFACE_SWEEPS, SurfaceState
+from core.storage.sweeper import sweep
 
 log = logging.getLogger(__name__)
 

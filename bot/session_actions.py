@@ -15,12 +15,12 @@ from typing import Any
 from slack_bolt.context.respond.async_respond import AsyncRespond as Respond
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import messages as text
 from bot import payload
+from bot import texts as text
 from bot.conversations import PROJECT, Conversations, Post, thread_key
-from core.agent import Agent
+from core.agent.compaction import parse_checkpoint
+from core.agent.loop import Agent
 from core.checkpoint import SECTIONS
-from core.compaction import parse_checkpoint
 from core.errors import (
     AgentSessionAlreadyCompact,
     AgentSessionBusy,
@@ -29,8 +29,8 @@ from core.errors import (
     MessageNotFound,
 )
 from core.messages import message_text
-from core.store import SessionStore
-from core.surface_state import MessageRef, SurfaceState
+from core.storage.sessions import SessionStore
+from core.storage.surface_state import MessageRef, SurfaceState
 
 log = logging.getLogger(__name__)
 

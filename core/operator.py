@@ -1,6 +1,6 @@
 """What the operator's command line does, as plain async functions over the core.
 
-The command line (``bot.cli``) only parses arguments and prints; everything that touches the
+The command line (``slack_agent.cli``) only parses arguments and prints; everything that touches the
 database is here so the terminal client and tests call the same code.
 """
 
@@ -9,15 +9,15 @@ from __future__ import annotations
 import getpass
 from dataclasses import dataclass
 
-from core.db import Database, create_database
-from core.feedback import votes
-from core.migrate import upgrade
 from core.records import Actor, SessionInfo, StoredMessage
-from core.retention import RetentionPolicy, load_policy, set_policy
 from core.settings import Settings
-from core.store import SessionStore
-from core.surface_state import SURFACE_SWEEPS
-from core.sweeper import SweepReport, sweep
+from core.storage.engine import Database, create_database
+from core.storage.feedback import votes
+from core.storage.migrate import upgrade
+from core.storage.retention import RetentionPolicy, load_policy, set_policy
+from core.storage.sessions import SessionStore
+from core.storage.surface_state import SURFACE_SWEEPS
+from core.storage.sweeper import SweepReport, sweep
 
 
 def operator_external_id() -> str:

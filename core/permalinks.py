@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
-from core.db import Database
 from core.errors import AgentSessionNotFound, UsageError
-from core.surface_state import SurfaceState
+from core.storage.engine import Database
+from core.storage.surface_state import SurfaceState
 
 SLACK_SURFACE = "slack"  # the surface name the Slack app keeps its threads under
 

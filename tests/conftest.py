@@ -21,9 +21,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from core.db import Database, create_database
-from core.migrate import upgrade
-from core.store import SessionStore
+from core.storage.engine import Database, create_database
+from core.storage.migrate import upgrade
+from core.storage.sessions import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel
 
 PG_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")

@@ -14,12 +14,12 @@ from typing import Any
 
 from sqlalchemy import event, update
 
-from core import queries as q
-from core.db import Database, ago, db_now
 from core.messages import assistant_message, user_message
-from core.models import AgentSession
 from core.records import SessionInfo, TurnLease
-from core.store import SessionStore
+from core.storage import queries as q
+from core.storage.engine import Database, ago, db_now
+from core.storage.models import AgentSession
+from core.storage.sessions import SessionStore
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "worker.py"

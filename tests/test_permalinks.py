@@ -12,8 +12,8 @@ from core.permalinks import (
     permalink_of_session,
     session_for_permalink,
 )
-from core.store import SessionStore
-from core.surface_state import SurfaceState
+from core.storage.sessions import SessionStore
+from core.storage.surface_state import SurfaceState
 from tests.helpers import new_session
 
 

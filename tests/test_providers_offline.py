@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from core.compaction import SECTIONS, Checkpoint, render_checkpoint
+from core.agent.compaction import SECTIONS, Checkpoint, render_checkpoint
 from core.errors import ModelProviderRejected
 from core.messages import assistant_message, user_message
 from core.providers import (

@@ -37,15 +37,15 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from core import snapshots
-from core.agent import Agent, AgentConfig, TurnResult
-from core.db import Database
+from core.agent.loop import Agent, AgentConfig, TurnResult
+from core.agent.model_choice import ProviderCache
 from core.messages import user_message
-from core.model_choice import ProviderCache
 from core.providers.streaming import HttpOptions, RetryPolicy
-from core.sandbox import BASHKIT_MAX_DIRS, BASHKIT_MAX_FILES, SandboxLimits
+from core.sandbox.shell import BASHKIT_MAX_DIRS, BASHKIT_MAX_FILES, SandboxLimits
 from core.settings import Settings
-from core.store import SessionStore
+from core.storage import snapshots
+from core.storage.engine import Database
+from core.storage.sessions import SessionStore
 from tests import fake_openai
 from tests.fake_openai import FakeOpenAI
 from tests.helpers import ROOT, new_session

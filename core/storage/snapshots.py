@@ -6,9 +6,9 @@ content-addressed sets of objects whose membership is rows (``snapshot_set_membe
 snapshot (``agent_session_snapshots``, one per message with sandbox state) names the commit to
 check out and two sets whose union holds every object of that state: a *base* set shared with
 the snapshots before and after it, and a small *delta* set of what is not in the base. A turn
-therefore adds its new objects (usually a few hundred bytes of deltas, see ``core.sandbox``), a
-delta set of a few dozen 16-byte memberships, and its snapshot row; a new base is written when
-the delta set outgrows it (about every dozen messages for a 1 MB workspace).
+therefore adds its new objects (usually a few hundred bytes of deltas, see ``core.sandbox.shell``),
+a delta set of a few dozen 16-byte memberships, and its snapshot row; a new base is written when the
+delta set outgrows it (about every dozen messages for a 1 MB workspace).
 
 Restoring a message's state is one SELECT: the snapshot row picked by position, the members of
 its two sets, their content, and each delta's base (at most one level; see ``SnapshotContent``).
@@ -54,23 +54,23 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import BindParameter
 
-from core.batched import delete_in_batches
-from core.db import Conn, Database, ago, db_now
 from core.errors import DatabaseError
-from core.models import (
+from core.sandbox.shell import (
+    Captured,
+    NewObject,
+    SandboxState,
+    SetRef,
+    StoredObject,
+)
+from core.storage.batched import delete_in_batches
+from core.storage.engine import Conn, Database, ago, db_now
+from core.storage.models import (
     AgentSessionMessage,
     AgentSessionSnapshot,
     Id,
     SnapshotContent,
     SnapshotSet,
     SnapshotSetMember,
-)
-from core.sandbox import (
-    Captured,
-    NewObject,
-    SandboxState,
-    SetRef,
-    StoredObject,
 )
 
 CONTENTS: Final = cast(Table, SnapshotContent.__table__)

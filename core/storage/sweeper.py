@@ -19,12 +19,13 @@ from typing import cast
 from sqlalchemy import ColumnElement, Table, and_, func, or_, select
 from sqlalchemy.orm import aliased
 
-from core import metrics, snapshots
-from core.batched import BatchHook, delete_in_batches, delete_listed_in_batches
-from core.db import Database, ago
-from core.models import AgentSession
-from core.queries import claimable
-from core.retention import RetentionPolicy
+from core import metrics
+from core.storage import snapshots
+from core.storage.batched import BatchHook, delete_in_batches, delete_listed_in_batches
+from core.storage.engine import Database, ago
+from core.storage.models import AgentSession
+from core.storage.queries import claimable
+from core.storage.retention import RetentionPolicy
 
 SESSIONS = cast(Table, AgentSession.__table__)
 
@@ -161,7 +162,7 @@ async def sweep(
 async def collect_snapshot_contents(db: Database, batch_size: int) -> int:
     """Delete snapshot content no snapshot refers to (older than the grace period).
 
-    The statements live with the other snapshot SQL (``core.snapshots.collect_garbage``):
+    The statements live with the other snapshot SQL (``core.storage.snapshots.collect_garbage``):
     unreferenced sets first, then content no set contains and no delta needs as its base.
     """
     return await snapshots.collect_garbage(db, batch_size, grace_seconds=CONTENT_GRACE_SECONDS)

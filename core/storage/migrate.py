@@ -16,7 +16,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
-from core.db import Database
+from core.storage.engine import Database
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 # An arbitrary, fixed 64-bit key: "slack-agent migrate" for every replica of every version.

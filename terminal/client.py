@@ -25,11 +25,7 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from bot.terminal import text as say
-from bot.terminal.chat import ChatSession, Unseen
-from bot.terminal.lines import LineSource, on_sigint
-from bot.terminal.render import LiveReply, author, message_view
-from core.agent import AgentEvent, Notice, TextChunk, ToolFinished, ToolStarted, TurnStarted
+from core.agent.loop import AgentEvent, Notice, TextChunk, ToolFinished, ToolStarted, TurnStarted
 from core.errors import (
     AgentSessionAlreadyCompact,
     AgentSessionBusy,
@@ -40,6 +36,10 @@ from core.errors import (
     TurnInterrupted,
 )
 from core.messages import message_text
+from terminal import texts as say
+from terminal.chat import ChatSession, Unseen
+from terminal.lines import LineSource, on_sigint
+from terminal.render import LiveReply, author, message_view
 
 log = logging.getLogger(__name__)
 

@@ -11,18 +11,18 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from core.agent import Agent, AgentConfig, AgentEvent, OnEvent, TurnResult, TurnStarted
-from core.db import Database, create_database
+from core.agent.loop import Agent, AgentConfig, AgentEvent, OnEvent, TurnResult, TurnStarted
+from core.agent.model_choice import ProviderCache
 from core.errors import MessageNotFound, UsageError
 from core.messages import user_message
-from core.migrate import upgrade
-from core.model_choice import ProviderCache
 from core.operator import operator_external_id
 from core.permalinks import looks_like_link, permalink_of_session, session_for_permalink
 from core.records import Actor, BranchResult, SessionInfo, StoredMessage, TruncateResult
 from core.settings import Settings
-from core.snapshots import messages_with_snapshots
-from core.store import SessionStore
+from core.storage.engine import Database, create_database
+from core.storage.migrate import upgrade
+from core.storage.sessions import SessionStore
+from core.storage.snapshots import messages_with_snapshots
 
 PROJECT = "cli"  # sessions started from the terminal: project_session_id is "<login>/<uuid>"
 REFRESH_LAST = 10  # after a rewind elsewhere, how many of the latest messages are reprinted

@@ -14,10 +14,10 @@ from rich.live import Live
 from rich.markdown import Markdown
 from rich.text import Text
 
-from bot.terminal import text as say
 from core.checkpoint import SECTIONS, parse_checkpoint
 from core.messages import Message
 from core.records import StoredMessage
+from terminal import texts as say
 
 TOOL_OUTPUT_LINES = 12
 

@@ -11,9 +11,9 @@ from typing import Any, cast
 
 from sqlalchemy import Table, select
 
-from core.db import Database, db_now
-from core.models import SystemSetting
 from core.settings import Settings
+from core.storage.engine import Database, db_now
+from core.storage.models import SystemSetting
 
 RETENTION_KEY = "agent_session_retention"
 SETTINGS = cast(Table, SystemSetting.__table__)

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from core.custom_providers import get_custom_provider
-from core.db import Database
 from core.metrics import ObservedProvider
 from core.providers.base import ModelProvider
 from core.providers.registry import (
@@ -29,6 +27,8 @@ from core.providers.registry import (
 from core.providers.streaming import DEFAULT_TIMEOUT, HttpOptions
 from core.records import ModelChoice, SessionInfo
 from core.settings import Settings
+from core.storage.custom_providers import get_custom_provider
+from core.storage.engine import Database
 
 
 @dataclass(frozen=True)

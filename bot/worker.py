@@ -1,6 +1,6 @@
 """Every received message through to its answer, whatever dies in between.
 
-A message for the agent is recorded (``core.deliveries``) inside the listener, before Bolt
+A message for the agent is recorded (``core.storage.deliveries``) inside the listener, before Bolt
 acknowledges it: if the record cannot be written, Slack gets a 500 and sends the message again.
 From then on the record drives the work, on whichever replica holds it:
 
@@ -31,15 +31,15 @@ from dataclasses import dataclass, field, replace
 from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import messages as text
+from bot import texts as text
 from bot.conversations import SHUTDOWN, Conversations, Outcome, Post
 from bot.files import SharedFile
 from bot.reply import SLACK_FAILURES
 from core import metrics
-from core.deliveries import ACTIVE, MAX_TAKEOVERS, Deliveries, DeliveryRecord
 from core.errors import AgentSessionNotFound, DatabaseError
 from core.messages import slack_message_id
 from core.settings import Settings
+from core.storage.deliveries import ACTIVE, MAX_TAKEOVERS, Deliveries, DeliveryRecord
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Storage for multi-workspace installs: slack_sdk's SQLAlchemy stores in our database.
 
 The stores take a SQLAlchemy async engine, so the engine is made here (the one module besides
-``core.db`` that creates engines), keeping the surface free of SQLAlchemy. Their tables
+``core.storage.engine`` that creates engines), keeping the surface free of SQLAlchemy. Their tables
 (``slack_bots``, ``slack_installations``, ``slack_oauth_states``) belong to slack_sdk and are
 created by it on start-up (``CREATE TABLE IF NOT EXISTS``), outside our Alembic history, so a
 slack_sdk upgrade that changes them needs no migration of ours.

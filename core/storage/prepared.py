@@ -28,7 +28,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from core.db import Conn, InlineConnection
+from core.storage.engine import Conn, InlineConnection
 
 
 class Outcome(NamedTuple):

@@ -33,8 +33,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, mapped_column, validates
 
-from core.db import UtcDateTime, db_now
 from core.errors import InvalidMessage
+from core.storage.engine import UtcDateTime, db_now
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -295,7 +295,7 @@ class SystemSetting(Base):
 
 # -- surface state: what a chat surface (Slack) remembers beside the sessions ----------------------
 # Keyed by a surface name ("slack"), so the core stays surface-neutral; the statements live in
-# ``core.surface_state``.
+# ``core.storage.surface_state``.
 
 
 class SurfaceThread(Base):
@@ -396,7 +396,7 @@ class Delivery(Base):
     ``done``, ``discarded``, ``expired`` or ``failed``. While a record is active its ``owner``
     (one replica's process) refreshes ``lease_at``; a lease older than the turn lock's staleness
     window lets another replica take the record over. ``id`` is arrival order: a thread's
-    records are answered in it. The statements live in ``core.deliveries``.
+    records are answered in it. The statements live in ``core.storage.deliveries``.
     """
 
     __tablename__ = "deliveries"

@@ -26,8 +26,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, Table, delete
 from sqlalchemy.exc import IntegrityError
 
-from core.db import Database
 from core.errors import DatabaseError
+from core.storage.engine import Database
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ import sys
 
 from rich.console import Console
 
-from bot.terminal.chat import ChatSession
-from bot.terminal.client import Terminal
-from bot.terminal.lines import line_source
 from core.settings import Settings
+from terminal.chat import ChatSession
+from terminal.client import Terminal
+from terminal.lines import line_source
 
 __all__ = ["run_chat"]
 

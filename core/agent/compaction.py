@@ -9,6 +9,7 @@ replaced. Compaction takes the turn lock like a turn.
 
 from __future__ import annotations
 
+from core.agent.turn import Turn, run_turn
 from core.checkpoint import (
     SECTIONS,
     Checkpoint,
@@ -19,8 +20,7 @@ from core.checkpoint import (
 )
 from core.errors import AgentSessionAlreadyCompact, AgentSessionForbidden
 from core.records import Actor, StoredMessage
-from core.store import ANY_TAIL, SessionStore
-from core.turn import Turn, run_turn
+from core.storage.sessions import ANY_TAIL, SessionStore
 
 
 async def write_checkpoint(

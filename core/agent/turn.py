@@ -33,8 +33,8 @@ from core import metrics
 from core.errors import AgentSessionLockLost, TurnInterrupted
 from core.messages import Message
 from core.records import ModelChoice, StoredMessage, TurnLease
-from core.snapshots import SnapshotRef
-from core.store import SessionStore, _Unset
+from core.storage.sessions import SessionStore, _Unset
+from core.storage.snapshots import SnapshotRef
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ State is bashkit's snapshot object graph (``Bash.commit``): a commit names a fil
 shell state, a tree names file objects, files name content-defined chunks; every object's id is
 the SHA-256 of its decoded bytes. That graph is already what a small change needs (an edit
 re-emits one chunk, one file object, the tree, the shell and the commit), so storage works per
-object (``core.snapshots``), and this module decides how each new object is encoded:
+object (``core.storage.snapshots``), and this module decides how each new object is encoded:
 
 - ``bashkit``: bashkit's own bytes (a one-byte envelope, 0 = stored, 1 = raw deflate);
 - ``zstd``: zstd of the decoded object;
@@ -363,7 +363,7 @@ class Sandbox:
 
     @classmethod
     def from_state(cls, state: SandboxState | None, limits: SandboxLimits | None = None) -> Sandbox:
-        """The sandbox of a stored state (``core.snapshots.load_state``); new when None."""
+        """The sandbox of a stored state (``core.storage.snapshots.load_state``); new when None."""
         if state is None:
             return cls.new(limits)
         sandbox = cls(limits)

@@ -7,8 +7,8 @@ from typing import Final, cast
 
 from sqlalchemy import Table, func, select
 
-from core.db import Database, db_now
-from core.models import AgentSessionMessage, MessageFeedback
+from core.storage.engine import Database, db_now
+from core.storage.models import AgentSessionMessage, MessageFeedback
 
 FEEDBACK: Final = cast(Table, MessageFeedback.__table__)
 MESSAGES: Final = cast(Table, AgentSessionMessage.__table__)

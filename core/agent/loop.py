@@ -25,10 +25,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.compaction import Summariser, checkpoint_message, compact, parse_checkpoint
+from core.agent.compaction import Summariser, checkpoint_message, compact, parse_checkpoint
+from core.agent.model_choice import ProviderCache, ResolvedModel, resolve_model
+from core.agent.summariser import model_summariser
+from core.agent.turn import Turn, run_turn
 from core.errors import ModelProviderError, SlackAgentError
 from core.messages import Message, new_message_id
-from core.model_choice import ProviderCache, ResolvedModel, resolve_model
 from core.providers.base import TextDelta, ToolCall, ToolSpec
 from core.providers.uimessages import (
     step_start_part,
@@ -39,11 +41,9 @@ from core.providers.uimessages import (
     ui_to_chat,
 )
 from core.records import Actor, StoredMessage
-from core.sandbox import Sandbox, SandboxLimits, ShellResult
-from core.snapshots import SnapshotRef, load_state, store_content
-from core.store import SessionStore, _Unset
-from core.summariser import model_summariser
-from core.turn import Turn, run_turn
+from core.sandbox.shell import Sandbox, SandboxLimits, ShellResult
+from core.storage.sessions import SessionStore, _Unset
+from core.storage.snapshots import SnapshotRef, load_state, store_content
 
 SHELL = ToolSpec(
     name="shell",

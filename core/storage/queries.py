@@ -34,7 +34,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from core.db import Conn, ago, database_error, db_now
 from core.errors import (
     AgentSessionBusy,
     AgentSessionForbidden,
@@ -44,7 +43,9 @@ from core.errors import (
     SlackAgentError,
 )
 from core.messages import Message
-from core.models import (
+from core.records import Actor, SessionInfo, StoredMessage
+from core.storage.engine import Conn, ago, database_error, db_now
+from core.storage.models import (
     AgentSession,
     AgentSessionMessage,
     AgentSessionSnapshot,
@@ -53,8 +54,7 @@ from core.models import (
     User,
     validate_message,
 )
-from core.prepared import Prepared
-from core.records import Actor, SessionInfo, StoredMessage
+from core.storage.prepared import Prepared
 
 SESSIONS: Final = cast(Table, AgentSession.__table__)
 MESSAGES: Final = cast(Table, AgentSessionMessage.__table__)
@@ -268,9 +268,9 @@ def _claim(*, stamp: bool) -> Update:
     )
 
 
-# Where the database has RETURNING (PostgreSQL; SQLite from 3.35, see ``core.db.MIN_SQLITE``)
-# the claim returns the token it set; an older SQLite reads it back in the same write
-# transaction, which no other writer can interleave with.
+# Where the database has RETURNING (PostgreSQL; SQLite from 3.35, see
+# ``core.storage.engine.MIN_SQLITE``) the claim returns the token it set; an older SQLite reads it
+# back in the same write transaction, which no other writer can interleave with.
 _CLAIMS: Final = {
     (stamp, returning): Prepared(
         _claim(stamp=stamp).returning(SESSIONS.c.lock_token) if returning else _claim(stamp=stamp)

@@ -13,12 +13,12 @@ from collections.abc import Iterable
 
 from sqlalchemy import Insert, delete, insert, literal, select, update
 
-from core import queries as q
-from core.db import Conn, Database, copied_message_id, db_now, json_with_id
 from core.errors import AgentSessionBusy, AgentSessionNotFound
 from core.messages import Message, message_text
-from core.models import Id
 from core.records import Actor, BranchResult, StoredMessage, TruncateResult
+from core.storage import queries as q
+from core.storage.engine import Conn, Database, copied_message_id, db_now, json_with_id
+from core.storage.models import Id
 
 MESSAGES = q.MESSAGES
 SESSIONS = q.SESSIONS
@@ -240,7 +240,7 @@ def _copy_prefix(dialect: str, source_id: int, new_session_id: int, end: int) ->
 
 async def _copy_snapshots(conn: Conn, source_id: int, new_session_id: int, end: int) -> None:
     """The fork's snapshots: new rows naming the same content, so nothing is duplicated."""
-    from core.snapshots import copy_snapshots  # all SQL on snapshot tables lives there
+    from core.storage.snapshots import copy_snapshots  # all SQL on snapshot tables lives there
 
     await copy_snapshots(
         conn, source_session_id=source_id, new_session_id=new_session_id, up_to_position=end

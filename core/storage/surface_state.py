@@ -1,6 +1,6 @@
 """What a chat surface remembers beside the sessions (threads and message refs), keyed
 by a surface name so nothing here knows which chat it is. Received messages, waiting ones
-included, are delivery records (``core.deliveries``).
+included, are delivery records (``core.storage.deliveries``).
 
 What the statements guarantee:
 
@@ -16,10 +16,10 @@ from typing import Any, Final, cast
 
 from sqlalchemy import Table, select, update
 
-from core.batched import delete_in_batches
-from core.db import Database, ago, db_now
-from core.deliveries import sweep_finished_deliveries
-from core.models import SurfaceMessageRef, SurfaceStash, SurfaceThread, SurfaceViewing
+from core.storage.batched import delete_in_batches
+from core.storage.deliveries import sweep_finished_deliveries
+from core.storage.engine import Database, ago, db_now
+from core.storage.models import SurfaceMessageRef, SurfaceStash, SurfaceThread, SurfaceViewing
 
 THREADS: Final = cast(Table, SurfaceThread.__table__)
 REFS: Final = cast(Table, SurfaceMessageRef.__table__)

@@ -65,9 +65,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import aliased
 
-from core.batched import delete_in_batches
-from core.db import Conn, Database, ago, db_now, update_returning
-from core.models import Delivery
+from core.storage.batched import delete_in_batches
+from core.storage.engine import Conn, Database, ago, db_now, update_returning
+from core.storage.models import Delivery
 
 DELIVERIES: Final = cast(Table, Delivery.__table__)
 D: Final = DELIVERIES.c

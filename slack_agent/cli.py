@@ -168,7 +168,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def _demo(args: argparse.Namespace, settings: Settings) -> None:
-    from bot.demo import run_demo
+    from slack_agent.demo import run_demo
 
     if settings.log_level.upper() == "INFO":  # the demo prints the threads; logs would drown them
         logging.getLogger().setLevel(logging.WARNING)
@@ -176,7 +176,7 @@ async def _demo(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def _chat(args: argparse.Namespace, settings: Settings) -> None:
-    from bot.terminal import run_chat
+    from terminal import run_chat
 
     await run_chat(settings, args.session)
 

@@ -11,7 +11,8 @@ Each public method is one transaction. What the turn protocol's statements guara
 - ``delete_session``: refused while a turn is active.
 
 Orchestration (a turn with its heartbeat task, compaction) lives above this module and never
-builds SQL; the statements live here, in ``core.transcript``, ``core.queries`` and the sweeper.
+builds SQL; the statements live here, in ``core.storage.transcript``, ``core.storage.queries`` and
+the sweeper.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from typing import Any, Final, NoReturn
 from sqlalchemy import Boolean, delete, select, type_coerce, update
 
 from core import metrics
-from core import queries as q
-from core.db import Conn, Database, db_now, hence
+from core.agent.stops import StopWatch
 from core.errors import (
     AgentSessionBusy,
     AgentSessionLockLost,
@@ -35,11 +35,12 @@ from core.errors import (
     AgentSessionStale,
 )
 from core.messages import Message, message_text, shorten
-from core.models import validate_message
 from core.records import Actor, ModelChoice, SessionInfo, StoredMessage, TurnLease
-from core.snapshots import SnapshotRef, attach_snapshot
-from core.stops import StopWatch
-from core.transcript import TranscriptOperations
+from core.storage import queries as q
+from core.storage.engine import Conn, Database, db_now, hence
+from core.storage.models import validate_message
+from core.storage.snapshots import SnapshotRef, attach_snapshot
+from core.storage.transcript import TranscriptOperations
 
 SESSIONS: Final = q.SESSIONS
 USERS: Final = q.USERS
@@ -224,8 +225,8 @@ class SessionStore(TranscriptOperations):
         """Ask the turn running on a session to stop (a stop button, on any replica).
 
         One UPDATE that marks the running turn's token; it neither waits for nor takes the
-        lock. The process running the turn notices within ``core.turn.STOP_POLL_SECONDS``. False
-        when no turn is running: a stop for an idle session changes nothing.
+        lock. The process running the turn notices within ``core.agent.turn.STOP_POLL_SECONDS``.
+        False when no turn is running: a stop for an idle session changes nothing.
         """
         async with self.db.write() as conn:
             result = await conn.execute(
@@ -375,8 +376,8 @@ class SessionStore(TranscriptOperations):
     ) -> list[StoredMessage]:
         """Append messages of the lease's turn (fenced), refreshing its heartbeat.
 
-        ``snapshot`` (stored content, see ``core.snapshots.store_content``) becomes the sandbox
-        state of the last message, in the same transaction.
+        ``snapshot`` (stored content, see ``core.storage.snapshots.store_content``) becomes the
+        sandbox state of the last message, in the same transaction.
         """
         return await self._fenced_write(
             lease, [(m, compaction) for m in messages], release=False, snapshot=snapshot

@@ -11,10 +11,10 @@ from typing import Final, cast
 from sqlalchemy import Table, delete, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from core.db import Database
 from core.errors import ConfigError
-from core.models import CustomProvider
 from core.providers.registry import CustomProviderSpec
+from core.storage.engine import Database
+from core.storage.models import CustomProvider
 
 PROVIDERS: Final = cast(Table, CustomProvider.__table__)
 
