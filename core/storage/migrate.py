@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from core.storage.engine import Database
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 # An arbitrary, fixed 64-bit key: "slack-agent migrate" for every replica of every version.
 _ADVISORY_LOCK_KEY = 0x51AC_A6E7_0001
 

@@ -55,7 +55,7 @@ from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import BindParameter
 
 from core.errors import DatabaseError
-from core.sandbox.shell import (
+from core.sandbox.state import (
     Captured,
     NewObject,
     SandboxState,
