@@ -59,7 +59,8 @@ from bench.slack import (
 )
 from bot.conversations import PROJECT, SURFACE, thread_key
 from bot.standin import TEAM, signed
-from core.storage.engine import create_database, hence
+from core.storage.dialect import hence
+from core.storage.engine import create_database
 from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
 from core.storage.surface_state import SurfaceState

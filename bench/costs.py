@@ -64,7 +64,8 @@ from core.agent.turn import run_turn
 from core.errors import AgentSessionBusy, AgentSessionError
 from core.messages import Message, assistant_message, user_message
 from core.records import Actor, ModelChoice, StoredMessage, TurnLease
-from core.storage.engine import Database, ago, create_database
+from core.storage.dialect import ago
+from core.storage.engine import Database, create_database
 from core.storage.migrate import upgrade
 from core.storage.models import AgentSession, AgentSessionMessage, validate_message
 from core.storage.retention import RetentionPolicy

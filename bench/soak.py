@@ -43,6 +43,7 @@ from bench.replicas import Replica
 from bench.tcp_proxy import TcpProxy
 from bot import texts as text
 from bot.standin import TEAM, SlackFaults, SlackStandIn
+from core.errors import SlackAgentError
 from core.messages import message_text, slack_message_id
 from core.storage.deliveries import Deliveries
 from core.storage.engine import create_database
@@ -50,6 +51,12 @@ from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
 
 SECRET = "soak-signing-secret"
+
+
+class SoakFailed(SlackAgentError):
+    """``slack-agent soak`` found a promise broken (its report says which)."""
+
+    code = "soak_failed"
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,14 @@
 
 Every surface (Slack, the terminal client, the command line) maps these the same way, by
 ``code``, which is stable: operators grep logs for it and clients branch on it. Driver errors
-never leave ``core``; the store translates them at its boundary with ``raise ... from exc``.
+never leave ``core``; the store translates them at its boundary with ``raise ... from exc``. Tools
+above the product add their own leaves (the soak's ``bench.soak.SoakFailed``).
 
     SlackAgentError
     ├── ConfigError                      config_invalid
     ├── UsageError                       usage_error
     ├── InvalidRequest                   invalid_request
     ├── DatabaseError                    database_error
-    ├── SoakFailed                       soak_failed
     ├── AgentSessionError
     │   ├── AgentSessionNotFound         agent_session_not_found
     │   ├── AgentSessionForbidden        agent_session_forbidden
@@ -68,12 +68,6 @@ class DatabaseError(SlackAgentError):
     """The database failed in a way the protocol does not expect (unreachable, corrupt, ...)."""
 
     code = "database_error"
-
-
-class SoakFailed(SlackAgentError):
-    """``slack-agent soak`` found a promise broken (its report says which)."""
-
-    code = "soak_failed"
 
 
 class AgentSessionError(SlackAgentError):

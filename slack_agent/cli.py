@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from core.errors import SlackAgentError, SoakFailed, UsageError
+from core.errors import SlackAgentError, UsageError
 from core.logs import configure_logging
 from core.messages import message_text
 from core.operator import Operator
@@ -218,7 +218,7 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def _soak(args: argparse.Namespace, settings: Settings) -> None:
-    from bench.soak import format_report, run_soak, soak_config
+    from bench.soak import SoakFailed, format_report, run_soak, soak_config
 
     with tempfile.TemporaryDirectory(prefix="soak-db-") as tmp:
         url = args.database_url or f"sqlite+aiosqlite:///{tmp}/soak.db"

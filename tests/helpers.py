@@ -17,7 +17,8 @@ from sqlalchemy import event, update
 from core.messages import assistant_message, user_message
 from core.records import SessionInfo, TurnLease
 from core.storage import queries as q
-from core.storage.engine import Database, ago, db_now
+from core.storage.dialect import ago, db_now
+from core.storage.engine import Database
 from core.storage.models import AgentSession
 from core.storage.sessions import SessionStore
 

@@ -17,7 +17,7 @@ from core.agent.turn import run_turn
 from core.messages import assistant_message, message_text, user_message
 from core.records import StoredMessage
 from core.storage.deliveries import DELIVERIES
-from core.storage.engine import ago
+from core.storage.dialect import ago
 from core.storage.models import Delivery
 from core.storage.sessions import SessionStore
 from tests.fake_slack import BOT_ID, BOT_USER, FakeSlack, GatedModel, SlackClient

@@ -13,7 +13,7 @@ from sqlalchemy import insert, select
 from bot import texts as text
 from core.messages import message_text
 from core.records import StoredMessage
-from core.storage.engine import ago
+from core.storage.dialect import ago
 from core.storage.models import Delivery
 from core.storage.sessions import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient

@@ -17,7 +17,8 @@ from core.messages import assistant_message, user_message
 from core.records import Actor
 from core.sandbox.shell import Sandbox
 from core.storage import snapshots
-from core.storage.engine import Database, ago
+from core.storage.dialect import ago
+from core.storage.engine import Database
 from core.storage.retention import RetentionPolicy
 from core.storage.sessions import SessionStore
 from core.storage.sweeper import sweep

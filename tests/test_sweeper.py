@@ -20,7 +20,8 @@ from core.storage.deliveries import (
     Deliveries,
     sweep_finished_deliveries,
 )
-from core.storage.engine import Database, ago
+from core.storage.dialect import ago
+from core.storage.engine import Database
 from core.storage.models import (
     AgentSession,
     AgentSessionSnapshot,

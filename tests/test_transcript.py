@@ -24,7 +24,8 @@ from core.records import Actor, BranchResult, StoredMessage
 from core.storage import queries as q
 from core.storage import transcript
 from core.storage.deliveries import Deliveries
-from core.storage.engine import Database, ago
+from core.storage.dialect import ago
+from core.storage.engine import Database
 from core.storage.models import (
     AgentSessionSnapshot,
     SnapshotContent,

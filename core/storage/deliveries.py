@@ -66,7 +66,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import aliased
 
 from core.storage.batched import delete_in_batches
-from core.storage.engine import Conn, Database, ago, db_now, update_returning
+from core.storage.dialect import ago, db_now, update_returning
+from core.storage.engine import Conn, Database
 from core.storage.models import Delivery
 
 DELIVERIES: Final = cast(Table, Delivery.__table__)

@@ -7,7 +7,8 @@ from typing import Final, cast
 
 from sqlalchemy import Table, func, select
 
-from core.storage.engine import Database, db_now
+from core.storage.dialect import db_now
+from core.storage.engine import Database
 from core.storage.models import AgentSessionMessage, MessageFeedback
 
 FEEDBACK: Final = cast(Table, MessageFeedback.__table__)

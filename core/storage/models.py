@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, mapped_column, validates
 
 from core.errors import InvalidMessage
-from core.storage.engine import UtcDateTime, db_now
+from core.storage.dialect import UtcDateTime, db_now
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",

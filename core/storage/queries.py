@@ -44,7 +44,8 @@ from core.errors import (
 )
 from core.messages import Message
 from core.records import Actor, SessionInfo, StoredMessage
-from core.storage.engine import Conn, ago, database_error, db_now
+from core.storage.dialect import ago, db_now
+from core.storage.engine import Conn, database_error
 from core.storage.models import (
     AgentSession,
     AgentSessionMessage,

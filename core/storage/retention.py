@@ -12,7 +12,8 @@ from typing import Any, cast
 from sqlalchemy import Table, select
 
 from core.settings import Settings
-from core.storage.engine import Database, db_now
+from core.storage.dialect import db_now
+from core.storage.engine import Database
 from core.storage.models import SystemSetting
 
 RETENTION_KEY = "agent_session_retention"

@@ -37,7 +37,8 @@ from core.errors import (
 from core.messages import Message, message_text, shorten
 from core.records import Actor, ModelChoice, SessionInfo, StoredMessage, TurnLease
 from core.storage import queries as q
-from core.storage.engine import Conn, Database, db_now, hence
+from core.storage.dialect import db_now, hence
+from core.storage.engine import Conn, Database
 from core.storage.models import validate_message
 from core.storage.snapshots import SnapshotRef, attach_snapshot
 from core.storage.transcript import TranscriptOperations

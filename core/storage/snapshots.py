@@ -63,7 +63,8 @@ from core.sandbox.state import (
     StoredObject,
 )
 from core.storage.batched import delete_in_batches
-from core.storage.engine import Conn, Database, ago, db_now
+from core.storage.dialect import ago, db_now
+from core.storage.engine import Conn, Database
 from core.storage.models import (
     AgentSessionMessage,
     AgentSessionSnapshot,

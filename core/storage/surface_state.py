@@ -18,7 +18,8 @@ from sqlalchemy import Table, select, update
 
 from core.storage.batched import delete_in_batches
 from core.storage.deliveries import sweep_finished_deliveries
-from core.storage.engine import Database, ago, db_now
+from core.storage.dialect import ago, db_now
+from core.storage.engine import Database
 from core.storage.models import SurfaceMessageRef, SurfaceStash, SurfaceThread, SurfaceViewing
 
 THREADS: Final = cast(Table, SurfaceThread.__table__)

@@ -22,7 +22,8 @@ from sqlalchemy.orm import aliased
 from core import metrics
 from core.storage import snapshots
 from core.storage.batched import BatchHook, delete_in_batches, delete_listed_in_batches
-from core.storage.engine import Database, ago
+from core.storage.dialect import ago
+from core.storage.engine import Database
 from core.storage.models import AgentSession
 from core.storage.queries import claimable
 from core.storage.retention import RetentionPolicy

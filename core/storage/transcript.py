@@ -17,7 +17,8 @@ from core.errors import AgentSessionBusy, AgentSessionNotFound
 from core.messages import Message, message_text
 from core.records import Actor, BranchResult, StoredMessage, TruncateResult
 from core.storage import queries as q
-from core.storage.engine import Conn, Database, copied_message_id, db_now, json_with_id
+from core.storage.dialect import copied_message_id, db_now, json_with_id
+from core.storage.engine import Conn, Database
 from core.storage.models import Id
 
 MESSAGES = q.MESSAGES
