@@ -57,7 +57,7 @@ from bench.slack import (
     standin_process,
     stop_process,
 )
-from bot.conversations import PROJECT, SURFACE, thread_key
+from bot.post import PROJECT, SURFACE, thread_key
 from bot.standin import TEAM, signed
 from core.storage.dialect import hence
 from core.storage.engine import create_database

@@ -63,13 +63,13 @@ from bench.snapshots import bench_snapshots
 from core.agent.turn import run_turn
 from core.errors import AgentSessionBusy, AgentSessionError
 from core.messages import Message, assistant_message, user_message
-from core.records import Actor, ModelChoice, StoredMessage, TurnLease
+from core.records import ANY_TAIL, Actor, ModelChoice, StoredMessage, TurnLease
 from core.storage.dialect import ago
 from core.storage.engine import Database, create_database
 from core.storage.migrate import upgrade
 from core.storage.models import AgentSession, AgentSessionMessage, validate_message
 from core.storage.retention import RetentionPolicy
-from core.storage.sessions import ANY_TAIL, SessionStore
+from core.storage.sessions import SessionStore
 from core.storage.sweeper import sweep
 
 SESSIONS: Final = cast(Table, AgentSession.__table__)

@@ -1,8 +1,8 @@
 """Storage for multi-workspace installs: slack_sdk's SQLAlchemy stores in our database.
 
-The stores take a SQLAlchemy async engine, so the engine is made here (the one module besides
-``core.storage.engine`` that creates engines), keeping the surface free of SQLAlchemy. Their tables
-(``slack_bots``, ``slack_installations``, ``slack_oauth_states``) belong to slack_sdk and are
+The stores take a SQLAlchemy async engine, which the storage layer makes
+(``core.storage.engine.library_engine``), so the surface itself never touches SQLAlchemy. Their
+tables (``slack_bots``, ``slack_installations``, ``slack_oauth_states``) belong to slack_sdk and are
 created by it on start-up (``CREATE TABLE IF NOT EXISTS``), outside our Alembic history, so a
 slack_sdk upgrade that changes them needs no migration of ours.
 """
@@ -10,19 +10,19 @@ slack_sdk upgrade that changes them needs no migration of ours.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from slack_sdk.oauth.installation_store.sqlalchemy import AsyncSQLAlchemyInstallationStore
 from slack_sdk.oauth.state_store.sqlalchemy import AsyncSQLAlchemyOAuthStateStore
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from core.settings import normalize_database_url
+from core.storage.engine import library_engine
 
 STATE_EXPIRATION_SECONDS = 600
 
 
 @dataclass
 class InstallStores:
-    engine: AsyncEngine
+    engine: Any  # an AsyncEngine, handed to slack_sdk
     installations: AsyncSQLAlchemyInstallationStore
     states: AsyncSQLAlchemyOAuthStateStore
 
@@ -31,7 +31,7 @@ class InstallStores:
 
 
 async def open_install_stores(database_url: str, client_id: str) -> InstallStores:
-    engine = create_async_engine(normalize_database_url(database_url))
+    engine = library_engine(database_url)
     installations = AsyncSQLAlchemyInstallationStore(client_id=client_id, engine=engine)
     states = AsyncSQLAlchemyOAuthStateStore(
         expiration_seconds=STATE_EXPIRATION_SECONDS, engine=engine

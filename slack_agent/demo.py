@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from bot.serve import Bot
+from bot.service import Bot
 from bot.standin import BOT_USER, TEAM, Posted, SlackStandIn, signed
 from core.messages import assistant_message, user_message
 from core.records import TurnLease
@@ -55,7 +55,7 @@ class Replica:
             _env_file=None,
         )
         bot = await Bot.open(settings)
-        bot.conversations.pacer.base = 0.2
+        bot.answers.pacer.base = 0.2
         bot.start()
         runner = web.AppRunner(bot.web_app(), access_log=None)
         await runner.setup()
@@ -258,7 +258,9 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
     await slack.until(
         lambda: any("used elsewhere" in p.text for p in standin.thread(CHANNEL, root, bob))
     )
-    await a.bot.store.finish(terminal, [assistant_message("(terminal) the thread so far: …")])
+    await a.bot.runtime.storage.sessions.finish(
+        terminal, [assistant_message("(terminal) the thread so far: …")]
+    )
     waiting = await slack.until(offer)
     print_thread(standin, root, bob, "#general, while the terminal client held the session")
     await slack.click(b, bob, waiting, "Send")
@@ -330,10 +332,10 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
 
 async def _terminal_turn(bot: Bot, root: str, question: str) -> TurnLease:
     """A turn started outside Slack, as ``slack-agent chat`` starts one (the core, directly)."""
-    session = await bot.store.find_session("slack", f"{TEAM}/{CHANNEL}/{root}")
+    session = await bot.runtime.storage.sessions.find_session("slack", f"{TEAM}/{CHANNEL}/{root}")
     assert session is not None
-    tail = await bot.store.tail(session.id)
-    return await bot.store.start_turn(
+    tail = await bot.runtime.storage.sessions.tail(session.id)
+    return await bot.runtime.storage.sessions.start_turn(
         session.id,
         user_message=user_message(question),
         last_message_id=tail.message_id if tail else None,
@@ -372,7 +374,7 @@ def _done(standin: SlackStandIn, streams: int) -> bool:
 
 
 async def _transcript(bot: Bot, root: str) -> list[str]:
-    session = await bot.store.find_session("slack", f"{TEAM}/{CHANNEL}/{root}")
+    session = await bot.runtime.storage.sessions.find_session("slack", f"{TEAM}/{CHANNEL}/{root}")
     if session is None:
         return []
-    return [m.message_id for m in await bot.store.messages(session.id)]
+    return [m.message_id for m in await bot.runtime.storage.sessions.messages(session.id)]

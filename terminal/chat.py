@@ -1,60 +1,52 @@
-"""One terminal's hold on a session: what it has shown, and every core call it makes.
+"""One terminal's hold on a session: the terminal's translation onto the conversation API.
 
-No terminal I/O here and no SQL: the session store, the agent and the permalink lookups of
-``core``, exactly as the Slack side uses them. The client's view of the session is ``shown``,
-the id of the last message it printed; every turn passes it as ``last_message_id``, so the
-core refuses a send into a session that moved on elsewhere (stale) before any model call.
+No terminal I/O here and no storage: the core runtime and the conversation API, exactly as
+the Slack side uses them. The terminal keeps its view of the session in memory (the last
+message it printed); every turn passes it as ``last_message_id``, so the core refuses a send
+into a session that moved on elsewhere (stale) before any model call.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 
-from core.agent.loop import Agent, AgentConfig, AgentEvent, OnEvent, TurnResult, TurnStarted
-from core.agent.model_choice import ProviderCache
+from core.conversation import (
+    Answered,
+    Conversation,
+    Conversations,
+    Forked,
+    OnConversationEvent,
+    Rewound,
+    TurnOutcome,
+    TurnRequest,
+    Unseen,
+)
 from core.errors import MessageNotFound, UsageError
-from core.messages import user_message
 from core.operator import operator_external_id
-from core.permalinks import looks_like_link, permalink_of_session, session_for_permalink
-from core.records import Actor, BranchResult, SessionInfo, StoredMessage, TruncateResult
+from core.records import Actor, SessionInfo, StoredMessage
+from core.runtime import Runtime
 from core.settings import Settings
-from core.storage.engine import Database, create_database
-from core.storage.migrate import upgrade
-from core.storage.sessions import SessionStore
-from core.storage.snapshots import messages_with_snapshots
+from terminal.permalinks import (
+    SLACK_PROJECT,
+    SLACK_SURFACE,
+    looks_like_link,
+    permalink_of_session,
+    session_for_permalink,
+)
 
 PROJECT = "cli"  # sessions started from the terminal: project_session_id is "<login>/<uuid>"
-REFRESH_LAST = 10  # after a rewind elsewhere, how many of the latest messages are reprinted
-
-
-@dataclass(frozen=True)
-class Unseen:
-    messages: list[StoredMessage]
-    rewound: bool  # the message last shown is gone: the session was rewound elsewhere
 
 
 class ChatSession:
-    def __init__(
-        self, settings: Settings, db: Database, store: SessionStore, providers: ProviderCache
-    ) -> None:
-        self.settings = settings
-        self.db = db
-        self.store = store
-        self.providers = providers
-        self.agent = Agent(
-            store,
-            providers,
-            AgentConfig(
-                auto_compact_tokens=settings.auto_compact_tokens,
-                heartbeat_seconds=settings.turn_heartbeat_seconds,
-            ),
-        )
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.settings = runtime.settings
+        self.conversations: Conversations = runtime.conversations(PROJECT)
+        # The Slack surface's threads, read to follow a permalink and to name a fork's thread.
+        self.slack: Conversations = runtime.conversations(SLACK_PROJECT, surface=SLACK_SURFACE)
         self.operator = operator_external_id()
         self.actor = Actor(None, admin=True)
-        self.session: SessionInfo | None = None
-        self.shown: str | None = None  # the last message this terminal printed
-        self._sent: StoredMessage | None = None  # the user message of the latest turn
+        self.conversation: Conversation | None = None
 
     @classmethod
     async def open(cls, settings: Settings, target: str | None) -> ChatSession:
@@ -64,159 +56,105 @@ class ChatSession:
         id or link that names no session, ``DatabaseError`` when the database cannot be used.
         """
         session_id = _session_id(target) if target is not None else None
-        db = create_database(
-            settings.database_url, synchronous_commit=settings.postgres_synchronous_commit
-        )
-        store = SessionStore(
-            db,
-            staleness_seconds=settings.turn_lock_staleness_seconds,
-            temporary_ttl_hours=settings.temporary_agent_session_time_to_live_hours,
-        )
-        chat = cls(settings, db, store, ProviderCache(settings))
+        runtime = await Runtime.open(settings)
+        chat = cls(runtime)
         try:
-            await upgrade(db)
-            user_id = await store.get_or_create_user(chat.operator, "local operator")
-            chat.actor = Actor(user_id, admin=True)
+            chat.actor = await chat.conversations.person(
+                chat.operator, admin=True, display_name="local operator"
+            )
             if target is not None and session_id is None:
-                session_id = await session_for_permalink(db, target)
+                session_id = await session_for_permalink(chat.slack, target)
             if session_id is not None:
-                chat.session = await store.get_session(session_id)
+                chat.conversation = await chat.conversations.get(session_id)
         except BaseException:
             await chat.close()
             raise
         return chat
 
     async def close(self) -> None:
-        await self.providers.aclose()
-        await self.db.dispose()
+        await self.runtime.close()
 
     @property
     def session_id(self) -> int | None:
-        return None if self.session is None else self.session.id
+        return None if self.conversation is None else self.conversation.id
+
+    @property
+    def session(self) -> SessionInfo | None:
+        return None if self.conversation is None else self.conversation.session
 
     async def owner(self) -> str | None:
         """Who owns the session when it is not this operator (None when it is, or nobody)."""
-        if self.session is None or self.session.user_id in (None, self.actor.user_id):
+        if self.conversation is None:
             return None
-        assert self.session.user_id is not None
-        return await self.store.user_external_id(self.session.user_id) or (
-            f"user #{self.session.user_id}"
-        )
+        if self.conversation.session.user_id in (None, self.actor.user_id):
+            return None
+        return await self.conversation.owner()
 
     async def permalink(self, session_id: int | None = None) -> str | None:
+        """The permalink of the session's Slack thread, when it has one."""
         target = session_id if session_id is not None else self.session_id
-        return None if target is None else await permalink_of_session(self.db, target)
+        return None if target is None else await permalink_of_session(self.slack, target)
 
     # -- reading ------------------------------------------------------------------------------
 
     async def projected(self) -> list[StoredMessage]:
         """What the model sees (the latest checkpoint and what follows); now shown."""
-        if self.session is None:
-            return []
-        history = await self.store.history(self.session.id)
-        # The projection ends at the tail it was read with: what was printed is what was seen.
-        self.shown = history[-1].message_id if history else None
-        return history
+        return [] if self.conversation is None else await self.conversation.projected()
 
     async def unseen(self) -> Unseen:
         """What was added (or changed) since this terminal last showed the session; now shown."""
-        if self.session is None:
-            return Unseen([], False)
-        sid = self.session.id
-        tail = await self.store.tail(sid)
-        tail_id = tail.message_id if tail else None
-        if tail_id == self.shown:
-            return Unseen([], False)
-        found = await self.store.find_message(self.shown) if self.shown else None
-        if self.shown is not None and (found is None or found[0] != sid):
-            start = tail.position - REFRESH_LAST if tail else -1
-            result = Unseen(await self.store.messages(sid, after_position=start), True)
-        else:
-            after = found[1].position if found else -1
-            result = Unseen(await self.store.messages(sid, after_position=after), False)
-        self.shown = result.messages[-1].message_id if result.messages else tail_id
-        return result
+        return Unseen([], False) if self.conversation is None else await self.conversation.unseen()
 
     async def is_busy(self) -> bool:
-        return self.session is not None and await self.store.is_turn_active(self.session.id)
+        return self.conversation is not None and await self.conversation.is_busy()
 
     async def listing(self) -> tuple[list[StoredMessage], set[str]]:
         """The whole transcript and which of its messages carry a sandbox snapshot."""
-        if self.session is None:
+        if self.conversation is None:
             return [], set()
-        sid = self.session.id
-        return await self.store.messages(sid), await messages_with_snapshots(self.db, sid)
+        return await self.conversation.listing()
 
     # -- a turn -------------------------------------------------------------------------------
 
-    async def send(self, text: str, on_event: OnEvent) -> TurnResult:
-        """One turn. Raises ``AgentSessionBusy`` / ``AgentSessionStale`` before anything is
-        written; the events say when the user message is in the transcript (``TurnStarted``)."""
-        if self.session is None:
-            self.session, _ = await self.store.get_or_create_session(
-                PROJECT,
-                f"{self.operator.removeprefix('cli:')}/{uuid.uuid4()}",
-                user_id=self.actor.user_id,
-                title=text,
+    async def send(self, text: str, on_event: OnConversationEvent) -> TurnOutcome:
+        """One turn: ``Answered``, or refused before anything was written as ``Busy`` or
+        ``Stale`` (with what the terminal had not shown, now shown)."""
+        if self.conversation is None:
+            self.conversation = await self.conversations.open(
+                self._new_key(), owner=self.actor, title=text
             )
-        self._sent = None
-
-        async def noted(event: AgentEvent) -> None:
-            if isinstance(event, TurnStarted):
-                self._sent = event.user
-            await on_event(event)
-
-        result = await self.agent.run_turn(
-            self.session.id,
-            user_message=user_message(text, surface="terminal", author=self.operator),
-            last_message_id=self.shown,
-            on_event=noted,
-        )
-        if result.answer is not None:
-            self.shown = result.answer.message_id
-        return result
+        request = TurnRequest(text, metadata={"surface": "terminal", "author": self.operator})
+        outcome = await self.conversation.take_turn(request, on_event)
+        if isinstance(outcome, Answered) and outcome.result.answer is not None:
+            await self.conversation.showed(outcome.result.answer.message_id)
+        return outcome
 
     async def after_interruption(self) -> None:
-        """A turn of ours stopped after its message was added (Ctrl-C, a lost lock): what it
-        printed was its message and the partial answer kept right after it. Anything later came
-        from elsewhere once the lock was free, and the watcher prints it."""
-        if self.session is None or self._sent is None:
-            return
-        after = await self.store.messages(self.session.id, after_position=self._sent.position)
-        ours = after[0] if after and after[0].role == "assistant" else None
-        self.shown = ours.message_id if ours is not None else self._sent.message_id
+        """A turn of ours stopped after its message was added (Ctrl-C, a lost lock)."""
+        if self.conversation is not None:
+            await self.conversation.after_interruption()
 
     # -- transcript operations ----------------------------------------------------------------
 
-    async def _at(self, position: int) -> StoredMessage:
-        if self.session is None:
-            raise MessageNotFound(f"no message at position {position}")
-        found = await self.store.messages(self.session.id, after_position=position - 1)
-        if not found or found[0].position != position:
-            raise MessageNotFound(f"no message at position {position}")
-        return found[0]
+    async def rewind(self, position: int) -> Rewound:
+        conversation, target = await self._at(position)
+        return await conversation.rewind(target.message_id, self.actor)
 
-    async def rewind(self, position: int) -> TruncateResult:
-        target = await self._at(position)
-        assert self.session is not None
-        result = await self.store.truncate(self.session.id, target.message_id, self.actor)
-        self.shown = result.tail_message_id
-        return result
-
-    async def fork(self, position: int) -> BranchResult:
-        target = await self._at(position)
-        assert self.session is not None
-        return await self.store.branch(
-            self.session.id,
-            target.message_id,
-            user_id=self.actor.user_id,
-            project_name=PROJECT,
-            project_session_id=f"{self.operator.removeprefix('cli:')}/{uuid.uuid4()}",
-        )
+    async def fork(self, position: int) -> Forked:
+        conversation, target = await self._at(position)
+        return await conversation.fork(target.message_id, self.actor, self._new_key())
 
     async def compact(self, focus: str | None) -> StoredMessage:
-        assert self.session is not None
-        return await self.agent.compact(self.session.id, self.actor, focus=focus)
+        assert self.conversation is not None
+        return await self.conversation.compact(self.actor, focus=focus)
+
+    async def _at(self, position: int) -> tuple[Conversation, StoredMessage]:
+        if self.conversation is None:
+            raise MessageNotFound(f"no message at position {position}")
+        return self.conversation, await self.conversation.at_position(position)
+
+    def _new_key(self) -> str:
+        return f"{self.operator.removeprefix('cli:')}/{uuid.uuid4()}"
 
 
 def _session_id(target: str) -> int | None:

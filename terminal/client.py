@@ -25,19 +25,19 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from core.agent.loop import AgentEvent, Notice, TextChunk, ToolFinished, ToolStarted, TurnStarted
+from core.agent.loop import Notice, TextChunk, ToolFinished, ToolStarted, TurnStarted
+from core.conversation import Answered, Busy, ConversationEvent, Stale, Unseen
 from core.errors import (
     AgentSessionAlreadyCompact,
     AgentSessionBusy,
     AgentSessionLockLost,
-    AgentSessionStale,
     MessageNotFound,
     SlackAgentError,
     TurnInterrupted,
 )
 from core.messages import message_text
 from terminal import texts as say
-from terminal.chat import ChatSession, Unseen
+from terminal.chat import ChatSession
 from terminal.lines import LineSource, on_sigint
 from terminal.render import LiveReply, author, message_view
 
@@ -177,7 +177,7 @@ class Terminal:
         reply = LiveReply(self.console)
         started = False
 
-        async def on_event(event: AgentEvent) -> None:
+        async def on_event(event: ConversationEvent) -> None:
             nonlocal started
             if isinstance(event, TurnStarted):
                 started = True
@@ -212,19 +212,19 @@ class Terminal:
             return
         exc = task.exception()
         if exc is None:
-            self.draft = None
-            result = task.result()
-            if result.error is not None:
-                self.say(say.turn_failed(result.error.code))
+            outcome = task.result()
+            if isinstance(outcome, Busy):
+                self.busy_since = time.monotonic()
+                self.say(say.busy())
+            elif isinstance(outcome, Stale):
+                self.show(outcome.unseen.messages)
+                self.say(say.stale(len(outcome.unseen.messages), outcome.unseen.rewound))
+            elif isinstance(outcome, Answered):
+                self.draft = None
+                if outcome.result.error is not None:
+                    self.say(say.turn_failed(outcome.result.error.code))
             return
-        if isinstance(exc, AgentSessionBusy):
-            self.busy_since = time.monotonic()
-            self.say(say.busy())
-        elif isinstance(exc, AgentSessionStale):
-            unseen = await self.chat.unseen()
-            self.show(unseen.messages)
-            self.say(say.stale(len(unseen.messages), unseen.rewound))
-        elif started:
+        if started:
             # The message is in the transcript; only its answer was cut short.
             self.draft = None
             await self.chat.after_interruption()
@@ -312,8 +312,8 @@ class Terminal:
     async def _fork(self, rest: str) -> None:
         position = _position("/fork", rest)
         result = await self.chat.fork(position)
-        link = await self.chat.permalink(result.session.id)
-        self.say(say.forked(result.session.id, result.copied, link), style="bold")
+        link = await self.chat.permalink(result.conversation.id)
+        self.say(say.forked(result.conversation.id, result.copied, link), style="bold")
         if result.draft:
             self.say(say.fork_draft(result.draft))
 

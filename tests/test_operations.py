@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text as sql
 
 from bench.tcp_proxy import TcpProxy
-from bot.serve import FULL_COLLECTION_AFTER, tune_garbage_collection
+from bot.gc_tuning import FULL_COLLECTION_AFTER, tune_garbage_collection
 from core.errors import DatabaseError
 from core.messages import message_text
 from core.storage.engine import create_database

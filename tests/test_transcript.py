@@ -20,7 +20,7 @@ from core.errors import (
     MessageNotFound,
 )
 from core.messages import assistant_message, user_message
-from core.records import Actor, BranchResult, StoredMessage
+from core.records import ANY_TAIL, Actor, BranchResult, StoredMessage
 from core.storage import queries as q
 from core.storage import transcript
 from core.storage.deliveries import Deliveries
@@ -34,7 +34,7 @@ from core.storage.models import (
 )
 from core.storage.queries import history_statement
 from core.storage.retention import RetentionPolicy
-from core.storage.sessions import ANY_TAIL, TAKEOVER_MARK, SessionStore
+from core.storage.sessions import TAKEOVER_MARK, SessionStore
 from core.storage.sweeper import sweep
 from tests.helpers import add_exchange, age_lock, new_session, statements
 

@@ -19,8 +19,8 @@ from core.checkpoint import (
     render_checkpoint,
 )
 from core.errors import AgentSessionAlreadyCompact, AgentSessionForbidden
-from core.records import Actor, StoredMessage
-from core.storage.sessions import ANY_TAIL, SessionStore
+from core.records import ANY_TAIL, Actor, StoredMessage
+from core.storage.sessions import SessionStore
 
 
 async def write_checkpoint(

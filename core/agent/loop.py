@@ -40,10 +40,10 @@ from core.providers.uimessages import (
     tool_output_part,
     ui_to_chat,
 )
-from core.records import Actor, StoredMessage
+from core.records import Actor, AnyTail, StoredMessage
 from core.sandbox.shell import Sandbox, SandboxLimits, ShellResult
-from core.storage.sessions import SessionStore, _Unset
-from core.storage.snapshots import SnapshotRef, load_state, store_content
+from core.storage.sessions import SessionStore
+from core.storage.snapshots import SnapshotRef
 
 SHELL = ToolSpec(
     name="shell",
@@ -185,7 +185,7 @@ class Agent:
         session_id: int,
         *,
         user_message: Message | None,
-        last_message_id: str | _Unset | None,
+        last_message_id: str | AnyTail | None,
         on_event: OnEvent | None = None,
         files: Mapping[str, bytes] | None = None,
     ) -> TurnResult:
@@ -199,7 +199,7 @@ class Agent:
         """
         emit = on_event or _ignore
         session = await self.store.get_session(session_id)
-        model = await resolve_model(self.store.db, self.providers, session)
+        model = await resolve_model(self.store.custom_providers, self.providers, session)
         notices: list[str] = []
         async with run_turn(
             self.store,
@@ -216,7 +216,7 @@ class Agent:
             answer = _Answer(model)
             turn.partial = answer.message()
             sandbox = await Sandbox.open(
-                await load_state(self.store.db, session_id), self.config.sandbox_limits
+                await self.store.snapshots.load(session_id), self.config.sandbox_limits
             )
             if files:
                 sandbox.add_files(files)
@@ -316,7 +316,7 @@ class Agent:
         if not sandbox.dirty:
             return None
         captured = await sandbox.capture()
-        return None if captured is None else await store_content(self.store.db, captured)
+        return None if captured is None else await self.store.snapshots.store(captured)
 
     async def _auto_compact(self, turn: Turn, model: ResolvedModel, emit: OnEvent) -> bool:
         limit = self.config.auto_compact_tokens
@@ -342,7 +342,7 @@ class Agent:
     ) -> StoredMessage:
         """Compaction on request (a shortcut, ``/compact``): the model writes the checkpoint."""
         session = await self.store.get_session(session_id)
-        model = await resolve_model(self.store.db, self.providers, session)
+        model = await resolve_model(self.store.custom_providers, self.providers, session)
         return await compact(
             self.store,
             session_id,

@@ -27,8 +27,7 @@ from core.providers.registry import (
 from core.providers.streaming import DEFAULT_TIMEOUT, HttpOptions
 from core.records import ModelChoice, SessionInfo
 from core.settings import Settings
-from core.storage.custom_providers import get_custom_provider
-from core.storage.engine import Database
+from core.storage.custom_providers import CustomProviders
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,9 @@ class ProviderCache:
         self._built.clear()
 
 
-async def resolve_model(db: Database, cache: ProviderCache, session: SessionInfo) -> ResolvedModel:
+async def resolve_model(
+    custom: CustomProviders, cache: ProviderCache, session: SessionInfo
+) -> ResolvedModel:
     """The model for the session's next turn, and what to tell the user about it, once.
 
     A notice is given only when the session's model changes because of a fallback: once stamped
@@ -97,7 +98,7 @@ async def resolve_model(db: Database, cache: ProviderCache, session: SessionInfo
             f"removed; continuing with the builtin {builtin!r} provider."
         )
     elif name:
-        found = await get_custom_provider(db, name)
+        found = await custom.get(name)
         if found is not None:
             provider_id, spec = found
             provider = cache.custom(spec)

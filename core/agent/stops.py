@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 from core.records import TurnLease
 
@@ -18,6 +20,12 @@ log = logging.getLogger(__name__)
 STOP_POLL_SECONDS = 1.0
 
 Lookup = Callable[[Sequence[TurnLease]], Awaitable[set[int]]]
+
+
+class StopRequests(Protocol):
+    """Where stop marks are read (the session store)."""
+
+    async def stops_requested(self, leases: Sequence[TurnLease]) -> set[int]: ...
 
 
 class StopWatch:
@@ -52,3 +60,15 @@ class StopWatch:
                     log.info("session %s: stop requested; stopping its turn", lease.session_id)
                     self.forget(lease)
                     on_stop()
+
+
+_WATCHES: weakref.WeakKeyDictionary[StopRequests, StopWatch] = weakref.WeakKeyDictionary()
+
+
+def stops_for(store: StopRequests) -> StopWatch:
+    """The one watch of ``store``'s turns: every turn a process runs on one store shares one
+    poll, however many callers start turns on it."""
+    watch = _WATCHES.get(store)
+    if watch is None:
+        watch = _WATCHES[store] = StopWatch(store.stops_requested)
+    return watch

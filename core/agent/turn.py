@@ -30,10 +30,11 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 from core import metrics
+from core.agent.stops import stops_for
 from core.errors import AgentSessionLockLost, TurnInterrupted
 from core.messages import Message
-from core.records import ModelChoice, StoredMessage, TurnLease
-from core.storage.sessions import SessionStore, _Unset
+from core.records import AnyTail, ModelChoice, StoredMessage, TurnLease
+from core.storage.sessions import SessionStore
 from core.storage.snapshots import SnapshotRef
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ async def run_turn(
     session_id: int,
     *,
     user_message: Message | None,
-    last_message_id: str | _Unset | None,
+    last_message_id: str | AnyTail | None,
     model: ModelChoice | None = None,
     heartbeat_seconds: float = 15.0,
 ) -> AsyncIterator[Turn]:
@@ -126,7 +127,8 @@ async def run_turn(
     started = time.monotonic()
     turn = Turn(store, lease, task)
     beat = asyncio.create_task(turn._beat(heartbeat_seconds))
-    store.stops.watch(lease, lambda: turn.interrupt(STOPPED))
+    stops = stops_for(store)
+    stops.watch(lease, lambda: turn.interrupt(STOPPED))
     outcome = "failed"
     try:
         yield turn
@@ -150,7 +152,7 @@ async def run_turn(
         await turn._keep_partial("error")
         raise
     finally:
-        store.stops.forget(lease)
+        stops.forget(lease)
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beat

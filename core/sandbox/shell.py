@@ -120,7 +120,7 @@ class Sandbox:
     @property
     def _bash(self) -> bashkit.Bash:
         """The shell, made on first use: most turns of a conversation never run a command,
-        and making one (about 2 ms, holding the GIL) was a tenth of a turn's CPU time."""
+        and making one holds the GIL for a noticeable share of a turn's CPU time."""
         if self._shell is None:
             self._shell = self._new_bash()
         return self._shell
@@ -282,7 +282,7 @@ class Sandbox:
     def state_bytes(self) -> int:
         """File contents plus shell variables, the bytes ``max_state_bytes`` limits.
 
-        A walk of bashkit's filesystem (about 3 ms per thousand entries) and of its shell state,
+        A walk of bashkit's filesystem (milliseconds per thousand entries) and of its shell state,
         in bytes as a snapshot stores them: every file's size, and every variable, exported
         variable, array element, alias and trap with its name.
         """

@@ -13,12 +13,11 @@ object (``core.storage.snapshots``), and this module decides how each new object
   then costs about the size of the edit instead of the size of the chunk or the tree.
 
 The smallest wins, per object (zstd also when within 3 % of deflate: it decodes twice as fast).
-Measured on the benchmark's workspace (1.09 MB of source in 60 files, 166 objects, 443,851
-bytes as bashkit encodes them): zstd on top of bashkit's bytes saves nothing at any level (they
-are deflated already); zstd of the decoded objects saves 0.2 % at level 3, 1.8 % at level 9 and
-3.2 % at level 19, and restores faster; deltas bring a one-line edit from a median 9.1 KB of new
-objects to 0.7 KB. A delta's base is always self-contained, so decoding needs at most one other
-object: no chain is ever replayed.
+On source-like workspaces zstd on top of bashkit's bytes saves nothing (they are deflated
+already), zstd of the decoded objects saves a little and restores faster, and deltas bring a
+one-line edit's new objects down by an order of magnitude (docs/benchmarks.md, *Figures behind
+choices in the code*). A delta's base is always self-contained, so decoding needs at most one
+other object: no chain is ever replayed.
 
 The envelope is how bashkit 0.20 stores an object, and its id is the hash of the decoded bytes;
 both are checked for every object before it is transcoded (an object that does not match is

@@ -52,3 +52,19 @@ async def delete_custom_provider(db: Database, name: str) -> bool:
     async with db.write() as conn:
         result = await conn.execute(delete(PROVIDERS).where(PROVIDERS.c.name == name))
     return result.rowcount > 0
+
+
+class CustomProviders:
+    """The ``custom_providers`` rows bound to one database (what model choice reads)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def add(self, spec: CustomProviderSpec) -> int:
+        return await add_custom_provider(self._db, spec)
+
+    async def get(self, name: str) -> tuple[int, CustomProviderSpec] | None:
+        return await get_custom_provider(self._db, name)
+
+    async def delete(self, name: str) -> bool:
+        return await delete_custom_provider(self._db, name)

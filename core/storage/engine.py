@@ -549,6 +549,13 @@ def database_error(exc: BaseException) -> DatabaseError:
     return DatabaseError(f"{cause.__class__.__name__}: {detail}")
 
 
+def library_engine(url: str) -> Any:
+    """An async engine on ``url`` for a library that brings its own tables and statements
+    (slack_sdk's installation and OAuth state stores). ``Any`` on purpose: what is above the
+    storage layer hands it to that library and never uses it itself."""
+    return create_async_engine(normalize_database_url(url))
+
+
 def create_database(
     url: str, *, echo: bool = False, pool_size: int = 10, synchronous_commit: bool = True
 ) -> Database:

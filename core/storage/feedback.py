@@ -53,3 +53,16 @@ async def votes(db: Database, session_id: int) -> dict[str, dict[str, int]]:
         for row in rows:
             found.setdefault(str(row.message_id), {})[str(row.value)] = int(row.n)
     return found
+
+
+class Feedback:
+    """Votes bound to one database."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def record(self, message_id: str, voter: str, value: str) -> bool:
+        return await record_vote(self._db, message_id, voter, value)
+
+    async def of_session(self, session_id: int) -> dict[str, dict[str, int]]:
+        return await votes(self._db, session_id)

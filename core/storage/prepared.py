@@ -1,13 +1,12 @@
 """Statements of a turn's hot path, compiled once and run on SQLite's own cursor.
 
 A turn runs a handful of small statements (the claim, the stale-guarded insert, the fence and
-the answer's insert). Through SQLAlchemy each costs about 38 µs on SQLite of which SQLite's own
-work is about 8: the compiled-cache lookup, the execution context, the events and the result
-object are the rest (one indexed SELECT by primary key, SQLite 3.40, SQLAlchemy 2.1: 38 µs by
-``execute``, 30 by ``exec_driver_sql``, 8 on the cursor). A
-``Prepared`` statement is compiled for the connection's dialect once, with its parameters'
-order, its literal values and its types' bind processors (JSON serialisation, UTC datetimes),
-and then runs as ``cursor.execute(sql, values)``: the same SQL SQLAlchemy would send.
+the answer's insert). Through SQLAlchemy each costs several times what SQLite's own work takes:
+the compiled-cache lookup, the execution context, the events and the result object are the rest
+(docs/benchmarks.md, *Figures behind choices in the code*). A ``Prepared`` statement is compiled for
+the connection's dialect once, with its parameters' order, its literal values and its types' bind
+processors (JSON serialisation, UTC datetimes), and then runs as ``cursor.execute(sql, values)``:
+the same SQL SQLAlchemy would send.
 
 It takes that path only where it pays and changes nothing observable: an ``InlineConnection``
 (statements in place on the event loop) whose engine nobody watches. When anything listens to
@@ -31,8 +30,8 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from core.storage.engine import Conn, InlineConnection
 
 
-class Outcome(NamedTuple):
-    """What a caller reads from a hot-path statement: rows changed, and the first row if any."""
+class Ran(NamedTuple):
+    """What a hot-path statement did: rows changed, and the first row if any."""
 
     rowcount: int
     row: tuple[Any, ...] | None
@@ -52,14 +51,14 @@ class Prepared:
         self.statement = statement
         self._sqlite: _Compiled | None = None
 
-    async def run(self, conn: Conn, params: dict[str, Any]) -> Outcome:
+    async def run(self, conn: Conn, params: dict[str, Any]) -> Ran:
         if type(conn) is InlineConnection and not _watched(conn):
             return self._run_inline(conn, params)
         result = await conn.execute(self.statement, params)
         row = result.first() if result.returns_rows else None
-        return Outcome(result.rowcount, None if row is None else tuple(row))
+        return Ran(result.rowcount, None if row is None else tuple(row))
 
-    def _run_inline(self, conn: InlineConnection, params: dict[str, Any]) -> Outcome:
+    def _run_inline(self, conn: InlineConnection, params: dict[str, Any]) -> Ran:
         compiled = self._sqlite or self._compile(conn.dialect)
         values = []
         for name, given, literal, process in compiled.params:
@@ -69,7 +68,7 @@ class Prepared:
         try:
             cursor.execute(compiled.sql, values)
             row = cursor.fetchone() if cursor.description is not None else None
-            return Outcome(cursor.rowcount, None if row is None else tuple(row))
+            return Ran(cursor.rowcount, None if row is None else tuple(row))
         except sqlite3.Error as exc:
             raise DBAPIError.instance(compiled.sql, values, exc, sqlite3.Error) from exc
         finally:

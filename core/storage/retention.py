@@ -69,3 +69,21 @@ async def set_policy(
             )
         )
     return policy
+
+
+class Retention:
+    """The retention policy in force: the environment's defaults, overridden at run time."""
+
+    def __init__(self, db: Database, defaults: RetentionPolicy) -> None:
+        self._db = db
+        self.defaults = defaults
+
+    async def policy(self) -> RetentionPolicy:
+        return await load_policy(self._db, self.defaults)
+
+    async def set(
+        self, *, max_idle_days: float | None = None, max_per_user: int | None = None
+    ) -> RetentionPolicy:
+        return await set_policy(
+            self._db, self.defaults, max_idle_days=max_idle_days, max_per_user=max_per_user
+        )

@@ -27,7 +27,6 @@ from typing import Any, Final, NoReturn
 from sqlalchemy import Boolean, delete, select, type_coerce, update
 
 from core import metrics
-from core.agent.stops import StopWatch
 from core.errors import (
     AgentSessionBusy,
     AgentSessionLockLost,
@@ -35,30 +34,38 @@ from core.errors import (
     AgentSessionStale,
 )
 from core.messages import Message, message_text, shorten
-from core.records import Actor, ModelChoice, SessionInfo, StoredMessage, TurnLease
+from core.records import (
+    Actor,
+    AnyTail,
+    ModelChoice,
+    SessionInfo,
+    StoredMessage,
+    TurnLease,
+)
 from core.storage import queries as q
+from core.storage.custom_providers import CustomProviders
 from core.storage.dialect import db_now, hence
 from core.storage.engine import Conn, Database
 from core.storage.models import validate_message
-from core.storage.snapshots import SnapshotRef, attach_snapshot
+from core.storage.snapshots import SnapshotRef, Snapshots, attach_snapshot
 from core.storage.transcript import TranscriptOperations
 
 SESSIONS: Final = q.SESSIONS
 USERS: Final = q.USERS
 
 
-class _Unset:
-    """Marker for "do not check the tail" (compaction claims the lock without a stale guard)."""
-
-
-ANY_TAIL: Final = _Unset()
 # A claim that took a stale lock over gets a token starting with this (never a hex digit), so
 # the one claim statement also tells whether a dead or stuck turn held the lock before.
 TAKEOVER_MARK: Final = "t"
 
 
 class SessionStore(TranscriptOperations):
-    """Async API every surface calls (Slack, terminal client, command line)."""
+    """Sessions, their users, their transcripts and the turn lock.
+
+    A session's sandbox snapshots and the custom providers its model may name are reached
+    through it (``snapshots``, ``custom_providers``), so the agent holds the store alone and
+    never the database under it.
+    """
 
     def __init__(
         self,
@@ -72,7 +79,8 @@ class SessionStore(TranscriptOperations):
         self.temporary_ttl_hours = float(temporary_ttl_hours)
         self._held = _HeldLeases(self.staleness_seconds)
         self._claiming = _KeyedLocks()
-        self.stops = StopWatch(self.stops_requested)
+        self.snapshots = Snapshots(db)
+        self.custom_providers = CustomProviders(db)
 
     # -- users and sessions -------------------------------------------------------------------
 
@@ -226,7 +234,7 @@ class SessionStore(TranscriptOperations):
         """Ask the turn running on a session to stop (a stop button, on any replica).
 
         One UPDATE that marks the running turn's token; it neither waits for nor takes the
-        lock. The process running the turn notices within ``core.agent.turn.STOP_POLL_SECONDS``.
+        lock. The process running the turn notices within ``core.agent.stops.STOP_POLL_SECONDS``.
         False when no turn is running: a stop for an idle session changes nothing.
         """
         async with self.db.write() as conn:
@@ -277,7 +285,7 @@ class SessionStore(TranscriptOperations):
         session_id: int,
         *,
         user_message: Message | None,
-        last_message_id: str | _Unset | None,
+        last_message_id: str | AnyTail | None,
         model: ModelChoice | None = None,
     ) -> TurnLease:
         """Stale guard, claim, stamp and persist the user message, atomically.
@@ -306,7 +314,7 @@ class SessionStore(TranscriptOperations):
         self,
         session_id: int,
         user_message: Message | None,
-        last_message_id: str | _Unset | None,
+        last_message_id: str | AnyTail | None,
         model: ModelChoice | None,
     ) -> TurnLease:
         token = uuid.uuid4().hex
@@ -332,7 +340,7 @@ class SessionStore(TranscriptOperations):
             if claimed is None:
                 await q.raise_missing_or_busy(conn, session_id)
             token = claimed
-            if user_message is not None and not isinstance(last_message_id, _Unset):
+            if user_message is not None and not isinstance(last_message_id, AnyTail):
                 # The usual turn: the stale guard and the insert are one statement (a round
                 # trip less); it inserts nothing when the tail is not what the client saw.
                 row = q.message_row(session_id, 0, user_message)
@@ -342,7 +350,7 @@ class SessionStore(TranscriptOperations):
                 message = StoredMessage(row["message_id"], inserted_at, user_message, False)
                 return TurnLease(session_id, token, message, next_position=inserted_at + 1)
             tail = await q.tail(conn, session_id)
-            if not isinstance(last_message_id, _Unset):
+            if not isinstance(last_message_id, AnyTail):
                 actual = tail.message_id if tail else None
                 if actual != last_message_id:
                     await self._raise_stale(conn, session_id, last_message_id)

@@ -588,3 +588,22 @@ async def disk_bytes(conn: Conn) -> int | None:
     except SQLAlchemyError:  # the dbstat virtual table is a compile-time option
         return None
     return None if value is None else int(value)
+
+
+class Snapshots:
+    """The snapshot statements bound to one database: what the agent holds to restore and keep
+    a session's sandbox, never the engine itself."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def load(
+        self, session_id: int, *, at_message_id: str | None = None
+    ) -> SandboxState | None:
+        return await load_state(self._db, session_id, at_message_id=at_message_id)
+
+    async def store(self, captured: Captured) -> SnapshotRef:
+        return await store_content(self._db, captured)
+
+    async def messages_with_snapshots(self, session_id: int) -> set[str]:
+        return await messages_with_snapshots(self._db, session_id)

@@ -71,8 +71,9 @@ class TranscriptOperations:
         (``StoredMessage.returns_as_draft``: rewinding *at* a checkpoint returns to just after
         that compaction; nothing comes back as a draft). Snapshots of deleted messages
         go with them (FK cascade), so the sandbox state becomes that of the new tail.
-        Inline on SQLite (not ``large``): a rewind usually removes a few messages, and seven
-        thread hops cost more than that (measured: 1.5 ms inline, 16 ms with hops under load).
+        Inline on SQLite (not ``large``): a rewind usually removes a few messages, and the
+        seven thread hops of a threaded write cost more than that under load
+        (docs/benchmarks.md, *Figures behind choices in the code*).
         """
         async with self.db.write() as conn:
             await q.check_owner(conn, session_id, actor)

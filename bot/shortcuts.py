@@ -3,7 +3,8 @@
 A shortcut names a Slack message; its ref (``{team}/{channel}/{ts}``) leads to a transcript
 message and session of the same workspace only, so a payload from another workspace finds
 nothing here. Permissions are the core's (``Actor``): owner or ADMIN_USER_IDS for rewind and
-compact, anyone for fork; every refusal is an ephemeral and changes nothing.
+compact, anyone for fork; every refusal is an ephemeral and changes nothing. Each action is one
+call of the conversation API between reading the payload and writing to Slack.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import payload
 from bot import texts as text
-from bot.conversations import PROJECT, Conversations, Post, thread_key
+from bot.post import Post, external_user, thread_key
 from core.agent.compaction import parse_checkpoint
-from core.agent.loop import Agent
 from core.checkpoint import SECTIONS
+from core.conversation import Conversation, Conversations
 from core.errors import (
     AgentSessionAlreadyCompact,
     AgentSessionBusy,
@@ -29,8 +30,8 @@ from core.errors import (
     MessageNotFound,
 )
 from core.messages import message_text
-from core.storage.sessions import SessionStore
-from core.storage.surface_state import MessageRef, SurfaceState
+from core.records import Actor
+from core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -38,46 +39,42 @@ _LINK = re.compile(r"/archives/(?P<channel>[A-Z0-9]+)/p(?P<secs>\d{10})(?P<micro
 _THREAD_TS = re.compile(r"[?&]thread_ts=(?P<ts>\d+\.\d+)")
 
 
-class SessionActions:
-    def __init__(self, conversations: Conversations) -> None:
-        self.conv = conversations
-
-    @property
-    def store(self) -> SessionStore:
-        return self.conv.store
-
-    @property
-    def state(self) -> SurfaceState:
-        return self.conv.state
-
-    @property
-    def agent(self) -> Agent:
-        return self.conv.agent
+class Shortcuts:
+    def __init__(self, settings: Settings, conversations: Conversations) -> None:
+        self.settings = settings
+        self.conversations = conversations
 
     # -- shared ---------------------------------------------------------------------------------
 
+    async def _person(self, team: str, user: str) -> Actor:
+        return await self.conversations.person(
+            external_user(team, user), admin=self.settings.is_admin(team, user)
+        )
+
     async def _target(
         self, body: dict[str, Any], client: AsyncWebClient
-    ) -> tuple[Post, MessageRef] | None:
-        """The shortcut's message as a transcript message, or an ephemeral saying why not."""
+    ) -> tuple[Post, Conversation, str] | None:
+        """The shortcut's message as a conversation and transcript message id, or an
+        ephemeral saying why not."""
         team = payload.nested_string(body, "team", "id") or ""
         channel = payload.nested_string(body, "channel", "id") or ""
         user = payload.nested_string(body, "user", "id") or ""
         ts = payload.nested_string(body, "message", "ts") or ""
         root = payload.nested_string(body, "message", "thread_ts") or ts
         post = Post(team, channel, root, ts, user, "channel")
-        ref = await self.state.find_ref(thread_key(team, channel, ts))
-        if ref is None:
-            in_session = await self.state.get_thread(thread_key(team, channel, root))
+        found = await self.conversations.at(thread_key(team, channel, ts))
+        if found is None:
+            in_session = await self.conversations.find(thread_key(team, channel, root))
             await self._say(
                 client, post, text.not_in_transcript() if in_session else text.no_session()
             )
             return None
-        thread = await self.state.thread_of_session(ref.session_id)
-        if thread is not None:
-            root = thread.thread_key.rsplit("/", 1)[1]
+        conversation, message_id = found
+        key = await self.conversations.key_of(conversation.id)
+        if key is not None:
+            root = key.rsplit("/", 1)[1]
             post = Post(team, channel, root, ts, user, "channel")
-        return post, ref
+        return post, conversation, message_id
 
     async def _say(self, client: AsyncWebClient, post: Post, body: str) -> None:
         await client.chat_postEphemeral(
@@ -91,46 +88,37 @@ class SessionActions:
         found = await self._target(body, client)
         if found is None:
             return
-        post, ref = found
-        actor = await self.conv.actor(post.team, post.user)
-        session = await self.store.get_session(ref.session_id)
-        if not actor.may_manage(session.user_id):
+        post, conversation, message_id = found
+        actor = await self._person(post.team, post.user)
+        if not actor.may_manage(conversation.session.user_id):
             await self._say(client, post, text.forbidden("rewind"))
             return
-        located = await self.store.find_message(ref.message_id)
-        if located is None:
+        plan = await conversation.rewind_plan(message_id)
+        if plan is None:
             await self._say(client, post, text.not_in_transcript())
             return
-        target = located[1]
-        later = await self.store.messages(ref.session_id, after_position=target.position)
-        leaving = len(later) + (1 if target.returns_as_draft else 0)
         trigger = payload.nested_string(body, "trigger_id")
-        key = await self.state.stash(
-            {"session_id": ref.session_id, "message_id": ref.message_id, "post": post.context()}
+        key = await self.conversations.stash(
+            {"session_id": conversation.id, "message_id": message_id, "post": post.context()}
         )
-        modal = text.rewind_modal(leaving, key, to_a_question=target.returns_as_draft)
+        modal = text.rewind_modal(plan.leaving, key, to_a_question=plan.to_a_question)
         await client.views_open(trigger_id=trigger or "", view=modal)
 
     async def rewind_confirmed(
         self, key: str, user: str, team: str, client: AsyncWebClient
     ) -> None:
         """The confirmation's *Rewind* button (a modal submission, on any replica)."""
-        stashed = await self.state.unstash(key)
+        stashed = await self.conversations.unstash(key)
         if stashed is None:
             return
         post = Post.from_context(stashed["post"])
         if post.user != user or post.team != team:
             return  # only the person who asked confirms their own rewind
         session_id, message_id = int(stashed["session_id"]), str(stashed["message_id"])
-        actor = await self.conv.actor(post.team, post.user)
-        # What the rewind can delete: the target and what follows it (not the whole transcript).
-        located = await self.store.find_message(message_id)
-        start = located[1].position - 1 if located is not None else -1
-        before = {
-            m.message_id: m for m in await self.store.messages(session_id, after_position=start)
-        }
+        actor = await self._person(post.team, post.user)
         try:
-            result = await self.store.truncate(session_id, message_id, actor)
+            conversation = await self.conversations.get(session_id)
+            result = await conversation.rewind(message_id, actor)
         except AgentSessionForbidden:
             await self._say(client, post, text.forbidden("rewind"))
             return
@@ -140,26 +128,16 @@ class SessionActions:
         except (AgentSessionNotFound, MessageNotFound):
             await self._say(client, post, text.not_in_transcript())
             return
-        await self.state.set_shown(session_id, result.tail_message_id)
         await client.chat_postMessage(
             channel=post.channel,
             thread_ts=post.thread_ts,
             text=text.rewound(result.deleted, post.user),
         )
-        for gone in await self.state.refs_for(list(result.deleted_message_ids)):
-            if gone.kind != "reply":
-                continue
-            channel, ts = gone.ref_key.split("/")[1:3]
-            original = before.get(gone.message_id)
-            await client.chat_update(
-                channel=channel,
-                ts=ts,
-                text=text.rewound_reply(message_text(original.message) if original else ""),
-            )
+        for ref, shown in result.withdrawn_replies:
+            channel, ts = ref.split("/")[1:3]
+            await client.chat_update(channel=channel, ts=ts, text=text.rewound_reply(shown))
         if result.draft:
-            target = before.get(message_id)
-            meta = target.message.get("metadata") if target else None
-            author = meta.get("slack_user") if isinstance(meta, dict) else None
+            author = result.draft_metadata.get("slack_user")
             await client.chat_postEphemeral(
                 channel=post.channel,
                 user=str(author or post.user),
@@ -173,39 +151,32 @@ class SessionActions:
         found = await self._target(body, client)
         if found is None:
             return
-        post, ref = found
-        actor = await self.conv.actor(post.team, post.user)
+        post, conversation, message_id = found
+        actor = await self._person(post.team, post.user)
         domain = payload.nested_string(body, "team", "domain")
         source_link = text.permalink(domain, post.channel, post.ts)
         head = await client.chat_postMessage(
             channel=post.channel, text=text.forked_from(source_link, post.user)
         )
         new_ts = str(head["ts"])
-        key = thread_key(post.team, post.channel, new_ts)
         try:
-            result = await self.store.branch(
-                ref.session_id,
-                ref.message_id,
-                user_id=actor.user_id,
-                project_name=PROJECT,
-                project_session_id=key,
+            forked = await conversation.fork(
+                message_id, actor, thread_key(post.team, post.channel, new_ts)
             )
         except (AgentSessionNotFound, MessageNotFound):
             await client.chat_delete(channel=post.channel, ts=new_ts)
             await self._say(client, post, text.not_in_transcript())
             return
-        tail = await self.store.tail(result.session.id)
-        await self.state.bind_thread(key, result.session.id, tail.message_id if tail else None)
         await client.chat_postMessage(
-            channel=post.channel, thread_ts=new_ts, text=text.fork_copied(result.copied)
+            channel=post.channel, thread_ts=new_ts, text=text.fork_copied(forked.copied)
         )
         await self._say(client, post, text.fork_done(text.permalink(domain, post.channel, new_ts)))
-        if result.draft:
+        if forked.draft:
             await client.chat_postEphemeral(
                 channel=post.channel,
                 user=post.user,
                 thread_ts=new_ts,
-                text=text.returned_draft(result.draft),
+                text=text.returned_draft(forked.draft),
             )
 
     # -- compact --------------------------------------------------------------------------------
@@ -214,8 +185,8 @@ class SessionActions:
         found = await self._target(body, client)
         if found is None:
             return
-        post, ref = found
-        await self._compact(post, ref.session_id, None, client)
+        post, conversation, _ = found
+        await self._compact(post, conversation, None, client)
 
     async def compact_command(self, body: dict[str, Any], client: AsyncWebClient) -> None:
         team = payload.nested_string(body, "team_id") or ""
@@ -236,34 +207,27 @@ class SessionActions:
         ts = f"{match['secs']}.{match['micros']}"
         threaded = _THREAD_TS.search(link)
         root = threaded["ts"] if threaded else ts
-        thread = await self.state.get_thread(thread_key(team, link_channel, root))
-        if thread is None:
-            ref = await self.state.find_ref(thread_key(team, link_channel, ts))
-            session_id = ref.session_id if ref else None
-        else:
-            session_id = thread.session_id
-        if session_id is None:
+        conversation = await self.conversations.find(thread_key(team, link_channel, root))
+        if conversation is None:
+            located = await self.conversations.at(thread_key(team, link_channel, ts))
+            conversation = located[0] if located else None
+        if conversation is None:
             await self._say_here(client, here, text.no_session())
             return
         post = Post(team, link_channel, root, ts, user, "channel")
-        await self._compact(post, session_id, rest.strip() or None, client)
+        await self._compact(post, conversation, rest.strip() or None, client)
 
     async def _say_here(self, client: AsyncWebClient, here: Post, body: str) -> None:
         await client.chat_postEphemeral(channel=here.channel, user=here.user, text=body)
 
     async def _picker(self, here: Post, focus: str | None, client: AsyncWebClient) -> None:
-        actor = await self.conv.actor(here.team, here.user)
-        prefix = thread_key(here.team, here.channel, "")
-        sessions = [
-            s
-            for s in await self.store.list_sessions(user_id=actor.user_id, project_name=PROJECT)
-            if s.project_session_id.startswith(prefix)
-        ]
+        actor = await self._person(here.team, here.user)
+        sessions = await self.conversations.recent(actor, thread_key(here.team, here.channel, ""))
         if not sessions:
             await self._say_here(client, here, text.compact_picker_empty())
             return
         choices = [(s.id, s.title or "") for s in sessions[: text.PICKER_CHOICES]]
-        key = await self.state.stash(
+        key = await self.conversations.stash(
             {"sessions": [sid for sid, _ in choices], "focus": focus, "user": here.user}
         )
         await client.chat_postEphemeral(
@@ -279,7 +243,7 @@ class SessionActions:
         """A picker button: its value names the stashed picker (choices and focus, of any
         length) and one of its sessions; anything else changes nothing."""
         key, _, chosen = value.partition(":")
-        stashed = await self.state.unstash(key)
+        stashed = await self.conversations.unstash(key)
         user = payload.nested_string(body, "user", "id") or ""
         if stashed is None or stashed.get("user") != user or not chosen.isdigit():
             return
@@ -287,26 +251,27 @@ class SessionActions:
             return  # not one of the choices offered to this person
         team = payload.nested_string(body, "team", "id") or ""
         try:
-            session = await self.store.get_session(int(chosen))
+            conversation = await self.conversations.get(int(chosen))
         except AgentSessionNotFound:
             return
+        session = conversation.session
         if not session.project_session_id.startswith(f"{team}/"):
             return  # another workspace's session: nothing to see here
         await respond(replace_original=True, text=text.compact_picked(session.title or ""))
         _, channel, root = session.project_session_id.split("/", 2)
         post = Post(team, channel, root, root, user, "channel")
         focus = stashed.get("focus")
-        await self._compact(post, session.id, focus if isinstance(focus, str) else None, client)
+        await self._compact(post, conversation, focus if isinstance(focus, str) else None, client)
 
     async def _compact(
-        self, post: Post, session_id: int, focus: str | None, client: AsyncWebClient
+        self, post: Post, conversation: Conversation, focus: str | None, client: AsyncWebClient
     ) -> None:
-        actor = await self.conv.actor(post.team, post.user)
+        actor = await self._person(post.team, post.user)
         started = await client.chat_postMessage(
             channel=post.channel, thread_ts=post.thread_ts, text=text.compact_started(post.user)
         )
         try:
-            stored = await self.agent.compact(session_id, actor, focus=focus)
+            stored = await conversation.compact(actor, focus=focus)
         except (AgentSessionForbidden, AgentSessionBusy, AgentSessionAlreadyCompact) as exc:
             await client.chat_delete(channel=post.channel, ts=str(started["ts"]))
             await self._say(client, post, _compact_refusal(exc))
@@ -317,15 +282,12 @@ class SessionActions:
             if checkpoint
             else text.compacted_text(message_text(stored.message))
         )
-        await self.state.set_shown(session_id, stored.message_id)
+        await conversation.showed(stored.message_id)
         reply = await client.chat_postMessage(
             channel=post.channel, thread_ts=post.thread_ts, text=shown
         )
-        await self.state.add_ref(
-            thread_key(post.team, post.channel, str(reply["ts"])),
-            session_id,
-            stored.message_id,
-            "checkpoint",
+        await conversation.noted(
+            thread_key(post.team, post.channel, str(reply["ts"])), stored.message_id, "checkpoint"
         )
 
 

@@ -1,4 +1,4 @@
-"""Slack permalinks and the sessions they name, for surfaces outside Slack (the terminal).
+"""Slack permalinks and the sessions they name, for the terminal (``slack-agent chat LINK``).
 
 A permalink is ``https://<workspace>.slack.com/archives/<channel>/p<ts without its dot>``,
 with ``?thread_ts=<root ts>`` when the message is a reply in a thread. It names a channel and a
@@ -15,11 +15,12 @@ import re
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
+from core.conversation import Conversations
 from core.errors import AgentSessionNotFound, UsageError
-from core.storage.engine import Database
-from core.storage.surface_state import SurfaceState
 
-SLACK_SURFACE = "slack"  # the surface name the Slack app keeps its threads under
+# Where the Slack app keeps its threads (its surface's tables) and names its sessions.
+SLACK_SURFACE = "slack"
+SLACK_PROJECT = "slack"
 
 _PATH = re.compile(r"/archives/(?P<channel>[A-Z0-9]+)/p(?P<secs>\d{10})(?P<micros>\d{6})/?$")
 _TS = re.compile(r"\d{10}\.\d{6}")
@@ -53,23 +54,21 @@ def parse_permalink(value: str) -> Permalink:
     return Permalink(match["channel"], ts, thread)
 
 
-async def session_for_permalink(db: Database, value: str) -> int:
+async def session_for_permalink(slack: Conversations, value: str) -> int:
     """The id of the session whose thread holds the linked message."""
     link = parse_permalink(value)
-    state = SurfaceState(db, SLACK_SURFACE)
-    thread = await state.find_thread_ending(f"/{link.channel}/{link.thread_ts}")
-    if thread is not None:
-        return thread.session_id
-    ref = await state.find_ref_ending(f"/{link.channel}/{link.ts}")
-    if ref is not None:
-        return ref.session_id
-    raise AgentSessionNotFound(f"no session has the Slack message {value.strip()}")
+    found = await slack.find_by_key_suffix(
+        f"/{link.channel}/{link.thread_ts}", ref_suffix=f"/{link.channel}/{link.ts}"
+    )
+    if found is None:
+        raise AgentSessionNotFound(f"no session has the Slack message {value.strip()}")
+    return found
 
 
-async def permalink_of_session(db: Database, session_id: int) -> str | None:
+async def permalink_of_session(slack: Conversations, session_id: int) -> str | None:
     """The permalink of the session's Slack thread, when it has one."""
-    thread = await SurfaceState(db, SLACK_SURFACE).thread_of_session(session_id)
-    if thread is None:
+    key = await slack.key_of(session_id)
+    if key is None:
         return None
-    _team, channel, ts = thread.thread_key.split("/", 2)
+    _team, channel, ts = key.split("/", 2)
     return f"https://slack.com/archives/{channel}/p{ts.replace('.', '')}"

@@ -1,8 +1,10 @@
-"""Every received message through to its answer, whatever dies in between.
+"""Every received message through to its answer, whatever dies in between (§6.10).
 
-A message for the agent is recorded (``core.storage.deliveries``) inside the listener, before Bolt
-acknowledges it: if the record cannot be written, Slack gets a 500 and sends the message again.
-From then on the record drives the work, on whichever replica holds it:
+A surface records a message for the agent (``core.storage.deliveries``) before it acknowledges
+it: if the record cannot be written, the sender is told so and sends the message again (Slack
+gets a 500). From then on the record drives the work, on whichever replica holds it. What is the
+surface's own (answering in its thread, telling the poster, offering Send/Discard, which client
+reaches the poster's workspace) is a ``DeliverySurface``; the rest is here, once:
 
 - **The line.** A thread's records are answered in arrival order: a record waits while an
   earlier one of its thread is received, running, or waiting to be sent automatically. A
@@ -25,25 +27,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any, Generic
 
-from slack_bolt.context.respond.async_respond import AsyncRespond
-from slack_sdk.web.async_client import AsyncWebClient
-
-from bot import texts as text
-from bot.conversations import SHUTDOWN, Conversations, Outcome, Post
-from bot.files import SharedFile
-from bot.reply import SLACK_FAILURES
 from core import metrics
+from core.agent.loop import ModelCalled, ModelDone
+from core.conversation.conversations import Conversations
+from core.conversation.surface import (
+    C,
+    ClickAnswer,
+    DeliverySurface,
+    Notice,
+    Outcome,
+)
 from core.errors import AgentSessionNotFound, DatabaseError
-from core.messages import slack_message_id
 from core.settings import Settings
 from core.storage.deliveries import ACTIVE, MAX_TAKEOVERS, Deliveries, DeliveryRecord
 
 log = logging.getLogger(__name__)
 
-ClientFor = Callable[[str], Awaitable[AsyncWebClient | None]]
 TAKEOVER_BATCH = 50
 # A follow-up still waiting behind its thread's turn after this long is told it waits.
 NOTICE_AFTER_SECONDS = 1.0
@@ -54,18 +57,20 @@ WAIT_RECHECK_SECONDS = 30.0
 # Work on a message waits at most this long for a burst of requests to be acknowledged.
 ACKS_FIRST_SECONDS = 0.5
 # Turns doing their own work at once: before their model call (records, claim, history,
-# sandbox, Slack status) and after it (storing the answer, closing the reply, records). That
-# work is CPU on the one event loop, 15-20 ms a turn; hundreds of turns starting or ending
-# together made each pass of the loop hundreds of milliseconds long, and every acknowledgement
-# waited for such passes. Turns waiting on their model, the most of a turn, are not counted.
-# An acknowledgement takes a few passes, each as long as the ready turns' steps: measured with
-# a burst of 100 requests while 120 turns run (docs/benchmarks.md), p99 82-98 ms with 4 places
-# against 117-168 with 8 in the same minutes (and 136-192 with 32 in a faster hour); 500 turns
-# started as fast with 4 as with 8 or 32 (on SQLite and PostgreSQL): that work is CPU-bound.
+# sandbox, the surface's status) and after it (storing the answer, closing the reply, records).
+# That work is CPU on the one event loop; hundreds of turns starting or ending together made
+# each pass of the loop long, and every acknowledgement waited for such passes. Turns waiting on
+# their model, the most of a turn, are not counted. An acknowledgement takes a few passes, each
+# as long as the ready turns' steps: fewer places acknowledge a burst sooner, and starting turns
+# is CPU-bound, so more places do not start them faster (docs/benchmarks.md, *Figures behind
+# choices in the code*).
 TURNS_AT_WORK = 4
 
 
-class DeliveryWorker:
+SHUTDOWN = "shutdown"  # the cancellation message of work stopped by a shutdown
+
+
+class DeliveryWorker(Generic[C]):
     """The records this process works on: one task each, their leases, take-overs, a stop."""
 
     def __init__(
@@ -73,17 +78,17 @@ class DeliveryWorker:
         settings: Settings,
         deliveries: Deliveries,
         conversations: Conversations,
-        client_for: ClientFor,
+        surface: DeliverySurface[C],
         *,
         max_turns: int = 64,
     ) -> None:
         self.settings = settings
         self.deliveries = deliveries
-        self.conv = conversations
-        self.client_for = client_for
+        self.conversations = conversations
+        self.surface = surface
         self.closing = False
         self._tasks: dict[int, asyncio.Task[None]] = {}
-        # Where each record's reply went, as soon as Slack said (``_Progress.replying``).
+        # Where each record's reply went, as soon as the surface said (``_Progress.replying``).
         self.replies: dict[int, str] = {}
         self._turning: set[int] = set()  # records whose turn runs now (not released on stop)
         self._wake: dict[str, asyncio.Event] = {}  # thread -> set when a record of it finishes
@@ -115,52 +120,55 @@ class DeliveryWorker:
     async def known_thread(self, thread: str) -> bool:
         """A session thread, or one whose first message was recorded a moment ago (its
         session may not exist yet when a quick follow-up arrives)."""
-        if await self.conv.state.get_thread(thread) is not None:
+        if await self.conversations.find(thread) is not None:
             return True
         return await self.deliveries.thread_known(thread)
 
     async def receive(
         self,
-        post: Post,
-        body: str,
-        client: AsyncWebClient,
         *,
-        files: Sequence[SharedFile] = (),
+        event_key: str,
+        thread_key: str,
+        author: str,
+        message_id: str,
+        text: str,
+        context: dict[str, Any],
+        client: C,
         stray: bool = False,
     ) -> None:
         """Record a message for the agent; called before the acknowledgement (a failure here
-        fails the request, so Slack sends the message again).
+        fails the request, so the sender sends the message again).
 
         ``stray``: a message of a thread nobody knows yet, maybe a follow-up that overtook its
         thread's first message; recorded as a stray, adopted when that message is carried on.
         """
         self.start()
         record = await self.deliveries.record(
-            event_key=post.ref,
-            thread_key=post.thread,
-            author=post.user,
-            message_id=slack_message_id(post.team, post.channel, post.ts),
-            text=body,
-            context={**post.context(), "files": [f.as_dict() for f in files]},
+            event_key=event_key,
+            thread_key=thread_key,
+            author=author,
+            message_id=message_id,
+            text=text,
+            context=context,
             owned=not self.closing,
             stray=stray,
         )
         if record is None:
-            log.debug("message %s already recorded", post.ref)
+            log.debug("message %s already recorded", event_key)
         elif stray:
             # The thread's first message may have been recorded while this one was checked;
             # its carrier adopts the strays it sees, this looks once more for the rest.
-            if not self.closing and await self.known_thread(post.thread):
-                await self._adopt(post.thread, client)
+            if not self.closing and await self.known_thread(thread_key):
+                await self._adopt(thread_key, client)
         elif not self.closing:
             self._carry_on(record, client, resumed=False)
 
-    async def _adopt(self, thread: str, client: AsyncWebClient) -> None:
+    async def _adopt(self, thread: str, client: C) -> None:
         for adopted in await self.deliveries.adopt_strays(thread):
             log.info("message %s: its thread is known now; answering it", adopted.event_key)
             self._carry_on(adopted, client, resumed=False)
 
-    def _carry_on(self, record: DeliveryRecord, client: AsyncWebClient, *, resumed: bool) -> None:
+    def _carry_on(self, record: DeliveryRecord, client: C, *, resumed: bool) -> None:
         task = asyncio.create_task(self._guarded(record, client, resumed))
         self._tasks[record.id] = task
 
@@ -172,7 +180,7 @@ class DeliveryWorker:
 
         task.add_done_callback(forget)
 
-    async def _guarded(self, record: DeliveryRecord, client: AsyncWebClient, resumed: bool) -> None:
+    async def _guarded(self, record: DeliveryRecord, client: C, resumed: bool) -> None:
         with contextlib.suppress(TimeoutError):  # bounded: a steady stream never starves it
             await asyncio.wait_for(self._quiet.wait(), ACKS_FIRST_SECONDS)
         try:
@@ -180,7 +188,7 @@ class DeliveryWorker:
         finally:
             self.replies.pop(record.id, None)
 
-    async def _retried(self, record: DeliveryRecord, client: AsyncWebClient, resumed: bool) -> None:
+    async def _retried(self, record: DeliveryRecord, client: C, resumed: bool) -> None:
         current: DeliveryRecord | None = record
         failure: BaseException | None = None
         for pause in (*DATABASE_RETRIES, None):
@@ -218,7 +226,7 @@ class DeliveryWorker:
 
     # -- one record, from received to finished --------------------------------------------------
 
-    async def _carry(self, record: DeliveryRecord, client: AsyncWebClient, resumed: bool) -> None:
+    async def _carry(self, record: DeliveryRecord, client: C, resumed: bool) -> None:
         await self._adopt(record.thread_key, client)
         current: DeliveryRecord | None = record
         while current is not None and not self.closing:
@@ -240,7 +248,7 @@ class DeliveryWorker:
                 progress = _Progress(self, current)
                 try:
                     await progress.enter()  # its work before the model call
-                    outcome = await self.conv.attempt(
+                    outcome = await self.surface.answer(
                         current, client, resumed=resumed, progress=progress
                     )
                     if outcome is Outcome.STALE:
@@ -275,7 +283,7 @@ class DeliveryWorker:
         return moved
 
     async def _wait_in_line(
-        self, record: DeliveryRecord, blocker: DeliveryRecord, client: AsyncWebClient
+        self, record: DeliveryRecord, blocker: DeliveryRecord, client: C
     ) -> DeliveryRecord | None:
         if record.state != "received":
             return await self._wait(record, client)
@@ -289,36 +297,27 @@ class DeliveryWorker:
         blocker_now = None if current is None else await self.deliveries.blocker(current)
         if current is not None and blocker_now is not None:
             queued = blocker_now.state == "waiting" and blocker_now.wait_reason == "queue"
-            await self.conv.tell(
-                client,
-                Post.from_context(current.context),
-                text.busy_queued_notice() if queued else text.follow_up_notice(),
-            )
+            await self.surface.tell(current, client, Notice.QUEUED if queued else Notice.FOLLOW_UP)
         return current
 
-    async def _start_waiting(
-        self, record: DeliveryRecord, client: AsyncWebClient
-    ) -> DeliveryRecord | None:
+    async def _start_waiting(self, record: DeliveryRecord, client: C) -> DeliveryRecord | None:
         """The session is held elsewhere: wait (and say so once)."""
         if record.state == "waiting" and record.wait_reason in ("ask", "queue"):
             return await self._wait(record, client)  # it looked free a moment ago
         queue = self.settings.busy_mode == "queue"
-        session = await self.conv.session_of(record)
+        session = await self._session_of(record)
         moved = await self.deliveries.wait(
             record.id,
             ("received", "waiting"),
             "queue" if queue else "ask",
-            session_id=None if session is None else session.id,
+            session_id=session,
         )
         if moved is None:
             return None
-        post = Post.from_context(moved.context)
-        await self.conv.tell(
-            client, post, text.busy_queued_notice() if queue else text.busy_notice()
-        )
+        await self.surface.tell(moved, client, Notice.QUEUED if queue else Notice.BUSY)
         return await self._wait(moved, client)
 
-    async def _wait(self, record: DeliveryRecord, client: AsyncWebClient) -> DeliveryRecord | None:
+    async def _wait(self, record: DeliveryRecord, client: C) -> DeliveryRecord | None:
         """Until this replica's watch (``_watch_waiting``) or a finish here says the record may
         go on; the record as it is then, if it is still ours."""
         waiter = _Waiter(record)
@@ -331,9 +330,7 @@ class DeliveryWorker:
         if waiter.expired:
             metrics.DELIVERIES_FINISHED.labels("expired").inc()
             self._wake_thread(record.thread_key)
-            await self.conv.tell(
-                client, Post.from_context(record.context), text.busy_timeout(record.text)
-            )
+            await self.surface.tell(record, client, Notice.TIMED_OUT)
             return None
         return await self._reload(record)
 
@@ -355,7 +352,7 @@ class DeliveryWorker:
                     and w.record.wait_reason in ("ask", "queue")
                     and w.record.session_id is not None
                 }
-                busy = await self.conv.store.active_among(
+                busy = await self.conversations.busy(
                     {sid for sid in on_session.values() if sid is not None}
                 )
                 held = [rid for rid, sid in on_session.items() if sid in busy]
@@ -374,9 +371,7 @@ class DeliveryWorker:
                 elif waiter.record.id in free and waiter.record.id not in held:
                     waiter.event.set()
 
-    async def _offer(
-        self, record: DeliveryRecord, client: AsyncWebClient, *, stale: bool = False
-    ) -> None:
+    async def _offer(self, record: DeliveryRecord, client: C, *, stale: bool = False) -> None:
         """Offer Send/Discard (ask mode on a free session, or **Send anyway** after a stale
         refusal). The record becomes passive (``offered`` / ``stale``) *before* the offer is
         posted, so a click, however quick, finds it claimable. An offer Slack refused takes the
@@ -386,10 +381,8 @@ class DeliveryWorker:
         moved = await self._finish(record, state) if stale else await self._mark_offered(record)
         if moved is None:
             return  # no longer ours (taken over, or discarded meanwhile)
-        try:
-            await self.conv.offer(client, moved, stale=stale)
-        except SLACK_FAILURES as exc:
-            log.warning("offer for %s not posted (%s); will try again", record.event_key, exc)
+        if not await self.surface.offer(moved, client, stale=stale):
+            log.warning("offer for %s not posted; will try again", record.event_key)
             back = await self.deliveries.claim(record.id, (state,))
             if back is not None and not stale:
                 await self.deliveries.wait(back.id, ("received",), "ask")
@@ -401,10 +394,17 @@ class DeliveryWorker:
 
     async def _session_busy(self, record: DeliveryRecord) -> bool:
         try:
-            session = await self.conv.session_of(record)
+            session = await self._session_of(record)
         except AgentSessionNotFound:
             return False
-        return session is not None and await self.conv.store.is_turn_active(session.id)
+        return session is not None and bool(await self.conversations.busy({session}))
+
+    async def _session_of(self, record: DeliveryRecord) -> int | None:
+        """The id of the session of the record's thread, if it exists yet."""
+        if record.session_id is not None:
+            return (await self.conversations.get(record.session_id)).id
+        found = await self.conversations.find(record.thread_key)
+        return None if found is None else found.id
 
     async def _reload(self, record: DeliveryRecord) -> DeliveryRecord | None:
         """The record as it is now, if it is still ours and active (a click may have discarded
@@ -436,11 +436,12 @@ class DeliveryWorker:
         record_id: str,
         user: str,
         send: bool,
-        client: AsyncWebClient,
-        respond: AsyncRespond | None = None,
+        client: C,
+        answer: Callable[[DeliveryRecord, ClickAnswer], Awaitable[None]],
     ) -> None:
-        """Send / Send anyway / Discard on an offer, from whichever replica gets the click. The
-        offer is replaced by what came of the click, so it cannot be clicked twice."""
+        """Send / Send anyway / Discard on an offer, from whichever replica gets the click.
+        ``answer`` replaces the offer with what came of the click (before the message is
+        carried on), so it cannot be clicked twice."""
         try:
             number = int(record_id)
         except ValueError:
@@ -448,34 +449,19 @@ class DeliveryWorker:
         record = await self.deliveries.get(number)
         if record is None or record.author != user:
             return
-        post = Post.from_context(record.context)
         if not send:
             discarded = await self.deliveries.discard(number, author=user)
             if discarded is not None:
                 metrics.DELIVERIES_FINISHED.labels("discarded").inc()
                 self._wake_thread(record.thread_key)
-            await self._answer_click(
-                client, post, respond, text.draft_discarded() if discarded else text.draft_gone()
-            )
+            await answer(record, ClickAnswer.DISCARDED if discarded else ClickAnswer.GONE)
             return
         claimed = await self.deliveries.claim(number, ("offered", "stale"), author=user)
         if claimed is None:
-            await self._answer_click(client, post, respond, text.draft_gone())
+            await answer(record, ClickAnswer.GONE)
             return
-        await self._answer_click(client, post, respond, text.draft_sending())
+        await answer(record, ClickAnswer.SENDING)
         self._carry_on(claimed, client, resumed=False)
-
-    async def _answer_click(
-        self, client: AsyncWebClient, post: Post, respond: AsyncRespond | None, body: str
-    ) -> None:
-        """Replace the clicked ephemeral (its ``response_url``); a new one when that fails."""
-        if respond is not None:
-            try:
-                await respond(replace_original=True, text=body)
-                return
-            except Exception as exc:  # an expired or unreachable response_url
-                log.info("could not replace the clicked offer: %s", exc)
-        await self.conv.tell(client, post, body)
 
     # -- leases and take-overs ------------------------------------------------------------------
 
@@ -506,7 +492,7 @@ class DeliveryWorker:
     async def _take_over(self) -> None:
         for record in await self.deliveries.take_over(TAKEOVER_BATCH):
             metrics.DELIVERIES_TAKEN_OVER.inc()
-            client = await self.client_for(str(record.context.get("team", "")))
+            client = await self.surface.client_for(record)
             if record.takeovers > MAX_TAKEOVERS or client is None:
                 log.error(
                     "message %s: giving up after %d take-overs (or no installation)",
@@ -515,9 +501,7 @@ class DeliveryWorker:
                 )
                 await self._finish(record, "failed")
                 if client is not None:
-                    await self.conv.tell(
-                        client, Post.from_context(record.context), text.gave_up(record.text)
-                    )
+                    await self.surface.tell(record, client, Notice.GAVE_UP)
                 continue
             log.info(
                 "message %s: taken over in state %s; carrying on", record.event_key, record.state
@@ -551,9 +535,10 @@ class DeliveryWorker:
 
 
 class _Progress:
-    """What a try tells its record: started (the user message is stored), replying (where)."""
+    """What a try tells its record: started (the user message is stored), replying (where);
+    and, from the turn's events, when its own work holds one of the ``TURNS_AT_WORK`` places."""
 
-    def __init__(self, worker: DeliveryWorker, record: DeliveryRecord) -> None:
+    def __init__(self, worker: DeliveryWorker[Any], record: DeliveryRecord) -> None:
         self.worker = worker
         self.deliveries = worker.deliveries
         self.record = record
@@ -570,22 +555,22 @@ class _Progress:
             self._holding = False
             self._places.release()
 
-    def waiting_on_model(self) -> None:
-        self.leave()
-
-    async def done_with_model(self) -> None:
-        await self.enter()
+    async def observe(self, event: object) -> None:
+        if isinstance(event, ModelCalled):
+            self.leave()  # from here the turn mostly waits on its model
+        elif isinstance(event, ModelDone):
+            await self.enter()  # storing the answer is its own work again
 
     async def started(self, session_id: int) -> None:
         await self.deliveries.move(
             self.record.id, ("received", "waiting"), "started", session_id=session_id
         )
 
-    async def replying(self, reply_ts: str) -> None:
+    async def replying(self, reply_ref: str) -> None:
         # Known here first: if the database cannot take it now, this process's retry still
         # knows the reply exists and edits it instead of posting the answer a second time.
-        self.worker.replies[self.record.id] = reply_ts
-        await self.deliveries.set_reply(self.record.id, reply_ts)
+        self.worker.replies[self.record.id] = reply_ref
+        await self.deliveries.set_reply(self.record.id, reply_ref)
 
 
 @dataclass
