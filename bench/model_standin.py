@@ -70,6 +70,8 @@ def _usage(prompt: int, completion: int) -> str:
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
         },
     }
     return f"data: {json.dumps(body)}\n\n"

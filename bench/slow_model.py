@@ -32,6 +32,25 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
+def _usage(prompt: int, completion: int) -> bytes:
+    """The last chunk ``stream_options.include_usage`` asks for, as OpenAI sends it."""
+    body = {
+        "id": "chatcmpl-slow",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": "slow-standin",
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
+        },
+    }
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
 class SlowModel:
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -71,7 +90,7 @@ class SlowModel:
         )
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
-        await request.read()
+        body = await request.read()
         self.in_flight += 1
         self.started += 1
         self.most = max(self.most, self.in_flight)
@@ -83,6 +102,7 @@ class SlowModel:
                 await asyncio.sleep(self.seconds / WORDS)
                 await response.write(_chunk({"content": f"word{i} "}))
             await response.write(_chunk({}, "stop"))
+            await response.write(_usage(prompt=len(body) // 4, completion=2 * WORDS))
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             self.finished += 1
