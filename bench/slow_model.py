@@ -18,6 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
+from bench.model_standin import usage_frame
+
 WORDS = 20
 
 
@@ -28,25 +30,6 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         "created": 1700000000,
         "model": "slow-standin",
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    return f"data: {json.dumps(body)}\n\n".encode()
-
-
-def _usage(prompt: int, completion: int) -> bytes:
-    """The last chunk ``stream_options.include_usage`` asks for, as OpenAI sends it."""
-    body = {
-        "id": "chatcmpl-slow",
-        "object": "chat.completion.chunk",
-        "created": 1700000000,
-        "model": "slow-standin",
-        "choices": [],
-        "usage": {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
-            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
-        },
     }
     return f"data: {json.dumps(body)}\n\n".encode()
 
@@ -102,7 +85,8 @@ class SlowModel:
                 await asyncio.sleep(self.seconds / WORDS)
                 await response.write(_chunk({"content": f"word{i} "}))
             await response.write(_chunk({}, "stop"))
-            await response.write(_usage(prompt=len(body) // 4, completion=2 * WORDS))
+            usage = usage_frame(len(body) // 4, 2 * WORDS, model="slow-standin")
+            await response.write(usage.encode())
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             self.finished += 1

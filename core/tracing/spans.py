@@ -62,6 +62,8 @@ class SpanHandle:
     def __init__(self, tracer: Tracer | None, span: trace_api.Span | None) -> None:
         self._tracer = tracer
         self._span = span
+        # Kept after the span ends, so a finished turn can still give its trace's link.
+        self._context = None if span is None else span.get_span_context()
 
     @property
     def recording(self) -> bool:
@@ -224,17 +226,16 @@ class TurnSpan(_Parent):
 
     @property
     def url(self) -> str | None:
-        """The ``TRACE_URL_TEMPLATE`` link to this trace, when there is one to follow."""
+        """The ``TRACE_URL_TEMPLATE`` link to this trace, when there is one to follow (also
+        after the turn's span ended: the finished reply is written after it)."""
         context = self._sampled_context()
         if context is None:
             return None
         return trace_url(self.options.url_template, context.trace_id)
 
     def _sampled_context(self) -> trace_api.SpanContext | None:
-        if self._span is None:
-            return None
-        context = self._span.get_span_context()
-        return context if context.trace_flags.sampled else None
+        context = self._context
+        return context if context is not None and context.trace_flags.sampled else None
 
     def compaction(self, *, automatic: bool = True) -> CompactionSpan:
         span = self._child("compaction", OpenInferenceSpanKindValues.CHAIN)
