@@ -116,6 +116,7 @@ class Settings(BaseSettings):
     otel_exporter_otlp_traces_endpoint: str | None = None
     otel_exporter_otlp_headers: str | None = None
     otel_exporter_otlp_traces_headers: str | None = None
+    # Milliseconds, as the OpenTelemetry specification says (unset: core.tracing's default).
     otel_exporter_otlp_timeout: float | None = Field(default=None, gt=0)
     otel_exporter_otlp_traces_timeout: float | None = Field(default=None, gt=0)
     otel_service_name: str = "slack-agent"
