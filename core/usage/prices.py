@@ -18,8 +18,8 @@ how much was cached (``cached_tokens is None``) is priced as if nothing was: the
 can have cost, never less. Prices that vary over time are taken at the request's time.
 
 The table is ``genai-prices``' bundled snapshot (never fetched at run time, so an upgrade of
-the package is how prices move). Importing and indexing it takes about a second, so it is done
-lazily, and ``warm`` lets a server do it at start-up, off the first turn's path.
+the package is how prices move). Importing and indexing it is slow (a large table), so it is
+done lazily, and ``warm`` lets a server do it at start-up, off the first turn's path.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def request_cost(
 
 
 def warm() -> None:
-    """Import and index the price table now (blocking, about a second): call it in a thread at
+    """Import and index the price table now (blocking, and slow): call it in a thread at
     start-up so the first priced request does not pay for it on the event loop."""
     from genai_prices import Usage as PricedUsage
     from genai_prices import calc_price
