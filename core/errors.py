@@ -18,6 +18,7 @@ above the product add their own leaves (the soak's ``bench.soak.SoakFailed``).
     │   ├── AgentSessionAlreadyCompact   agent_session_already_compact
     │   ├── AgentSessionLockLost         agent_session_lock_lost
     │   ├── TurnInterrupted              agent_session_turn_interrupted
+    │   ├── AgentSessionBudgetExceeded   agent_session_budget_exceeded
     │   ├── MessageNotFound              agent_session_message_not_found
     │   ├── DuplicateMessage             agent_session_message_duplicate
     │   └── InvalidMessage               agent_session_message_invalid
@@ -30,6 +31,9 @@ above the product add their own leaves (the soak's ``bench.soak.SoakFailed``).
 """
 
 from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
 
 
 class SlackAgentError(Exception):
@@ -121,6 +125,43 @@ class TurnInterrupted(AgentSessionError):
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class AgentSessionBudgetExceeded(AgentSessionError):
+    """A spending limit (``BUDGETS``) is used up for the actor: refused before any model
+    request, or (``during_turn``) a running turn stopped after its request in flight.
+
+    The limit and its reset time are on the exception as values, so every surface words the
+    refusal itself: ``limit`` is the entry as written (``user:day:200000tokens``), ``scope``
+    ``user``/``workspace``/``all``, ``period`` ``day``/``month``, ``unit`` ``tokens``/``usd``,
+    ``amount`` the limit in that unit, ``spent`` what the window has used (reservations of
+    running turns included), ``resets_at`` when the window ends (UTC).
+    """
+
+    code = "agent_session_budget_exceeded"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: str,
+        scope: str,
+        period: str,
+        unit: str,
+        amount: Decimal,
+        spent: Decimal,
+        resets_at: datetime,
+        during_turn: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.scope = scope
+        self.period = period
+        self.unit = unit
+        self.amount = amount
+        self.spent = spent
+        self.resets_at = resets_at
+        self.during_turn = during_turn
 
 
 class MessageNotFound(AgentSessionError):

@@ -1,0 +1,4 @@
+"""Stand-in servers shipped in the package, for the tests, the demo and the benchmark alike.
+
+otlp    an OTLP/HTTP trace receiver (a collector that keeps what it gets, or refuses, or hangs)
+"""
