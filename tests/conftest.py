@@ -176,13 +176,14 @@ def _scrub_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Tests never see the developer's configuration (variables or a ``.env`` file)."""
     for name in list(os.environ):
         if name.startswith(
-            ("SLACK_", "OPENAI_", "ANTHROPIC_", "MODEL_", "AGENT_SESSION_")
+            ("SLACK_", "OPENAI_", "ANTHROPIC_", "MODEL_", "AGENT_SESSION_", "MCP_")
         ) or name in {
             "DATABASE_URL",
             "TURN_LOCK_STALENESS_SECONDS",
             "TURN_HEARTBEAT_SECONDS",
             "BUSY_MODE",
             "ADMIN_USER_IDS",
+            "APPROVAL_TIMEOUT_SECONDS",
         }:
             monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)

@@ -12,7 +12,8 @@ default rule) and ``add_note`` (not read-only: it asks). Environment:
   timeout, crash mid-call, an error result, a huge result, binary content, garbage on stdout,
   echo an environment variable);
 - ``MCP_NOTES_START_GATE=PATH``: exit at start-up (status 1, one stderr line) until PATH exists:
-  a server that is down and later comes up.
+  a server that is down and later comes up;
+- ``MCP_NOTES_TOKEN`` (HTTP): answer 401 to a request without ``Authorization: Bearer <it>``.
 
 Written with the SDK's ``MCPServer`` (what was ``FastMCP`` before mcp 2).
 """
@@ -38,7 +39,8 @@ START_GATE = "MCP_NOTES_START_GATE"
 PNG_1PX = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 )
-Fault = Literal["hang", "crash", "error", "huge", "binary", "garbage", "echo"]
+TOKEN = "MCP_NOTES_TOKEN"
+Fault = Literal["hang", "crash", "error", "huge", "binary", "garbage", "echo", "pid"]
 
 
 def build_server() -> Any:
@@ -55,7 +57,9 @@ def build_server() -> Any:
         ToolAnnotations,
     )
 
-    server = MCPServer("notes", instructions="Notes a team keeps: list, read and add them.")
+    server = MCPServer(
+        "notes", instructions="Notes a team keeps: list, read and add them.", log_level="WARNING"
+    )
     read_only = ToolAnnotations(read_only_hint=True)
 
     @server.tool(annotations=read_only)
@@ -86,7 +90,9 @@ def build_server() -> Any:
             kind: Fault, seconds: float = 3600, size: int = 100_000, name: str = ""
         ) -> CallToolResult:
             """Misbehave on purpose (tests only)."""
-            if kind == "hang":
+            if kind == "hang":  # ``name``: a path (a FIFO) told when the hang begins
+                if name:
+                    Path(name).write_text("hanging")
                 await anyio.sleep(seconds)
             elif kind == "crash":
                 print("notes: crashing on purpose", file=sys.stderr, flush=True)
@@ -115,10 +121,12 @@ def build_server() -> Any:
             elif kind == "garbage":
                 os.write(_PROTOCOL_FD or 1, b"this is not JSON-RPC\n")
                 await anyio.sleep(seconds)
-            elif kind == "echo":
-                return CallToolResult(
-                    content=[TextContent(type="text", text=f"{name}={os.environ.get(name, '')}")]
-                )
+            elif kind == "pid":
+                return CallToolResult(content=[TextContent(type="text", text=str(os.getpid()))])
+            elif kind == "echo":  # to its answer and its stderr, as a careless server might
+                line = f"{name}={os.environ.get(name, '')}"
+                print(line, file=sys.stderr, flush=True)
+                return CallToolResult(content=[TextContent(type="text", text=line)])
             return CallToolResult(content=[TextContent(type="text", text=f"{kind}: done")])
 
     return server
@@ -163,8 +171,25 @@ def _serve_http(host: str, port: int) -> None:
     sock.listen(64)
     # Connections queue in the backlog from here on, so the URL is usable once printed.
     print(f"http://{host}:{sock.getsockname()[1]}/mcp", flush=True)
-    config = uvicorn.Config(server.streamable_http_app(host=host), log_level="warning")
+    config = uvicorn.Config(_guarded(server.streamable_http_app(host=host)), log_level="warning")
     anyio.run(uvicorn.Server(config).serve, [sock])
+
+
+def _guarded(app: Any) -> Any:
+    """``app`` behind the bearer token ``MCP_NOTES_TOKEN`` names, if it names one."""
+    token = os.environ.get(TOKEN)
+    if not token:
+        return app
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != expected:
+            await send({"type": "http.response.start", "status": 401, "headers": []})
+            await send({"type": "http.response.body", "body": b"missing or wrong token"})
+            return
+        await app(scope, receive, send)
+
+    return guarded
 
 
 def main(argv: list[str] | None = None) -> None:

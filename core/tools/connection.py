@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("slack-agent.mcp")
 
 STDERR_LINES_KEPT = 20
+# The handshake and tool listing may take this long even under a short call timeout: a server
+# started through a package runner (npx, uvx) may install itself first.
+MIN_STARTUP_SECONDS = 30.0
 MAX_REASON_CHARS = 300
 # How long a failure's description waits for the exited server's last stderr line.
 STDERR_SETTLE_SECONDS = 1.0
@@ -74,7 +77,7 @@ class Connection:
         client = Client(
             self._transport(),
             mode="auto",
-            read_timeout_seconds=self.config.timeout_seconds,
+            read_timeout_seconds=startup_seconds(self.config),
             cache=None,  # a restarted server may list other tools: always ask it
             client_info=Implementation(name="slack-agent", version=_VERSION),
         )
@@ -136,13 +139,21 @@ class Connection:
             if exc.code == CONNECTION_CLOSED:
                 return "exited" if self.config.transport == "stdio" else "closed the connection"
             if exc.code == REQUEST_TIMEOUT:
-                return f"did not answer within {self.config.timeout_seconds:g} s"
+                return f"did not answer within {startup_seconds(self.config):g} s"
             return f"answered with an error: {exc.message}"
         if isinstance(exc, OSError) and self.config.transport == "stdio":
             return f"cannot be started ({exc.strerror or exc})"
-        if type(exc).__module__.startswith("httpx2") or type(exc).__module__.startswith("httpcore"):
-            return f"cannot be reached ({type(exc).__name__}: {exc or 'no detail'})"
+        if type(exc).__module__.split(".")[0] in ("httpx2", "httpcore2"):
+            detail = f"{type(exc).__name__}: {exc or 'no detail'}"
+            if "Connect" in type(exc).__name__:
+                return f"cannot be reached ({detail})"
+            return f"broke the HTTP exchange ({detail})"
         return f"failed ({type(exc).__name__}: {exc})"
+
+
+def startup_seconds(config: ServerConfig) -> float:
+    """How long connecting (handshake, tool listing) may take; calls have ``timeout_seconds``."""
+    return max(config.timeout_seconds, MIN_STARTUP_SECONDS)
 
 
 class _WatchedRead:

@@ -12,6 +12,7 @@ from contextlib import suppress
 
 from core.settings import Settings
 from core.tools.config import McpConfig, load_mcp_config, mcp_environment
+from core.tools.connection import startup_seconds
 from core.tools.server import ServerStatus
 from core.tools.toolbox import McpTools
 
@@ -29,7 +30,7 @@ async def tools_report(settings: Settings) -> str:
         )
         return f"no MCP servers configured ({where})"
     async with McpTools(config) as tools:
-        longest = max((s.timeout_seconds for s in config.servers), default=0.0)
+        longest = max((startup_seconds(s) for s in config.servers), default=0.0)
         with suppress(TimeoutError):
             async with asyncio.timeout(longest + READY_MARGIN_SECONDS):
                 await tools.wait_ready()

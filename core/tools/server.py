@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from core.metrics import MCP_TOOL_SECONDS
 from core.tools.calls import canonical_json
 from core.tools.config import Approval, ServerConfig, Transport
-from core.tools.connection import Connection, _leaf
+from core.tools.connection import Connection, _leaf, startup_seconds
 from core.tools.outcome import OutcomeKind, ToolOutcome, render_content
 from core.tools.secrets import Redactor
 from core.tools.tool import McpTool, from_listing
@@ -68,6 +68,7 @@ class ServerStatus:
     approval: Approval
     approvers: tuple[str, ...]
     tools: tuple[McpTool, ...]
+    failed_attempts: int = 0  # attempts in a row that did not connect
 
 
 class McpServer:
@@ -112,14 +113,15 @@ class McpServer:
     def status(self) -> ServerStatus:
         c = self.config
         return ServerStatus(
-            c.name,
-            c.transport,
-            c.target,
-            self.state,
-            self.reason,
-            c.approval,
-            c.approvers,
-            self.tools,
+            name=c.name,
+            transport=c.transport,
+            target=c.target,
+            state=self.state,
+            reason=self.reason,
+            approval=c.approval,
+            approvers=c.approvers,
+            tools=self.tools,
+            failed_attempts=self._failed_attempts,
         )
 
     async def aclose(self) -> None:
@@ -266,7 +268,7 @@ class McpServer:
         """Run one call on the live connection; every failure is an outcome naming the server."""
         if self.state == "starting":
             with suppress(TimeoutError):
-                await asyncio.wait_for(self._settled.wait(), self.config.timeout_seconds)
+                await asyncio.wait_for(self._settled.wait(), startup_seconds(self.config))
         conn = self._conn
         client = conn.client if conn is not None else None
         if self.state != "connected" or conn is None or client is None or conn.ended.is_set():
@@ -290,7 +292,7 @@ class McpServer:
         """Why a call cannot go to this server now, for the model."""
         name = f"MCP server {self.name!r}"
         if self.state == "starting":
-            return f"{name} is still starting after {self.config.timeout_seconds:g} s"
+            return f"{name} is still starting after {startup_seconds(self.config):g} s"
         if self.state == "failed":
             return f"{name} is unavailable: {self.reason} (retrying in the background)"
         if self.state == "disabled":
@@ -305,6 +307,8 @@ class McpServer:
 
         leaf = _leaf(exc)
         timeout = self.config.timeout_seconds
+        if self._stop.is_set():
+            return "unavailable", f"MCP server {self.name!r} was shut down during the call"
         if isinstance(leaf, MCPError) and leaf.code == REQUEST_TIMEOUT:
             conn.end(f"did not answer a call within {timeout:g} s")
             return "timeout", (

@@ -93,6 +93,10 @@ class McpTools:
         while self._servers[server].state != state:
             await self._change.wait()
 
+    async def changed(self) -> None:
+        """Until the next change of any server's state or tools."""
+        await self._change.wait()
+
     async def aclose(self) -> None:
         """Close every session and stop every subprocess; the tools are gone afterwards."""
         self._closed = True
