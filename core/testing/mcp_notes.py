@@ -92,7 +92,7 @@ def build_server() -> Any:
             """Misbehave on purpose (tests only)."""
             if kind == "hang":  # ``name``: a path (a FIFO) told when the hang begins
                 if name:
-                    Path(name).write_text("hanging")
+                    await anyio.Path(name).write_text("hanging")
                 await anyio.sleep(seconds)
             elif kind == "crash":
                 print("notes: crashing on purpose", file=sys.stderr, flush=True)
