@@ -163,6 +163,22 @@ async def test_garbage_on_stdout__an_error_for_that_call_and_a_restart(tmp_path:
         assert not alive(first)
 
 
+async def test_cancelled_call__raises_counts_and_leaves_the_server_up(tmp_path: Path) -> None:
+    hanging_now = tmp_path / "hanging"
+    os.mkfifo(hanging_now)
+    async with running(tmp_path, {"notes": notes_entry(tmp_path)}) as tools:
+        first = await pid_of(tools)
+        before = calls_counted("notes", "fault", "cancelled")
+        call = asyncio.create_task(tools.call(FAULT, {"kind": "hang", "name": str(hanging_now)}))
+        assert await asyncio.to_thread(hanging_now.read_text) == "hanging"
+        call.cancel()  # the turn stopped: cancellation is the one thing call() lets through
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert calls_counted("notes", "fault", "cancelled") == before + 1
+        assert tools.status()[0].state == "connected"
+        assert await pid_of(tools) == first  # not restarted: nothing was wrong with it
+
+
 async def test_results__huge_cut_binary_labelled_errors_kept(tmp_path: Path) -> None:
     async with running(tmp_path, {"notes": notes_entry(tmp_path)}) as tools:
         huge = await tools.call(FAULT, {"kind": "huge", "size": 50_000})

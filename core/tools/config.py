@@ -145,7 +145,8 @@ def mcp_environment(env_file: Path = Path(".env")) -> dict[str, str]:
 def load_mcp_config(
     setting: str | None, *, environ: Mapping[str, str] | None = None, cwd: Path | None = None
 ) -> McpConfig:
-    """Read and check the servers' file; no file means no servers."""
+    """Read and check the servers' file; no file means no servers. ``environ`` is what ``${VAR}``
+    may name (default: ``mcp_environment()``, the process environment over ``.env``)."""
     path = config_path(setting, cwd=cwd)
     if path is None:
         return McpConfig()
@@ -164,7 +165,7 @@ def load_mcp_config(
         ) from None
     except _Duplicate as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    return _parse(document, path, where, os.environ if environ is None else environ)
+    return _parse(document, path, where, mcp_environment() if environ is None else environ)
 
 
 class _Duplicate(ValueError):

@@ -101,8 +101,10 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-# Loggers that may quote a URL, a header line or a server's output (see RedactingFilter).
-SDK_LOGGERS = (
+# Loggers that may quote a URL, a header line or a server's output (see RedactingFilter): the
+# SDK's, its HTTP client's, and ours (whose lines are built from redacted text already).
+WATCHED_LOGGERS = (
+    "slack-agent.mcp",
     "client",
     "httpx2",
     "mcp.client.client",

@@ -106,6 +106,7 @@ class McpServer:
     def start(self) -> None:
         if self._task is None and not self.config.disabled:
             self._task = asyncio.create_task(self._supervise(), name=f"mcp-server:{self.name}")
+            self._task.add_done_callback(self._supervisor_done)
 
     async def wait_first_attempt(self) -> None:
         await self._first_attempt.wait()
@@ -135,9 +136,13 @@ class McpServer:
             done, _ = await asyncio.wait({task}, timeout=CLOSE_GRACE_SECONDS)
             if not done:
                 task.cancel()
-            with suppress(asyncio.CancelledError):
-                await task
+                await asyncio.wait({task})
         self._set_state("closed", "shut down")
+
+    def _supervisor_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("MCP server %r: its supervisor stopped: %r", self.name, exc, exc_info=exc)
+            self._set_state("failed", "stopped after an internal error (see the log)")
 
     # -- the supervisor -----------------------------------------------------------------------
 

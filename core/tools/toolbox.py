@@ -2,7 +2,7 @@
 
 The loop's part, per model round and per tool call::
 
-    tools = McpTools(load_mcp_config(settings.mcp_config, environ=mcp_environment()))
+    tools = McpTools(load_mcp_config(settings.mcp_config))  # ConfigError: one line, stop
     await tools.start()                        # at start-up; returns at once
     specs = [SHELL, *tools.specs()]            # what connected servers offer now
     ...
@@ -35,7 +35,7 @@ from core.tools.calls import call_digest
 from core.tools.config import McpConfig
 from core.tools.names import server_of
 from core.tools.outcome import ToolOutcome
-from core.tools.secrets import SDK_LOGGERS, RedactingFilter
+from core.tools.secrets import WATCHED_LOGGERS, RedactingFilter
 from core.tools.server import Backoff, McpServer, ServerState, ServerStatus
 from core.tools.tool import McpTool
 
@@ -78,7 +78,7 @@ class McpTools:
             return
         self._started = True
         if self.redactor:
-            for name in SDK_LOGGERS:
+            for name in WATCHED_LOGGERS:
                 logging.getLogger(name).addFilter(self._filter)
         for server in self._servers.values():
             server.start()
@@ -101,7 +101,7 @@ class McpTools:
         """Close every session and stop every subprocess; the tools are gone afterwards."""
         self._closed = True
         await asyncio.gather(*(s.aclose() for s in self._servers.values()))
-        for name in SDK_LOGGERS:
+        for name in WATCHED_LOGGERS:
             logging.getLogger(name).removeFilter(self._filter)
 
     def _changed(self) -> None:
