@@ -173,7 +173,9 @@ class McpServer:
                 break
             reason = await conn.describe(error)
             delay = (
-                self._after_loss(conn, reason) if conn.connected_at else self._after_fail(reason)
+                self._after_loss(conn, reason)
+                if conn.connected_at is not None
+                else self._after_fail(reason)
             )
             self._first_attempt.set()
             if delay:

@@ -40,6 +40,7 @@ from core.tools.server import Backoff, McpServer, ServerState, ServerStatus
 from core.tools.tool import McpTool
 
 UNKNOWN = "(unknown)"
+log = logging.getLogger("slack-agent.mcp")
 
 
 class McpTools:
@@ -167,6 +168,13 @@ class McpTools:
         except asyncio.CancelledError:
             MCP_TOOL_CALLS.labels(tool.server if tool else UNKNOWN, _label(tool), "cancelled").inc()
             raise
+        except Exception as exc:  # a bug of ours must not crash the turn either
+            assert tool is not None
+            log.exception("MCP call %s failed unexpectedly", name)
+            text = (
+                f"the call to MCP server {tool.server!r} failed unexpectedly ({type(exc).__name__})"
+            )
+            outcome = ToolOutcome(name, tool.server, "protocol_error", text)
         assert outcome is not None
         server = outcome.server or UNKNOWN
         MCP_TOOL_CALLS.labels(server, _label(tool), outcome.kind).inc()
