@@ -122,7 +122,7 @@ class Connection:
         """Why this connection failed or ended, in one redacted line (``exc``: what was raised)."""
         reason = self.end_reason
         if reason is None and exc is not None:
-            reason = self._reason_of(_leaf(exc))
+            reason = self._reason_of(root_cause(exc))
         reason = reason or "closed the connection"
         # An exited server's last words say why; a live one's are unrelated to the failure.
         if self._stderr is not None and (reason == "exited" or self.connected_at is None):
@@ -270,7 +270,7 @@ class _TailProtocol(asyncio.Protocol):
         self.tail.finish()
 
 
-def _leaf(exc: BaseException) -> BaseException:
+def root_cause(exc: BaseException) -> BaseException:
     """The first real failure inside the task groups' exception groups."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         inner = [e for e in exc.exceptions if not isinstance(e, asyncio.CancelledError)]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from core.metrics import MCP_TOOL_SECONDS
 from core.tools.calls import canonical_json
 from core.tools.config import Approval, ServerConfig, Transport
-from core.tools.connection import Connection, _leaf, startup_seconds
+from core.tools.connection import Connection, root_cause, startup_seconds
 from core.tools.outcome import OutcomeKind, ToolOutcome, render_content
 from core.tools.secrets import Redactor
 from core.tools.tool import McpTool, from_listing
@@ -312,7 +312,7 @@ class McpServer:
         from mcp import MCPError
         from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
-        leaf = _leaf(exc)
+        leaf = root_cause(exc)
         timeout = self.config.timeout_seconds
         if self._stop.is_set():
             return "unavailable", f"MCP server {self.name!r} was shut down during the call"
