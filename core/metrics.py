@@ -131,6 +131,19 @@ SLACK_RATE_LIMITED = Counter(
     "Slack Web API answers of 429 (each is waited out as Retry-After says), by method.",
     ["method"],
 )
+MCP_TOOL_CALLS = Counter(
+    "slack_agent_mcp_tool_calls_total",
+    "MCP tool calls, by server, tool and outcome (ok, tool_error, invalid_arguments, "
+    "unknown_tool, unavailable, approval_required, timeout, server_failed, protocol_error, "
+    "cancelled); a name no server offers counts under server and tool (unknown).",
+    ["server", "tool", "outcome"],
+)
+MCP_TOOL_SECONDS = Histogram(
+    "slack_agent_mcp_tool_call_seconds",
+    "Wall time of MCP tool calls sent to a server (any outcome), by server.",
+    ["server"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
 SWEEPER_DELETED = Counter(
     "slack_agent_sweeper_deleted_total",
     "Rows the sweeper deleted, by rule.",

@@ -106,6 +106,10 @@ class Settings(BaseSettings):
     max_file_bytes: int = Field(default=10_000_000, gt=0)
     shutdown_grace_seconds: float = Field(default=30, ge=0)
     session_poll_seconds: float = Field(default=10, gt=0)
+    # The MCP servers' file (core.tools.config reads it): unset means ./mcp.json if it exists,
+    # empty means none even if it does.
+    mcp_config: str | None = None
+    approval_timeout_seconds: float = Field(default=86400, gt=0)
 
     # Spending limits (core.usage.budgets), parsed at load so a bad entry stops start-up.
     budgets: Annotated[tuple[Budget, ...], NoDecode] = ()

@@ -84,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
         help="a session id or the Slack permalink of a message in its thread (none: a new one)",
     )
     commands.add_parser("demo", help="the first-run experience")
+    commands.add_parser("tools", help="list the MCP servers, their state and tools")
     return parser
 
 
@@ -217,6 +218,14 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> None:
         print("\n".join([format_table(result), *format_lines(result)]))
 
 
+async def _tools(args: argparse.Namespace, settings: Settings) -> None:
+    from core.tools.listing import tools_report
+
+    if settings.log_level.upper() == "INFO":  # the report says what the INFO lines would
+        logging.getLogger().setLevel(logging.WARNING)
+    print(await tools_report(settings))
+
+
 async def _soak(args: argparse.Namespace, settings: Settings) -> None:
     from bench.soak import SoakFailed, format_report, run_soak, soak_config
 
@@ -240,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "demo": _demo,
             "soak": _soak,
             "chat": _chat,
+            "tools": _tools,
         }
         runner = runners.get(args.command, _run_operator)
         asyncio.run(runner(args, settings))

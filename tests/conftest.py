@@ -176,7 +176,16 @@ def _scrub_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Tests never see the developer's configuration (variables or a ``.env`` file)."""
     for name in list(os.environ):
         if name.startswith(
-            ("SLACK_", "OPENAI_", "ANTHROPIC_", "MODEL_", "AGENT_SESSION_", "OTEL_", "TRACE_")
+            (
+                "SLACK_",
+                "OPENAI_",
+                "ANTHROPIC_",
+                "MODEL_",
+                "AGENT_SESSION_",
+                "OTEL_",
+                "TRACE_",
+                "MCP_",
+            )
         ) or name in {
             "DATABASE_URL",
             "TURN_LOCK_STALENESS_SECONDS",
@@ -184,6 +193,7 @@ def _scrub_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
             "BUSY_MODE",
             "ADMIN_USER_IDS",
             "BUDGETS",
+            "APPROVAL_TIMEOUT_SECONDS",
         }:
             monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
