@@ -21,6 +21,9 @@ from core.records import ModelChoice, TurnLease
 from core.storage.engine import create_database
 from core.storage.models import AgentSession, AgentSessionMessage
 
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
+
 TIMINGS = ("turn", "append_message", "claim_round_50", "truncate", "branch")
 
 

@@ -15,6 +15,9 @@ from bench.conversation import Item, Ours, ours
 from core.storage.engine import create_database
 from core.storage.sessions import SessionStore
 
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
+
 TINY = CompareSizes(
     sizes=(20, 40), rounds={20: 2, 40: 1}, load_every=10, writers=6, think_seconds=0
 )

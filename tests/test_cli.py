@@ -7,11 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from core.messages import user_message
 from core.storage.engine import MIN_SQLITE
 from core.storage.migrate import head_revision
 from core.storage.sessions import SessionStore
 from tests.helpers import ROOT, add_exchange, new_session
+
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
 
 EXE = Path(sys.executable).with_name("slack-agent")
 

@@ -24,6 +24,9 @@ from tests.fake_slack import BOT_ID, BOT_USER, FakeSlack, GatedModel, SlackClien
 from tests.helpers import read_json_line, start_worker, stop_workers
 from tests.slack_harness import ServeProcess
 
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
+
 # A short window so take-overs happen within a test, with room for a loaded machine.
 LOCK = {"TURN_LOCK_STALENESS_SECONDS": "2", "TURN_HEARTBEAT_SECONDS": "0.25"}
 RACED = 500

@@ -41,7 +41,11 @@ from tests.slack_harness import running_bot
 # process, and what it runs draws from ``random`` (aiohttp's connection pool shuffles its
 # waiters with it; slack_sdk's retry backoff adds jitter), at moments that depend on timing: the
 # warning names nothing these strategies do, and it failed one run in a few.
-pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning"),
+]
 
 FUZZ = settings(
     max_examples=150,

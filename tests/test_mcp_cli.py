@@ -6,9 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from core.testing.mcp_notes import free_port
 from tests.mcp_support import notes_entry
 from tests.test_cli import cli, one_line_error
+
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
 
 SECRET = "cli-secret-0c4d2b9e8f71"
 

@@ -16,6 +16,9 @@ from core.testing.mcp_notes import NotesHttpServer, free_port
 from core.tools import call_digest
 from tests.mcp_support import notes, running
 
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
+
 TOKEN = "http-token-5b8e1d0c9a7f"
 ENVIRON = {**os.environ, "NOTES_TOKEN": TOKEN}
 

@@ -24,6 +24,9 @@ from tests.mcp_support import (
     write_config,
 )
 
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
+
 SECRET = "notes-secret-7f3a9c2e51"
 ADD = "mcp__notes__add_note"
 FAULT = "mcp__notes__fault"

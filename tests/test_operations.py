@@ -27,6 +27,9 @@ from tests.helpers import ROOT
 from tests.slack_harness import ServeProcess, running_bot
 from tests.test_delivery import TerminalTurn, transcript
 
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
+
 METRICS = [
     "slack_agent_turns_started",
     "slack_agent_turns_finished",

@@ -7,9 +7,14 @@ import os
 import signal
 import subprocess
 
+import pytest
+
 from core.storage.engine import Database
 from core.storage.sessions import SessionStore
 from tests.helpers import add_exchange, new_session, read_json_line, start_worker, stop_workers
+
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
 
 CLAIMERS = 5
 

@@ -51,6 +51,9 @@ from tests.fake_openai import FakeOpenAI
 from tests.helpers import ROOT, new_session
 from tests.providers_fixtures import RecordingSleep
 
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
+
 LIMITS = SandboxLimits()
 # Attempts that are meant to run into the wall-clock limit use a short one, so the suite does
 # not wait 30 s for each; the limit is what is under test, not its value.

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.concurrent import (
     bench_ack_during_fork_and_sweep,
     bench_concurrent_turns,
     format_lines,
 )
 from bench.slack import bench_slack
+
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
 
 
 async def test_bench_slack__reports_ack_percentiles_and_idle_rss(database_url: str) -> None:

@@ -6,6 +6,9 @@ import pytest
 
 from slack_agent.demo import run_demo
 
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
+
 
 async def test_demo__plays_every_step_and_loses_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     await run_demo()

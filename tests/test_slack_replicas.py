@@ -8,6 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 from sqlalchemy import insert, select
 
 from bot import texts as text
@@ -19,6 +20,9 @@ from core.storage.sessions import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
 from tests.helpers import ROOT
 from tests.slack_harness import ServeProcess
+
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
 
 
 def model_env(model: GatedModel, **extra: Any) -> dict[str, Any]:

@@ -7,8 +7,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from bench.soak import SoakConfig, run_soak
 from bot.standin import FaultSchedule
+
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
 
 
 async def test_soak__every_promise_holds_under_load_and_faults(database_url: str) -> None:

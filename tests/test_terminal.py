@@ -28,6 +28,9 @@ from tests.helpers import add_exchange, new_session
 from tests.slack_harness import ServeProcess
 from tests.terminal_harness import OPERATOR, ChatProcess, chat_env
 
+# Real processes or long runs: outside the developer's quick subset (README, *The tests*).
+pytestmark = pytest.mark.slow
+
 LINK = "https://acme.slack.com/archives/C1/p{digits}"
 # The lock decides the tests that run on both databases; the others read and print.
 SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
