@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import queue
 import shutil
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -61,6 +63,72 @@ async def _migrate(url: str) -> None:
         await db.dispose()
 
 
+class _PgClones:
+    """Databases cloned from the template ahead of the tests that take them.
+
+    ``CREATE DATABASE … TEMPLATE`` and ``DROP DATABASE`` take a few hundred milliseconds each;
+    paid inside every PostgreSQL test they were a large share of the suite. A thread of its own
+    (its own loop and admin connection) keeps ``READY`` clones made and drops the used ones,
+    so a test only waits when it outruns the cloning. Every test still gets a database no
+    other test has touched, migrated by the real migrations (the template).
+    """
+
+    READY = 3
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        self._ready: queue.Queue[str | BaseException] = queue.Queue()
+        self._work: queue.Queue[tuple[str, str] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="pg-clones", daemon=True)
+        self._thread.start()
+        for _ in range(self.READY):
+            self._work.put(("create", ""))
+
+    def take(self) -> str:
+        found = self._ready.get()
+        if isinstance(found, BaseException):
+            raise found
+        self._work.put(("create", ""))
+        return found
+
+    def give_back(self, name: str) -> None:
+        self._work.put(("drop", name))
+
+    def close(self) -> None:
+        self._work.put(None)
+        self._thread.join(60)
+        while not self._ready.empty():
+            leftover = self._ready.get()
+            if isinstance(leftover, str):
+                run_isolated(
+                    lambda n=leftover: _pg_admin(f'DROP DATABASE IF EXISTS "{n}" WITH (FORCE)')
+                )
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        conn = await asyncpg.connect(_dsn(PG_URL), timeout=10)
+        try:
+            while True:
+                job = await asyncio.to_thread(self._work.get)
+                if job is None:
+                    return
+                action, name = job
+                try:
+                    if action == "create":
+                        name = f"sa_t_{uuid.uuid4().hex[:12]}"
+                        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+                        self._ready.put(name)
+                    else:
+                        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+                    if action == "create":
+                        self._ready.put(exc)
+        finally:
+            await conn.close()
+
+
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[str | None]:
     """A migrated template database, or None (with the reason kept) when PG is unreachable."""
@@ -75,7 +143,13 @@ def pg_template() -> Iterator[str | None]:
         run_isolated(lambda: _migrate(_with_database(PG_URL, name)))
         yield name
     finally:
+        clones = _CLONES.pop(name, None)
+        if clones is not None:
+            clones.close()
         run_isolated(lambda: _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+_CLONES: dict[str, _PgClones] = {}
 
 
 @pytest.fixture(scope="session")
@@ -101,12 +175,14 @@ def fresh_database_url(
         yield f"sqlite+aiosqlite:///{path}"
         return
     template = _require_pg(pg_template)
-    name = f"sa_t_{uuid.uuid4().hex[:12]}"
-    run_isolated(lambda: _pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+    clones = _CLONES.get(template)
+    if clones is None:
+        clones = _CLONES[template] = _PgClones(template)
+    name = clones.take()
     try:
         yield _with_database(PG_URL, name)
     finally:
-        run_isolated(lambda: _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        clones.give_back(name)
 
 
 @pytest.fixture(params=BACKENDS)

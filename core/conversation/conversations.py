@@ -107,6 +107,7 @@ class Conversations:
     ) -> Conversation:
         """The conversation for the surface's ``key``, made (owned by ``owner``) if there is
         none; idempotent under concurrency (replicas and retries meeting one thread agree)."""
+        await _let_others_run()
         session, _ = await self.store.get_or_create_session(
             self.project, key, user_id=owner.user_id, title=title, temporary=temporary
         )
