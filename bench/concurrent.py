@@ -59,11 +59,10 @@ from bench.slack import (
 )
 from bot.post import PROJECT, SURFACE, thread_key
 from bot.standin import TEAM, signed
+from core.settings import Settings
+from core.storage import Storage
 from core.storage.dialect import hence
 from core.storage.engine import create_database
-from core.storage.migrate import upgrade
-from core.storage.sessions import SessionStore
-from core.storage.surface_state import SurfaceState
 
 SIZES: Final = (10, 100, 500)
 PROBE_SPACING: Final = 0.1
@@ -274,10 +273,10 @@ def _shortcut_request(port: int, message_ts: str) -> bytes:
 
 async def _long_thread(url: str, messages: int) -> str:
     """A session of ``messages`` messages bound to a Slack thread; the ts of its last message."""
-    db = create_database(url)
+    storage = Storage.open(Settings(database_url=url))
     try:
-        await upgrade(db)
-        store = SessionStore(db, staleness_seconds=60)
+        await storage.migrate()
+        store = storage.sessions
         root = f"{int(time.time()) - 100}.000001"
         key = thread_key(TEAM, CHANNEL, root)
         session, _ = await store.get_or_create_session(PROJECT, key, user_id=None)
@@ -286,13 +285,13 @@ async def _long_thread(url: str, messages: int) -> str:
             await store.import_messages(session.id, rows[i : i + 2000])
         tail = await store.tail(session.id)
         assert tail is not None
-        state = SurfaceState(db, SURFACE)
+        state = storage.surface(SURFACE)
         await state.bind_thread(key, session.id, tail.message_id)
         last_ts = f"{int(time.time()) - 50}.000001"
         await state.add_ref(thread_key(TEAM, CHANNEL, last_ts), session.id, tail.message_id, "user")
         return last_ts
     finally:
-        await db.dispose()
+        await storage.dispose()
 
 
 async def _expire(url: str, count: int, in_seconds: float) -> None:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from core.agent.turn import Turn, run_turn
 from core.errors import AgentSessionBusy, AgentSessionStale
 from core.messages import Message, assistant_message, message_text, user_message
-from core.storage.engine import create_database
-from core.storage.migrate import upgrade
+from core.settings import Settings
+from core.storage import Storage
 from core.storage.sessions import SessionStore
 
 
@@ -112,10 +112,10 @@ class Ours(Conversation):
 
 @contextlib.asynccontextmanager
 async def ours(url: str, conversation: str) -> AsyncIterator[Conversation]:
-    db = create_database(url)
+    storage = Storage.open(Settings(database_url=url))
     try:
-        await upgrade(db)
-        store = SessionStore(db, staleness_seconds=60)
+        await storage.migrate()
+        store = storage.sessions
         session, _ = await store.get_or_create_session("bench-compare", conversation, user_id=None)
         mine = Ours(store, session.id)
         try:
@@ -123,4 +123,4 @@ async def ours(url: str, conversation: str) -> AsyncIterator[Conversation]:
         finally:
             await mine._close([])  # a question left unanswered: release its turn
     finally:
-        await db.dispose()
+        await storage.dispose()
