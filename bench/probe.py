@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import contextvars
 import functools
 import gc
 import json
@@ -110,6 +111,7 @@ class Probe:
         self.started = time.monotonic()
         self.acks = Histogram()
         self.acks_by_second: dict[int, Histogram] = defaultdict(Histogram)
+        self.ack_samples: list[tuple[float, float]] = []  # (seconds from the start, ms)
         self.parts: dict[str, Histogram] = defaultdict(Histogram)  # of the acknowledgement
         self.lag = Histogram()
         self.lag_max_by_second: dict[int, float] = defaultdict(float)
@@ -202,6 +204,7 @@ class Probe:
     def ack(self, seconds: float) -> None:
         ms = seconds * 1000
         self.acks.add(ms)
+        self.ack_samples.append((round(time.monotonic() - self.started, 3), round(ms, 2)))
         self.acks_by_second[self._second()].add(ms)
 
     def part(self, name: str, seconds: float) -> None:
@@ -253,6 +256,7 @@ class Probe:
                 "seconds": round(time.monotonic() - self.started, 1),
                 "cpu_seconds": round(usage.user + usage.system, 2),
                 "ack_handler_ms": self.acks.as_dict(),
+                "ack_handler_samples": list(self.ack_samples),
                 "ack_handler_ms_by_second": {
                     str(s): h.as_dict() for s, h in sorted(self.acks_by_second.items())
                 },
@@ -280,6 +284,13 @@ class Probe:
         partial = self.out.with_suffix(".tmp")
         partial.write_text(json.dumps(data))
         partial.replace(self.out)
+
+
+# The task of the acknowledgement being handled, in its context (tasks it starts inherit the
+# value but are other tasks: the comparison with the current task tells them apart).
+_INTAKE: contextvars.ContextVar[asyncio.Task[Any] | None] = contextvars.ContextVar(
+    "intake", default=None
+)
 
 
 def timed_sync(owner: Any, name: str, record: Callable[[Any, float], None]) -> None:
@@ -319,7 +330,17 @@ def time_the_intake(probe: Probe) -> None:
     from bot.serve import Bot
     from core.deliveries import Deliveries, _GroupCommit
 
-    timed(Bot, "_events", probe.ack)
+    events = Bot._events
+
+    async def intake(bot: Bot, request: Any) -> Any:
+        _INTAKE.set(asyncio.current_task())
+        begun = time.perf_counter()
+        try:
+            return await events(bot, request)
+        finally:
+            probe.ack(time.perf_counter() - begun)
+
+    Bot._events = intake  # type: ignore[method-assign,assignment]
     for owner, name, part in (
         (AsyncApp, "async_dispatch", "dispatch"),
         (DeliveryWorker, "known_thread", "known_thread"),
@@ -338,7 +359,18 @@ def time_the_database(probe: Probe) -> None:
 
     from core.db import Database
 
-    write = Database.write
+    write, read = Database.write, Database.read
+
+    @contextlib.asynccontextmanager
+    async def timed_read(self: Database, **options: bool) -> AsyncIterator[Any]:
+        """Read transactions opened by an acknowledgement (``intake``) apart from the rest."""
+        kind = "intake" if _INTAKE.get() is asyncio.current_task() else "other"
+        begun = time.perf_counter()
+        async with read(self, **options) as conn:
+            probe.part(f"read_{kind}_open", time.perf_counter() - begun)
+            yield conn
+
+    Database.read = timed_read  # type: ignore[method-assign]
 
     @contextlib.asynccontextmanager
     async def timed_write(self: Database, **options: bool) -> AsyncIterator[Any]:

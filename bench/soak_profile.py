@@ -245,6 +245,23 @@ def _percentiles(values: list[float]) -> str:
     )
 
 
+def _client_and_server(folder: Path, answers: list[dict[str, Any]]) -> list[str]:
+    """Each replica's acknowledgements as the load generator timed them and as the replica's
+    handler did (every answer, whatever its status): the difference is time before the handler
+    ran (the request waiting for the replica's loop) and the load generator's own delays."""
+    lines = ["  client side against server side (every status), by replica:"]
+    for i in sorted({a["replica"] for a in answers if a["replica"] >= 0}):
+        timed = [a["ms"] for a in answers if a["replica"] == i and a["status"] != 0]
+        server = [
+            ms
+            for probe in sorted(folder.glob(f"replica-{i}.*.json"))
+            for _, ms in json.loads(probe.read_text()).get("ack_handler_samples", [])
+        ]
+        lines.append(f"    replica-{i} client {_percentiles(timed)}")
+        lines.append(f"    replica-{i} server {_percentiles(server)}")
+    return lines
+
+
 def _stacks(path: Path) -> Counter[tuple[str, ...]]:
     """py-spy's collapsed stacks (``frame;frame;… count``) of the event loop's thread."""
     found: Counter[tuple[str, ...]] = Counter()
@@ -335,6 +352,7 @@ def summary(folder: Path) -> str:
             f"    {s:>4}-{s + 10:<4} s {_percentiles(v)}" for s, v in sorted(by_window.items())
         ]
         lines += [f"  fault at {r['at']} s: {r['fault']}" for r in data["recoveries"]]
+        lines += _client_and_server(folder, data["answers"])
     for probe_file in sorted(folder.glob("*.json")):
         if probe_file.name in ("answers.json", "cpu.json"):
             continue
@@ -349,7 +367,16 @@ def summary(folder: Path) -> str:
             f"p99 {_histogram_percentile(lag, 0.99)} "
             f"max {lag['max_ms']} ms; gc ms by generation {p['gc_pause_ms_by_generation']}"
         )
-        for part, h in p.get("ack_parts_ms", {}).items():
+        parts = p.get("ack_parts_ms", {})
+        handler_ms = acks.get("sum_ms") or 0.0
+        shares = [
+            f"{name} {parts[name]['sum_ms'] / handler_ms:.0%}"
+            for name in ("known_thread", "read_intake_open", "record", "record_insert")
+            if name in parts and handler_ms
+        ]
+        if shares:
+            lines.append(f"  of the handler's time (sums): {', '.join(shares)}")
+        for part, h in parts.items():
             lines.append(
                 f"  {part}: n {h['n']} p50 {_histogram_percentile(h, 0.5)} "
                 f"p99 {_histogram_percentile(h, 0.99)} max {h['max_ms']} ms"
