@@ -304,6 +304,44 @@ FAMILIES = (
 )
 
 
+# What work a sample of the loop belongs to: the first of these whose frames are in its stack.
+WORK = (
+    ("acknowledgements (Bot._events: verify, Bolt, known_thread, record)", ("Bot._events",)),
+    ("the record's group commit (_GroupCommit._write)", ("_GroupCommit._write",)),
+    ("lease upkeep and take-overs (_keep_up)", ("DeliveryWorker._keep_up",)),
+    ("the waiting records' watch (_watch_waiting)", ("DeliveryWorker._watch_waiting",)),
+    ("turn heartbeats (Turn._beat)", ("Turn._beat",)),
+    ("the turns themselves (Conversations.attempt)", ("Conversations.attempt",)),
+    (
+        "the line's bookkeeping (blocker, waiting in line, reloads, strays, finishing)",
+        (
+            "DeliveryWorker._wait_in_line",
+            "Deliveries.blocker",
+            "DeliveryWorker._reload",
+            "DeliveryWorker._adopt",
+            "DeliveryWorker._wait",
+            "DeliveryWorker._start_waiting",
+            "DeliveryWorker._finish",
+            "_Progress",
+            "DeliveryWorker._session_busy",
+        ),
+    ),
+    ("replies streamed on a timer (ReplyStream)", ("ReplyStream",)),
+    ("the probe itself", ("Probe.tick", "Probe.keep_writing", "Probe.write", "timed_method")),
+)
+
+
+def _work(stack: tuple[str, ...]) -> str | None:
+    """The work of a sample; None for SQLAlchemy's greenlets, whose stacks start afresh (py-spy
+    sees the greenlet's own stack, not the task that runs it)."""
+    if not any("run_forever" in frame for frame in stack):
+        return None
+    for name, marks in WORK:
+        if any(mark in frame for frame in stack for mark in marks):
+            return name
+    return "the loop itself and other callbacks (transports, futures)"
+
+
 def _family(stack: tuple[str, ...]) -> str:
     for frame in reversed(stack):
         for family, marks in FAMILIES:
@@ -320,14 +358,30 @@ def _pyspy_summary(path: Path, top: int = 15) -> list[str]:
     leaf: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     families: Counter[str] = Counter()
+    work: Counter[str] = Counter()
+    greenlets = 0
     for stack, count in stacks.items():
+        found = _work(stack)
+        if found is None:
+            greenlets += count
+        else:
+            work[found] += count
         if stack:
             leaf[_short(stack[-1])] += count
         for frame in {_short(f) for f in stack}:
             inclusive[frame] += count
         families[_family(stack)] += count
     seconds = total / PYSPY_RATE
-    lines = [f"  {path.name}: {total} samples of the loop's thread busy (~{seconds:.0f} s of CPU)"]
+    lines = [
+        f"  {path.name}: {total} samples of the loop's thread holding the GIL (~{seconds:.0f} s; "
+        "on a busy machine that includes time it waited for a core while holding it)"
+    ]
+    placed = sum(work.values())
+    lines.append(
+        f"  by work ({greenlets / total:.0%} of the samples are in SQLAlchemy's greenlets, whose "
+        "task py-spy cannot see: the shares are of the rest):"
+    )
+    lines += [f"    {n / placed:6.1%}  {name}" for name, n in work.most_common()]
     lines.append("  by family (deepest frame that belongs to one):")
     lines += [f"    {n / total:6.1%}  {name}" for name, n in families.most_common()]
     lines.append("  self time, top functions:")
