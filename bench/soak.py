@@ -197,7 +197,10 @@ class Soak:
         parts = urlsplit(c.database_url)
         proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
         try:
-            async with proxy:
+            # The replicas stop before the proxy closes: a replica still working when the load
+            # ends (a run that did not settle) must not lose its database while it stops.
+            async with proxy, contextlib.AsyncExitStack() as replicas:
+                replicas.push_async_callback(self._stop_replicas)
                 replica_url = c.database_url
                 outage_by_proxy = "outage" in c.faults and c.restart_command is None
                 if self.postgres and (outage_by_proxy or c.proxy):
@@ -216,13 +219,15 @@ class Soak:
                 await asyncio.gather(*(r.ready() for r in self.replicas))
                 await self._drive(db, proxy)
         finally:
-            statuses = await asyncio.gather(*(r.stop() for r in self.replicas))
-            self.report.exit_statuses = list(statuses)
             await self.model.stop()
             await self.slack.stop()
         await self._check(db)
         await db.dispose()
         return self.report
+
+    async def _stop_replicas(self) -> None:
+        statuses = await asyncio.gather(*(r.stop() for r in self.replicas))
+        self.report.exit_statuses = list(statuses)
 
     def _env(self, database_url: str) -> dict[str, str]:
         c = self.config
