@@ -1,12 +1,14 @@
 """What a replica's event loop was doing while acknowledgements waited: ``python -m bench.probe``.
 
 Started by the soak in place of ``python -m bot serve`` when it profiles (``--profile DIR``), it
-runs the same ``serve`` with four recorders around it, and writes what they saw to a JSON file
+runs the same ``serve`` with these recorders around it, and writes what they saw to a JSON file
 every second (a replica killed with SIGKILL keeps what it had written):
 
 - **acknowledgements, server side**: how long each ``POST /slack/events`` took from the moment
-  its handler ran to its answer; compared with what the load generator measured, the rest is
-  time the request waited before the loop got to it (or time the load generator itself waited);
+  its handler ran to its answer, and its parts (Bolt's dispatch, ``known_thread``'s reads and
+  their wait for a pool connection, the record and its INSERT); compared with what the load
+  generator measured, the rest is time the request waited before the loop got to it (or time
+  the load generator itself waited);
 - **loop lag**: a tick every ``TICK_SECONDS``; how late each one ran is how long the loop was
   busy elsewhere, which every request arriving then waited out;
 - **slow callbacks**: every step of the loop longer than ``SLOW_SECONDS``, named by the task it
@@ -117,9 +119,8 @@ class Probe:
         self.lag_max_by_second: dict[int, float] = defaultdict(float)
         self.busy_by_second: dict[int, float] = defaultdict(float)  # ms of slow steps
         self.slow: list[dict[str, Any]] = []
-        self.slow_by_task: defaultdict[str, float] = defaultdict(
-            float
-        )  # ms of slow steps by top coroutine
+        # ms of slow steps by their task's top coroutine
+        self.slow_by_task: defaultdict[str, float] = defaultdict(float)
         self.slow_count_by_task: Counter[str] = Counter()
         self.gc_pauses: defaultdict[int, float] = defaultdict(float)  # ms by generation
         self.gc_long: list[dict[str, Any]] = []
