@@ -57,12 +57,13 @@ from bench.slack import (
     standin_process,
     stop_process,
 )
-from bot.conversations import PROJECT, SURFACE, thread_key
+from bot.post import PROJECT, SURFACE, thread_key
 from bot.standin import TEAM, signed
-from core.db import create_database, hence
-from core.migrate import upgrade
-from core.store import SessionStore
-from core.surface_state import SurfaceState
+from core.storage.dialect import hence
+from core.storage.engine import create_database
+from core.storage.migrate import upgrade
+from core.storage.sessions import SessionStore
+from core.storage.surface_state import SurfaceState
 
 SIZES: Final = (10, 100, 500)
 PROBE_SPACING: Final = 0.1

@@ -1,14 +1,14 @@
 """What ``bench --compare`` asks of each contender: append a message, load the history, run a
 writer's turn; and slack-agent's own side of it.
 
-Ours appends the conversation as the product stores it, in whole turns (``core.turn.run_turn``):
-a question opens a turn (the stale guard against the tail it last saw, the claim of the turn
-lock and the question, one transaction) and the answer closes it (the fence, the answer and the
-release, one transaction). Every message is still appended, and timed, on its own, never as a
-bare insert: per message, our cost is half a full locked, guarded turn, which is what a turn
-costs the product per message it keeps. (Until 2026-12-01 every message was a turn of its own,
-two transactions for one message, a turn the product never runs: a claim with no question or a
-release with no answer.) Its writers retry, like a queued Slack message, when the session is
+Ours appends the conversation as the product stores it, in whole turns
+(``core.agent.turn.run_turn``): a question opens a turn (the stale guard against the tail it last
+saw, the claim of the turn lock and the question, one transaction) and the answer closes it (the
+fence, the answer and the release, one transaction). Every message is still appended, and timed, on
+its own, never as a bare insert: per message, our cost is half a full locked, guarded turn, which is
+what a turn costs the product per message it keeps. (Until 2026-12-01 every message was a turn of
+its own, two transactions for one message, a turn the product never runs: a claim with no question
+or a release with no answer.) Its writers retry, like a queued Slack message, when the session is
 busy or their view is stale.
 """
 
@@ -20,12 +20,12 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from core.db import create_database
+from core.agent.turn import Turn, run_turn
 from core.errors import AgentSessionBusy, AgentSessionStale
 from core.messages import Message, assistant_message, message_text, user_message
-from core.migrate import upgrade
-from core.store import SessionStore
-from core.turn import Turn, run_turn
+from core.storage.engine import create_database
+from core.storage.migrate import upgrade
+from core.storage.sessions import SessionStore
 
 
 @dataclass(frozen=True)

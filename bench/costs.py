@@ -20,8 +20,8 @@
   session is rebuilt untimed between samples);
 - ``branch``: forking the same session at its last message (copies all ``long_session``
   messages; the fork is deleted untimed between samples);
-- ``sweep_sessions_per_second``: ``core.sweeper.sweep`` over ``sweep_sessions`` expired temporary
-  sessions of ``sweep_messages_per_session`` messages each;
+- ``sweep_sessions_per_second``: ``core.storage.sweeper.sweep`` over ``sweep_sessions`` expired
+  temporary sessions of ``sweep_messages_per_session`` messages each;
 - the snapshot keys of ``bench.snapshots`` (``snapshot_bytes_per_message``,
   ``snapshot_store``, ``snapshot_restore``, …) for a ~1 MB workspace with a one-file edit per
   message.
@@ -32,12 +32,12 @@ compilation are not measured. Measurements this module does not take are absent 
 never estimated.
 
 Side effects. With no URL the run uses a temporary SQLite file, deleted afterwards. With a URL the
-database is migrated (``core.migrate.upgrade``) and used as it is: every session the benchmark
-creates belongs to one project ``bench-<random>`` and is deleted at the end through the store.
-One exception: the sweeper has no notion of a project, so the sweep measurement (run with the
+database is migrated (``core.storage.migrate.upgrade``) and used as it is: every session the
+benchmark creates belongs to one project ``bench-<random>`` and is deleted at the end through the
+store. One exception: the sweeper has no notion of a project, so the sweep measurement (run with the
 idle and per-user rules off) also deletes expired temporary sessions and unreferenced snapshot
-content that were already due in that database -- exactly what every replica's own sweeper
-would delete on its next pass, and nothing else.
+content that were already due in that database -- exactly what every replica's own sweeper would
+delete on its next pass, and nothing else.
 """
 
 from __future__ import annotations
@@ -60,16 +60,17 @@ from typing import Any, Final, Protocol, cast
 from sqlalchemy import Table, insert, select, update
 
 from bench.snapshots import bench_snapshots
-from core.db import Database, ago, create_database
+from core.agent.turn import run_turn
 from core.errors import AgentSessionBusy, AgentSessionError
 from core.messages import Message, assistant_message, user_message
-from core.migrate import upgrade
-from core.models import AgentSession, AgentSessionMessage, validate_message
-from core.records import Actor, ModelChoice, StoredMessage, TurnLease
-from core.retention import RetentionPolicy
-from core.store import ANY_TAIL, SessionStore
-from core.sweeper import sweep
-from core.turn import run_turn
+from core.records import ANY_TAIL, Actor, ModelChoice, StoredMessage, TurnLease
+from core.storage.dialect import ago
+from core.storage.engine import Database, create_database
+from core.storage.migrate import upgrade
+from core.storage.models import AgentSession, AgentSessionMessage, validate_message
+from core.storage.retention import RetentionPolicy
+from core.storage.sessions import SessionStore
+from core.storage.sweeper import sweep
 
 SESSIONS: Final = cast(Table, AgentSession.__table__)
 MESSAGES: Final = cast(Table, AgentSessionMessage.__table__)

@@ -59,17 +59,20 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
-def _usage(prompt: int, completion: int) -> str:
+def usage_frame(prompt: int, completion: int, *, model: str = "standin") -> str:
+    """The last chunk ``stream_options.include_usage`` asks for, as OpenAI sends it."""
     body = {
         "id": "chatcmpl-standin",
         "object": "chat.completion.chunk",
         "created": 1700000000,
-        "model": "standin",
+        "model": model,
         "choices": [],
         "usage": {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
         },
     }
     return f"data: {json.dumps(body)}\n\n"
@@ -168,7 +171,7 @@ class ModelStandIn:
         else:
             words = f"({tag}) answered after {len(messages)} messages.".split(" ")
             frames = [_chunk({"content": w + " "}) for w in words] + [_chunk({}, "stop")]
-        for frame in [*frames, _usage(20 * len(messages), 12), "data: [DONE]\n\n"]:
+        for frame in [*frames, usage_frame(20 * len(messages), 12), "data: [DONE]\n\n"]:
             await response.write(frame.encode())
         await response.write_eof()
         return response

@@ -327,21 +327,21 @@ def time_the_intake(probe: Probe) -> None:
     authorization, the listener), the listener's database reads and the record's commit."""
     from slack_bolt.async_app import AsyncApp
 
-    from bot.delivery import DeliveryWorker
-    from bot.serve import Bot
-    from core.deliveries import Deliveries, _GroupCommit
+    from bot.http import Listener
+    from core.conversation.worker import DeliveryWorker
+    from core.storage.deliveries import Deliveries, _GroupCommit
 
-    events = Bot._events
+    events = Listener._events
 
-    async def intake(bot: Bot, request: Any) -> Any:
+    async def intake(listener: Listener, request: Any) -> Any:
         _INTAKE.set(asyncio.current_task())
         begun = time.perf_counter()
         try:
-            return await events(bot, request)
+            return await events(listener, request)
         finally:
             probe.ack(time.perf_counter() - begun)
 
-    Bot._events = intake  # type: ignore[method-assign,assignment]
+    Listener._events = intake  # type: ignore[method-assign,assignment]
     for owner, name, part in (
         (AsyncApp, "async_dispatch", "dispatch"),
         (DeliveryWorker, "known_thread", "known_thread"),
@@ -358,7 +358,7 @@ def time_the_database(probe: Probe) -> None:
     from sqlalchemy.dialects.postgresql import asyncpg
     from sqlalchemy.pool import impl
 
-    from core.db import Database
+    from core.storage.engine import Database
 
     write, read = Database.write, Database.read
 
@@ -403,13 +403,14 @@ def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m bench.probe OUT.json", file=sys.stderr)
         return 2
-    from bot import cli, serve
+    from bot import gc_tuning, serve
+    from slack_agent import cli
 
     probe = Probe(Path(argv[0]))
     probe.install()
     time_the_intake(probe)
     time_the_database(probe)
-    original = serve.tune_garbage_collection
+    original = gc_tuning.tune_garbage_collection
     background: list[asyncio.Task[None]] = []
 
     def tune_and_record() -> None:
@@ -418,7 +419,9 @@ def main(argv: list[str]) -> int:
         background.append(asyncio.ensure_future(probe.tick()))
         background.append(asyncio.ensure_future(probe.keep_writing()))
 
-    serve.tune_garbage_collection = tune_and_record
+    # ``serve`` calls it once its listener is up, by the name it imported: the recorders start
+    # on the running loop from there.
+    vars(serve)["tune_garbage_collection"] = tune_and_record
     try:
         return cli.main(["serve", *argv[1:]])
     finally:

@@ -18,6 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
+from bench.model_standin import usage_frame
+
 WORDS = 20
 
 
@@ -71,7 +73,7 @@ class SlowModel:
         )
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
-        await request.read()
+        body = await request.read()
         self.in_flight += 1
         self.started += 1
         self.most = max(self.most, self.in_flight)
@@ -83,6 +85,8 @@ class SlowModel:
                 await asyncio.sleep(self.seconds / WORDS)
                 await response.write(_chunk({"content": f"word{i} "}))
             await response.write(_chunk({}, "stop"))
+            usage = usage_frame(len(body) // 4, 2 * WORDS, model="slow-standin")
+            await response.write(usage.encode())
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             self.finished += 1

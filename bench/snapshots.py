@@ -8,7 +8,7 @@ in the sandbox, ``Sandbox.capture``, ``store_content`` and ``attach_snapshot``.
 
 - ``snapshot_bytes_per_message``: growth of the snapshot tables' logical bytes (every content,
   set, membership and snapshot row, fixed-width columns counted as 8 bytes; see
-  ``core.snapshots.stored_bytes``) over the edits, divided by their number. The first
+  ``core.storage.snapshots.stored_bytes``) over the edits, divided by their number. The first
   message, which brings the whole workspace, is excluded (``snapshot_initial_bytes``), and the
   run is long enough to include new base sets, whose cost is spread over the messages.
 - ``snapshot_disk_bytes_per_message``: the same growth measured in database pages (indexes,
@@ -28,12 +28,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from core import snapshots
-from core.db import Database
 from core.messages import assistant_message, user_message
 from core.records import Actor
-from core.sandbox import Sandbox
-from core.store import SessionStore
+from core.sandbox.shell import Sandbox
+from core.storage import snapshots
+from core.storage.engine import Database
+from core.storage.sessions import SessionStore
 
 WORKSPACE_FILES = 60
 WORKSPACE_DIRS = 4

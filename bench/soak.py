@@ -44,19 +44,26 @@ from bench.model_standin import ModelFaults, ModelStandIn
 from bench.replicas import Replica
 from bench.soak_profile import SoakProfile
 from bench.tcp_proxy import TcpProxy
-from bot import messages as text
+from bot import texts as text
 from bot.standin import TEAM, SlackFaults, SlackStandIn
-from core.db import create_database
-from core.deliveries import Deliveries
+from core.errors import SlackAgentError
 from core.messages import message_text, slack_message_id
-from core.migrate import upgrade
-from core.store import SessionStore
+from core.storage.deliveries import Deliveries
+from core.storage.engine import create_database
+from core.storage.migrate import upgrade
+from core.storage.sessions import SessionStore
 
 SECRET = "soak-signing-secret"
 
 # The faults a soak can inject, each switched on or off by name (``--faults``): every one by
 # default. Switching them off one at a time says which one a figure comes from.
 FAULTS = ("slack-429", "slack-500", "model-timeout", "model-cut", "kill", "outage")
+
+
+class SoakFailed(SlackAgentError):
+    """``slack-agent soak`` found a promise broken (its report says which)."""
+
+    code = "soak_failed"
 
 
 @dataclass(frozen=True)

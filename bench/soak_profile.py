@@ -306,12 +306,15 @@ FAMILIES = (
 
 # What work a sample of the loop belongs to: the first of these whose frames are in its stack.
 WORK = (
-    ("acknowledgements (Bot._events: verify, Bolt, known_thread, record)", ("Bot._events",)),
+    (
+        "acknowledgements (Listener._events: verify, Bolt, known_thread, record)",
+        ("Listener._events",),
+    ),
     ("the record's group commit (_GroupCommit._write)", ("_GroupCommit._write",)),
     ("lease upkeep and take-overs (_keep_up)", ("DeliveryWorker._keep_up",)),
     ("the waiting records' watch (_watch_waiting)", ("DeliveryWorker._watch_waiting",)),
     ("turn heartbeats (Turn._beat)", ("Turn._beat",)),
-    ("the turns themselves (Conversations.attempt)", ("Conversations.attempt",)),
+    ("the turns themselves (ThreadAnswers.answer)", ("ThreadAnswers.answer",)),
     (
         "the line's bookkeeping (blocker, waiting in line, reloads, strays, finishing)",
         (

@@ -1,9 +1,9 @@
-"""The Bolt app: Slack payload in, a core call (via ``Conversations``/``SessionActions``), out.
+"""The Bolt app: Slack payload in, a call of the conversation API (or the delivery worker), out.
 
 A message for the agent is recorded durably inside its listener, which Bolt runs before it
 acknowledges (``process_before_response``): once Slack hears "received", the record guarantees
-an answer (``bot.delivery``); if the record cannot be written, the request fails with 500 and
-Slack sends it again. The answer itself is worked out after the acknowledgement, as is
+an answer (``core.conversation.worker``); if the record cannot be written, the request fails with
+500 and Slack sends it again. The answer itself is worked out after the acknowledgement, as is
 everything the other listeners do (they acknowledge first and hand the work to a task).
 """
 
@@ -24,15 +24,21 @@ from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
 from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import messages as text
 from bot import payload
-from bot.conversations import Conversations, Post, thread_key
-from bot.delivery import DeliveryWorker
-from bot.files import shared_files
-from bot.session_actions import SessionActions
+from bot import texts as text
+from bot.answers import tell
+from bot.files import SharedFile, shared_files
+from bot.post import Post, external_user, thread_key
+from bot.shortcuts import Shortcuts
+from bot.tasks import BackgroundWork
 from bot.web import web_client
+from core.conversation import Conversations
+from core.conversation.surface import ClickAnswer
+from core.conversation.worker import DeliveryWorker
 from core.errors import DatabaseError, InvalidRequest
+from core.messages import slack_message_id
 from core.settings import Settings
+from core.storage.deliveries import DeliveryRecord
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +62,9 @@ logging.getLogger("slack_bolt.AsyncApp").addFilter(_TokenFromClient())
 def build_app(
     settings: Settings,
     conversations: Conversations,
-    worker: DeliveryWorker,
-    actions: SessionActions,
+    worker: DeliveryWorker[AsyncWebClient],
+    actions: Shortcuts,
+    background: BackgroundWork,
     *,
     oauth_settings: AsyncOAuthSettings | None = None,
     http_session: aiohttp.ClientSession | None = None,
@@ -136,14 +143,15 @@ def build_app(
                 if thread_ts is None:
                     return
                 # A thread the agent is not in, or one whose first message has not reached
-                # any replica yet: kept a while in case it is the latter (``bot.delivery``).
+                # any replica yet: kept a while in case it is the latter
+                # (``core.conversation.worker``).
                 stray = not await worker.known_thread(thread_key(team, channel, thread_ts))
         body_text = _for_the_agent(raw, context.bot_user_id)
         files = shared_files(event)
         if not body_text and not files:
             return
         post = Post(team, channel, thread_ts or ts, ts, user, surface)
-        await worker.receive(post, body_text, client, files=files, stray=stray)
+        await _receive(worker, post, body_text, client, files, stray=stray)
 
     app.event("message")(on_message)
     app.event("app_mention")(on_message)
@@ -168,7 +176,7 @@ def build_app(
         thread_ts = payload.string(event.get("thread_ts"), "event.thread_ts")
         title = payload.string(event.get("title"), "event.title")
         if team and channel and thread_ts and title:
-            await conversations.renamed(thread_key(team, channel, thread_ts), title)
+            await conversations.rename(thread_key(team, channel, thread_ts), title)
 
     @app.event("app_context_changed")
     async def on_viewing(event: Any, body: dict[str, Any]) -> None:
@@ -178,7 +186,7 @@ def build_app(
         user = payload.string(event.get("user"), "event.user") or _authorized_user(body)
         context = payload.optional_obj(event.get("context"), "event.context")
         if team and user:
-            await conversations.viewing(team, user, context)
+            await conversations.set_viewing(f"{team}:{user}", context)
 
     revocations = (
         AsyncTokenRevocationListeners(oauth_settings.installation_store)
@@ -194,7 +202,7 @@ def build_app(
             await revocations.handle_app_uninstalled_events(context)
         team = payload.string(body.get("team_id"), "team_id")
         if team:
-            stopped = await conversations.stop_workspace(team)
+            stopped = await conversations.stop_all(f"{team}/")
             log.info("app uninstalled from %s: %d running turn(s) stopped", team, stopped)
 
     @app.event("tokens_revoked")
@@ -205,7 +213,7 @@ def build_app(
             await revocations.handle_tokens_revoked_events(event, context)
         team = payload.string(body.get("team_id"), "team_id")
         if team and tokens.get("bot"):
-            await conversations.stop_workspace(team)
+            await conversations.stop_all(f"{team}/")
 
     for ignored in ("assistant_thread_started", "assistant_thread_context_changed"):
         app.event(ignored)(_nothing)
@@ -221,7 +229,16 @@ def build_app(
         send = payload.nested_string(action, "action_id") == text.SEND_DRAFT
         user = payload.nested_string(body, "user", "id") or ""
         value = payload.nested_string(action, "value") or ""
-        conversations.spawn(worker.click(value, user, send, client, respond))
+
+        async def answer(record: DeliveryRecord, came: ClickAnswer) -> None:
+            words = {
+                ClickAnswer.SENDING: text.draft_sending,
+                ClickAnswer.DISCARDED: text.draft_discarded,
+                ClickAnswer.GONE: text.draft_gone,
+            }[came]()
+            await _answer_click(client, Post.from_context(record.context), respond, words)
+
+        background.spawn(worker.click(value, user, send, client, answer))
 
     app.action(text.SEND_DRAFT)(on_draft_button)
     app.action(text.DISCARD_DRAFT)(on_draft_button)
@@ -236,7 +253,7 @@ def build_app(
     ) -> None:
         await ack()
         value = payload.nested_string(action, "value") or ""
-        conversations.spawn(actions.compact_picked(body, value, client, respond))
+        background.spawn(actions.compact_picked(body, value, client, respond))
 
     @app.action(text.FEEDBACK)
     async def on_feedback(
@@ -248,7 +265,7 @@ def build_app(
         user = payload.nested_string(body, "user", "id") or ""
         channel = payload.nested_string(body, "channel", "id") or ""
         thread_ts = payload.nested_string(body, "message", "thread_ts")
-        conversations.spawn(conversations.vote(value, team, user, channel, thread_ts, client))
+        background.spawn(_vote(conversations, value, team, user, channel, thread_ts, client))
 
     @app.view(text.REWIND_CONFIRM)
     async def on_rewind_confirmed(
@@ -258,19 +275,19 @@ def build_app(
         key = payload.nested_string(body, "view", "private_metadata") or ""
         user = payload.nested_string(body, "user", "id") or ""
         team = payload.nested_string(body, "team", "id") or ""
-        conversations.spawn(actions.rewind_confirmed(key, user, team, client))
+        background.spawn(actions.rewind_confirmed(key, user, team, client))
 
     for callback_id, handler in (
         ("rewind_session", actions.rewind),
         ("fork_session", actions.fork),
         ("compact_session", actions.compact_shortcut),
     ):
-        app.shortcut(callback_id)(_shortcut(conversations, handler))
+        app.shortcut(callback_id)(_shortcut(background, handler))
 
     @app.command("/compact")
     async def on_compact(ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient) -> None:
         await ack()
-        conversations.spawn(actions.compact_command(body, client))
+        background.spawn(actions.compact_command(body, client))
 
     return app
 
@@ -280,14 +297,67 @@ async def _nothing() -> None:
 
 
 def _shortcut(
-    conversations: Conversations,
+    background: BackgroundWork,
     handler: Callable[[dict[str, Any], AsyncWebClient], Coroutine[Any, Any, None]],
 ) -> Callable[..., Awaitable[None]]:
     async def listener(ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient) -> None:
         await ack()
-        conversations.spawn(handler(body, client))
+        background.spawn(handler(body, client))
 
     return listener
+
+
+async def _receive(
+    worker: DeliveryWorker[AsyncWebClient],
+    post: Post,
+    body: str,
+    client: AsyncWebClient,
+    files: list[SharedFile],
+    *,
+    stray: bool,
+) -> None:
+    """A message for the agent becomes a delivery record (before the acknowledgement)."""
+    await worker.receive(
+        event_key=post.ref,
+        thread_key=post.thread,
+        author=post.user,
+        message_id=slack_message_id(post.team, post.channel, post.ts),
+        text=body,
+        context={**post.context(), "files": [f.as_dict() for f in files]},
+        client=client,
+        stray=stray,
+    )
+
+
+async def _answer_click(
+    client: AsyncWebClient, post: Post, respond: AsyncRespond | None, body: str
+) -> None:
+    """Replace the clicked ephemeral (its ``response_url``); a new one when that fails."""
+    if respond is not None:
+        try:
+            await respond(replace_original=True, text=body)
+            return
+        except Exception as exc:  # an expired or unreachable response_url
+            log.info("could not replace the clicked offer: %s", exc)
+    await tell(client, post, body)
+
+
+async def _vote(
+    conversations: Conversations,
+    value: str,
+    team: str,
+    user: str,
+    channel: str,
+    thread_ts: str | None,
+    client: AsyncWebClient,
+) -> None:
+    """A feedback button: the vote is stored against the answer it is on (the button's
+    value names it) and acknowledged to the voter."""
+    verdict, _, message_id = value.partition(":")
+    stored = await conversations.vote(message_id, external_user(team, user), verdict)
+    if thread_ts is not None and channel:
+        post = Post(team, channel, thread_ts, thread_ts, user, "channel")
+        await tell(client, post, text.vote_noted(verdict) if stored else text.vote_gone())
 
 
 def _authorized_user(body: dict[str, Any]) -> str | None:

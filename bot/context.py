@@ -4,7 +4,7 @@ files shared with the message, what the person is looking at in Slack.
 It travels in the user message's ``metadata.context`` (the model reads it just before the
 message; drafts, titles and rewinds keep the person's own words), so it is stored with the
 transcript, rewinds and forks with it, and a turn resumed elsewhere sees the same.
-Model-facing wording lives here; words a person reads live in ``bot.messages``.
+Model-facing wording lives here; words a person reads live in ``bot.texts``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ _HUMAN = (None, "thread_broadcast", "file_share")
 
 
 @dataclass
-class Prepared:
+class Gathered:
     """A message's context and the files its turn puts into the sandbox."""
 
     notes: list[str] = field(default_factory=list)
@@ -86,7 +86,7 @@ def viewing(context: dict[str, Any] | None) -> str | None:
 
 
 async def fetch_files(
-    files: list[SharedFile], token: str | None, max_bytes: int, prepared: Prepared
+    files: list[SharedFile], token: str | None, max_bytes: int, gathered: Gathered
 ) -> None:
     """Download the message's files for the sandbox; note where they are for the agent."""
     taken: set[str] = set()
@@ -94,13 +94,13 @@ async def fetch_files(
     for file in files:
         fetched = await fetch(file, token, max_bytes)
         if fetched.data is None:
-            prepared.refused.append(fetched)
+            gathered.refused.append(fetched)
             continue
         path = sandbox_path(file.name, taken)
-        prepared.files[path] = fetched.data
+        gathered.files[path] = fetched.data
         placed.append(f"{path} ({len(fetched.data):,} bytes{_kind(file)})")
     if placed:
-        prepared.notes.append(
+        gathered.notes.append(
             "Files shared with this message were copied into your sandbox: " + ", ".join(placed)
         )
 

@@ -5,7 +5,7 @@ Two kinds of field, two treatments:
 - **mrkdwn** (``text`` of a message or an ephemeral, section blocks): ``escape`` turns ``&``,
   ``<`` and ``>`` into the entities Slack documents, so nothing a person or the model wrote
   becomes a mention, ``<!channel>`` or a link. Applied to the words quoted into our own
-  messages (``bot.messages``), never to our own markup.
+  messages (``bot.texts``), never to our own markup.
 - **Markdown** (``markdown_text``, ``markdown`` blocks): Slack does not promise to leave its
   control sequences alone there, so ``neutralise`` puts a zero-width joiner after every ``<``
   that could open one (``<!``, ``<@``, ``<#``, ``<scheme:``), after the ``@`` of ``@here``,

@@ -43,8 +43,8 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.models.messages.chunk import TaskUpdateChunk
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot import messages as words
 from bot import render
+from bot import texts as words
 from bot.render import APPEND_LIMIT
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The checkpoint's shape: its sections, how it is rendered, how it is stored.
 
-Kept apart from ``core.compaction`` (the operation, which needs the store and the turn lock) so
-the model providers, the offline stand-in included, can know the shape without the store.
+Kept apart from ``core.agent.compaction`` (the operation, which needs the store and the turn lock)
+so the model providers, the offline stand-in included, can know the shape without the store.
 """
 
 from __future__ import annotations

@@ -2,14 +2,14 @@
 
 Every surface (Slack, the terminal client, the command line) maps these the same way, by
 ``code``, which is stable: operators grep logs for it and clients branch on it. Driver errors
-never leave ``core``; the store translates them at its boundary with ``raise ... from exc``.
+never leave ``core``; the store translates them at its boundary with ``raise ... from exc``. Tools
+above the product add their own leaves (the soak's ``bench.soak.SoakFailed``).
 
     SlackAgentError
     ├── ConfigError                      config_invalid
     ├── UsageError                       usage_error
     ├── InvalidRequest                   invalid_request
     ├── DatabaseError                    database_error
-    ├── SoakFailed                       soak_failed
     ├── AgentSessionError
     │   ├── AgentSessionNotFound         agent_session_not_found
     │   ├── AgentSessionForbidden        agent_session_forbidden
@@ -18,6 +18,7 @@ never leave ``core``; the store translates them at its boundary with ``raise ...
     │   ├── AgentSessionAlreadyCompact   agent_session_already_compact
     │   ├── AgentSessionLockLost         agent_session_lock_lost
     │   ├── TurnInterrupted              agent_session_turn_interrupted
+    │   ├── AgentSessionBudgetExceeded   agent_session_budget_exceeded
     │   ├── MessageNotFound              agent_session_message_not_found
     │   ├── DuplicateMessage             agent_session_message_duplicate
     │   └── InvalidMessage               agent_session_message_invalid
@@ -30,6 +31,9 @@ never leave ``core``; the store translates them at its boundary with ``raise ...
 """
 
 from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
 
 
 class SlackAgentError(Exception):
@@ -68,12 +72,6 @@ class DatabaseError(SlackAgentError):
     """The database failed in a way the protocol does not expect (unreachable, corrupt, ...)."""
 
     code = "database_error"
-
-
-class SoakFailed(SlackAgentError):
-    """``slack-agent soak`` found a promise broken (its report says which)."""
-
-    code = "soak_failed"
 
 
 class AgentSessionError(SlackAgentError):
@@ -127,6 +125,43 @@ class TurnInterrupted(AgentSessionError):
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class AgentSessionBudgetExceeded(AgentSessionError):
+    """A spending limit (``BUDGETS``) is used up for the actor: refused before any model
+    request, or (``during_turn``) a running turn stopped after its request in flight.
+
+    The limit and its reset time are on the exception as values, so every surface words the
+    refusal itself: ``limit`` is the entry as written (``user:day:200000tokens``), ``scope``
+    ``user``/``workspace``/``all``, ``period`` ``day``/``month``, ``unit`` ``tokens``/``usd``,
+    ``amount`` the limit in that unit, ``spent`` what the window has used (reservations of
+    running turns included), ``resets_at`` when the window ends (UTC).
+    """
+
+    code = "agent_session_budget_exceeded"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: str,
+        scope: str,
+        period: str,
+        unit: str,
+        amount: Decimal,
+        spent: Decimal,
+        resets_at: datetime,
+        during_turn: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.scope = scope
+        self.period = period
+        self.unit = unit
+        self.amount = amount
+        self.spent = spent
+        self.resets_at = resets_at
+        self.during_turn = during_turn
 
 
 class MessageNotFound(AgentSessionError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from decimal import Decimal
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -30,6 +31,7 @@ from core.providers.base import (
     Finish,
     ModelProvider,
     ToolSpec,
+    Usage,
 )
 
 REPLICA = Info(
@@ -98,8 +100,26 @@ MODEL_ERRORS = Counter(
 )
 MODEL_TOKENS = Counter(
     "slack_agent_model_tokens_total",
-    "Tokens the providers reported, by provider and kind (input, output).",
-    ["provider", "kind"],
+    "Tokens the providers reported, by provider, model and kind (input, output, cached: the "
+    "part of input read from the prompt cache). Estimated counts (the offline model) included.",
+    ["provider", "model", "kind"],
+)
+MODEL_COST = Counter(
+    "slack_agent_model_cost_usd_total",
+    "US dollars model requests cost where the price is known, by provider and model.",
+    ["provider", "model"],
+)
+MODEL_UNPRICED = Counter(
+    "slack_agent_model_unpriced_requests_total",
+    "Model requests whose cost is unknown (no price for the model, or counts not reported).",
+    ["provider", "model"],
+)
+TRACE_SPANS_DROPPED = Counter(
+    "slack_agent_trace_spans_dropped_total",
+    "Spans never delivered to the OTLP collector, by reason: queue_full (the export queue was "
+    "full: the collector is slow or away), export_failed (the collector refused or did not "
+    "answer in time), shutdown (still queued when the process stopped).",
+    ["reason"],
 )
 SLACK_API_ERRORS = Counter(
     "slack_agent_slack_api_errors_total",
@@ -111,11 +131,42 @@ SLACK_RATE_LIMITED = Counter(
     "Slack Web API answers of 429 (each is waited out as Retry-After says), by method.",
     ["method"],
 )
+MCP_TOOL_CALLS = Counter(
+    "slack_agent_mcp_tool_calls_total",
+    "MCP tool calls, by server, tool and outcome (ok, tool_error, invalid_arguments, "
+    "unknown_tool, unavailable, approval_required, timeout, server_failed, protocol_error, "
+    "cancelled); a name no server offers counts under server and tool (unknown).",
+    ["server", "tool", "outcome"],
+)
+MCP_TOOL_SECONDS = Histogram(
+    "slack_agent_mcp_tool_call_seconds",
+    "Wall time of MCP tool calls sent to a server (any outcome), by server.",
+    ["server"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
 SWEEPER_DELETED = Counter(
     "slack_agent_sweeper_deleted_total",
     "Rows the sweeper deleted, by rule.",
     ["rule"],
 )
+
+
+def count_tokens(provider: str, model: str, usage: Usage) -> None:
+    for kind, count in (
+        ("input", usage.input_tokens),
+        ("output", usage.output_tokens),
+        ("cached", usage.cached_tokens),
+    ):
+        if count:
+            MODEL_TOKENS.labels(provider, model, kind).inc(count)
+
+
+def count_cost(provider: str, model: str, cost_usd: Decimal | None) -> None:
+    """Called where a request is priced (the usage tally); unknown costs are counted apart."""
+    if cost_usd is None:
+        MODEL_UNPRICED.labels(provider, model).inc()
+    else:
+        MODEL_COST.labels(provider, model).inc(float(cost_usd))
 
 
 def exposition() -> tuple[bytes, str]:
@@ -124,7 +175,8 @@ def exposition() -> tuple[bytes, str]:
 
 
 class ObservedProvider:
-    """A model provider that counts its requests: latency, errors and tokens, by provider."""
+    """A model provider that counts its requests: latency and errors by provider, tokens by
+    provider and model (what the provider's ``Usage`` said)."""
 
     def __init__(self, inner: ModelProvider) -> None:
         self.inner = inner
@@ -143,15 +195,10 @@ class ObservedProvider:
         source = self.inner.stream(messages, tools, tool_choice=tool_choice, model=model)
         try:
             async for event in source:
-                if isinstance(event, Finish):
+                if isinstance(event, Usage):
+                    count_tokens(self.name, model or self.default_model, event)
+                elif isinstance(event, Finish):
                     MODEL_SECONDS.labels(self.name).observe(time.monotonic() - started)
-                    if event.usage is not None:
-                        for kind, count in (
-                            ("input", event.usage.input_tokens),
-                            ("output", event.usage.output_tokens),
-                        ):
-                            if count:
-                                MODEL_TOKENS.labels(self.name, kind).inc(count)
                 yield event
         except ModelProviderError as exc:
             MODEL_ERRORS.labels(self.name, exc.code).inc()

@@ -1,7 +1,7 @@
 """What the operator's command line does, as plain async functions over the core.
 
-The command line (``bot.cli``) only parses arguments and prints; everything that touches the
-database is here so the terminal client and tests call the same code.
+The command line (``slack_agent.cli``) only parses arguments and prints; everything that touches
+the database is here, on the same storage every other entry point builds (``core.storage``).
 """
 
 from __future__ import annotations
@@ -9,15 +9,9 @@ from __future__ import annotations
 import getpass
 from dataclasses import dataclass
 
-from core.db import Database, create_database
-from core.feedback import votes
-from core.migrate import upgrade
 from core.records import Actor, SessionInfo, StoredMessage
-from core.retention import RetentionPolicy, load_policy, set_policy
 from core.settings import Settings
-from core.store import SessionStore
-from core.surface_state import SURFACE_SWEEPS
-from core.sweeper import SweepReport, sweep
+from core.storage import RetentionPolicy, Storage, SweepReport
 
 
 def operator_external_id() -> str:
@@ -34,64 +28,49 @@ class Operator:
     """The database credentials holder: may act on any session, and says so."""
 
     settings: Settings
-    db: Database
-    store: SessionStore
+    storage: Storage
 
     @classmethod
     def open(cls, settings: Settings) -> Operator:
-        db = create_database(
-            settings.database_url, synchronous_commit=settings.postgres_synchronous_commit
-        )
-        store = SessionStore(
-            db,
-            staleness_seconds=settings.turn_lock_staleness_seconds,
-            temporary_ttl_hours=settings.temporary_agent_session_time_to_live_hours,
-        )
-        return cls(settings, db, store)
+        return cls(settings, Storage.open(settings))
 
     async def close(self) -> None:
-        await self.db.dispose()
+        await self.storage.dispose()
 
     async def actor(self) -> Actor:
-        user_id = await self.store.get_or_create_user(operator_external_id(), "local operator")
+        sessions = self.storage.sessions
+        user_id = await sessions.get_or_create_user(operator_external_id(), "local operator")
         return Actor(user_id, admin=True)
 
     async def migrate(self) -> tuple[str | None, str | None]:
-        return await upgrade(self.db)
-
-    def _defaults(self) -> RetentionPolicy:
-        return RetentionPolicy.from_settings(self.settings)
+        return await self.storage.migrate()
 
     async def retention(self) -> RetentionPolicy:
-        return await load_policy(self.db, self._defaults())
+        return await self.storage.retention.policy()
 
     async def set_retention(
         self, *, max_idle_days: float | None, max_per_user: int | None
     ) -> RetentionPolicy:
-        return await set_policy(
-            self.db, self._defaults(), max_idle_days=max_idle_days, max_per_user=max_per_user
+        return await self.storage.retention.set(
+            max_idle_days=max_idle_days, max_per_user=max_per_user
         )
 
     async def sweep_once(self) -> SweepReport:
-        return await sweep(
-            self.db,
-            await self.retention(),
-            staleness_seconds=self.settings.turn_lock_staleness_seconds,
-            batch_size=self.settings.sweeper_batch_size,
-            extra_passes=SURFACE_SWEEPS,
-        )
+        return await self.storage.sweep()
 
     async def list_sessions(self, *, limit: int) -> list[SessionInfo]:
-        return await self.store.list_sessions(limit=limit)
+        return await self.storage.sessions.list_sessions(limit=limit)
 
     async def show_session(
         self, session_id: int
     ) -> tuple[SessionInfo, list[StoredMessage], dict[str, dict[str, int]]]:
         """The session, its transcript, and the votes on its answers."""
-        session = await self.store.get_session(session_id)
-        return session, await self.store.messages(session_id), await votes(self.db, session_id)
+        sessions = self.storage.sessions
+        session = await sessions.get_session(session_id)
+        messages = await sessions.messages(session_id)
+        return session, messages, await self.storage.feedback.of_session(session_id)
 
     async def delete_session(self, session_id: int) -> SessionInfo:
-        session = await self.store.get_session(session_id)
-        await self.store.delete_session(session_id, await self.actor())
+        session = await self.storage.sessions.get_session(session_id)
+        await self.storage.sessions.delete_session(session_id, await self.actor())
         return session

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Final
 
 from core.messages import Message
 
@@ -109,3 +110,10 @@ class BranchResult:
     session: SessionInfo
     draft: str | None
     copied: int
+
+
+class AnyTail:
+    """Marker for "do not check the tail" (compaction claims the lock without a stale guard)."""
+
+
+ANY_TAIL: Final = AnyTail()  # a turn that claims the lock without a stale guard

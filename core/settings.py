@@ -13,6 +13,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from core.errors import ConfigError
+from core.tracing.links import check_url_template
+from core.usage.budgets import Budget, parse_budgets
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./slack-agent.db"
 
@@ -104,6 +106,32 @@ class Settings(BaseSettings):
     max_file_bytes: int = Field(default=10_000_000, gt=0)
     shutdown_grace_seconds: float = Field(default=30, ge=0)
     session_poll_seconds: float = Field(default=10, gt=0)
+    # The MCP servers' file (core.tools.config reads it): unset means ./mcp.json if it exists,
+    # empty means none even if it does.
+    mcp_config: str | None = None
+    approval_timeout_seconds: float = Field(default=86400, gt=0)
+
+    # Spending limits (core.usage.budgets), parsed at load so a bad entry stops start-up.
+    budgets: Annotated[tuple[Budget, ...], NoDecode] = ()
+
+    # Tracing (core.tracing): the standard OpenTelemetry variables, read here so a .env file
+    # works for them too. No endpoint: tracing is off.
+    otel_exporter_otlp_endpoint: str | None = None
+    otel_exporter_otlp_traces_endpoint: str | None = None
+    otel_exporter_otlp_headers: str | None = None
+    otel_exporter_otlp_traces_headers: str | None = None
+    # Milliseconds, as the OpenTelemetry specification says (unset: core.tracing's default).
+    otel_exporter_otlp_timeout: float | None = Field(default=None, gt=0)
+    otel_exporter_otlp_traces_timeout: float | None = Field(default=None, gt=0)
+    otel_service_name: str = "slack-agent"
+    otel_resource_attributes: str | None = None
+    otel_sdk_disabled: bool = False
+    otel_bsp_max_queue_size: int = Field(default=2048, gt=0)
+    otel_bsp_max_export_batch_size: int = Field(default=512, gt=0)
+    otel_bsp_schedule_delay: float = Field(default=5000, gt=0)  # milliseconds, as OTel says
+    trace_content: bool = True
+    trace_user_ids: bool = False
+    trace_url_template: str | None = None
 
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
@@ -141,6 +169,27 @@ class Settings(BaseSettings):
         any workspace's user of that id."""
         return f"{team}:{user}" in self.admin_user_ids or user in self.admin_user_ids
 
+    @field_validator("budgets", mode="before")
+    @classmethod
+    def _budgets(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        try:
+            return parse_budgets(value)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from exc
+
+    @field_validator("trace_url_template")
+    @classmethod
+    def _trace_url_template(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        try:
+            check_url_template(value)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from exc
+        return value
+
     @field_validator("log_level")
     @classmethod
     def _log_level(cls, value: str) -> str:
@@ -166,6 +215,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"ADMIN_USER_IDS: {bare[0]!r} must be TEAM:USER (e.g. T0123:{bare[0]}) when "
                 "several workspaces can install the app"
+            )
+        if self.otel_bsp_max_export_batch_size > self.otel_bsp_max_queue_size:
+            raise ValueError(
+                f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE: {self.otel_bsp_max_export_batch_size} is more "
+                f"than OTEL_BSP_MAX_QUEUE_SIZE ({self.otel_bsp_max_queue_size})"
             )
         if self.busy_poll_seconds > self.busy_poll_timeout_seconds:
             raise ValueError(

@@ -1,8 +1,8 @@
 """Alembic environment: async engines, batch mode on SQLite, and one connection handed in.
 
-``core.migrate`` runs migrations on a connection it already holds (under PostgreSQL's advisory
-lock, or SQLite's write lock), passed as ``config.attributes["connection"]``. Without one (the
-``alembic`` command during development) an engine is built from ``DATABASE_URL``.
+``core.storage.migrate`` runs migrations on a connection it already holds (under PostgreSQL's
+advisory lock, or SQLite's write lock), passed as ``config.attributes["connection"]``. Without one
+(the ``alembic`` command during development) an engine is built from ``DATABASE_URL``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import asyncio
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from core.db import create_database
-from core.models import Base
 from core.settings import load_settings
+from core.storage.engine import create_database
+from core.storage.models import Base
 
 config = context.config
 target_metadata = Base.metadata

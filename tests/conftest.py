@@ -21,9 +21,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from core.db import Database, create_database
-from core.migrate import upgrade
-from core.store import SessionStore
+from core.storage.engine import Database, create_database
+from core.storage.migrate import upgrade
+from core.storage.sessions import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel
 
 PG_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
@@ -176,13 +176,24 @@ def _scrub_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Tests never see the developer's configuration (variables or a ``.env`` file)."""
     for name in list(os.environ):
         if name.startswith(
-            ("SLACK_", "OPENAI_", "ANTHROPIC_", "MODEL_", "AGENT_SESSION_")
+            (
+                "SLACK_",
+                "OPENAI_",
+                "ANTHROPIC_",
+                "MODEL_",
+                "AGENT_SESSION_",
+                "OTEL_",
+                "TRACE_",
+                "MCP_",
+            )
         ) or name in {
             "DATABASE_URL",
             "TURN_LOCK_STALENESS_SECONDS",
             "TURN_HEARTBEAT_SECONDS",
             "BUSY_MODE",
             "ADMIN_USER_IDS",
+            "BUDGETS",
+            "APPROVAL_TIMEOUT_SECONDS",
         }:
             monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)

@@ -24,7 +24,9 @@ def event(kind: str, **fields: Any) -> str:
     return sse_frame({"type": kind, **fields}, event=kind)
 
 
-def message_start(input_tokens: int = 15) -> str:
+def message_start(input_tokens: int = 15, *, cache_read: int = 0, cache_write: int = 0) -> str:
+    """``input_tokens`` is the uncached part of the prompt, as the API counts it; the cached
+    parts come in their own fields."""
     message = {
         "id": "msg_fake",
         "type": "message",
@@ -33,7 +35,13 @@ def message_start(input_tokens: int = 15) -> str:
         "model": "fake-model",
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {"input_tokens": input_tokens, "output_tokens": 1},
+        "usage": {
+            "input_tokens": input_tokens,
+            "cache_creation_input_tokens": cache_write,
+            "cache_read_input_tokens": cache_read,
+            "output_tokens": 1,
+            "service_tier": "standard",
+        },
     }
     return event("message_start", message=message)
 
@@ -73,12 +81,14 @@ def tool_block(index: int, call_id: str, name: str, arguments: dict[str, Any]) -
     return frames
 
 
-def message_end(stop_reason: str, output_tokens: int = 9) -> list[str]:
+def message_end(
+    stop_reason: str, output_tokens: int = 9, *, input_usage: dict[str, int] | None = None
+) -> list[str]:
+    """``message_delta`` carries cumulative counts: always the output, and in newer API
+    versions the input fields again (``input_usage``)."""
     delta = {"stop_reason": stop_reason, "stop_sequence": None}
-    return [
-        event("message_delta", delta=delta, usage={"output_tokens": output_tokens}),
-        event("message_stop"),
-    ]
+    usage = {**(input_usage or {}), "output_tokens": output_tokens}
+    return [event("message_delta", delta=delta, usage=usage), event("message_stop")]
 
 
 def text_reply(*pieces: str) -> SseReply:

@@ -32,18 +32,32 @@ def chunk(delta: Mapping[str, Any], finish_reason: str | None = None) -> dict[st
     }
 
 
-def usage_chunk(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def usage_chunk(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = 0
+) -> dict[str, Any]:
+    """The last chunk ``include_usage`` asks for, as OpenAI sends it: no choices, and the
+    cached part of the prompt in ``prompt_tokens_details`` (``cached_tokens=None``: a
+    compatible server that sends no details)."""
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens, "audio_tokens": 0}
+        usage["completion_tokens_details"] = {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        }
     return {
         "id": "chatcmpl-fake",
         "object": "chat.completion.chunk",
         "created": 1700000000,
         "model": "fake-model",
         "choices": [],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
+        "usage": usage,
     }
 
 

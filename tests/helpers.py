@@ -14,15 +14,31 @@ from typing import Any
 
 from sqlalchemy import event, update
 
-from core import queries as q
-from core.db import Database, ago, db_now
+from core.agent.loop import Agent
+from core.agent.model_choice import ProviderCache
+from core.conversation import Conversations
 from core.messages import assistant_message, user_message
-from core.models import AgentSession
 from core.records import SessionInfo, TurnLease
-from core.store import SessionStore
+from core.settings import Settings
+from core.storage import queries as q
+from core.storage.dialect import ago, db_now
+from core.storage.engine import Database
+from core.storage.feedback import Feedback
+from core.storage.models import AgentSession
+from core.storage.sessions import SessionStore
+from core.storage.surface_state import SurfaceState
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "worker.py"
+
+
+def conversations_of(
+    store: SessionStore, *, project: str = "slack", surface: str | None = "slack"
+) -> Conversations:
+    """A surface's conversation API on ``store`` (the offline model behind its turns)."""
+    agent = Agent(store, ProviderCache(Settings(model_provider="offline")))
+    state = None if surface is None else SurfaceState(store.db, surface)
+    return Conversations(store, agent, Feedback(store.db), project=project, state=state)
 
 
 async def new_session(

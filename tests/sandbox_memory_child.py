@@ -17,13 +17,13 @@ import resource
 import sys
 from typing import Any
 
-from core.agent import Agent, AgentConfig
-from core.db import create_database
+from core.agent.loop import Agent, AgentConfig
+from core.agent.model_choice import ProviderCache
 from core.messages import user_message
-from core.model_choice import ProviderCache
-from core.sandbox import BASHKIT_MAX_FS_BYTES, SandboxLimits
+from core.sandbox.shell import BASHKIT_MAX_FS_BYTES, SandboxLimits
 from core.settings import Settings
-from core.store import SessionStore
+from core.storage.engine import create_database
+from core.storage.sessions import SessionStore
 
 LIMITS = SandboxLimits()
 MIB = 1024 * 1024

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from bot.serve import Bot
+from bot.service import Bot
 from core.settings import load_settings
 from tests.fake_slack import SIGNING_SECRET, FakeSlack
 from tests.helpers import ROOT
@@ -51,7 +51,7 @@ async def running_bot(
     database_url: str, slack: FakeSlack, **overrides: Any
 ) -> AsyncIterator[RunningBot]:
     bot = await Bot.open(load_settings(**bot_settings(database_url, slack, **overrides)))
-    bot.conversations.pacer.base = 0.05
+    bot.answers.pacer.base = 0.05
     bot.start()
     runner = web.AppRunner(bot.web_app(), access_log=None)
     await runner.setup()

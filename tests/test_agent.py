@@ -8,16 +8,16 @@ from typing import Any
 
 import pytest
 
-from core.agent import Agent, AgentConfig, AgentEvent, Notice, TextChunk, ToolFinished
-from core.custom_providers import add_custom_provider, delete_custom_provider
+from core.agent.loop import Agent, AgentConfig, AgentEvent, Notice, TextChunk, ToolFinished
+from core.agent.model_choice import ProviderCache
 from core.errors import AgentSessionBusy, AgentSessionStale
 from core.messages import message_text, user_message
-from core.model_choice import ProviderCache
 from core.providers.registry import CustomProviderSpec
 from core.providers.streaming import HttpOptions, RetryPolicy
 from core.records import Actor
 from core.settings import Settings
-from core.store import SessionStore
+from core.storage.custom_providers import add_custom_provider, delete_custom_provider
+from core.storage.sessions import SessionStore
 from tests import fake_anthropic, fake_openai
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_openai import FakeOpenAI

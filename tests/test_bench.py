@@ -15,11 +15,11 @@ import pytest
 from sqlalchemy import func, select
 
 from bench.costs import QUICK, BenchError, claim_round, format_table, run_bench
-from core.db import create_database
 from core.errors import AgentSessionBusy
 from core.messages import Message
-from core.models import AgentSession, AgentSessionMessage
 from core.records import ModelChoice, TurnLease
+from core.storage.engine import create_database
+from core.storage.models import AgentSession, AgentSessionMessage
 
 TIMINGS = ("turn", "append_message", "claim_round_50", "truncate", "branch")
 

@@ -12,8 +12,8 @@ import pytest
 from bench import compare
 from bench.compare import CompareSizes, format_compare, run_compare
 from bench.conversation import Item, Ours, ours
-from core.db import create_database
-from core.store import SessionStore
+from core.storage.engine import create_database
+from core.storage.sessions import SessionStore
 
 TINY = CompareSizes(
     sizes=(20, 40), rounds={20: 2, 40: 1}, load_every=10, writers=6, think_seconds=0

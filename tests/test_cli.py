@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from core.db import MIN_SQLITE
 from core.messages import user_message
-from core.migrate import head_revision
-from core.store import SessionStore
+from core.storage.engine import MIN_SQLITE
+from core.storage.migrate import head_revision
+from core.storage.sessions import SessionStore
 from tests.helpers import ROOT, add_exchange, new_session
 
 EXE = Path(sys.executable).with_name("slack-agent")
@@ -123,7 +123,7 @@ def test_start_up__an_sqlite_older_than_supported_is_refused_in_one_line(tmp_pat
         "import sqlite3; sqlite3.sqlite_version_info = (3, 30, 1); "
         "sqlite3.sqlite_version = '3.30.1'"
     )
-    start = f"{old}; from bot.cli import main; raise SystemExit(main(['migrate']))"
+    start = f"{old}; from slack_agent.cli import main; raise SystemExit(main(['migrate']))"
     environment = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'old.db'}"}
     result = subprocess.run(
         [sys.executable, "-c", start],

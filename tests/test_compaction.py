@@ -6,12 +6,12 @@ from collections.abc import Sequence
 
 import pytest
 
+from core.agent.compaction import Checkpoint, compact, parse_checkpoint, render_checkpoint
 from core.checkpoint import parse_checkpoint_text
-from core.compaction import Checkpoint, compact, parse_checkpoint, render_checkpoint
 from core.errors import AgentSessionAlreadyCompact, AgentSessionBusy, AgentSessionForbidden
 from core.messages import message_text, user_message
 from core.records import Actor, StoredMessage
-from core.store import SessionStore
+from core.storage.sessions import SessionStore
 from tests.helpers import add_exchange, new_session
 
 

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select
 
-from bot import messages as text
-from core.db import ago
-from core.deliveries import DELIVERIES
+from bot import texts as text
+from core.agent.turn import run_turn
 from core.messages import assistant_message, message_text, user_message
-from core.models import Delivery
 from core.records import StoredMessage
-from core.store import SessionStore
-from core.turn import run_turn
+from core.storage.deliveries import DELIVERIES
+from core.storage.dialect import ago
+from core.storage.models import Delivery
+from core.storage.sessions import SessionStore
 from tests.fake_slack import BOT_ID, BOT_USER, FakeSlack, GatedModel, SlackClient
 from tests.helpers import read_json_line, start_worker, stop_workers
 from tests.slack_harness import ServeProcess

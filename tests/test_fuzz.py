@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from core.db import create_database
-from core.models import Base
+from core.storage.engine import create_database
+from core.storage.models import Base
 from tests.conftest import run_isolated
 from tests.fake_slack import BOT_USER, SIGNING_SECRET, FakeSlack, signed_headers
 from tests.slack_harness import running_bot

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from core.messages import message_text
-from core.store import SessionStore
+from core.storage.sessions import SessionStore
 from tests.fake_slack import FakeSlack, SlackClient
 from tests.slack_harness import running_bot
 

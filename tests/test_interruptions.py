@@ -10,16 +10,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from core.agent import Agent, AgentConfig, TurnResult
-from core.db import Database
+from core.agent.loop import Agent, AgentConfig, TurnResult
+from core.agent.model_choice import ProviderCache
+from core.agent.turn import run_turn
 from core.errors import AgentSessionLockLost, AgentSessionStale, TurnInterrupted
 from core.messages import assistant_message, message_text, user_message
-from core.model_choice import ProviderCache
 from core.providers.streaming import HttpOptions, RetryPolicy
 from core.settings import Settings
-from core.snapshots import load_state
-from core.store import SessionStore
-from core.turn import run_turn
+from core.storage.engine import Database
+from core.storage.sessions import SessionStore
+from core.storage.snapshots import load_state
 from tests.fake_slack import GatedModel
 from tests.helpers import age_lock, new_session, take_over
 from tests.providers_fixtures import RecordingSleep

@@ -13,13 +13,13 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 
-from core import migrate as core_migrate
-from core.db import create_database
 from core.errors import DatabaseError
-from core.migrate import current_revision, head_revision, upgrade
-from core.models import Base
 from core.records import Actor
-from core.store import SessionStore
+from core.storage import migrate as core_migrate
+from core.storage.engine import create_database
+from core.storage.migrate import current_revision, head_revision, upgrade
+from core.storage.models import Base
+from core.storage.sessions import SessionStore
 from tests.helpers import add_exchange, new_session, read_json_line, start_worker, stop_workers
 
 

@@ -9,11 +9,11 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from core.db import Database
 from core.errors import InvalidMessage
 from core.messages import user_message
-from core.models import AgentSessionMessage
-from core.store import SessionStore
+from core.storage.engine import Database
+from core.storage.models import AgentSessionMessage
+from core.storage.sessions import SessionStore
 from tests.helpers import new_session
 
 

@@ -17,11 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text as sql
 
 from bench.tcp_proxy import TcpProxy
-from bot.serve import FULL_COLLECTION_AFTER, tune_garbage_collection
-from core.db import create_database
+from bot.gc_tuning import FULL_COLLECTION_AFTER, tune_garbage_collection
 from core.errors import DatabaseError
 from core.messages import message_text
-from core.store import SessionStore
+from core.storage.engine import create_database
+from core.storage.sessions import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
 from tests.helpers import ROOT
 from tests.slack_harness import ServeProcess, running_bot

@@ -1,4 +1,4 @@
-"""Slack permalinks to sessions (``core.permalinks``), on both databases: by the thread, by the
+"""Slack permalinks to sessions (``terminal.permalinks``), on both databases: by the thread, by the
 message when the thread is unknown, and the refusals."""
 
 from __future__ import annotations
@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 
 from core.errors import AgentSessionNotFound, UsageError
-from core.permalinks import (
+from core.storage.sessions import SessionStore
+from core.storage.surface_state import SurfaceState
+from terminal.permalinks import (
     Permalink,
     parse_permalink,
     permalink_of_session,
     session_for_permalink,
 )
-from core.store import SessionStore
-from core.surface_state import SurfaceState
-from tests.helpers import new_session
+from tests.helpers import conversations_of, new_session
 
 
 @pytest.mark.parametrize(
@@ -61,18 +61,19 @@ async def test_lookup__by_thread_then_by_message_and_unknown_is_not_found(
     state = SurfaceState(store.db, "slack")
     await state.bind_thread("T1/C0ABC/1700000000.000100", session.id)
     await state.add_ref("T1/C0ABC/1700000000.000500", forked.id, "m-1", "reply")
+    slack = conversations_of(store)
     base = "https://acme.slack.com/archives/C0ABC/p"
     reply = f"{base}1700000000000200?thread_ts=1700000000.000100"
-    assert await session_for_permalink(store.db, reply) == session.id
-    assert await session_for_permalink(store.db, f"{base}1700000000000100") == session.id
-    assert await session_for_permalink(store.db, f"{base}1700000000000500") == forked.id
+    assert await session_for_permalink(slack, reply) == session.id
+    assert await session_for_permalink(slack, f"{base}1700000000000100") == session.id
+    assert await session_for_permalink(slack, f"{base}1700000000000500") == forked.id
     with pytest.raises(AgentSessionNotFound):
-        await session_for_permalink(store.db, f"{base}1700000000000777")
+        await session_for_permalink(slack, f"{base}1700000000000777")
     with pytest.raises(AgentSessionNotFound):  # same ts, another channel
         await session_for_permalink(
-            store.db, "https://acme.slack.com/archives/C0XYZ/p1700000000000100"
+            slack, "https://acme.slack.com/archives/C0XYZ/p1700000000000100"
         )
-    assert await permalink_of_session(store.db, session.id) == (
+    assert await permalink_of_session(slack, session.id) == (
         "https://slack.com/archives/C0ABC/p1700000000000100"
     )
-    assert await permalink_of_session(store.db, forked.id) is None
+    assert await permalink_of_session(slack, forked.id) is None

@@ -1,4 +1,4 @@
-"""``core.prepared``: a hot-path statement gives the same result whichever way it runs.
+"""``core.storage.prepared``: a hot-path statement gives the same result whichever way it runs.
 
 On SQLite, with nobody watching the engine, it runs on the driver's cursor; watched (here: a
 statement listener), and on PostgreSQL, it goes SQLAlchemy's ordinary way. Both ways must bind
@@ -14,18 +14,18 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import IntegrityError
 
-from core import queries as q
-from core.db import Database, InlineConnection
 from core.errors import DatabaseError, DuplicateMessage
 from core.messages import assistant_message, user_message
-from core.store import SessionStore
+from core.storage import queries as q
+from core.storage.engine import Database, InlineConnection
+from core.storage.sessions import SessionStore
 from tests.helpers import new_session, statements
 
 
 async def _turn_by_prepared_statements(
     db: Database, session_id: int, text: str, last: str | None
 ) -> tuple[str | None, int | None, bool, bool]:
-    """A claim, a stale-guarded insert, a fence and a release, through ``core.queries``."""
+    """A claim, a stale-guarded insert, a fence and a release, through ``core.storage.queries``."""
     token = f"token-{text}"
     async with db.write() as conn:
         params = {"sid": session_id, "token": token, "takeover_token": "t" + token}

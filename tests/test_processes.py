@@ -7,8 +7,8 @@ import os
 import signal
 import subprocess
 
-from core.db import Database
-from core.store import SessionStore
+from core.storage.engine import Database
+from core.storage.sessions import SessionStore
 from tests.helpers import add_exchange, new_session, read_json_line, start_worker, stop_workers
 
 CLAIMERS = 5

@@ -75,7 +75,8 @@ async def test_stream__text_arrives_in_deltas_and_ends_with_usage(
         TextDelta("Hel"),
         TextDelta("lo, "),
         TextDelta("world"),
-        Finish("stop", Usage(15, 9), "end_turn"),
+        Usage(input_tokens=15, output_tokens=9, cached_tokens=0, cache_write_tokens=0),
+        Finish("stop", "end_turn"),
     ]
     (request,) = server.requests
     assert request.path == "/v1/messages"
@@ -110,7 +111,7 @@ async def test_stream__tool_use_blocks_are_assembled_from_json_deltas(
         ToolCall("toolu_a", "shell", {"command": "ls -la /tmp", "note": "first"}),
         ToolCall("toolu_b", "shell", {"command": "echo 'two words'"}),
     ]
-    assert events[-1] == Finish("tool_calls", Usage(15, 9), "tool_use")
+    assert events[-2:] == [Usage(15, 9, 0, 0), Finish("tool_calls", "tool_use")]
     body = server.requests[0].body
     assert body["model"] == "claude-x"
     assert body["tools"] == [
@@ -213,7 +214,7 @@ async def test_stream__unknown_events_and_blocks_are_skipped(
 
     events = await collect(provider, [UserMessage("q")])
 
-    assert events == [TextDelta("answer"), Finish("stop", Usage(15, 9), "end_turn")]
+    assert events == [TextDelta("answer"), Usage(15, 9, 0, 0), Finish("stop", "end_turn")]
 
 
 async def test_stream__overloaded_error_event_before_output_is_retried(
@@ -263,3 +264,78 @@ async def test_stream__tool_input_that_is_not_json_is_a_bad_response(
 
     with pytest.raises(ModelProviderBadResponse, match="input of tool 'shell'"):
         await collect(provider, [UserMessage("ls")], [SHELL])
+
+
+async def test_usage__cache_reads_and_writes_are_added_to_the_input_and_named_apart(
+    server: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    # The API's input_tokens is only the uncached part; ours is everything the model read.
+    server.push(
+        SseReply(
+            [
+                message_start(21, cache_read=1800, cache_write=188),
+                *text_block(0, "hi"),
+                *message_end("end_turn", output_tokens=42),
+            ]
+        )
+    )
+
+    events = await collect(provider, [UserMessage("q")])
+
+    (usage,) = [e for e in events if isinstance(e, Usage)]
+    assert usage == Usage(
+        input_tokens=21 + 1800 + 188, output_tokens=42, cached_tokens=1800, cache_write_tokens=188
+    )
+    assert usage.total_tokens == 2009 + 42
+
+
+async def test_usage__message_delta_counts_are_cumulative_and_win_over_message_start(
+    server: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    # Newer API versions repeat the input fields in message_delta, as running totals.
+    server.push(
+        SseReply(
+            [
+                message_start(10, cache_read=0),
+                *text_block(0, "hi"),
+                *message_end(
+                    "end_turn",
+                    output_tokens=77,
+                    input_usage={"input_tokens": 12, "cache_read_input_tokens": 500},
+                ),
+            ]
+        )
+    )
+
+    events = await collect(provider, [UserMessage("q")])
+
+    assert Usage(512, 77, cached_tokens=500, cache_write_tokens=0) in events
+
+
+async def test_usage__a_stream_without_any_usage_reports_unknown_counts(
+    server: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    start = event("message_start", message={"id": "m", "type": "message", "content": []})
+    stop = event("message_delta", delta={"stop_reason": "end_turn"})
+    server.push(SseReply([start, *text_block(0, "hi"), stop, event("message_stop")]))
+
+    events = await collect(provider, [UserMessage("q")])
+
+    assert events[-2:] == [Usage(), Finish("stop", "end_turn")]
+
+
+async def test_usage__a_failed_stream_yields_no_usage(
+    server: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    failure = {"type": "api_error", "message": "boom"}
+    server.push(SseReply([message_start(), *text_block(0, "par"), event("error", error=failure)]))
+
+    seen: list[object] = []
+
+    async def consume() -> None:
+        async for item in provider.stream([UserMessage("q")]):
+            seen.append(item)
+
+    with pytest.raises(ModelProviderUnavailable):
+        await consume()
+    assert seen == [TextDelta("par")]

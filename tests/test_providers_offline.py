@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from core.compaction import SECTIONS, Checkpoint, render_checkpoint
+from core.agent.compaction import SECTIONS, Checkpoint, render_checkpoint
 from core.errors import ModelProviderRejected
 from core.messages import assistant_message, user_message
 from core.providers import (
@@ -19,7 +19,9 @@ from core.providers import (
     ToolCall,
     ToolResult,
     ToolSpec,
+    Usage,
     UserMessage,
+    estimate_usage,
     step_start_part,
     text_part,
     tool_call_part,
@@ -45,15 +47,18 @@ async def test_reply__is_labelled_echoes_and_is_the_same_every_time() -> None:
     assert text.startswith(OFFLINE_LABEL)
     assert '"What is in /tmp?"' in text
     assert sum(isinstance(e, TextDelta) for e in first) > 1  # streamed, not one lump
-    assert first[-1] == Finish("stop", None, None)
+    assert first[-1] == Finish("stop")
 
 
 async def test_dollar_command__becomes_a_shell_call_with_a_deterministic_id() -> None:
-    events = await collect(OfflineProvider(), [UserMessage("$ ls -la /work")], [SHELL])
+    conversation = [UserMessage("$ ls -la /work")]
+    events = await collect(OfflineProvider(), conversation, [SHELL])
 
+    call = ToolCall("offline_call_1", "shell", {"command": "ls -la /work"})
     assert events == [
-        ToolCall("offline_call_1", "shell", {"command": "ls -la /work"}),
-        Finish("tool_calls", None, None),
+        call,
+        estimate_usage(conversation, [SHELL], AssistantMessage(tool_calls=(call,))),
+        Finish("tool_calls"),
     ]
 
 
@@ -141,7 +146,7 @@ async def test_forced_checkpoint__has_every_section_as_a_list_built_from_the_con
     assert checkpoint.arguments["constraints"] == ["It must stay under 2 pages."]
     assert checkpoint.arguments["completed_work"] == ["ran `make build`: built report.md (2 pages)"]
     assert checkpoint.arguments["blockers"] == ["`make test` failed: 3 tests failed"]
-    assert events[-1] == Finish("tool_calls", None, None)
+    assert events[-1] == Finish("tool_calls")
     assert text_of(events) == ""
 
 
@@ -196,3 +201,18 @@ def test_tool_call_part__interrupted_call_is_answered_so_the_history_stays_valid
     reply = respond(ui_to_chat(stored), [SHELL])
 
     assert reply.text.startswith(f"{OFFLINE_LABEL} `sleep 100` failed")
+
+
+async def test_usage__is_an_estimate_from_what_was_sent_and_what_came_back_marked_so() -> None:
+    short = await collect(OfflineProvider(), [UserMessage("hi")])
+    longer = await collect(OfflineProvider(), [UserMessage("hi " * 400)], [SHELL])
+
+    (small,) = [e for e in short if isinstance(e, Usage)]
+    (large,) = [e for e in longer if isinstance(e, Usage)]
+    assert small.estimated
+    assert large.estimated
+    # About four characters a token, what was sent (and the tools offered) in, the reply out.
+    assert small.input_tokens == 1
+    assert small.output_tokens == -(-len(text_of(short)) // 4)
+    assert (large.input_tokens or 0) > 300
+    assert short.index(small) == len(short) - 2  # just before Finish

@@ -26,6 +26,7 @@ from tests.fake_openai import (
     DONE,
     FakeOpenAI,
     chunk,
+    text_frames,
     text_reply,
     tool_call_reply,
     usage_chunk,
@@ -65,7 +66,8 @@ async def test_stream__text_arrives_in_deltas_and_ends_with_usage(
         TextDelta("Hel"),
         TextDelta("lo, "),
         TextDelta("world"),
-        Finish("stop", Usage(12, 7), "stop"),
+        Usage(input_tokens=12, output_tokens=7, cached_tokens=0),
+        Finish("stop", "stop"),
     ]
     (request,) = server.requests
     assert request.path == "/v1/chat/completions"
@@ -101,7 +103,7 @@ async def test_stream__tool_call_fragments_are_assembled_by_index(
         ToolCall("call_a", "shell", {"command": "ls -la /tmp", "note": "first"}),
         ToolCall("call_b", "shell", {"command": "echo 'two words'"}),
     ]
-    assert events[-1] == Finish("tool_calls", Usage(30, 11), "tool_calls")
+    assert events[-2:] == [Usage(30, 11, cached_tokens=0), Finish("tool_calls", "tool_calls")]
     body = server.requests[0].body
     assert body["model"] == "gpt-x"
     assert body["tools"] == [
@@ -131,9 +133,10 @@ async def test_stream__forced_tool_is_sent_and_reported_as_a_tool_call(
         provider, [UserMessage("compact")], [SHELL, CHECKPOINT], tool_choice="write_checkpoint"
     )
 
-    assert events[-2:] == [
+    assert events[-3:] == [
         ToolCall("call_c", "write_checkpoint", {"objectives": ["ship it"]}),
-        Finish("tool_calls", Usage(30, 11), "stop"),
+        Usage(30, 11, cached_tokens=0),
+        Finish("tool_calls", "stop"),
     ]
     assert server.requests[0].body["tool_choice"] == {
         "type": "function",
@@ -203,3 +206,62 @@ async def test_stream__tool_arguments_that_are_not_json_are_a_bad_response(
     with pytest.raises(ModelProviderBadResponse, match="arguments of tool call 'shell'") as info:
         await collect(provider, [UserMessage("ls")], [SHELL])
     assert info.value.partial_text == "Running it."
+
+
+async def test_usage__cached_prompt_tokens_are_part_of_the_input_count(
+    server: FakeOpenAI, provider: OpenAIProvider
+) -> None:
+    # OpenAI's prompt_tokens already includes the cached tokens its details name.
+    server.push(
+        SseReply([*text_frames("hi"), sse_frame(usage_chunk(2006, 300, cached_tokens=1920)), DONE])
+    )
+
+    events = await collect(provider, [UserMessage("hi")])
+
+    (usage,) = [e for e in events if isinstance(e, Usage)]
+    assert usage == Usage(input_tokens=2006, output_tokens=300, cached_tokens=1920)
+    assert usage.total_tokens == 2306
+    assert not usage.estimated
+
+
+async def test_usage__a_server_without_prompt_details_leaves_the_cached_count_unknown(
+    server: FakeOpenAI, provider: OpenAIProvider
+) -> None:
+    server.push(
+        SseReply([*text_frames("hi"), sse_frame(usage_chunk(40, 5, cached_tokens=None)), DONE])
+    )
+
+    events = await collect(provider, [UserMessage("hi")])
+
+    assert Usage(input_tokens=40, output_tokens=5, cached_tokens=None) in events
+
+
+async def test_usage__a_server_that_ignores_include_usage_reports_unknown_counts_not_zero(
+    server: FakeOpenAI, provider: OpenAIProvider
+) -> None:
+    # vLLM before include_usage, some proxies: no usage chunk at all. One Usage still comes,
+    # so the request is counted, with every count unknown.
+    server.push(SseReply([*text_frames("hi"), DONE]))
+
+    events = await collect(provider, [UserMessage("hi")])
+
+    assert events[-2:] == [Usage(), Finish("stop", "stop")]
+    assert events[-2] == Usage(None, None, None, None, estimated=False)
+
+
+async def test_usage__running_totals_in_every_chunk_count_once_with_the_last_values(
+    server: FakeOpenAI, provider: OpenAIProvider
+) -> None:
+    # vLLM's continuous usage stats put a running usage on every chunk.
+    def running(delta: dict[str, str], done: int, finish: str | None = None) -> str:
+        return sse_frame(
+            {**chunk(delta, finish), "usage": {"prompt_tokens": 9, "completion_tokens": done}}
+        )
+
+    frames = [running({"content": "a"}, 1), running({"content": "b"}, 2), running({}, 2, "stop")]
+    frames.append(DONE)
+    server.push(SseReply(frames))
+
+    events = await collect(provider, [UserMessage("hi")])
+
+    assert [e for e in events if isinstance(e, Usage)] == [Usage(9, 2)]

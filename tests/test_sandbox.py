@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from core.sandbox import Sandbox, SandboxLimits
+from core.sandbox.shell import Sandbox, SandboxLimits
 
 
 async def test_state_persists_between_runs() -> None:

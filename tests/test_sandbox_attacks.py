@@ -30,22 +30,22 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
-from core import snapshots
-from core.agent import Agent, AgentConfig, TurnResult
-from core.db import Database
+from core.agent.loop import Agent, AgentConfig, TurnResult
+from core.agent.model_choice import ProviderCache
 from core.messages import user_message
-from core.model_choice import ProviderCache
 from core.providers.streaming import HttpOptions, RetryPolicy
-from core.sandbox import BASHKIT_MAX_DIRS, BASHKIT_MAX_FILES, SandboxLimits
+from core.sandbox.shell import BASHKIT_MAX_DIRS, BASHKIT_MAX_FILES, SandboxLimits
 from core.settings import Settings
-from core.store import SessionStore
+from core.storage import snapshots
+from core.storage.engine import Database
+from core.storage.sessions import SessionStore
 from tests import fake_openai
 from tests.fake_openai import FakeOpenAI
 from tests.helpers import ROOT, new_session
@@ -414,10 +414,14 @@ async def test_attempt_ends_inside_the_sandbox(
 ) -> None:
     _, session = await new_session(store)
     agent, cache = offline_agent(store, attempt.limits)
+    # The setup is not the attempt: it builds the state the attempt starts from (thousands of
+    # files, say), so it runs with time to spare however loaded the machine is; the attempt
+    # itself runs within the limits it is about.
+    preparer, preparer_cache = offline_agent(store, replace(attempt.limits, timeout_seconds=600))
     try:
         for command in attempt.setup:
             ready = await shell_output(
-                store, session.id, await say(agent, session.id, f"$ {command}")
+                store, session.id, await say(preparer, session.id, f"$ {command}")
             )
             assert ready["exit_code"] == 0, ready
         command = (
@@ -483,6 +487,7 @@ async def test_attempt_ends_inside_the_sandbox(
         )
     finally:
         await cache.aclose()
+        await preparer_cache.aclose()
 
 
 async def test_a_shell_stuck_on_a_background_job_recovers_within_the_turn(

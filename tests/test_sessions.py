@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from core.db import create_database
 from core.errors import AgentSessionBusy, AgentSessionForbidden, AgentSessionNotFound
 from core.messages import user_message
 from core.records import Actor
-from core.store import SessionStore
+from core.storage.engine import create_database
+from core.storage.sessions import SessionStore
 from tests.helpers import add_exchange, new_session, statements
 
 
@@ -108,8 +108,8 @@ async def test_delete_session__rules(store: SessionStore) -> None:
 async def test_custom_provider_deleted__is_derived(store: SessionStore, db: object) -> None:
     from sqlalchemy import delete, insert
 
-    from core.models import CustomProvider
     from core.records import ModelChoice
+    from core.storage.models import CustomProvider
 
     _, session = await new_session(store)
     async with store.db.write() as conn:

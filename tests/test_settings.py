@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from core.db import create_database
+from core.agent.model_choice import ProviderCache
 from core.errors import ConfigError
-from core.model_choice import ProviderCache
 from core.settings import DEFAULT_DATABASE_URL, load_settings, normalize_database_url
+from core.storage.engine import create_database
 
 
 def test_defaults_match_the_spec() -> None:

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from bot import messages as text
-from core.feedback import votes
+from bot import texts as text
 from core.messages import message_text
-from core.store import SessionStore
+from core.storage.feedback import votes
+from core.storage.sessions import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
 from tests.slack_harness import OAUTH, oauth_install, running_bot
 

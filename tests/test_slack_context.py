@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot import messages as text
+from bot import texts as text
 from core.messages import message_text
 from core.providers.base import UserMessage
 from core.providers.uimessages import ui_to_chat
-from core.store import SessionStore
+from core.storage.sessions import SessionStore
 from tests.fake_slack import FakeSlack, SlackClient, rewind
 from tests.slack_harness import running_bot
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.demo import run_demo
+from slack_agent.demo import run_demo
 
 
 async def test_demo__plays_every_step_and_loses_nothing(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from bot import delivery
-from bot import messages as text
-from core.deliveries import DELIVERIES
+from bot import texts as text
+from core.conversation import worker as delivery
 from core.messages import assistant_message, message_text, user_message
-from core.records import Actor, StoredMessage, TurnLease
-from core.store import ANY_TAIL, SessionStore
+from core.records import ANY_TAIL, Actor, StoredMessage, TurnLease
+from core.storage.deliveries import DELIVERIES
+from core.storage.sessions import SessionStore
 from tests.fake_slack import Call, FakeSlack, GatedModel, SlackClient
 from tests.slack_harness import running_bot
 

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from core.db import create_database
 from core.messages import slack_message_id
-from core.store import SessionStore
+from core.storage.engine import create_database
+from core.storage.sessions import SessionStore
 from tests.fake_slack import BOT_USER, FakeSlack, SlackClient, signed_headers
 from tests.slack_harness import OAUTH, RunningBot, oauth_install, running_bot
 

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from bot.serve import BOT_SCOPES
+from bot.service import BOT_SCOPES
 from tests.helpers import ROOT
 
 MANIFEST = (ROOT / "manifest.yml").read_text()

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from bot import messages as text
+from bot import texts as text
 from bot.render import ZWJ, open_fence
-from core.feedback import votes
 from core.messages import assistant_message, user_message
-from core.store import SessionStore
+from core.storage.feedback import votes
+from core.storage.sessions import SessionStore
 from tests.fake_slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, FakeSlack, GatedModel, SlackClient
 from tests.slack_harness import running_bot
 from tests.test_slack_agent import feedback_click

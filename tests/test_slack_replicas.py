@@ -10,12 +10,12 @@ from typing import Any
 
 from sqlalchemy import insert, select
 
-from bot import messages as text
-from core.db import ago
+from bot import texts as text
 from core.messages import message_text
-from core.models import Delivery
 from core.records import StoredMessage
-from core.store import SessionStore
+from core.storage.dialect import ago
+from core.storage.models import Delivery
+from core.storage.sessions import SessionStore
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
 from tests.helpers import ROOT
 from tests.slack_harness import ServeProcess

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bot import messages as text
+from bot import texts as text
 from core.messages import message_text
-from core.store import SessionStore
+from core.storage.sessions import SessionStore
 from tests.fake_slack import FakeSlack, SlackClient, rewind
 from tests.slack_harness import RunningBot, running_bot
 

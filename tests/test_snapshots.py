@@ -12,15 +12,16 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, select, text, update
 
-from core import snapshots
-from core.db import Database, ago
 from core.errors import DatabaseError
 from core.messages import assistant_message, user_message
 from core.records import Actor
-from core.retention import RetentionPolicy
-from core.sandbox import Sandbox
-from core.store import SessionStore
-from core.sweeper import sweep
+from core.sandbox.shell import Sandbox
+from core.storage import snapshots
+from core.storage.dialect import ago
+from core.storage.engine import Database
+from core.storage.retention import RetentionPolicy
+from core.storage.sessions import SessionStore
+from core.storage.sweeper import sweep
 from tests.helpers import add_exchange, new_session
 
 OFF = RetentionPolicy(max_idle_days=0, max_per_user=0)

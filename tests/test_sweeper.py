@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select, update
 
-from core import batched
-from core.db import Database, ago
-from core.deliveries import (
+from core.messages import user_message
+from core.storage import batched
+from core.storage.deliveries import (
     DELIVERIES,
     FINISHED_TTL_SECONDS,
     STRAY_SECONDS,
@@ -20,17 +20,18 @@ from core.deliveries import (
     Deliveries,
     sweep_finished_deliveries,
 )
-from core.messages import user_message
-from core.models import (
+from core.storage.dialect import ago
+from core.storage.engine import Database
+from core.storage.models import (
     AgentSession,
     AgentSessionSnapshot,
     SnapshotContent,
     SnapshotSet,
     SnapshotSetMember,
 )
-from core.retention import RetentionPolicy, load_policy, set_policy
-from core.store import SessionStore
-from core.sweeper import sweep
+from core.storage.retention import RetentionPolicy, load_policy, set_policy
+from core.storage.sessions import SessionStore
+from core.storage.sweeper import sweep
 from tests.helpers import add_exchange, new_session, read_json_line, start_worker, stop_workers
 
 SESSIONS = AgentSession.__table__

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from bot import messages as slack_text
+from bot import texts as slack_text
 from core.messages import assistant_message, message_text, user_message
-from core.snapshots import load_state, messages_with_snapshots
-from core.store import SessionStore
-from core.surface_state import SurfaceState
+from core.storage.sessions import SessionStore
+from core.storage.snapshots import load_state, messages_with_snapshots
+from core.storage.surface_state import SurfaceState
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
 from tests.helpers import add_exchange, new_session
 from tests.slack_harness import ServeProcess

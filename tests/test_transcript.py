@@ -11,10 +11,6 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select, text, update
 
-from core import queries as q
-from core import transcript
-from core.db import Database, ago
-from core.deliveries import Deliveries
 from core.errors import (
     AgentSessionBusy,
     AgentSessionForbidden,
@@ -24,12 +20,22 @@ from core.errors import (
     MessageNotFound,
 )
 from core.messages import assistant_message, user_message
-from core.models import AgentSessionSnapshot, SnapshotContent, SnapshotSet, SnapshotSetMember
-from core.queries import history_statement
-from core.records import Actor, BranchResult, StoredMessage
-from core.retention import RetentionPolicy
-from core.store import ANY_TAIL, TAKEOVER_MARK, SessionStore
-from core.sweeper import sweep
+from core.records import ANY_TAIL, Actor, BranchResult, StoredMessage
+from core.storage import queries as q
+from core.storage import transcript
+from core.storage.deliveries import Deliveries
+from core.storage.dialect import ago
+from core.storage.engine import Database
+from core.storage.models import (
+    AgentSessionSnapshot,
+    SnapshotContent,
+    SnapshotSet,
+    SnapshotSetMember,
+)
+from core.storage.queries import history_statement
+from core.storage.retention import RetentionPolicy
+from core.storage.sessions import TAKEOVER_MARK, SessionStore
+from core.storage.sweeper import sweep
 from tests.helpers import add_exchange, age_lock, new_session, statements
 
 
@@ -507,11 +513,11 @@ async def test_sqlite__the_store_uses_no_syntax_newer_than_the_oldest_supported(
     backend: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The SQL is written for core.db.MIN_SQLITE (verified against that library by hand): no
-    # MATERIALIZED (3.35), no HAVING without GROUP BY (3.39), and RETURNING (3.35) only where
-    # SQLAlchemy's dialect says the library has it. Here the dialect says what it says for a
-    # SQLite older than 3.35, and the turn's other way (read back in the same transaction)
-    # must do everything: a turn, a stale refusal, a takeover.
+    # The SQL is written for core.storage.engine.MIN_SQLITE (verified against that library by hand):
+    # no MATERIALIZED (3.35), no HAVING without GROUP BY (3.39), and RETURNING (3.35) only where
+    # SQLAlchemy's dialect says the library has it. Here the dialect says what it says for a SQLite
+    # older than 3.35, and the turn's other way (read back in the same transaction) must do
+    # everything: a turn, a stale refusal, a takeover.
     for flag in ("insert_returning", "update_returning", "delete_returning"):
         for database in (db, replica.db):
             monkeypatch.setattr(database.sync_engine.dialect, flag, False)

@@ -7,8 +7,7 @@ import asyncio
 import pytest
 from sqlalchemy import func, select
 
-from core import queries as q
-from core.db import Database, create_database
+from core.agent.turn import run_turn
 from core.errors import (
     AgentSessionBusy,
     AgentSessionLockLost,
@@ -18,10 +17,11 @@ from core.errors import (
     DuplicateMessage,
 )
 from core.messages import assistant_message, message_text, user_message
-from core.models import AgentSessionMessage
 from core.records import ModelChoice
-from core.store import SessionStore
-from core.turn import run_turn
+from core.storage import queries as q
+from core.storage.engine import Database, create_database
+from core.storage.models import AgentSessionMessage
+from core.storage.sessions import SessionStore
 from tests.helpers import add_exchange, age_lock, new_session, statements, take_over
 
 

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from sqlalchemy import text
 
-from core.db import SQLITE_READ_BUSY_MS, Database, _WriteLock, create_database
 from core.errors import DatabaseError
+from core.storage.engine import SQLITE_READ_BUSY_MS, Database, _WriteLock, create_database
 
 
 async def test_urgent_writers_go_before_waiting_ordinary_ones_each_queue_in_order() -> None:

@@ -12,14 +12,14 @@ import json
 import sys
 from typing import Any
 
-from core.db import Database, create_database
-from core.deliveries import Deliveries
 from core.errors import SlackAgentError
 from core.messages import user_message
-from core.migrate import upgrade
-from core.retention import RetentionPolicy
-from core.store import SessionStore
-from core.sweeper import sweep
+from core.storage.deliveries import Deliveries
+from core.storage.engine import Database, create_database
+from core.storage.migrate import upgrade
+from core.storage.retention import RetentionPolicy
+from core.storage.sessions import SessionStore
+from core.storage.sweeper import sweep
 
 
 def say(**payload: Any) -> None:

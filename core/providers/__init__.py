@@ -7,6 +7,7 @@ streaming     one streamed POST: timeouts, retries, faults -> ``ModelProviderErr
 openai        Chat Completions (any OpenAI-compatible server)
 anthropic     the Anthropic Messages API
 offline       the deterministic stand-in
+estimate      token counts when no provider reported any (marked estimated)
 registry      MODEL_PROVIDER resolution; building builtin and custom providers
 """
 
@@ -27,6 +28,7 @@ from core.providers.base import (
     Usage,
     UserMessage,
 )
+from core.providers.estimate import estimate_usage
 from core.providers.offline import OFFLINE_LABEL, OfflineProvider
 from core.providers.openai import OpenAIProvider
 from core.providers.registry import (
@@ -74,6 +76,7 @@ __all__ = [
     "build_builtin",
     "build_custom",
     "custom_provider_name",
+    "estimate_usage",
     "resolve_builtin",
     "step_start_part",
     "text_part",

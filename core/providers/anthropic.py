@@ -133,7 +133,7 @@ class _ToolBlock:
 
 
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _index(data: JsonObject) -> int:
@@ -145,11 +145,35 @@ def _obj(value: Any) -> JsonObject:
     return value if isinstance(value, dict) else {}
 
 
-def _input_tokens(usage: JsonObject) -> int | None:
-    """Cached prompt tokens are still context the model read; count them with the rest."""
-    keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-    known = [n for n in (_int(usage.get(key)) for key in keys) if n is not None]
-    return sum(known) if known else None
+_USAGE_KEYS = (
+    "input_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "output_tokens",
+)
+
+
+def _usage(counts: dict[str, int]) -> Usage:
+    """The API's ``input_tokens`` leaves out the prompt tokens read from or written to the
+    cache; ours counts every token the model read, so the three are added. A request that sent
+    no ``cache_*`` field (an older API version, a compatible server) used no cache."""
+    uncached = counts.get("input_tokens")
+    written = counts.get("cache_creation_input_tokens", 0 if uncached is not None else None)
+    read = counts.get("cache_read_input_tokens", 0 if uncached is not None else None)
+    total = None
+    if uncached is not None and written is not None and read is not None:
+        total = uncached + written + read
+    return Usage(total, counts.get("output_tokens"), read, written)
+
+
+def _count_usage(counts: dict[str, int], raw: Any) -> None:
+    """``message_start`` carries the first counts and every ``message_delta`` the cumulative
+    ones it knows (output always; the input fields only in newer API versions)."""
+    usage = _obj(raw)
+    for key in _USAGE_KEYS:
+        value = _int(usage.get(key))
+        if value is not None:
+            counts[key] = value
 
 
 class AnthropicProvider:
@@ -216,16 +240,13 @@ class AnthropicProvider:
 
     async def _parse(self, events: AsyncIterator[ServerSentEvent]) -> EventStream:
         tools: dict[int, _ToolBlock] = {}
-        input_tokens: int | None = None
-        output_tokens: int | None = None
+        counts: dict[str, int] = {}
         reason: str | None = None
         async for sse in events:
             data = parse_json_object(sse.data, provider=self.name, what="a stream event")
             kind = sse.event or data.get("type")
             if kind == "message_start":
-                usage = _obj(_obj(data.get("message")).get("usage"))
-                input_tokens = _input_tokens(usage)
-                output_tokens = _int(usage.get("output_tokens"))
+                _count_usage(counts, _obj(data.get("message")).get("usage"))
             elif kind == "content_block_start":
                 block = data.get("content_block")
                 index = data.get("index")
@@ -259,15 +280,10 @@ class AnthropicProvider:
                 stop_reason = _obj(data.get("delta")).get("stop_reason")
                 if stop_reason:
                     reason = str(stop_reason)
-                counted = _int(_obj(data.get("usage")).get("output_tokens"))
-                output_tokens = output_tokens if counted is None else counted
+                _count_usage(counts, data.get("usage"))
             elif kind == "message_stop":
-                usage_seen = input_tokens is not None or output_tokens is not None
-                yield Finish(
-                    _STOP_REASONS.get(reason or "", "other"),
-                    Usage(input_tokens, output_tokens) if usage_seen else None,
-                    reason,
-                )
+                yield _usage(counts)
+                yield Finish(_STOP_REASONS.get(reason or "", "other"), reason)
                 return
             elif kind == "error":
                 raise self._stream_error(data)

@@ -72,8 +72,30 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class Usage:
+    """What one model request used, as the provider reported it: yielded once per successful
+    stream, just before its ``Finish``, even when the server reported nothing (then with
+    ``None`` counts), so every request that answered is counted as a request.
+
+    A count the provider did not report is ``None``, never 0, so "unknown" cannot pass for
+    "free". ``input_tokens`` is every prompt token the model read, cached ones included (OpenAI's
+    ``prompt_tokens``; Anthropic's ``input_tokens`` + ``cache_read_input_tokens`` +
+    ``cache_creation_input_tokens``); ``cached_tokens`` is the part of it read from the
+    provider's prompt cache (billed cheaper) and ``cache_write_tokens`` the part written to it
+    (Anthropic bills that dearer). ``estimated`` marks counts we computed, not the provider's.
+    A stream that fails yields no ``Usage``: what a broken request used is unknown.
+    """
+
     input_tokens: int | None = None
     output_tokens: int | None = None
+    cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    estimated: bool = False
+
+    @property
+    def total_tokens(self) -> int | None:
+        if self.input_tokens is None or self.output_tokens is None:
+            return None
+        return self.input_tokens + self.output_tokens
 
 
 # Both APIs name their stop reasons differently; callers only need to tell these apart.
@@ -85,11 +107,10 @@ class Finish:
     """The last event of every successful stream; ``raw_stop_reason`` is the provider's word."""
 
     stop_reason: StopReason
-    usage: Usage | None = None
     raw_stop_reason: str | None = None
 
 
-StreamEvent = TextDelta | ToolCall | Finish
+StreamEvent = TextDelta | ToolCall | Usage | Finish
 # A generator, not just an iterator, so callers can ``aclose`` it (``contextlib.aclosing``)
 # and have the HTTP response released at once when they stop early.
 EventStream = AsyncGenerator[StreamEvent, None]
@@ -98,8 +119,9 @@ EventStream = AsyncGenerator[StreamEvent, None]
 class ModelProvider(Protocol):
     """What the agent loop calls. ``name`` is what ``stamp_session_model`` records.
 
-    ``stream`` yields text as it arrives, each tool call once complete, and ends with exactly
-    one ``Finish``; any failure is a ``ModelProviderError`` carrying the text already yielded.
+    ``stream`` yields text as it arrives, each tool call once complete, one ``Usage`` and
+    then exactly one ``Finish``; any failure is a ``ModelProviderError`` carrying the text
+    already yielded.
     ``tool_choice`` names a tool the model must call (compaction forces ``write_checkpoint``);
     ``None`` lets the model decide. ``model`` overrides ``default_model`` for one call.
     """

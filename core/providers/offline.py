@@ -10,7 +10,8 @@ is just enough to drive the whole agent through a turn:
 - anything else is echoed back.
 
 The same conversation always gets the same reply, tool-call ids included, and the reply is
-streamed word by word so callers exercise their streaming path.
+streamed word by word so callers exercise their streaming path. Its usage is an estimate
+(``core.providers.estimate``), marked so.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from core.providers.base import (
     UserMessage,
     check_tool_choice,
 )
+from core.providers.estimate import estimate_usage
 from core.providers.uimessages import person_words
 
 OFFLINE_LABEL = "[offline stand-in]"
@@ -204,4 +206,5 @@ class OfflineProvider:
             yield TextDelta(word)
         for call in reply.tool_calls:
             yield call
-        yield Finish("tool_calls" if reply.tool_calls else "stop", None, None)
+        yield estimate_usage(messages, tools, reply)  # no tokenizer here: marked estimated
+        yield Finish("tool_calls" if reply.tool_calls else "stop")

@@ -1,7 +1,8 @@
 """OpenAI-compatible Chat Completions (OpenAI, vLLM, Ollama, LiteLLM, ...), streamed.
 
 Only the common subset every compatible server implements is sent: messages, tools,
-``tool_choice`` and ``stream_options.include_usage``. Streamed tool calls arrive as fragments
+``tool_choice`` and ``stream_options.include_usage`` (the usage then arrives in a last chunk
+with no choices, before ``[DONE]``). Streamed tool calls arrive as fragments
 keyed by ``index`` (the id and name in the first, the arguments JSON spread over the rest); a
 call is yielded only once the choice finishes, because before that its arguments are not JSON.
 """
@@ -110,7 +111,15 @@ class _PartialCall:
 
 
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _usage(raw: JsonObject) -> Usage:
+    """``prompt_tokens`` already counts the cached ones (``prompt_tokens_details``); servers
+    that predate prompt caching send no details, and their cached count stays unknown."""
+    details = raw.get("prompt_tokens_details")
+    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return Usage(_int(raw.get("prompt_tokens")), _int(raw.get("completion_tokens")), cached)
 
 
 class OpenAIProvider:
@@ -176,9 +185,11 @@ class OpenAIProvider:
                 for call in self._finish_calls(calls):
                     called = True
                     yield call
+                # A server that ignores include_usage sends no usage chunk: counts unknown.
+                yield usage or Usage()
                 # A forced tool call finishes with "stop"; report what the caller must act on.
                 stop = _STOP_REASONS.get(reason or "", "other")
-                yield Finish("tool_calls" if called else stop, usage, reason)
+                yield Finish("tool_calls" if called else stop, reason)
                 return
             chunk = parse_json_object(sse.data, provider=self.name, what="a stream chunk")
             if chunk.get("error"):
@@ -187,10 +198,8 @@ class OpenAIProvider:
                     provider=self.name,
                 )
             raw_usage = chunk.get("usage")
-            if isinstance(raw_usage, dict):
-                usage = Usage(
-                    _int(raw_usage.get("prompt_tokens")), _int(raw_usage.get("completion_tokens"))
-                )
+            if isinstance(raw_usage, dict):  # the last one wins (some servers send running totals)
+                usage = _usage(raw_usage)
             choices = chunk.get("choices") or []
             if not isinstance(choices, list):
                 raise self._bad(f"'choices' is not a list: {sse.data[:200]!r}")

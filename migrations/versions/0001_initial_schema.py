@@ -23,7 +23,8 @@ depends_on: str | Sequence[str] | None = None
 
 
 def _now() -> sa.TextClause:
-    """The database clock with sub-second precision, as ``core.db.db_now`` renders it."""
+    """The database clock with sub-second precision, as ``core.storage.engine.db_now`` renders
+    it."""
     if op.get_bind().dialect.name == "sqlite":
         return sa.text("(strftime('%Y-%m-%d %H:%M:%f000', 'now'))")
     return sa.text("statement_timestamp()")

@@ -1,0 +1,395 @@
+"""A received Slack message answered in its thread: the Slack side of the delivery worker.
+
+The worker (``core.conversation.worker``) decides *when* a record is tried; ``ThreadAnswers``
+makes the try the Slack way: gather what the agent is told beside the message (the thread before
+the mention, shared files, what the person is looking at), call the conversation API once
+(``Conversation.take_turn``), and render what comes back into the thread: the reply streaming
+as the agent writes it, Slack's agent-session status, a refresh when the session moved on
+elsewhere, the notices and offers the poster gets. A record taken over from a replica that died
+finishes what that replica left in Slack (a stream left open, an answer never shown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot import context, render
+from bot import texts as text
+from bot.context import Gathered
+from bot.files import SharedFile
+from bot.post import Post, external_user, thread_key
+from bot.reply import SLACK_FAILURES, ReplyStream, StreamPacer
+from core.agent.loop import Notice, TextChunk, ToolFinished, ToolStarted, TurnStarted
+from core.conversation import (
+    REFRESH_LAST,
+    AlreadyAnswered,
+    Answered,
+    Busy,
+    Conversation,
+    ConversationEvent,
+    Conversations,
+    PickingUp,
+    Refreshed,
+    Stale,
+    TurnRequest,
+    Unseen,
+)
+from core.conversation.surface import Notice as Waiting
+from core.conversation.surface import Outcome, Progress
+from core.errors import AgentSessionLockLost, TurnInterrupted
+from core.messages import message_text
+from core.settings import Settings
+from core.storage.deliveries import DeliveryRecord
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_STREAMS = 20  # the thread messages after a taken-over one searched for a stream left open
+
+ClientFor = Callable[[str], Awaitable[AsyncWebClient | None]]
+
+
+class ThreadAnswers:
+    """What the delivery worker asks of the Slack surface. One per process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        conversations: Conversations,
+        client_for_team: ClientFor,
+        *,
+        update_interval: float = 1.0,
+    ) -> None:
+        self.settings = settings
+        self.conversations = conversations
+        self._client_for_team = client_for_team
+        self.pacer = StreamPacer(update_interval)  # every reply of this process shares it
+
+    # -- DeliverySurface ------------------------------------------------------------------------
+
+    async def client_for(self, record: DeliveryRecord) -> AsyncWebClient | None:
+        return await self._client_for_team(str(record.context.get("team", "")))
+
+    async def tell(self, record: DeliveryRecord, client: AsyncWebClient, notice: Waiting) -> None:
+        words: dict[Waiting, Callable[[], str]] = {
+            Waiting.FOLLOW_UP: text.follow_up_notice,
+            Waiting.QUEUED: text.busy_queued_notice,
+            Waiting.BUSY: text.busy_notice,
+            Waiting.TIMED_OUT: lambda: text.busy_timeout(record.text),
+            Waiting.GAVE_UP: lambda: text.gave_up(record.text),
+        }
+        await tell(client, Post.from_context(record.context), words[notice]())
+
+    async def offer(self, record: DeliveryRecord, client: AsyncWebClient, *, stale: bool) -> bool:
+        """The poster decides: **Send** (or **Send anyway**) / **Discard**."""
+        post = Post.from_context(record.context)
+        body = text.stale_offer(record.text) if stale else text.free_offer(record.text)
+        try:
+            await client.chat_postEphemeral(
+                channel=post.channel,
+                user=post.user,
+                thread_ts=post.thread_ts,
+                text=body,
+                blocks=text.offer_blocks(
+                    body, str(record.id), send_label="Send anyway" if stale else "Send"
+                ),
+            )
+        except SLACK_FAILURES as exc:
+            log.info("offer for %s not posted: %s", record.event_key, exc)
+            return False
+        return True
+
+    async def answer(
+        self,
+        record: DeliveryRecord,
+        client: AsyncWebClient,
+        *,
+        resumed: bool,
+        progress: Progress,
+    ) -> Outcome:
+        """Answer ``record`` now if the session lets us.
+
+        ``resumed``: the record was taken over from a replica that died or stopped, so its
+        user message may already be in the transcript; the transcript says what is left to do.
+        """
+        post = Post.from_context(record.context)
+        person = await self.conversations.person(external_user(post.team, post.user))
+        conversation = await self.conversations.open(
+            post.thread,
+            owner=person,
+            title=record.text,
+            temporary=post.surface in self.settings.temporary_session_surfaces,
+        )
+        gathered = await self._gather(conversation, post, record, client)
+        if resumed and record.reply_ref is None and record.state == "started":
+            await self._stop_unknown_streams(client, post)
+        request = TurnRequest(
+            record.text,
+            message_id=record.message_id,
+            ref=post.ref,
+            metadata={"slack_user": post.user},
+            context=gathered.context,
+            files=gathered.files,
+            resume=resumed,
+            sent_anyway=record.wait_reason in ("ask", "queue"),
+        )
+        return await self._turn(conversation, post, record, client, progress, request)
+
+    # -- one try --------------------------------------------------------------------------------
+
+    async def _gather(
+        self,
+        conversation: Conversation,
+        post: Post,
+        record: DeliveryRecord,
+        client: AsyncWebClient,
+    ) -> Gathered:
+        """The message's context (``bot.context``) and files, fetched once per try."""
+        gathered = Gathered()
+        if post.ts != post.thread_ts and await conversation.is_empty():
+            earlier = await context.thread_before(client, post.channel, post.thread_ts, post.ts)
+            if earlier:
+                gathered.notes.append(earlier)
+        if post.surface in ("dm", "assistant"):
+            looking = context.viewing(await self.conversations.viewing(f"{post.team}:{post.user}"))
+            if looking:
+                gathered.notes.append(looking)
+        shared = [SharedFile.from_dict(f) for f in record.context.get("files") or []]
+        if shared:
+            token = client.token if isinstance(client.token, str) else None
+            await context.fetch_files(shared, token, self.settings.max_file_bytes, gathered)
+            for refused in gathered.refused:
+                await tell(
+                    client,
+                    post,
+                    text.file_refused(
+                        refused.file.name, refused.refused or "", self.settings.max_file_bytes
+                    ),
+                )
+        return gathered
+
+    async def _turn(
+        self,
+        conversation: Conversation,
+        post: Post,
+        record: DeliveryRecord,
+        client: AsyncWebClient,
+        progress: Progress,
+        request: TurnRequest,
+    ) -> Outcome:
+        stream = ReplyStream(
+            client,
+            channel=post.channel,
+            thread_ts=post.thread_ts,
+            team=post.team,
+            user=post.user,
+            pacer=self.pacer,
+            on_start=progress.replying,
+        )
+        picked_up = False
+
+        async def on_event(event: ConversationEvent) -> None:
+            nonlocal picked_up
+            await progress.observe(event)
+            if isinstance(event, PickingUp):
+                picked_up = True
+                if record.reply_ref is not None:  # the dead turn's reply, left half-written
+                    await self._close_reply(client, post, record.reply_ref, text.cut_short())
+            elif isinstance(event, Refreshed):
+                await self._post_refresh(client, post, event.unseen)
+            elif isinstance(event, TurnStarted):
+                await progress.started(conversation.id)
+                await self._session_status(
+                    client, post, "processing", title=conversation.session.title
+                )
+                if picked_up:
+                    await stream.append(text.notice(text.resumed()) + "\n")
+            elif isinstance(event, TextChunk):
+                await stream.append(event.text)
+            elif isinstance(event, ToolStarted):
+                await stream.task_started(event.command)
+            elif isinstance(event, ToolFinished):
+                result = event.result
+                await stream.task_finished(
+                    event.command, result.exit_code, result.stdout, result.stderr
+                )
+            elif isinstance(event, Notice):
+                await stream.append(text.notice(event.text) + "\n")
+
+        try:
+            outcome = await conversation.take_turn(request, on_event)
+        except AgentSessionLockLost:
+            await self._close(client, post, stream, stream.text + "\n" + text.lock_lost())
+            return Outcome.ANSWERED
+        except TurnInterrupted:
+            await self._close(client, post, stream, stream.text + "\n" + text.stopped())
+            return Outcome.ANSWERED
+        except asyncio.CancelledError:
+            # A shutdown past its grace: the core kept the partial answer; say so in the thread.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(
+                    self._close(client, post, stream, stream.text + "\n" + text.shut_down())
+                )
+            raise
+        except Exception:
+            # A database or Slack failure mid-turn: the record stays ours (retried by this
+            # replica, or taken over), and carries on from what the transcript holds.
+            with contextlib.suppress(Exception):
+                if stream.ts is not None:
+                    await self._close(client, post, stream, stream.text + "\n" + text.will_retry())
+            raise
+        if isinstance(outcome, Busy):
+            return Outcome.BUSY
+        if isinstance(outcome, Stale):
+            await self._post_refresh(client, post, outcome.unseen)
+            return Outcome.STALE
+        if isinstance(outcome, AlreadyAnswered):
+            if outcome.answer is not None:
+                # Answered before the replica died; its reply may not have been finished.
+                reply = message_text(outcome.answer.message)
+                if record.reply_ref is not None:
+                    await self._close_reply(client, post, record.reply_ref, reply, replace=True)
+                else:
+                    await self._post_reply(
+                        client, post, conversation, outcome.answer.message_id, reply
+                    )
+            return Outcome.ANSWERED
+        assert isinstance(outcome, Answered)
+        result = outcome.result
+        final = stream.text or result.text
+        if result.error is not None:
+            final += "\n" + text.turn_failed(result.error.code)
+        answer = result.answer
+        buttons = text.feedback_blocks(answer.message_id) if answer is not None else None
+        # The reply is closed before the bookkeeping below: the answer is stored, so a
+        # database failure from here on must leave neither a stream open nor the answer
+        # unshown; the retry finds the answer and this reply (a resumed ``AlreadyAnswered``).
+        await self._close(client, post, stream, final, blocks=buttons)
+        if answer is not None:
+            await conversation.showed(answer.message_id, self._refs(post, stream.parts))
+        return Outcome.ANSWERED
+
+    @staticmethod
+    def _refs(post: Post, parts: list[str]) -> list[str]:
+        """Every message of a reply (a long one has several) stands for its answer."""
+        return [thread_key(post.team, post.channel, ts) for ts in parts]
+
+    async def _post_refresh(self, client: AsyncWebClient, post: Post, unseen: Unseen) -> None:
+        """One refresh per change: what the thread had not shown (its last few messages)."""
+        quoted = [
+            (m.role, message_text(m.message))
+            for m in unseen.messages[-REFRESH_LAST:]
+            if message_text(m.message)
+        ]
+        await client.chat_postMessage(
+            channel=post.channel,
+            thread_ts=post.thread_ts,
+            text=text.stale_refresh(quoted, unseen.rewound),
+        )
+
+    async def _stop_unknown_streams(self, client: AsyncWebClient, post: Post) -> None:
+        """A replica killed between Slack starting its reply's stream and the database
+        recording where (``reply_ref``) left a stream open that no record names. The agent's
+        messages in the thread after the person's are stopped, saying they were cut short:
+        only the dead turn's can still be streaming (this try holds the delivery), and Slack
+        refuses the others harmlessly."""
+        try:
+            response = await client.conversations_replies(
+                channel=post.channel, ts=post.thread_ts, oldest=post.ts, limit=UNKNOWN_STREAMS
+            )
+        except SLACK_FAILURES as exc:
+            log.warning("could not look for streams left open in %s: %s", post.thread, exc)
+            return
+        for message in response.get("messages") or []:
+            ts = message.get("ts") if isinstance(message, dict) else None
+            if isinstance(ts, str) and ts > post.ts and message.get("bot_id"):
+                with contextlib.suppress(*SLACK_FAILURES):
+                    await client.chat_stopStream(
+                        channel=post.channel, ts=ts, markdown_text="\n" + text.cut_short()
+                    )
+
+    async def _close_reply(
+        self, client: AsyncWebClient, post: Post, ts: str, body: str, *, replace: bool = False
+    ) -> None:
+        """Stop a stream a dead replica left open, ending with ``body`` (or showing only
+        ``body`` with ``replace``); a reply that cannot be edited any more gets a new message,
+        and so does a ``body`` longer than one edit carries."""
+        md = render.neutralise(body)
+        try:
+            if not replace:
+                await client.chat_stopStream(channel=post.channel, ts=ts, markdown_text=md)
+                return
+            with contextlib.suppress(*SLACK_FAILURES):
+                await client.chat_stopStream(channel=post.channel, ts=ts)
+            if len(md) <= render.APPEND_LIMIT:
+                await client.chat_update(channel=post.channel, ts=ts, markdown_text=md)
+                return
+        except SLACK_FAILURES:
+            pass
+        stream = ReplyStream(
+            client, channel=post.channel, thread_ts=post.thread_ts, team=post.team, user=post.user
+        )
+        await stream.finish(body)
+
+    async def _post_reply(
+        self,
+        client: AsyncWebClient,
+        post: Post,
+        conversation: Conversation,
+        message_id: str,
+        body: str,
+    ) -> None:
+        """An answer the thread never showed, whole, with its feedback buttons."""
+        stream = ReplyStream(
+            client, channel=post.channel, thread_ts=post.thread_ts, team=post.team, user=post.user
+        )
+        await stream.finish(body, blocks=text.feedback_blocks(message_id))
+        for ref in self._refs(post, stream.parts):
+            await conversation.noted(ref, message_id, "reply")
+
+    async def _close(
+        self,
+        client: AsyncWebClient,
+        post: Post,
+        stream: ReplyStream,
+        final: str,
+        *,
+        blocks: list[dict[str, Any]] | None = None,
+    ) -> str | None:
+        """Finish the reply (with the feedback buttons, ``blocks``, when it is an answer), and
+        take Slack's agent session out of "processing" with it."""
+        ts = await stream.finish(final, session_status="active", blocks=blocks)
+        if not stream.status_sent:
+            await self._session_status(client, post, "active")
+        return ts
+
+    async def _session_status(
+        self, client: AsyncWebClient, post: Post, status: str, *, title: str | None = None
+    ) -> None:
+        """Slack's agent session for the thread (status, and its title when Slack creates it).
+        A workspace where the app is not an agent refuses; that changes nothing here."""
+        try:
+            await client.agents_sessions_setStatus(
+                channel_id=post.channel, thread_ts=post.thread_ts, status=status, title=title
+            )
+        except SlackApiError as exc:
+            log.debug("agent session status not set in %s: %s", post.thread, exc)
+
+
+async def tell(client: AsyncWebClient, post: Post, body: str) -> bool:
+    """An ephemeral to the poster; False (logged) if Slack would not take it, so a notice
+    that failed never stops the message it is about from being answered."""
+    try:
+        await client.chat_postEphemeral(
+            channel=post.channel, user=post.user, thread_ts=post.thread_ts, text=body
+        )
+    except SlackApiError as exc:
+        log.warning("could not tell %s in %s: %s", post.user, post.thread, exc)
+        return False
+    return True

@@ -1,0 +1,169 @@
+"""The HTTP listener on ``HOST:PORT``: Slack's requests (HTTP mode) and the operator's.
+
+``POST /slack/events`` (Bolt verifies nothing here: the signature and the 5-minute timestamp
+window are checked before anything is parsed, 401 otherwise), and, with OAuth configured,
+``/slack/install`` and ``/slack/oauth_redirect``. Bodies over ``MAX_BODY_BYTES`` get 413,
+undecodable ones 400; neither disturbs the process. In both modes ``GET /healthz`` answers 200
+while the database answers (503 otherwise) and ``GET /metrics`` serves Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.signature import SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
+
+from core import metrics
+from core.conversation.worker import DeliveryWorker
+from core.errors import ConfigError, DatabaseError
+from core.settings import Settings
+from core.storage import Deliveries, Storage
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 1 << 20  # Slack's payloads are a few kilobytes
+
+
+class Listener:
+    """The routes, over the Bolt app and the process's delivery worker."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        app: AsyncApp,
+        worker: DeliveryWorker[AsyncWebClient],
+        storage: Storage,
+        deliveries: Deliveries,
+        *,
+        oauth: bool,
+    ) -> None:
+        self.app = app
+        self.worker = worker
+        self.storage = storage
+        self.deliveries = deliveries
+        self.oauth = oauth
+        # HTTP mode only (check_config requires the secret there; Socket Mode has no signature).
+        self._verifier = (
+            SignatureVerifier(settings.slack_signing_secret)
+            if settings.slack_signing_secret
+            else None
+        )
+
+    def web_app(self, *, events: bool = True) -> web.Application:
+        """Slack's requests (``events``, HTTP mode) and the operator's endpoints."""
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_get("/healthz", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        if events:
+            app.router.add_post("/slack/events", self._events)
+            if self.oauth:
+                app.router.add_get("/slack/install", self._install)
+                app.router.add_get("/slack/oauth_redirect", self._oauth_redirect)
+        return app
+
+    async def _install(self, request: web.Request) -> web.StreamResponse:
+        flow = self.app.oauth_flow
+        assert flow is not None
+        response = await flow.handle_installation(self._get_request(request))
+        return await to_aiohttp_response(response)
+
+    async def _oauth_redirect(self, request: web.Request) -> web.StreamResponse:
+        flow = self.app.oauth_flow
+        assert flow is not None
+        response = await flow.handle_callback(self._get_request(request))
+        return await to_aiohttp_response(response)
+
+    @staticmethod
+    def _get_request(request: web.Request) -> AsyncBoltRequest:
+        headers: dict[str, str | Sequence[str]] = {k.lower(): v for k, v in request.headers.items()}
+        return AsyncBoltRequest(body="", query=request.query_string, headers=headers)
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        """Bolt's dispatch, in the request: a message is recorded before the 200 goes out.
+
+        The signature is checked here, before anything is parsed: Bolt parses a body before it
+        verifies it and fails on JSON that is not an object, so an unsigned request must never
+        get that far. Whatever a signed body holds, a malformed one is a 400, never a 5xx.
+        """
+        if self.worker.closing:
+            return web.Response(status=503, text="shutting down")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return web.Response(status=413, text="request body too large")
+        headers: dict[str, str | Sequence[str]] = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            body = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return web.Response(status=400, text="request body is not UTF-8")
+        if not self._signed(body, request):
+            return web.Response(status=401, text="invalid or stale signature")
+        try:
+            bolt_request = AsyncBoltRequest(body=body, query=request.query_string, headers=headers)
+        except Exception:
+            return web.Response(status=400, text="malformed request body")
+        try:
+            with self.worker.arriving():
+                response = await self.app.async_dispatch(bolt_request)
+        except Exception:
+            log.warning("malformed request: dispatch failed", exc_info=True)
+            return web.Response(status=400, text="malformed request")
+        return await to_aiohttp_response(response)
+
+    def _signed(self, body: str, request: web.Request) -> bool:
+        """Slack's v0 signature over the body, within its 5-minute timestamp window."""
+        if self._verifier is None:
+            return False
+        timestamp = request.headers.get("X-Slack-Request-Timestamp", "")
+        signature = request.headers.get("X-Slack-Signature", "")
+        try:
+            return self._verifier.is_valid(body, timestamp, signature)
+        except (ValueError, TypeError):
+            return False
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        if await self.storage.answers():
+            return web.Response(text="ok")
+        return web.Response(status=503, text="database unavailable")
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        """Prometheus text; the delivery gauges are read from the database now (if it answers:
+        counters are served either way)."""
+        try:
+            counts = await self.deliveries.counts()
+        except DatabaseError:
+            log.warning("/metrics: the database did not answer; delivery gauges not updated")
+        else:
+            metrics.DELIVERIES.clear()
+            metrics.DELIVERY_AGE.clear()
+            oldest: dict[str, float] = {}
+            for c in counts:
+                metrics.DELIVERIES.labels(c.state, c.wait_reason or "").set(c.count)
+                oldest[c.state] = max(oldest.get(c.state, 0.0), c.oldest_age_seconds)
+            for state, age in oldest.items():
+                metrics.DELIVERY_AGE.labels(state).set(age)
+            metrics.WAITING_MESSAGES.set(sum(c.count for c in counts if c.state == "waiting"))
+        body, content_type = metrics.exposition()
+        response = web.Response(body=body)
+        response.content_type = content_type.split(";")[0]
+        response.charset = "utf-8"
+        return response
+
+
+async def listen(listener: Listener, host: str, port: int, *, events: bool) -> web.AppRunner:
+    """Serve ``listener`` on ``host:port``; a port that cannot be had is one config line."""
+    runner = web.AppRunner(listener.web_app(events=events), access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(f"PORT: cannot listen on {host}:{port}: {exc.strerror}") from None
+    return runner

@@ -1,0 +1,168 @@
+"""Everything one ``serve`` process runs for Slack, built on the core runtime.
+
+The core's ``Runtime`` (database, stores, providers, agent) is made from settings in one place;
+this adds what is Slack's own: the Slack conversations and their delivery worker, the Bolt app
+and its listeners, the Web API's HTTP session, and multi-workspace installs. Tests and the demo
+build one the same way ``serve`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from aiohttp import web
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.answers import ThreadAnswers
+from bot.app import build_app
+from bot.http import Listener
+from bot.installations import InstallStores, open_install_stores
+from bot.post import PROJECT, SURFACE
+from bot.shortcuts import Shortcuts
+from bot.tasks import BackgroundWork
+from bot.web import http_session, web_client
+from core import metrics
+from core.conversation.worker import DeliveryWorker
+from core.errors import ConfigError
+from core.runtime import Runtime
+from core.settings import Settings
+
+BOT_SCOPES = [
+    "app_mentions:read",
+    "assistant:write",
+    "channels:history",
+    "chat:write",
+    "commands",
+    "files:read",
+    "groups:history",
+    "im:history",
+    "mpim:history",
+]
+
+
+def check_config(settings: Settings) -> None:
+    """One line naming the variable a mode needs (never a traceback)."""
+    oauth = [settings.slack_client_id, settings.slack_client_secret, settings.slack_state_secret]
+    if any(oauth) and not all(oauth):
+        missing = ("SLACK_CLIENT_ID", "SLACK_CLIENT_SECRET", "SLACK_STATE_SECRET")[
+            [bool(v) for v in oauth].index(False)
+        ]
+        raise ConfigError(f"{missing}: required with the other SLACK_CLIENT_* OAuth settings")
+    if settings.slack_app_token:
+        if not settings.slack_app_token.startswith("xapp-"):
+            raise ConfigError("SLACK_APP_TOKEN: an app-level token starts with xapp-")
+        if not settings.slack_bot_token:
+            raise ConfigError("SLACK_BOT_TOKEN: required in Socket Mode (SLACK_APP_TOKEN is set)")
+        return
+    if not settings.slack_signing_secret:
+        raise ConfigError("SLACK_SIGNING_SECRET: required to verify Slack's HTTP requests")
+    if not settings.slack_bot_token and not all(oauth):
+        raise ConfigError(
+            "SLACK_BOT_TOKEN: required (or SLACK_CLIENT_ID/SECRET/STATE_SECRET for OAuth installs)"
+        )
+
+
+class Bot:
+    """Everything ``serve`` runs, built from settings (tests and the demo build one too)."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        installs: InstallStores | None,
+        http: aiohttp.ClientSession | None = None,
+    ) -> None:
+        settings = runtime.settings
+        self.settings = settings
+        self.runtime = runtime
+        self.http = http  # the Web API's session (kept open: warm connections); ours to close
+        self.installs = installs
+        self.conversations = runtime.conversations(PROJECT, surface=SURFACE)
+        self.answers = ThreadAnswers(settings, self.conversations, self.client_for)
+        self.deliveries = runtime.deliveries(SURFACE)
+        metrics.REPLICA.info({"owner": self.deliveries.owner})
+        self.worker: DeliveryWorker[AsyncWebClient] = DeliveryWorker(
+            settings,
+            self.deliveries,
+            self.conversations,
+            self.answers,
+            max_turns=settings.max_concurrent_turns,
+        )
+        self.background = BackgroundWork()
+        oauth: AsyncOAuthSettings | None = None
+        if installs is not None:
+            oauth = AsyncOAuthSettings(
+                client_id=settings.slack_client_id,
+                client_secret=settings.slack_client_secret,
+                scopes=BOT_SCOPES,
+                installation_store=installs.installations,
+                state_store=installs.states,
+                install_path="/slack/install",
+                redirect_uri_path="/slack/oauth_redirect",
+            )
+        self.app: AsyncApp = build_app(
+            settings,
+            self.conversations,
+            self.worker,
+            Shortcuts(settings, self.conversations),
+            self.background,
+            oauth_settings=oauth,
+            http_session=http,
+        )
+
+    @classmethod
+    async def open(cls, settings: Settings) -> Bot:
+        check_config(settings)
+        runtime = await Runtime.open(settings)
+        try:
+            installs = None
+            if settings.slack_client_id and settings.slack_client_secret:
+                installs = await open_install_stores(
+                    settings.database_url, settings.slack_client_id
+                )
+        except BaseException:
+            await runtime.close()
+            raise
+        return cls(runtime, installs, http_session())
+
+    @property
+    def listener(self) -> Listener:
+        return Listener(
+            self.settings,
+            self.app,
+            self.worker,
+            self.runtime.storage,
+            self.deliveries,
+            oauth=self.installs is not None,
+        )
+
+    def web_app(self, *, events: bool = True) -> web.Application:
+        """The HTTP listener's routes (``bot.http``)."""
+        return self.listener.web_app(events=events)
+
+    def start(self) -> None:
+        """Begin renewing leases and taking over what stopped or dead replicas left."""
+        self.worker.start()
+
+    async def close(self) -> None:
+        """Stop taking work, let running turns finish for the grace period, interrupt the
+        rest (their partial answers kept), then close everything."""
+        grace = self.settings.shutdown_grace_seconds
+        self.background.closing = True
+        await asyncio.gather(self.worker.stop(grace), self.background.shutdown(grace))
+        if self.installs is not None:
+            await self.installs.dispose()
+        await self.runtime.close()
+        if self.http is not None:
+            await self.http.close()
+
+    async def client_for(self, team: str) -> AsyncWebClient | None:
+        """A Web API client for a workspace (for records taken over outside any request)."""
+        if self.installs is None:
+            return self.app.client
+        bot = await self.installs.installations.async_find_bot(enterprise_id=None, team_id=team)
+        if bot is None or not bot.bot_token:
+            return None
+        return web_client(self.settings, bot.bot_token, self.http)

@@ -1,0 +1,353 @@
+"""The agent: one turn from a user's message to a persisted answer.
+
+history projection -> model -> tool calls (the session's bashkit shell) -> model ... until the
+model answers without calling a tool, or the round cap is reached (the last round offers no
+tools, so the model must answer in words). Text streams to the caller as it arrives.
+
+Everything that can refuse a turn (busy, stale, unknown session) happens in ``start_turn``
+before any provider is called, so a refused turn costs no tokens. A provider failure ends the
+turn with its partial output persisted as interrupted, the sandbox state kept, the lock released
+and the error returned for the surface to word; nothing raises past a started turn but a lost
+lock or a cancellation.
+
+Auto-compaction: before calling the model, a projection estimated above ``auto_compact_tokens``
+is compacted first, inside the same lock, with the checkpoint placed before the turn's own user
+message. The estimate is the projection's JSON length divided by four (about four characters
+per token for English text and code): cheap, provider-independent, and conservative for the
+tool output that dominates long sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.agent.compaction import Summariser, checkpoint_message, compact, parse_checkpoint
+from core.agent.model_choice import ProviderCache, ResolvedModel, resolve_model
+from core.agent.summariser import model_summariser
+from core.agent.turn import Turn, run_turn
+from core.errors import ModelProviderError, SlackAgentError
+from core.messages import Message, new_message_id
+from core.providers.base import TextDelta, ToolCall, ToolSpec
+from core.providers.uimessages import (
+    step_start_part,
+    text_part,
+    tool_call_part,
+    tool_error_part,
+    tool_output_part,
+    ui_to_chat,
+)
+from core.records import Actor, AnyTail, StoredMessage
+from core.sandbox.shell import Sandbox, SandboxLimits, ShellResult
+from core.storage.sessions import SessionStore
+from core.storage.snapshots import SnapshotRef
+
+SHELL = ToolSpec(
+    name="shell",
+    description=(
+        "Run a bash command in this conversation's own sandboxed shell. Files you create stay "
+        "for later turns of this conversation (and follow it when it is rewound or forked). "
+        "There is no network and no access to the host."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {"command": {"type": "string", "description": "the bash command"}},
+        "required": ["command"],
+        "additionalProperties": False,
+    },
+)
+
+SYSTEM_PROMPT = (
+    "You are an AI agent that a team talks to in a Slack thread. Be concise and concrete. "
+    "You have one tool, a sandboxed bash shell with its own files; use it when running "
+    "something beats guessing. Say plainly when you do not know."
+)
+
+
+COMPACTED_NOTICE = "The conversation was long, so it was compacted into a checkpoint first."
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    max_tool_rounds: int = 8
+    auto_compact_tokens: int = 100_000
+    heartbeat_seconds: float = 15.0
+    system_prompt: str = SYSTEM_PROMPT
+    sandbox_limits: SandboxLimits | None = None
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolStarted:
+    command: str
+
+
+@dataclass(frozen=True)
+class ToolFinished:
+    command: str
+    result: ShellResult
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should be told once (a provider fallback, an automatic compaction)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class TurnStarted:
+    """The claim held and the user message is persisted (or, resuming, was already)."""
+
+    user: StoredMessage | None
+
+
+@dataclass(frozen=True)
+class ModelCalled:
+    """A model request goes out (for the answer, or for an automatic compaction): the turn's
+    own work before it (claim, history, sandbox) is done, and from here it mostly waits. A
+    surface running many turns uses this and ``ModelDone`` to keep the turns' own work, which
+    is CPU on its event loop, from crowding out everything else."""
+
+
+@dataclass(frozen=True)
+class ModelDone:
+    """The model has written its answer (or failed); what follows is storing it."""
+
+
+AgentEvent = TurnStarted | ModelCalled | ModelDone | TextChunk | ToolStarted | ToolFinished | Notice
+OnEvent = Callable[[AgentEvent], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    user: StoredMessage | None
+    answer: StoredMessage | None
+    text: str
+    error: SlackAgentError | None = None
+    notices: tuple[str, ...] = ()
+    compacted: bool = False
+
+    @property
+    def interrupted(self) -> bool:
+        return self.error is not None
+
+
+def estimate_tokens(history: Sequence[StoredMessage]) -> int:
+    return sum(len(json.dumps(m.message, ensure_ascii=False)) for m in history) // 4
+
+
+async def _ignore(_event: AgentEvent) -> None:
+    return None
+
+
+@dataclass
+class _Answer:
+    """The assistant message being built: one UIMessage for the whole turn, all its steps."""
+
+    model: ResolvedModel
+    parts: list[dict[str, Any]] = field(default_factory=list)
+    id: str = field(default_factory=new_message_id)
+
+    @property
+    def text(self) -> str:
+        return "".join(p["text"] for p in self.parts if p.get("type") == "text")
+
+    def message(self, **metadata: Any) -> Message:
+        meta = {"model": self.model.choice.name, "provider": self.model.choice.provider}
+        return {
+            "id": self.id,
+            "role": "assistant",
+            "parts": list(self.parts),
+            "metadata": {**meta, **metadata},
+        }
+
+
+class Agent:
+    """What a surface holds to run turns: the store, the providers and the configuration."""
+
+    def __init__(
+        self, store: SessionStore, providers: ProviderCache, config: AgentConfig | None = None
+    ) -> None:
+        self.store = store
+        self.providers = providers
+        self.config = config or AgentConfig()
+
+    async def run_turn(
+        self,
+        session_id: int,
+        *,
+        user_message: Message | None,
+        last_message_id: str | AnyTail | None,
+        on_event: OnEvent | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> TurnResult:
+        """One turn.
+
+        ``user_message=None`` answers the user message that is already the tail, named by
+        ``last_message_id``: a turn resumed after the process running it died; the stale guard
+        makes sure nothing was added after it meanwhile. ``files`` (path -> bytes) are put into
+        the sandbox before the model runs, so they are part of this turn's snapshot (a rewind
+        to before it removes them).
+        """
+        emit = on_event or _ignore
+        session = await self.store.get_session(session_id)
+        model = await resolve_model(self.store.custom_providers, self.providers, session)
+        notices: list[str] = []
+        async with run_turn(
+            self.store,
+            session_id,
+            user_message=user_message,
+            last_message_id=last_message_id,
+            model=model.choice,
+            heartbeat_seconds=self.config.heartbeat_seconds,
+        ) as turn:
+            await emit(TurnStarted(turn.lease.tail))
+            if model.notice:
+                notices.append(model.notice)
+                await emit(Notice(model.notice))
+            answer = _Answer(model)
+            turn.partial = answer.message()
+            sandbox = await Sandbox.open(
+                await self.store.snapshots.load(session_id), self.config.sandbox_limits
+            )
+            if files:
+                sandbox.add_files(files)
+            compacted = False
+            error: ModelProviderError | None = None
+            try:
+                compacted = await self._auto_compact(turn, model, emit)
+                if compacted:
+                    notices.append(COMPACTED_NOTICE)
+                    await emit(Notice(COMPACTED_NOTICE))
+                await self._loop(turn, model, sandbox, answer, emit)
+            except ModelProviderError as exc:
+                error = exc
+                turn.outcome = "model_error"
+            except asyncio.CancelledError:
+                # Stopped (a shutdown past its grace, a stop button, a lost lock): what the
+                # commands already did to the sandbox is kept with the partial answer.
+                turn.partial = answer.message()
+                turn.partial_snapshot = await self._snapshot(sandbox)
+                raise
+            await emit(ModelDone())
+            metadata: dict[str, Any] = {}
+            if error is not None:
+                metadata = {
+                    "interrupted": True,
+                    "error": {"code": error.code, "message": str(error)},
+                }
+            snapshot = await self._snapshot(sandbox)
+            (stored,) = await turn.finish([answer.message(**metadata)], snapshot=snapshot)
+        return TurnResult(
+            user=turn.lease.tail,
+            answer=stored,
+            text=answer.text,
+            error=error,
+            notices=tuple(notices),
+            compacted=compacted,
+        )
+
+    async def _loop(
+        self,
+        turn: Turn,
+        model: ResolvedModel,
+        sandbox: Sandbox,
+        answer: _Answer,
+        emit: OnEvent,
+    ) -> None:
+        history = [m.message for m in await turn.history()]
+        for round_ in range(self.config.max_tool_rounds + 1):
+            tools = [SHELL] if round_ < self.config.max_tool_rounds else []
+            conversation = ui_to_chat(
+                [*history, answer.message()] if answer.parts else history,
+                system=self.config.system_prompt,
+            )
+            answer.parts.append(step_start_part())
+            await emit(ModelCalled())
+            calls: list[ToolCall] = []
+            text_index: int | None = None
+            async for event in model.provider.stream(conversation, tools, model=model.choice.name):
+                if isinstance(event, TextDelta) and event.text:
+                    if text_index is None:
+                        answer.parts.append(text_part(""))
+                        text_index = len(answer.parts) - 1
+                    answer.parts[text_index]["text"] += event.text
+                    turn.partial = answer.message()
+                    await emit(TextChunk(event.text))
+                elif isinstance(event, ToolCall):
+                    calls.append(event)
+            if not calls:
+                return
+            for call in calls:
+                await self._run_tool(call, sandbox, answer, emit)
+                turn.partial = answer.message()
+
+    @staticmethod
+    async def _run_tool(call: ToolCall, sandbox: Sandbox, answer: _Answer, emit: OnEvent) -> None:
+        command = call.arguments.get("command")
+        if call.name != SHELL.name or not isinstance(command, str) or not command.strip():
+            answer.parts.append(
+                tool_error_part(call, f"unknown tool or missing command: {call.name}")
+            )
+            return
+        answer.parts.append(tool_call_part(call))
+        await emit(ToolStarted(command))
+        result = await sandbox.run(command)
+        answer.parts[-1] = tool_output_part(
+            call,
+            {
+                "stdout": result.stdout,
+                "stderr": result.stderr,
+                "exit_code": result.exit_code,
+                "truncated": result.truncated,
+            },
+        )
+        await emit(ToolFinished(command, result))
+
+    async def _snapshot(self, sandbox: Sandbox) -> SnapshotRef | None:
+        if not sandbox.dirty:
+            return None
+        captured = await sandbox.capture()
+        return None if captured is None else await self.store.snapshots.store(captured)
+
+    async def _auto_compact(self, turn: Turn, model: ResolvedModel, emit: OnEvent) -> bool:
+        limit = self.config.auto_compact_tokens
+        if limit <= 0:
+            return False
+        history = await turn.history()
+        earlier = history[:-1]  # everything but this turn's own user message
+        if len(earlier) < 2 or earlier[-1].is_compaction_message:
+            return False
+        if estimate_tokens(history) <= limit:
+            return False
+        summarise = model_summariser(model.provider, model=model.choice.name)
+        await emit(ModelCalled())
+        checkpoint = await summarise(earlier, parse_checkpoint(earlier[0]), None)
+        await self.store.insert_checkpoint_before_tail(turn.lease, checkpoint_message(checkpoint))
+        return True
+
+    def summariser(self, model: ResolvedModel) -> Summariser:
+        return model_summariser(model.provider, model=model.choice.name)
+
+    async def compact(
+        self, session_id: int, actor: Actor, *, focus: str | None = None
+    ) -> StoredMessage:
+        """Compaction on request (a shortcut, ``/compact``): the model writes the checkpoint."""
+        session = await self.store.get_session(session_id)
+        model = await resolve_model(self.store.custom_providers, self.providers, session)
+        return await compact(
+            self.store,
+            session_id,
+            actor,
+            self.summariser(model),
+            focus=focus,
+            heartbeat_seconds=self.config.heartbeat_seconds,
+        )

@@ -1,0 +1,43 @@
+"""The conversation API every surface calls (``conversations``), and what a surface has shown
+of a session (``views``). A surface is a translation: its input to one of these calls, the
+result to its output; see docs/design.md for the calls a surface makes."""
+
+from core.conversation.conversations import Conversation, Conversations, Forked
+from core.conversation.outcomes import (
+    AlreadyAnswered,
+    Answered,
+    Busy,
+    ConversationEvent,
+    OnConversationEvent,
+    PickingUp,
+    Refreshed,
+    RewindPlan,
+    Rewound,
+    Stale,
+    TurnOutcome,
+    TurnRequest,
+)
+from core.conversation.views import REFRESH_LAST, MemoryView, ThreadView, Unseen, View
+
+__all__ = [
+    "REFRESH_LAST",
+    "AlreadyAnswered",
+    "Answered",
+    "Busy",
+    "Conversation",
+    "ConversationEvent",
+    "Conversations",
+    "Forked",
+    "MemoryView",
+    "OnConversationEvent",
+    "PickingUp",
+    "Refreshed",
+    "RewindPlan",
+    "Rewound",
+    "Stale",
+    "ThreadView",
+    "TurnOutcome",
+    "TurnRequest",
+    "Unseen",
+    "View",
+]

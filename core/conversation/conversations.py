@@ -1,0 +1,482 @@
+"""The conversation API: what every surface calls, the same way.
+
+A surface (Slack, the terminal, a future web page) translates what a person did into one of
+these calls and renders what comes back; the rules in between live here once:
+
+- ``Conversations`` is one surface's door to the sessions: it opens or finds the conversation
+  for the surface's key (a Slack thread, a terminal's session), locates the conversation and
+  message a surface reference names (a Slack message), and answers the questions that are not
+  about one conversation (who a person is, stop requests, votes, what someone looks at).
+- ``Conversation`` is one session as that surface sees it: its ``View`` (the last message the
+  surface showed, the stale guard's ``last_message_id``), a turn with the stale and resume
+  rules applied, what the surface has not shown, and rewind, fork and compaction at a message.
+
+Refusals that a surface renders as part of its normal flow come back as values
+(``Busy``, ``Stale``, ``AlreadyAnswered``); failures (a lost lock, an interruption, the
+database) are the core's exceptions, with stable codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from core.agent.loop import Agent, AgentEvent, TurnStarted
+from core.conversation.outcomes import (
+    AlreadyAnswered,
+    Answered,
+    Busy,
+    ConversationEvent,
+    OnConversationEvent,
+    PickingUp,
+    Refreshed,
+    RewindPlan,
+    Rewound,
+    Stale,
+    TurnOutcome,
+    TurnRequest,
+)
+from core.conversation.views import MemoryView, ThreadView, Unseen, View, unseen
+from core.errors import AgentSessionBusy, AgentSessionStale, DuplicateMessage, MessageNotFound
+from core.messages import message_text, user_message
+from core.records import Actor, SessionInfo, StoredMessage
+from core.storage import Feedback, SessionStore, SurfaceState
+
+
+@dataclass(frozen=True)
+class Forked:
+    conversation: Conversation
+    copied: int
+    draft: str | None
+
+
+async def _let_others_run() -> None:
+    """Yield to the event loop. SQLite statements run in place (``core.storage.engine``), so a
+    chain of them never suspends; without these, a surface's acknowledgements would wait
+    behind whole chains."""
+    await asyncio.sleep(0)
+
+
+class Conversations:
+    """One surface's conversations.
+
+    ``state``: the surface's own tables (threads, message references). A surface that has
+    them binds each conversation to its key and keeps its view there, for every replica; one
+    without them (the terminal) keeps its view in memory.
+    """
+
+    def __init__(
+        self,
+        store: SessionStore,
+        agent: Agent,
+        feedback: Feedback,
+        *,
+        project: str,
+        state: SurfaceState | None = None,
+    ) -> None:
+        self.store = store
+        self.agent = agent
+        self.project = project
+        self._feedback = feedback
+        self._state = state
+
+    # -- people ---------------------------------------------------------------------------------
+
+    async def person(
+        self, external_id: str, *, admin: bool = False, display_name: str | None = None
+    ) -> Actor:
+        """Who acts (``slack:T…:U…``, ``cli:<login>``); ``admin`` as the surface decides it."""
+        user_id = await self.store.get_or_create_user(external_id, display_name)
+        return Actor(user_id=user_id, admin=admin)
+
+    async def who(self, user_id: int) -> str | None:
+        """The external id of a user (to name a session's owner)."""
+        return await self.store.user_external_id(user_id)
+
+    # -- finding and opening --------------------------------------------------------------------
+
+    async def open(
+        self,
+        key: str,
+        *,
+        owner: Actor,
+        title: str | None = None,
+        temporary: bool = False,
+    ) -> Conversation:
+        """The conversation for the surface's ``key``, made (owned by ``owner``) if there is
+        none; idempotent under concurrency (replicas and retries meeting one thread agree)."""
+        session, _ = await self.store.get_or_create_session(
+            self.project, key, user_id=owner.user_id, title=title, temporary=temporary
+        )
+        await _let_others_run()
+        if self._state is not None:
+            await self._state.bind_thread(key, session.id)
+        return self._conversation(session, key)
+
+    async def find(self, key: str) -> Conversation | None:
+        """The conversation bound to ``key``, if there is one."""
+        if self._state is None:
+            found = await self.store.find_session(self.project, key)
+            return None if found is None else self._conversation(found, key)
+        thread = await self._state.get_thread(key)
+        if thread is None:
+            return None
+        return self._conversation(await self.store.get_session(thread.session_id), key)
+
+    async def get(self, session_id: int) -> Conversation:
+        """A conversation by its session id (``AgentSessionNotFound`` when there is none).
+        A session of this surface's project is keyed by its ``project_session_id``."""
+        session = await self.store.get_session(session_id)
+        key = session.project_session_id if session.project_name == self.project else None
+        return self._conversation(session, key)
+
+    async def at(self, ref: str) -> tuple[Conversation, str] | None:
+        """The conversation a surface reference belongs to, and the id of the transcript
+        message it stands for (which a rewind may have taken out since)."""
+        if self._state is None:
+            return None
+        found = await self._state.find_ref(ref)
+        if found is None:
+            return None
+        return await self.get(found.session_id), found.message_id
+
+    async def key_of(self, session_id: int) -> str | None:
+        """The surface key a session is bound to (a fork's head, a thread), if any."""
+        if self._state is None:
+            return None
+        thread = await self._state.thread_of_session(session_id)
+        return None if thread is None else thread.thread_key
+
+    async def find_by_key_suffix(self, suffix: str, *, ref_suffix: str | None = None) -> int | None:
+        """The session bound to a key ending with ``suffix``, or else the one whose message a
+        reference ending with ``ref_suffix`` (default: ``suffix``) names: for a link that names
+        only part of a surface's key (a Slack permalink names no workspace)."""
+        if self._state is None:
+            return None
+        thread = await self._state.find_thread_ending(suffix)
+        if thread is not None:
+            return thread.session_id
+        ref = await self._state.find_ref_ending(ref_suffix or suffix)
+        return None if ref is None else ref.session_id
+
+    async def recent(self, owner: Actor, key_prefix: str) -> list[SessionInfo]:
+        """The owner's sessions whose keys start with ``key_prefix``, most recent first."""
+        sessions = await self.store.list_sessions(user_id=owner.user_id, project_name=self.project)
+        return [s for s in sessions if s.project_session_id.startswith(key_prefix)]
+
+    def _conversation(self, session: SessionInfo, key: str | None) -> Conversation:
+        view: View
+        if self._state is not None and key is not None:
+            view = ThreadView(self._state, key, session.id)
+        else:
+            view = MemoryView()
+        return Conversation(self, session, key, view)
+
+    # -- beside the conversations ---------------------------------------------------------------
+
+    async def busy(self, session_ids: set[int]) -> set[int]:
+        """Which of these sessions have a turn running (``is_turn_active``), in one query."""
+        return await self.store.active_among(session_ids)
+
+    async def stop(self, key: str) -> bool:
+        """A stop button: the running turn stops, on whichever replica runs it."""
+        found = await self.find(key)
+        return found is not None and await self.store.request_stop(found.session.id)
+
+    async def stop_all(self, key_prefix: str) -> int:
+        """Every turn running under keys with this prefix stops (an app removed)."""
+        return await self.store.request_stops(self.project, key_prefix)
+
+    async def rename(self, key: str, title: str) -> None:
+        """The surface renamed the conversation: that is its title here too."""
+        found = await self.find(key)
+        if found is not None and title.strip():
+            await self.store.set_title(found.session.id, title, Actor(None, admin=True))
+
+    async def vote(self, message_id: str, voter: str, verdict: str) -> bool:
+        """A feedback vote on an answer; False when it is gone or no vote."""
+        return await self._feedback.record(message_id, voter, verdict)
+
+    async def votes(self, session_id: int) -> dict[str, dict[str, int]]:
+        return await self._feedback.of_session(session_id)
+
+    async def set_viewing(self, person: str, seen: dict[str, Any]) -> None:
+        """What a person is looking at, remembered for their next message (any replica)."""
+        if self._state is not None:
+            await self._state.set_viewing(person, seen)
+
+    async def viewing(self, person: str) -> dict[str, Any] | None:
+        return None if self._state is None else await self._state.viewing(person)
+
+    async def stash(self, value: dict[str, Any]) -> str:
+        """Keep a surface's pending choice (a confirmation, a picker) for any replica."""
+        assert self._state is not None, "stashing needs the surface's tables"
+        return await self._state.stash(value)
+
+    async def unstash(self, key: str) -> dict[str, Any] | None:
+        return None if self._state is None else await self._state.unstash(key)
+
+
+class Conversation:
+    """One session as one surface sees it."""
+
+    def __init__(
+        self, owner: Conversations, session: SessionInfo, key: str | None, view: View
+    ) -> None:
+        self._all = owner
+        self.store = owner.store
+        self.session = session
+        self.key = key
+        self.view = view
+        self._sent: StoredMessage | None = None  # the user message of this handle's last turn
+
+    @property
+    def id(self) -> int:
+        return self.session.id
+
+    # -- reading --------------------------------------------------------------------------------
+
+    async def is_empty(self) -> bool:
+        return await self.store.tail(self.id) is None
+
+    async def is_busy(self) -> bool:
+        return await self.store.is_turn_active(self.id)
+
+    async def projected(self) -> list[StoredMessage]:
+        """What the model sees (the latest checkpoint and what follows); now shown."""
+        history = await self.store.history(self.id)
+        # The projection ends at the tail it was read with: what was printed is what was seen.
+        await self.view.show(history[-1].message_id if history else None)
+        return history
+
+    async def unseen(self) -> Unseen:
+        """What was added or changed since the surface last showed the session; now shown."""
+        shown = await self.view.shown()
+        found = await unseen(self.store, self.id, shown)
+        if found.messages:
+            await self.view.show(found.messages[-1].message_id)
+        elif found.rewound:
+            tail = await self.store.tail(self.id)
+            await self.view.show(tail.message_id if tail else None)
+        return found
+
+    async def listing(self) -> tuple[list[StoredMessage], set[str]]:
+        """The whole transcript, and which of its messages carry a sandbox snapshot."""
+        messages = await self.store.messages(self.id)
+        return messages, await self.store.snapshots.messages_with_snapshots(self.id)
+
+    async def at_position(self, position: int) -> StoredMessage:
+        found = await self.store.messages(self.id, after_position=position - 1)
+        if not found or found[0].position != position:
+            raise MessageNotFound(f"no message at position {position}")
+        return found[0]
+
+    async def owner(self) -> str | None:
+        """The external id of the session's owner (None when it has none)."""
+        if self.session.user_id is None:
+            return None
+        return await self._all.who(self.session.user_id) or f"user #{self.session.user_id}"
+
+    # -- a turn ---------------------------------------------------------------------------------
+
+    async def take_turn(
+        self, request: TurnRequest, on_event: OnConversationEvent | None = None
+    ) -> TurnOutcome:
+        """One turn for ``request``, with the stale guard against the surface's view.
+
+        A refusal costs no model tokens: ``Busy`` and ``Stale`` come from the claim. A stale
+        refusal caused only by this surface's own earlier turn (every message after the view
+        came through this surface: a reply that finished a moment ago on another replica)
+        moves the view on and sends, as does one the person chose to send anyway (after the
+        surface showed them ``Refreshed``). A resumed request answers from what the
+        transcript holds: a message stored but unanswered is answered from there (never
+        stored again, ``PickingUp`` first); an answered one is ``AlreadyAnswered``.
+        """
+        emit = on_event or _ignore
+        if request.ref is not None and request.message_id is not None:
+            await self._note_ref(request.ref, request.message_id, "user")
+            await _let_others_run()
+        if not request.resume:
+            try:
+                return await self._turn(request, emit, retry=True)
+            except DuplicateMessage:
+                pass  # already in the transcript: what follows it says what is left to do
+        return await self._resume(request, emit)
+
+    async def _resume(self, request: TurnRequest, emit: OnConversationEvent) -> TurnOutcome:
+        tail = await self.store.tail(self.id)
+        if tail is not None and tail.message_id == request.message_id:
+            await emit(PickingUp())
+            return await self._turn(request, emit, resume=True)
+        found = await self.store.find_message(request.message_id) if request.message_id else None
+        if found is None:
+            return await self._turn(request, emit, retry=True)
+        after = await self.store.messages(self.id, after_position=found[1].position)
+        answer = after[0] if after and after[0].role == "assistant" else None
+        return AlreadyAnswered(answer)
+
+    async def _turn(
+        self,
+        request: TurnRequest,
+        emit: OnConversationEvent,
+        *,
+        resume: bool = False,
+        retry: bool = False,
+    ) -> TurnOutcome:
+        shown = await self.view.shown()
+        self._sent = None
+
+        async def noted(event: AgentEvent) -> None:
+            if isinstance(event, TurnStarted):
+                self._sent = event.user
+            await emit(event)
+
+        message = None
+        if not resume:
+            extra: dict[str, Any] = dict(request.metadata)
+            if request.context:
+                extra["context"] = request.context
+            message = user_message(request.text, message_id=request.message_id, **extra)
+        try:
+            result = await self._all.agent.run_turn(
+                self.id,
+                user_message=message,
+                last_message_id=request.message_id if resume else shown,
+                on_event=noted,
+                files=request.files,
+            )
+        except AgentSessionBusy:
+            return Busy()
+        except AgentSessionStale as exc:
+            if resume:  # something was added after the message meanwhile: it was answered
+                return AlreadyAnswered(None)
+            if retry and await self._only_this_surface_moved(shown):
+                # This surface's own previous turn finished a moment ago; nothing came from
+                # elsewhere, so this is not stale for the person typing here.
+                await self.view.show(exc.actual_last_message_id)
+            elif retry and request.sent_anyway:
+                await emit(Refreshed(await self._refresh(shown, exc)))
+            else:
+                return Stale(await self._refresh(shown, exc))
+            return await self._turn(request, emit)
+        return Answered(result)
+
+    async def _refresh(self, shown: str | None, exc: AgentSessionStale) -> Unseen:
+        """What the surface had not shown; it shows the current tail from now on."""
+        found = await unseen(self.store, self.id, shown)
+        await self.view.show(exc.actual_last_message_id)
+        return found
+
+    async def _only_this_surface_moved(self, shown: str | None) -> bool:
+        """Everything after ``shown`` is this surface's own: user messages it received (they
+        have its references) and the answers to them; no checkpoint, no rewind, no other
+        surface. A surface without references of its own never qualifies."""
+        state = self._all._state
+        if state is None:
+            return False
+        found = await unseen(self.store, self.id, shown)
+        messages = found.messages
+        if found.rewound or not messages or any(m.is_compaction_message for m in messages):
+            return False
+        users = [m.message_id for m in messages if m.role == "user"]
+        if not users or messages[0].role != "user":
+            return False
+        known = {r.message_id for r in await state.refs_for(users)}
+        return set(users) <= known
+
+    async def showed(self, message_id: str, refs: Sequence[str] = (), kind: str = "reply") -> None:
+        """The surface showed ``message_id`` (an answer, a checkpoint), under ``refs``."""
+        await self.view.show(message_id)
+        for ref in refs:
+            await self._note_ref(ref, message_id, kind)
+
+    async def noted(self, ref: str, message_id: str, kind: str) -> None:
+        """A surface message stands for ``message_id`` (a long reply's later parts)."""
+        await self._note_ref(ref, message_id, kind)
+
+    async def _note_ref(self, ref: str, message_id: str, kind: str) -> None:
+        state = self._all._state
+        if state is not None:
+            await state.add_ref(ref, self.id, message_id, kind)
+
+    async def after_interruption(self) -> None:
+        """A turn of this handle stopped after its message was added (Ctrl-C, a lost lock):
+        what it showed was its message and the partial answer kept right after it. Anything
+        later came from elsewhere once the lock was free, and ``unseen`` shows it."""
+        if self._sent is None:
+            return
+        after = await self.store.messages(self.id, after_position=self._sent.position)
+        ours = after[0] if after and after[0].role == "assistant" else None
+        await self.view.show(ours.message_id if ours is not None else self._sent.message_id)
+
+    # -- transcript operations ------------------------------------------------------------------
+
+    async def rewind_plan(self, message_id: str) -> RewindPlan | None:
+        """How many messages a rewind to ``message_id`` would take out (None: it is gone)."""
+        located = await self.store.find_message(message_id)
+        if located is None or located[0] != self.id:
+            return None
+        target = located[1]
+        later = await self.store.messages(self.id, after_position=target.position)
+        leaving = len(later) + (1 if target.returns_as_draft else 0)
+        return RewindPlan(leaving, target.returns_as_draft)
+
+    async def rewind(self, message_id: str, actor: Actor) -> Rewound:
+        """§7 truncate to ``message_id`` (owner or admin; refused while busy); the surface's
+        view moves to the new tail, and the replies it showed for what left are named."""
+        located = await self.store.find_message(message_id)
+        start = located[1].position - 1 if located is not None else -1
+        # What the rewind can delete: the target and what follows it (never the whole transcript).
+        before = {m.message_id: m for m in await self.store.messages(self.id, after_position=start)}
+        result = await self.store.truncate(self.id, message_id, actor)
+        await self.view.show(result.tail_message_id)
+        withdrawn: list[tuple[str, str]] = []
+        state = self._all._state
+        if state is not None:
+            for gone in await state.refs_for(list(result.deleted_message_ids)):
+                if gone.kind == "reply":
+                    original = before.get(gone.message_id)
+                    withdrawn.append(
+                        (gone.ref_key, message_text(original.message) if original else "")
+                    )
+        target = before.get(message_id)
+        metadata = target.message.get("metadata") if target else None
+        return Rewound(
+            deleted=result.deleted,
+            draft=result.draft,
+            draft_metadata=metadata if isinstance(metadata, dict) else {},
+            withdrawn_replies=withdrawn,
+        )
+
+    async def fork(self, message_id: str, actor: Actor, key: str) -> Forked:
+        """§7 branch at ``message_id`` into a new conversation under the surface's ``key``,
+        owned by ``actor``; its view starts at its tail."""
+        result = await self.store.branch(
+            self.id,
+            message_id,
+            user_id=actor.user_id,
+            project_name=self._all.project,
+            project_session_id=key,
+        )
+        tail = await self.store.tail(result.session.id)
+        state = self._all._state
+        if state is not None:
+            await state.bind_thread(key, result.session.id, tail.message_id if tail else None)
+        fork = self._all._conversation(result.session, key)
+        if state is None:
+            await fork.view.show(tail.message_id if tail else None)
+        return Forked(fork, result.copied, result.draft)
+
+    async def compact(self, actor: Actor, *, focus: str | None = None) -> StoredMessage:
+        """§7 compaction on request (owner or admin). The view stays: the surface shows the
+        checkpoint (``showed``, or with what else it had not shown, ``unseen``)."""
+        return await self._all.agent.compact(self.id, actor, focus=focus)
+
+
+async def _ignore(_event: ConversationEvent) -> None:
+    return None
+
+
+__all__ = ["Conversation", "Conversations", "Forked"]

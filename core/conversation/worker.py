@@ -1,0 +1,582 @@
+"""Every received message through to its answer, whatever dies in between (§6.10).
+
+A surface records a message for the agent (``core.storage.deliveries``) before it acknowledges
+it: if the record cannot be written, the sender is told so and sends the message again (Slack
+gets a 500). From then on the record drives the work, on whichever replica holds it. What is the
+surface's own (answering in its thread, telling the poster, offering Send/Discard, which client
+reaches the poster's workspace) is a ``DeliverySurface``; the rest is here, once:
+
+- **The line.** A thread's records are answered in arrival order: a record waits while an
+  earlier one of its thread is received, running, or waiting to be sent automatically. A
+  follow-up posted while its thread's own turn runs is told so and answered right after; a
+  follow-up whose thread's first message is still being handled elsewhere waits for it.
+- **Busy elsewhere.** A turn refused as busy (the terminal client, a compaction or rewind from
+  outside the thread) waits as ``waiting`` (``BUSY_MODE=queue``: sent in order when free;
+  ``ask``: offered with Send/Discard), polled every ``BUSY_POLL_SECONDS``, and gives up after
+  ``BUSY_POLL_TIMEOUT_SECONDS`` (measured on the database clock, across take-overs).
+- **Leases.** This process renews the leases of the records it works on every
+  ``TURN_HEARTBEAT_SECONDS`` and takes over records whose lease lapsed (a dead replica's) or
+  that were released (a stopped one's), resuming each from what the transcript holds.
+- **Stopping.** ``stop``: records not in a turn are released at once for the next replica;
+  running turns get the grace period, then are interrupted (partial answer and sandbox kept,
+  the thread told).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic
+
+from core import metrics
+from core.agent.loop import ModelCalled, ModelDone
+from core.conversation.conversations import Conversations
+from core.conversation.surface import (
+    C,
+    ClickAnswer,
+    DeliverySurface,
+    Notice,
+    Outcome,
+)
+from core.errors import AgentSessionNotFound, DatabaseError
+from core.settings import Settings
+from core.storage.deliveries import ACTIVE, MAX_TAKEOVERS, Deliveries, DeliveryRecord
+
+log = logging.getLogger(__name__)
+
+TAKEOVER_BATCH = 50
+# A follow-up still waiting behind its thread's turn after this long is told it waits.
+NOTICE_AFTER_SECONDS = 1.0
+# Pauses before carrying a message on again after a database error (then: left to a take-over).
+DATABASE_RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0)
+# A waiting record looks for itself at least this often, whatever the watch says.
+WAIT_RECHECK_SECONDS = 30.0
+# Work on a message waits at most this long for a burst of requests to be acknowledged.
+ACKS_FIRST_SECONDS = 0.5
+# Turns doing their own work at once: before their model call (records, claim, history,
+# sandbox, the surface's status) and after it (storing the answer, closing the reply, records).
+# That work is CPU on the one event loop; hundreds of turns starting or ending together made
+# each pass of the loop long, and every acknowledgement waited for such passes. Turns waiting on
+# their model, the most of a turn, are not counted. An acknowledgement takes a few passes, each
+# as long as the ready turns' steps: fewer places acknowledge a burst sooner, and starting turns
+# is CPU-bound, so more places do not start them faster (docs/benchmarks.md, *Figures behind
+# choices in the code*).
+TURNS_AT_WORK = 4
+
+
+SHUTDOWN = "shutdown"  # the cancellation message of work stopped by a shutdown
+
+
+class DeliveryWorker(Generic[C]):
+    """The records this process works on: one task each, their leases, take-overs, a stop."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        deliveries: Deliveries,
+        conversations: Conversations,
+        surface: DeliverySurface[C],
+        *,
+        max_turns: int = 64,
+    ) -> None:
+        self.settings = settings
+        self.deliveries = deliveries
+        self.conversations = conversations
+        self.surface = surface
+        self.closing = False
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        # Where each record's reply went, as soon as the surface said (``_Progress.replying``).
+        self.replies: dict[int, str] = {}
+        self._turning: set[int] = set()  # records whose turn runs now (not released on stop)
+        self._wake: dict[str, asyncio.Event] = {}  # thread -> set when a record of it finishes
+        # Turns run at once by this process; the rest wait, already recorded and leased.
+        self._slots = asyncio.Semaphore(max_turns)
+        self.at_work = asyncio.Semaphore(TURNS_AT_WORK)  # taken by ``_Progress``
+        self._upkeep: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._waiters: dict[int, _Waiter] = {}  # records waiting here, by id
+        self._arriving = 0  # requests being acknowledged right now
+        self._quiet = asyncio.Event()
+        self._quiet.set()
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Around each incoming request: work on messages waits while requests are being
+        acknowledged, so a burst is acknowledged first (Slack's 3 s) and answered after."""
+        self._arriving += 1
+        self._quiet.clear()
+        try:
+            yield
+        finally:
+            self._arriving -= 1
+            if not self._arriving:
+                self._quiet.set()
+
+    # -- intake ---------------------------------------------------------------------------------
+
+    async def known_thread(self, thread: str) -> bool:
+        """A session thread, or one whose first message was recorded a moment ago (its
+        session may not exist yet when a quick follow-up arrives)."""
+        if await self.conversations.find(thread) is not None:
+            return True
+        return await self.deliveries.thread_known(thread)
+
+    async def receive(
+        self,
+        *,
+        event_key: str,
+        thread_key: str,
+        author: str,
+        message_id: str,
+        text: str,
+        context: dict[str, Any],
+        client: C,
+        stray: bool = False,
+    ) -> None:
+        """Record a message for the agent; called before the acknowledgement (a failure here
+        fails the request, so the sender sends the message again).
+
+        ``stray``: a message of a thread nobody knows yet, maybe a follow-up that overtook its
+        thread's first message; recorded as a stray, adopted when that message is carried on.
+        """
+        self.start()
+        record = await self.deliveries.record(
+            event_key=event_key,
+            thread_key=thread_key,
+            author=author,
+            message_id=message_id,
+            text=text,
+            context=context,
+            owned=not self.closing,
+            stray=stray,
+        )
+        if record is None:
+            log.debug("message %s already recorded", event_key)
+        elif stray:
+            # The thread's first message may have been recorded while this one was checked;
+            # its carrier adopts the strays it sees, this looks once more for the rest.
+            if not self.closing and await self.known_thread(thread_key):
+                await self._adopt(thread_key, client)
+        elif not self.closing:
+            self._carry_on(record, client, resumed=False)
+
+    async def _adopt(self, thread: str, client: C) -> None:
+        for adopted in await self.deliveries.adopt_strays(thread):
+            log.info("message %s: its thread is known now; answering it", adopted.event_key)
+            self._carry_on(adopted, client, resumed=False)
+
+    def _carry_on(self, record: DeliveryRecord, client: C, *, resumed: bool) -> None:
+        task = asyncio.create_task(self._guarded(record, client, resumed))
+        self._tasks[record.id] = task
+
+        def forget(done: asyncio.Task[None]) -> None:
+            # A click may start a record's next task while the one that offered it is still
+            # finishing: only the task a record is tracked under is forgotten.
+            if self._tasks.get(record.id) is done:
+                del self._tasks[record.id]
+
+        task.add_done_callback(forget)
+
+    async def _guarded(self, record: DeliveryRecord, client: C, resumed: bool) -> None:
+        with contextlib.suppress(TimeoutError):  # bounded: a steady stream never starves it
+            await asyncio.wait_for(self._quiet.wait(), ACKS_FIRST_SECONDS)
+        try:
+            await self._retried(record, client, resumed)
+        finally:
+            self.replies.pop(record.id, None)
+
+    async def _retried(self, record: DeliveryRecord, client: C, resumed: bool) -> None:
+        current: DeliveryRecord | None = record
+        failure: BaseException | None = None
+        for pause in (*DATABASE_RETRIES, None):
+            if current is None:
+                return
+            try:
+                await self._carry(current, client, resumed)
+                return
+            except asyncio.CancelledError:
+                raise
+            except DatabaseError as exc:
+                failure = exc
+                if pause is None:
+                    break
+                # A database blip (a restart, a failover): the record stays ours and leased;
+                # carry on from what the transcript holds once the database answers again.
+                log.warning("message %s: %s; retrying in %gs", record.event_key, exc, pause)
+                await asyncio.sleep(pause)
+                resumed = True
+                with contextlib.suppress(DatabaseError):
+                    current = await self._reload(current)
+                shown = self.replies.get(record.id)
+                if current is not None and current.reply_ref is None and shown is not None:
+                    current = replace(current, reply_ref=shown)
+            except Exception as exc:
+                failure = exc
+                break
+        # The record stays active and ours; its lease is no longer renewed, so after the
+        # staleness window a replica (maybe this one) takes it over and tries again.
+        log.error(
+            "message %s: failed; it will be taken over and retried",
+            record.event_key,
+            exc_info=failure,
+        )
+
+    # -- one record, from received to finished --------------------------------------------------
+
+    async def _carry(self, record: DeliveryRecord, client: C, resumed: bool) -> None:
+        await self._adopt(record.thread_key, client)
+        current: DeliveryRecord | None = record
+        while current is not None and not self.closing:
+            blocker = await self.deliveries.blocker(current)
+            if blocker is not None:
+                current = await self._wait_in_line(current, blocker, client)
+                continue
+            if current.state == "waiting" and current.wait_reason in ("ask", "queue"):
+                if await self._session_busy(current):
+                    current = await self._wait(current, client)
+                    continue
+                if current.wait_reason == "ask":
+                    await self._offer(current, client)
+                    return
+            async with self._slots:
+                if self.closing:
+                    return
+                self._turning.add(current.id)  # from here on, a stop waits for it
+                progress = _Progress(self, current)
+                try:
+                    await progress.enter()  # its work before the model call
+                    outcome = await self.surface.answer(
+                        current, client, resumed=resumed, progress=progress
+                    )
+                    if outcome is Outcome.STALE:
+                        await self._offer(current, client, stale=True)
+                        return
+                    if outcome is Outcome.ANSWERED:
+                        await self._finish(current, "done")
+                        return
+                except asyncio.CancelledError:
+                    # A stop past its grace. A turn that started was interrupted and answered
+                    # as such; one that had not is handed to the next replica.
+                    if await asyncio.shield(self._was_started(current)):
+                        await asyncio.shield(self._finish(current, "done"))
+                    else:
+                        await asyncio.shield(self.deliveries.release([current.id]))
+                    raise
+                finally:
+                    progress.leave()  # the turn ended: its place goes to another
+                    self._turning.discard(current.id)
+            resumed = False
+            current = await self._start_waiting(current, client)
+
+    async def _was_started(self, record: DeliveryRecord) -> bool:
+        current = await self.deliveries.get(record.id)
+        return current is not None and current.state == "started"
+
+    async def _finish(self, record: DeliveryRecord, state: str) -> DeliveryRecord | None:
+        moved = await self.deliveries.move(record.id, ACTIVE, state)
+        if moved is not None:
+            metrics.DELIVERIES_FINISHED.labels(state).inc()
+        self._wake_thread(record.thread_key)
+        return moved
+
+    async def _wait_in_line(
+        self, record: DeliveryRecord, blocker: DeliveryRecord, client: C
+    ) -> DeliveryRecord | None:
+        if record.state != "received":
+            return await self._wait(record, client)
+        moved = await self.deliveries.wait(record.id, ("received",), "thread")
+        if moved is None:
+            return None
+        # Most follow-ups arrive as the reply before them is being finished: say nothing
+        # unless the wait is real.
+        await self._pause(moved.thread_key, NOTICE_AFTER_SECONDS)
+        current = await self._reload(moved)
+        blocker_now = None if current is None else await self.deliveries.blocker(current)
+        if current is not None and blocker_now is not None:
+            queued = blocker_now.state == "waiting" and blocker_now.wait_reason == "queue"
+            await self.surface.tell(current, client, Notice.QUEUED if queued else Notice.FOLLOW_UP)
+        return current
+
+    async def _start_waiting(self, record: DeliveryRecord, client: C) -> DeliveryRecord | None:
+        """The session is held elsewhere: wait (and say so once)."""
+        if record.state == "waiting" and record.wait_reason in ("ask", "queue"):
+            return await self._wait(record, client)  # it looked free a moment ago
+        queue = self.settings.busy_mode == "queue"
+        session = await self._session_of(record)
+        moved = await self.deliveries.wait(
+            record.id,
+            ("received", "waiting"),
+            "queue" if queue else "ask",
+            session_id=session,
+        )
+        if moved is None:
+            return None
+        await self.surface.tell(moved, client, Notice.QUEUED if queue else Notice.BUSY)
+        return await self._wait(moved, client)
+
+    async def _wait(self, record: DeliveryRecord, client: C) -> DeliveryRecord | None:
+        """Until this replica's watch (``_watch_waiting``) or a finish here says the record may
+        go on; the record as it is then, if it is still ours."""
+        waiter = _Waiter(record)
+        self._waiters[record.id] = waiter
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter.event.wait(), WAIT_RECHECK_SECONDS)
+        finally:
+            self._waiters.pop(record.id, None)
+        if waiter.expired:
+            metrics.DELIVERIES_FINISHED.labels("expired").inc()
+            self._wake_thread(record.thread_key)
+            await self.surface.tell(record, client, Notice.TIMED_OUT)
+            return None
+        return await self._reload(record)
+
+    async def _watch_waiting(self) -> None:
+        """Every BUSY_POLL_SECONDS, for all the records this replica has waiting at once: which
+        are first in their thread's line, which of those still meet a busy session, which of
+        those waited too long. A few queries per period, however many records wait."""
+        while True:
+            await asyncio.sleep(self.settings.busy_poll_seconds)
+            waiters = list(self._waiters.values())
+            if not waiters:
+                continue
+            try:
+                free = await self.deliveries.unblocked([w.record.id for w in waiters])
+                on_session = {
+                    w.record.id: w.record.session_id
+                    for w in waiters
+                    if w.record.id in free
+                    and w.record.wait_reason in ("ask", "queue")
+                    and w.record.session_id is not None
+                }
+                busy = await self.conversations.busy(
+                    {sid for sid in on_session.values() if sid is not None}
+                )
+                held = [rid for rid, sid in on_session.items() if sid in busy]
+                expired = await self.deliveries.expire_overdue_many(
+                    held, self.settings.busy_poll_timeout_seconds
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a database blip: the next period tries again
+                log.warning("could not check the waiting messages", exc_info=True)
+                continue
+            for waiter in waiters:
+                if waiter.record.id in expired:
+                    waiter.expired = True
+                    waiter.event.set()
+                elif waiter.record.id in free and waiter.record.id not in held:
+                    waiter.event.set()
+
+    async def _offer(self, record: DeliveryRecord, client: C, *, stale: bool = False) -> None:
+        """Offer Send/Discard (ask mode on a free session, or **Send anyway** after a stale
+        refusal). The record becomes passive (``offered`` / ``stale``) *before* the offer is
+        posted, so a click, however quick, finds it claimable. An offer Slack refused takes the
+        record back (no click can have come: nobody saw it) and leaves it ours and active
+        without a lease renewal, so a take-over offers it again."""
+        state = "stale" if stale else "offered"
+        moved = await self._finish(record, state) if stale else await self._mark_offered(record)
+        if moved is None:
+            return  # no longer ours (taken over, or discarded meanwhile)
+        if not await self.surface.offer(moved, client, stale=stale):
+            log.warning("offer for %s not posted; will try again", record.event_key)
+            back = await self.deliveries.claim(record.id, (state,))
+            if back is not None and not stale:
+                await self.deliveries.wait(back.id, ("received",), "ask")
+
+    async def _mark_offered(self, record: DeliveryRecord) -> DeliveryRecord | None:
+        moved = await self.deliveries.move(record.id, ("waiting",), "offered")
+        self._wake_thread(record.thread_key)
+        return moved
+
+    async def _session_busy(self, record: DeliveryRecord) -> bool:
+        try:
+            session = await self._session_of(record)
+        except AgentSessionNotFound:
+            return False
+        return session is not None and bool(await self.conversations.busy({session}))
+
+    async def _session_of(self, record: DeliveryRecord) -> int | None:
+        """The id of the session of the record's thread, if it exists yet."""
+        if record.session_id is not None:
+            return (await self.conversations.get(record.session_id)).id
+        found = await self.conversations.find(record.thread_key)
+        return None if found is None else found.id
+
+    async def _reload(self, record: DeliveryRecord) -> DeliveryRecord | None:
+        """The record as it is now, if it is still ours and active (a click may have discarded
+        it, or another replica taken it over while this one could not renew its lease)."""
+        current = await self.deliveries.get(record.id)
+        if current is None or current.owner != self.deliveries.owner or not current.active:
+            return None
+        return current
+
+    async def _pause(self, thread: str, most: float | None = None) -> None:
+        """Until a record of this thread finishes here, or BUSY_POLL_SECONDS (other replicas)."""
+        event = self._wake.setdefault(thread, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), most or self.settings.busy_poll_seconds)
+
+    def _wake_thread(self, thread: str) -> None:
+        """A record of this thread finished here: its waiters here look again at once."""
+        event = self._wake.pop(thread, None)
+        if event is not None:
+            event.set()
+        for waiter in list(self._waiters.values()):
+            if waiter.record.thread_key == thread:
+                waiter.event.set()
+
+    # -- clicks ---------------------------------------------------------------------------------
+
+    async def click(
+        self,
+        record_id: str,
+        user: str,
+        send: bool,
+        client: C,
+        answer: Callable[[DeliveryRecord, ClickAnswer], Awaitable[None]],
+    ) -> None:
+        """Send / Send anyway / Discard on an offer, from whichever replica gets the click.
+        ``answer`` replaces the offer with what came of the click (before the message is
+        carried on), so it cannot be clicked twice."""
+        try:
+            number = int(record_id)
+        except ValueError:
+            return
+        record = await self.deliveries.get(number)
+        if record is None or record.author != user:
+            return
+        if not send:
+            discarded = await self.deliveries.discard(number, author=user)
+            if discarded is not None:
+                metrics.DELIVERIES_FINISHED.labels("discarded").inc()
+                self._wake_thread(record.thread_key)
+            await answer(record, ClickAnswer.DISCARDED if discarded else ClickAnswer.GONE)
+            return
+        claimed = await self.deliveries.claim(number, ("offered", "stale"), author=user)
+        if claimed is None:
+            await answer(record, ClickAnswer.GONE)
+            return
+        await answer(record, ClickAnswer.SENDING)
+        self._carry_on(claimed, client, resumed=False)
+
+    # -- leases and take-overs ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start renewing leases, taking records over and watching waiting records
+        (idempotent; needs a running loop)."""
+        if self._upkeep is None and not self.closing:
+            self._upkeep = asyncio.create_task(self._keep_up())
+            self._watcher = asyncio.create_task(self._watch_waiting())
+
+    async def _keep_up(self) -> None:
+        while True:
+            try:
+                await self._renew()
+                if not self.closing:
+                    await self._take_over()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a database blip: leases are renewed well within the window
+                log.exception("delivery upkeep failed; will retry")
+            await asyncio.sleep(self.settings.turn_heartbeat_seconds)
+
+    async def _renew(self) -> None:
+        """A record taken over elsewhere meanwhile (this process could not renew it in time) is
+        not renewed; its task finds out at its next step, and its turn is fenced anyway."""
+        await self.deliveries.refresh(list(self._tasks))
+
+    async def _take_over(self) -> None:
+        for record in await self.deliveries.take_over(TAKEOVER_BATCH):
+            metrics.DELIVERIES_TAKEN_OVER.inc()
+            client = await self.surface.client_for(record)
+            if record.takeovers > MAX_TAKEOVERS or client is None:
+                log.error(
+                    "message %s: giving up after %d take-overs (or no installation)",
+                    record.event_key,
+                    record.takeovers,
+                )
+                await self._finish(record, "failed")
+                if client is not None:
+                    await self.surface.tell(record, client, Notice.GAVE_UP)
+                continue
+            log.info(
+                "message %s: taken over in state %s; carrying on", record.event_key, record.state
+            )
+            self._carry_on(record, client, resumed=True)
+
+    # -- stopping -------------------------------------------------------------------------------
+
+    async def stop(self, grace: float) -> None:
+        """Stop taking records; release the ones not in a turn at once; give running turns
+        ``grace`` seconds, then interrupt them (the core keeps their partial answers)."""
+        self.closing = True
+        idle = {rid: t for rid, t in self._tasks.items() if rid not in self._turning}
+        for task in idle.values():
+            task.cancel(SHUTDOWN)
+        await asyncio.gather(*idle.values(), return_exceptions=True)
+        released = await self.deliveries.release(list(idle))
+        if released:
+            log.info("released %d waiting message(s) for the next replica", released)
+        running = set(self._tasks.values())
+        if running:
+            log.info("waiting up to %gs for %d running turn(s)", grace, len(running))
+            _, pending = await asyncio.wait(running, timeout=grace)
+            for task in pending:
+                task.cancel(SHUTDOWN)
+            await asyncio.gather(*pending, return_exceptions=True)
+        for background in (self._upkeep, self._watcher):
+            if background is not None:
+                background.cancel()
+                await asyncio.gather(background, return_exceptions=True)
+
+
+class _Progress:
+    """What a try tells its record: started (the user message is stored), replying (where);
+    and, from the turn's events, when its own work holds one of the ``TURNS_AT_WORK`` places."""
+
+    def __init__(self, worker: DeliveryWorker[Any], record: DeliveryRecord) -> None:
+        self.worker = worker
+        self.deliveries = worker.deliveries
+        self.record = record
+        self._places = worker.at_work  # the worker's ``TURNS_AT_WORK`` places
+        self._holding = False
+
+    async def enter(self) -> None:
+        if not self._holding:
+            await self._places.acquire()
+            self._holding = True
+
+    def leave(self) -> None:
+        if self._holding:
+            self._holding = False
+            self._places.release()
+
+    async def observe(self, event: object) -> None:
+        if isinstance(event, ModelCalled):
+            self.leave()  # from here the turn mostly waits on its model
+        elif isinstance(event, ModelDone):
+            await self.enter()  # storing the answer is its own work again
+
+    async def started(self, session_id: int) -> None:
+        await self.deliveries.move(
+            self.record.id, ("received", "waiting"), "started", session_id=session_id
+        )
+
+    async def replying(self, reply_ref: str) -> None:
+        # Known here first: if the database cannot take it now, this process's retry still
+        # knows the reply exists and edits it instead of posting the answer a second time.
+        self.worker.replies[self.record.id] = reply_ref
+        await self.deliveries.set_reply(self.record.id, reply_ref)
+
+
+@dataclass
+class _Waiter:
+    """A record waiting here, and how the watch wakes it."""
+
+    record: DeliveryRecord
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    expired: bool = False

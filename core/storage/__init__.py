@@ -1,0 +1,102 @@
+"""The storage layer: every SQL statement of the product, behind a few objects.
+
+Nothing above this package sees an engine, a connection or a statement. A process builds one
+``Storage`` from its settings (``core.runtime``) and hands its stores to the parts that need
+them: the agent gets the session store and the snapshots, model choice the custom providers, a
+surface its surface state and delivery records. Inside, ``engine`` opens transactions and is the
+only module that makes engines, ``dialect`` holds what differs between SQLite and PostgreSQL,
+``models`` the tables, ``queries`` the turn protocol's shared predicates and statements, and one
+module per concern holds that concern's statements (``sessions``, ``transcript``,
+``snapshots``, ``deliveries``, ``surface_state``, ``feedback``, ``retention``,
+``custom_providers``, ``sweeper``, ``migrate``).
+"""
+
+from __future__ import annotations
+
+from core.settings import Settings
+from core.storage.custom_providers import CustomProviders
+from core.storage.deliveries import Deliveries
+from core.storage.engine import Database, create_database
+from core.storage.feedback import Feedback
+from core.storage.migrate import upgrade
+from core.storage.retention import Retention, RetentionPolicy
+from core.storage.sessions import SessionStore
+from core.storage.snapshots import Snapshots
+from core.storage.surface_state import SURFACE_SWEEPS, SurfaceState
+from core.storage.sweeper import SweepReport, sweep
+
+
+class Storage:
+    """One database and the stores on it, built from settings in one place."""
+
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self._db = db
+        self._settings = settings
+        self.sessions = SessionStore(
+            db,
+            staleness_seconds=settings.turn_lock_staleness_seconds,
+            temporary_ttl_hours=settings.temporary_agent_session_time_to_live_hours,
+        )
+        self.snapshots = self.sessions.snapshots
+        self.feedback = Feedback(db)
+        self.custom_providers = self.sessions.custom_providers
+        self.retention = Retention(db, RetentionPolicy.from_settings(settings))
+
+    @classmethod
+    def open(cls, settings: Settings, *, pool_size: int = 10) -> Storage:
+        """The database ``DATABASE_URL`` names (nothing is connected until first used)."""
+        db = create_database(
+            settings.database_url,
+            pool_size=pool_size,
+            synchronous_commit=settings.postgres_synchronous_commit,
+        )
+        return cls(db, settings)
+
+    @property
+    def dialect(self) -> str:
+        return self._db.dialect
+
+    def surface(self, name: str) -> SurfaceState:
+        """What the surface ``name`` keeps beside the sessions (threads, message refs, …)."""
+        return SurfaceState(self._db, name)
+
+    def deliveries(self, surface: str) -> Deliveries:
+        """This process's view of the surface's delivery records (a new owner each call)."""
+        return Deliveries(
+            self._db, surface, staleness_seconds=self._settings.turn_lock_staleness_seconds
+        )
+
+    async def migrate(self) -> tuple[str | None, str | None]:
+        """Bring the database to the newest schema (safe when replicas start at once)."""
+        return await upgrade(self._db)
+
+    async def sweep(self) -> SweepReport:
+        """One pass of every retention rule, under the policy in force now."""
+        return await sweep(
+            self._db,
+            await self.retention.policy(),
+            staleness_seconds=self._settings.turn_lock_staleness_seconds,
+            batch_size=self._settings.sweeper_batch_size,
+            extra_passes=SURFACE_SWEEPS,
+        )
+
+    async def answers(self) -> bool:
+        """Whether the database answers a read of a real table now (``/healthz``)."""
+        return await self._db.answers()
+
+    async def dispose(self) -> None:
+        await self._db.dispose()
+
+
+__all__ = [
+    "CustomProviders",
+    "Deliveries",
+    "Feedback",
+    "Retention",
+    "RetentionPolicy",
+    "SessionStore",
+    "Snapshots",
+    "Storage",
+    "SurfaceState",
+    "SweepReport",
+]

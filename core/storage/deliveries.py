@@ -1,0 +1,659 @@
+"""Delivery records: a received message, durable from before its acknowledgement.
+
+A surface records every incoming message before it tells the sender "received"; from then on
+the record, not a task in some process, is what guarantees an answer. Its life::
+
+    received ──> started ──> done
+       │  ▲                    ▲
+       ▼  │                    │
+     waiting ──> offered ──────┤  (a person clicks Send, or Discard → discarded)
+       │         stale ────────┘
+       └──> expired            (waited longer than BUSY_POLL_TIMEOUT_SECONDS)
+
+``received``, ``started`` and ``waiting`` are *active*: one process owns the record and renews
+its lease (``lease_at``, the database clock) while it works on it. A lease older than the
+staleness window means the owner died (or lost the database for that long); any replica may
+then take the record over and carry it on: start it, resume its turn, or go on waiting.
+``offered`` and ``stale`` are *passive*: nobody owns them; a click claims them.
+
+What the statements guarantee:
+
+- ``record``: one ``INSERT … ON CONFLICT DO NOTHING``; for one ``(surface, event_key)`` exactly
+  one caller on any replica gets the record, so a retry or a double delivery gets None.
+- ``take_over``: one conditional UPDATE; a record is moved to the caller only while its lease is
+  still lapsed, so two replicas racing for it never both get it (PostgreSQL: ``SKIP LOCKED``,
+  and the condition re-checked on the locked row; SQLite: one writer at a time).
+- ``refresh``, ``move``, ``release``: conditional on ``owner``: a process whose record was taken
+  over changes nothing (the turn lock's fencing protects the transcript the same way).
+- ``claim``: a passive record goes to exactly one click.
+
+A message in a thread the surface does not know yet (no record, no session) may be a follow-up
+that overtook its thread's first message: Slack delivers events concurrently, and retries a
+failed one a minute later. It is recorded as a *stray* (finished, nobody's, kept at most
+``STRAY_SECONDS``) and *adopted* (``adopt_strays``: recorded again as received, after the
+first message) when a record of its thread is carried on; the stray's own receiver looks again
+after writing it, so one of the two always sees the other.
+
+A thread's records form its *line*: a record is answered only when no earlier record of the
+thread still waits to be answered (``blocker``), so a thread's messages are answered in the
+order they arrived, whichever replicas received them and whichever died in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, cast
+
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    Table,
+    and_,
+    bindparam,
+    case,
+    delete,
+    exists,
+    func,
+    insert,
+    null,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.orm import aliased
+
+from core.storage.batched import delete_in_batches
+from core.storage.dialect import ago, db_now, update_returning
+from core.storage.engine import Conn, Database
+from core.storage.models import Delivery
+
+DELIVERIES: Final = cast(Table, Delivery.__table__)
+D: Final = DELIVERIES.c
+
+ACTIVE: Final = ("received", "started", "waiting")
+PASSIVE: Final = ("offered", "stale")
+FINISHED: Final = ("done", "discarded", "expired", "failed", "ignored", "stray")
+# Why a record waits. ``thread``: behind an earlier message of its thread; ``queue``: on a busy
+# session, to be sent in order when it frees; ``ask``: on a busy session, to be offered.
+IN_LINE: Final = ("thread", "queue")
+# A record taken over this many times has probably killed every replica that tried it.
+MAX_TAKEOVERS: Final = 3
+FINISHED_TTL_SECONDS: Final = 86400.0
+# How long a stray waits for its thread's first message: beyond Slack's last retry (about five
+# minutes after the first try), and no longer, as it may be chatter the agent was never in.
+STRAY_SECONDS: Final = 600.0
+
+
+@dataclass(frozen=True)
+class DeliveryRecord:
+    id: int
+    event_key: str
+    thread_key: str
+    session_id: int | None
+    author: str
+    message_id: str
+    text: str
+    context: dict[str, Any]
+    state: str
+    wait_reason: str | None
+    owner: str | None
+    takeovers: int
+    created_at: datetime
+    reply_ref: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+
+@dataclass(frozen=True)
+class StateCount:
+    state: str
+    wait_reason: str | None
+    count: int
+    oldest_age_seconds: float
+
+
+def _record(row: Any) -> DeliveryRecord:
+    return DeliveryRecord(
+        id=int(row.id),
+        event_key=row.event_key,
+        thread_key=row.thread_key,
+        session_id=None if row.session_id is None else int(row.session_id),
+        author=row.author,
+        message_id=row.message_id,
+        text=row.text,
+        context=dict(row.context),
+        state=row.state,
+        wait_reason=row.wait_reason,
+        owner=row.owner,
+        takeovers=int(row.takeovers),
+        created_at=row.created_at,
+        reply_ref=row.reply_ref,
+    )
+
+
+def _received(values: dict[str, Any], record_id: int, created_at: datetime) -> DeliveryRecord:
+    """The record just inserted, from what was inserted (RETURNING only what the database
+    made: decoding every column of a burst of rows was most of the insert's time)."""
+    return DeliveryRecord(
+        id=record_id,
+        event_key=values["event_key"],
+        thread_key=values["thread_key"],
+        session_id=None,
+        author=values["author"],
+        message_id=values["message_id"],
+        text=values["text"],
+        context=values["context"],
+        state=values["state"],
+        wait_reason=None,
+        owner=values["owner"],
+        takeovers=0,
+        created_at=created_at,
+    )
+
+
+def _lapsed(staleness_seconds: float) -> ColumnElement[bool]:
+    """Active and nobody's: released, or the owner stopped renewing its lease."""
+    return and_(D.state.in_(ACTIVE), or_(D.lease_at.is_(None), D.lease_at < ago(staleness_seconds)))
+
+
+class _GroupCommit:
+    """Records of messages arriving together are written together: one multi-row INSERT (one
+    commit, one WAL flush) for every record that waited while the previous one was written.
+
+    Every acknowledgement waits for its record's commit, so under a burst this is what keeps
+    the acknowledgements fast: N messages cost about one commit, not N queued on the pool.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._waiting: list[tuple[dict[str, Any], asyncio.Future[DeliveryRecord | None]]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self._insert: Any = None
+
+    def _statement(self) -> Any:
+        """Built once with bind parameters, so it is compiled once: compiling a multi-row
+        INSERT costs more than running it. Executed with a list of rows, SQLAlchemy writes
+        them as one multi-row INSERT … RETURNING ("insertmanyvalues")."""
+        if self._insert is None:
+            columns = ("surface", "event_key", "thread_key", "author", "message_id", "text")
+            values: dict[str, Any] = {c: bindparam(c, type_=D[c].type) for c in columns}
+            values.update(
+                context=bindparam("context", type_=D.context.type),
+                state=bindparam("state", type_=D.state.type),
+                owner=bindparam("owner", type_=D.owner.type),
+                lease_at=case((bindparam("owned", type_=Boolean()), db_now()), else_=null()),
+            )
+            insert_ = self.db.upsert(DELIVERIES).values(values)
+            insert_ = insert_.on_conflict_do_nothing(index_elements=["surface", "event_key"])
+            # SQLite: no RETURNING before 3.35 (see ``_insert_rows``).
+            self._insert = (
+                insert_.returning(D.id, D.event_key, D.created_at) if self._returning else insert_
+            )
+        return self._insert
+
+    @property
+    def _returning(self) -> bool:
+        return bool(self.db.sync_engine.dialect.insert_returning)
+
+    async def _insert_rows(
+        self, conn: Conn, rows: list[dict[str, Any]]
+    ) -> dict[str, tuple[int, datetime]]:
+        """Insert the rows not recorded yet; id and creation time of those inserted, by key.
+
+        A SQLite older than 3.35: the rows are inserted without RETURNING, then read back by
+        the ids above the largest one before the insert (the write lock keeps other writers out
+        meanwhile)."""
+        if self._returning:
+            found = await conn.execute(self._statement(), rows)
+        else:
+            before = await conn.scalar(select(func.coalesce(func.max(D.id), 0)))
+            await conn.execute(self._statement(), rows)
+            found = await conn.execute(
+                select(D.id, D.event_key, D.created_at).where(
+                    D.id > before,
+                    D.event_key.in_([r["event_key"] for r in rows]),
+                )
+            )
+        return {r.event_key: (int(r.id), r.created_at) for r in found}
+
+    async def add(self, values: dict[str, Any]) -> DeliveryRecord | None:
+        future: asyncio.Future[DeliveryRecord | None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((values, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write())
+        return await asyncio.shield(future)
+
+    async def _write(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            first: dict[str, dict[str, Any]] = {}
+            for values, _ in batch:
+                first.setdefault(values["event_key"], values)  # a duplicate in the same batch
+            try:
+                # Urgent: acknowledgements wait for this commit, turns' writes can wait.
+                async with self.db.write(urgent=True) as conn:
+                    written = await self._insert_rows(conn, list(first.values()))
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for values, future in batch:
+                if future.done():
+                    continue
+                key = values["event_key"]
+                # Only the first of duplicates gets the record; the others are duplicates.
+                found = written.pop(key, None) if first.get(key) is values else None
+                future.set_result(None if found is None else _received(values, *found))
+
+
+class Deliveries:
+    """One process's view of the delivery records of one surface; ``owner`` names the process."""
+
+    def __init__(self, db: Database, surface: str, *, staleness_seconds: float = 60.0) -> None:
+        self.db = db
+        self.surface = surface
+        self.staleness_seconds = float(staleness_seconds)
+        self.owner = uuid.uuid4().hex
+        self._intake = _GroupCommit(db)
+        # Every message carried on asks whether its thread has strays: the statement is built
+        # once (its thread a bind parameter), as building and keying it cost more than running it.
+        thread = bindparam("thread_key", type_=D.thread_key.type)
+        first = (
+            select(func.min(D.event_key))
+            .where(
+                D.surface == surface,
+                D.thread_key == thread,
+                D.state.not_in(("ignored", "stray")),
+            )
+            .scalar_subquery()
+        )
+        self._strays = and_(
+            D.surface == surface,
+            D.thread_key == thread,
+            D.state == "stray",
+            D.created_at >= ago(STRAY_SECONDS),
+            or_(first.is_(None), D.event_key > first),
+        )
+        self._any_stray = select(exists().where(self._strays))
+
+    def _mine(self, record_id: int) -> ColumnElement[bool]:
+        return and_(D.id == record_id, D.owner == self.owner)
+
+    async def record(
+        self,
+        *,
+        event_key: str,
+        thread_key: str,
+        author: str,
+        message_id: str,
+        text: str,
+        context: dict[str, Any],
+        owned: bool = True,
+        stray: bool = False,
+    ) -> DeliveryRecord | None:
+        """Record a received message; None if it was recorded before (a retry, a duplicate).
+
+        ``owned=False`` records it for another replica to take at once (a stopping process
+        that still got a message must not drop it, and must not start it either).
+        ``stray``: a message of a thread not known yet, kept for ``adopt_strays``.
+        """
+        owned = owned and not stray
+        return await self._intake.add(
+            {
+                "surface": self.surface,
+                "event_key": event_key,
+                "thread_key": thread_key,
+                "author": author,
+                "message_id": message_id,
+                "text": text,
+                "context": context,
+                "owner": self.owner if owned else None,
+                "owned": owned,
+                "state": "stray" if stray else "received",
+            }
+        )
+
+    async def adopt_strays(self, thread_key: str) -> list[DeliveryRecord]:
+        """The strays of a thread that is known now, recorded again as received records of
+        this process (after every record already in the thread's line, so they are answered
+        after its first message), oldest first. Each stray is adopted by one caller.
+
+        Only strays posted after the thread's first recorded message: what people wrote in a
+        thread before they called the agent into it is context (``bot.context``), not a
+        message to answer. (Slack ``ts`` values of one channel order as strings.)"""
+        params = {"thread_key": thread_key}
+        async with self.db.read() as conn:
+            if not await conn.scalar(self._any_stray, params):
+                return []  # the usual case, answered without a write
+        async with self.db.write() as conn:
+            # Locked (PostgreSQL) or under the write lock (SQLite): one adopter per stray.
+            found = select(*D).where(self._strays).order_by(D.id)
+            if self.db.dialect == "postgresql":
+                found = found.with_for_update(skip_locked=True)
+            rows = list(await conn.execute(found, params))
+            if not rows:
+                return []
+            keys = [row.event_key for row in rows]
+            await conn.execute(delete(DELIVERIES).where(D.id.in_([row.id for row in rows])))
+            await conn.execute(
+                insert(DELIVERIES),
+                [
+                    {
+                        "surface": row.surface,
+                        "event_key": row.event_key,
+                        "thread_key": row.thread_key,
+                        "author": row.author,
+                        "message_id": row.message_id,
+                        "text": row.text,
+                        "context": row.context,
+                        "state": "received",
+                        "owner": self.owner,
+                        "created_at": row.created_at,
+                    }
+                    for row in rows
+                ],
+            )
+            adopted = and_(D.surface == self.surface, D.event_key.in_(keys))
+            await conn.execute(update(DELIVERIES).where(adopted).values(lease_at=db_now()))
+            again = await conn.execute(select(*D).where(adopted).order_by(D.id))
+            return [_record(row) for row in again]
+
+    async def get(self, record_id: int) -> DeliveryRecord | None:
+        async with self.db.read() as conn:
+            row = (await conn.execute(select(DELIVERIES).where(D.id == record_id))).first()
+        return None if row is None else _record(row)
+
+    async def thread_known(self, thread_key: str) -> bool:
+        """Some message of this thread was recorded (its session may not exist yet)."""
+        async with self.db.read() as conn:
+            found = await conn.scalar(
+                select(
+                    exists().where(
+                        D.surface == self.surface,
+                        D.thread_key == thread_key,
+                        D.state.not_in(("ignored", "stray")),
+                    )
+                )
+            )
+        return bool(found)
+
+    async def blocker(self, record: DeliveryRecord) -> DeliveryRecord | None:
+        """The earliest record of the same thread that must be answered before this one."""
+        async with self.db.read() as conn:
+            row = (
+                await conn.execute(
+                    select(DELIVERIES)
+                    .where(
+                        D.surface == self.surface,
+                        D.thread_key == record.thread_key,
+                        D.id < record.id,
+                        or_(
+                            D.state.in_(("received", "started")),
+                            and_(D.state == "waiting", D.wait_reason.in_(IN_LINE)),
+                        ),
+                    )
+                    .order_by(D.id)
+                    .limit(1)
+                )
+            ).first()
+        return None if row is None else _record(row)
+
+    async def unblocked(self, record_ids: list[int]) -> set[int]:
+        """Which of these records have nothing left before them in their thread's line (one
+        query for all the records a replica has waiting)."""
+        if not record_ids:
+            return set()
+        earlier = aliased(DELIVERIES)
+        blocked = exists().where(
+            earlier.c.surface == D.surface,
+            earlier.c.thread_key == D.thread_key,
+            earlier.c.id < D.id,
+            or_(
+                earlier.c.state.in_(("received", "started")),
+                and_(earlier.c.state == "waiting", earlier.c.wait_reason.in_(IN_LINE)),
+            ),
+        )
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                select(D.id).where(D.id.in_(bindparam("ids", expanding=True)), ~blocked),
+                {"ids": record_ids},
+            )
+            return {int(r) for r in rows.scalars()}
+
+    async def expire_overdue_many(self, record_ids: list[int], timeout_seconds: float) -> set[int]:
+        """``expire_overdue`` for many records in one statement; the ids that expired."""
+        if not record_ids:
+            return set()
+        async with self.db.write() as conn:
+            rows = await update_returning(
+                conn,
+                DELIVERIES,
+                and_(
+                    D.id.in_(bindparam("ids", expanding=True)),
+                    D.owner == self.owner,
+                    D.state == "waiting",
+                    D.wait_reason.in_(("ask", "queue")),
+                    D.waiting_since < ago(timeout_seconds),
+                ),
+                {"state": "expired", "owner": None, "lease_at": None, "updated_at": db_now()},
+                [D.id],
+                {"ids": record_ids},
+            )
+            return {int(r.id) for r in rows}
+
+    async def move(
+        self, record_id: int, from_states: tuple[str, ...], to_state: str, **values: Any
+    ) -> DeliveryRecord | None:
+        """Change the state of a record this process owns; None if it is not (or no longer)
+        ours or not in ``from_states``. Leaving the active states gives the record up."""
+        values.update(state=to_state, updated_at=db_now())
+        if to_state not in ACTIVE:
+            values.update(owner=None, lease_at=None)
+        async with self.db.write() as conn:
+            rows = await update_returning(
+                conn,
+                DELIVERIES,
+                and_(self._mine(record_id), D.state.in_(from_states)),
+                values,
+                list(DELIVERIES.c),
+            )
+        return _record(rows[0]) if rows else None
+
+    async def wait(
+        self,
+        record_id: int,
+        from_states: tuple[str, ...],
+        reason: str,
+        *,
+        session_id: int | None = None,
+    ) -> DeliveryRecord | None:
+        """An owned record starts waiting (``reason``: see ``IN_LINE``); the busy timeout
+        counts from now, on the database clock. ``session_id``: the session it waits on."""
+        values: dict[str, Any] = {"wait_reason": reason, "waiting_since": db_now()}
+        if session_id is not None:
+            values["session_id"] = session_id
+        return await self.move(record_id, from_states, "waiting", **values)
+
+    async def set_reply(self, record_id: int, reply_ref: str) -> None:
+        """Remember where the answer is being shown (fenced on the owner, like every move)."""
+        async with self.db.write() as conn:
+            await conn.execute(
+                update(DELIVERIES).where(self._mine(record_id)).values(reply_ref=reply_ref)
+            )
+
+    async def claim(
+        self, record_id: int, from_states: tuple[str, ...], *, author: str | None = None
+    ) -> DeliveryRecord | None:
+        """A passive record becomes ours and ``received`` again (a Send click on any replica).
+        ``wait_reason`` is kept: a message that waited on a busy session was sent knowingly."""
+        condition = and_(D.id == record_id, D.state.in_(from_states))
+        if author is not None:
+            condition = and_(condition, D.author == author)
+        async with self.db.write() as conn:
+            rows = await update_returning(
+                conn,
+                DELIVERIES,
+                condition,
+                {
+                    "state": "received",
+                    "waiting_since": None,
+                    "owner": self.owner,
+                    "lease_at": db_now(),
+                    "updated_at": db_now(),
+                },
+                list(DELIVERIES.c),
+            )
+        return _record(rows[0]) if rows else None
+
+    async def discard(self, record_id: int, *, author: str) -> DeliveryRecord | None:
+        """The author drops a message that is waiting or offered (whoever owns it)."""
+        async with self.db.write() as conn:
+            rows = await update_returning(
+                conn,
+                DELIVERIES,
+                and_(D.id == record_id, D.author == author, D.state.in_(("waiting", *PASSIVE))),
+                {"state": "discarded", "owner": None, "lease_at": None, "updated_at": db_now()},
+                list(DELIVERIES.c),
+            )
+        return _record(rows[0]) if rows else None
+
+    async def expire_overdue(self, record_id: int, timeout_seconds: float) -> DeliveryRecord | None:
+        """Give up on a record that has waited on a busy session for longer than the timeout
+        (measured on the database clock from when it started waiting, across take-overs)."""
+        async with self.db.write() as conn:
+            rows = await update_returning(
+                conn,
+                DELIVERIES,
+                and_(
+                    self._mine(record_id),
+                    D.state == "waiting",
+                    D.wait_reason.in_(("ask", "queue")),
+                    D.waiting_since < ago(timeout_seconds),
+                ),
+                {"state": "expired", "owner": None, "lease_at": None, "updated_at": db_now()},
+                list(DELIVERIES.c),
+            )
+        return _record(rows[0]) if rows else None
+
+    async def refresh(self, record_ids: list[int]) -> set[int]:
+        """Renew the leases of these records; returns the ids that are still ours."""
+        if not record_ids:
+            return set()
+        async with self.db.write() as conn:
+            rows = await update_returning(
+                conn,
+                DELIVERIES,
+                and_(
+                    D.owner == self.owner,
+                    D.id.in_(bindparam("ids", expanding=True)),
+                    D.state.in_(ACTIVE),
+                ),
+                {"lease_at": db_now()},
+                [D.id],
+                {"ids": record_ids},
+            )
+            return {int(r.id) for r in rows}
+
+    async def release(self, record_ids: list[int]) -> int:
+        """Give these records up so another replica takes them at once (a clean stop)."""
+        if not record_ids:
+            return 0
+        async with self.db.write() as conn:
+            result = await conn.execute(
+                update(DELIVERIES)
+                .where(
+                    D.owner == self.owner,
+                    D.id.in_(bindparam("ids", expanding=True)),
+                    D.state.in_(ACTIVE),
+                )
+                .values(owner=None, lease_at=None, updated_at=db_now()),
+                {"ids": record_ids},
+            )
+            return int(result.rowcount)
+
+    async def take_over(self, limit: int) -> list[DeliveryRecord]:
+        """Take up to ``limit`` active records whose lease lapsed, oldest first."""
+        lapsed = _lapsed(self.staleness_seconds)
+        candidates = (
+            select(D.id)
+            .where(D.surface == self.surface, lapsed)
+            .order_by(D.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
+        async with self.db.write() as conn:
+            rows = await update_returning(
+                conn,
+                DELIVERIES,
+                and_(D.id.in_(candidates), lapsed),
+                {
+                    "owner": self.owner,
+                    "lease_at": db_now(),
+                    # A released record (a clean stop) was not abandoned: it does not count.
+                    "takeovers": D.takeovers + case((D.owner.is_(None), 0), else_=1),
+                    "updated_at": db_now(),
+                },
+                list(DELIVERIES.c),
+            )
+            taken = [_record(r) for r in rows]
+        return sorted(taken, key=lambda r: r.id)
+
+    async def count_owned_by(self, owner: str) -> int:
+        """Active records a replica (by its ``owner`` id) still holds: after it died, how many
+        are left to take over."""
+        async with self.db.read() as conn:
+            found = await conn.scalar(
+                select(func.count()).where(D.owner == owner, D.state.in_(ACTIVE))
+            )
+        return int(found or 0)
+
+    async def counts(self) -> list[StateCount]:
+        """Records that are not finished, by state and reason, with the age of the oldest."""
+        async with self.db.read() as conn:
+            now = await conn.scalar(select(db_now()))
+            rows = await conn.execute(
+                select(
+                    D.state,
+                    D.wait_reason,
+                    func.count().label("n"),
+                    func.min(D.created_at).label("oldest"),
+                )
+                .where(D.surface == self.surface, D.state.in_((*ACTIVE, *PASSIVE)))
+                .group_by(D.state, D.wait_reason)
+            )
+            found: list[Any] = list(rows)
+        return [
+            StateCount(
+                state=str(row.state),
+                wait_reason=row.wait_reason,
+                count=int(row.n),
+                oldest_age_seconds=max(0.0, (now - row.oldest).total_seconds())
+                if row.oldest
+                else 0.0,
+            )
+            for row in found
+        ]
+
+
+async def sweep_finished_deliveries(db: Database, batch_size: int) -> int:
+    """Sweeper pass: finished records older than a day (Slack retries within minutes, and a
+    finished record only answers "already taken" to a late retry), strays nobody adopted."""
+    finished = or_(
+        and_(D.state.in_(FINISHED), D.updated_at < ago(FINISHED_TTL_SECONDS)),
+        and_(D.state == "stray", D.created_at < ago(STRAY_SECONDS)),
+    )
+    return await delete_in_batches(
+        db,
+        DELIVERIES,
+        select(D.id).where(finished).order_by(D.id),
+        finished,
+        batch_size,
+        name="deliveries",
+    )

@@ -1,0 +1,169 @@
+"""The SQL pieces that differ per database: the clock, UTC datetimes, a fork's ids, JSON edits.
+
+Each is a SQLAlchemy construct compiled one way for SQLite and another for PostgreSQL, so the
+statements of the storage modules read the same on both. All time that decides anything (lock
+staleness, expiry, idleness) is the database's clock (``db_now``), so replicas with skewed
+clocks agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, DateTime, String, Table, select, update
+from sqlalchemy.engine import Dialect, Row
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import TypeDecorator
+
+from core.storage.engine import Conn
+
+# SQLite's strftime has millisecond precision; the trailing zeros give SQLAlchemy's own
+# six-digit storage format, so values written by SQL and by Python compare as strings.
+_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f000', 'now')"
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on both databases (SQLite stores naive UTC text)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class db_now(FunctionElement[datetime]):
+    """The database's current time, optionally plus a (signed) number of seconds."""
+
+    type = UtcDateTime()
+    inherit_cache = True
+    name = "db_now"
+
+
+@compiles(db_now, "sqlite")
+def _sqlite_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    args = list(element.clauses)
+    if not args:
+        return _SQLITE_NOW
+    seconds = compiler.process(args[0], **kw)
+    return f"strftime('%Y-%m-%d %H:%M:%f000', 'now', ({seconds}) || ' seconds')"
+
+
+@compiles(db_now, "postgresql")
+def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    args = list(element.clauses)
+    if not args:
+        return "statement_timestamp()"
+    seconds = compiler.process(args[0], **kw)
+    return f"(statement_timestamp() + make_interval(secs => CAST({seconds} AS double precision)))"
+
+
+class copied_message_id(FunctionElement[str]):
+    """A version 7 UUID in canonical text, made by the database for each row a fork copies.
+
+    ``copied_message_id(position, nonce, millis)``: the milliseconds, then the row's position
+    (so a copy's ids are ordered like its rows and land at the right edge of the ``message_id``
+    index), then random bits; the layout of ``core.messages.new_message_id``. SQLite: one
+    ``printf`` of the position, the statement's ``millis`` (the local clock, which is SQLite's)
+    and ``nonce``, 10 hex digits random per statement, so the value is a function of the row
+    and evaluating it twice (for the column and inside the JSON) gives the same id; formatting
+    in the same ``printf`` matters, as every reference to a non-materialised CTE column is
+    evaluated again (SQLite 3.31 has no ``MATERIALIZED``). PostgreSQL: the time prefix once per
+    statement, the rest of ``gen_random_uuid()`` per row (compute it in a materialised CTE);
+    ``nonce`` and ``millis`` are not used (its clock is ``statement_timestamp()``).
+    """
+
+    type = String(36)
+    inherit_cache = True
+    name = "copied_message_id"
+
+
+@compiles(copied_message_id, "sqlite")
+def _sqlite_copied_message_id(element: copied_message_id, compiler: SQLCompiler, **kw: Any) -> str:
+    position, nonce, millis = (compiler.process(arg, **kw) for arg in element.clauses)
+    return (
+        f"(printf('%08x-%04x-7%03x-8%03x-%02x', {millis} >> 16, {millis} & 65535, "
+        f"({position} >> 20) & 4095, ({position} >> 8) & 4095, {position} & 255) || {nonce})"
+    )
+
+
+@compiles(copied_message_id, "postgresql")
+def _pg_copied_message_id(element: copied_message_id, compiler: SQLCompiler, **kw: Any) -> str:
+    # gen_random_uuid() is C and fast, and already canonical text: its first 14 characters
+    # (time-low, time-mid) become the milliseconds, its version digit 7; the variant and the
+    # random bits stay. The prefix is an uncorrelated scalar subquery: computed once.
+    millis = "floor(extract(epoch from statement_timestamp()) * 1000)::bigint"
+    prefix = (
+        f"(SELECT lpad(to_hex({millis} >> 16), 8, '0') || '-' || "
+        f"lpad(to_hex({millis} & 65535), 4, '0') || '-7')"
+    )
+    return f"({prefix} || substr(CAST(gen_random_uuid() AS TEXT), 16))"
+
+
+class json_with_id(FunctionElement[Any]):
+    """``message`` with its ``id`` replaced: copies a UIMessage under a new id in SQL."""
+
+    inherit_cache = True
+    name = "json_with_id"
+
+
+@compiles(json_with_id, "sqlite")
+def _sqlite_json_with_id(element: json_with_id, compiler: SQLCompiler, **kw: Any) -> str:
+    message, new_id = (compiler.process(arg, **kw) for arg in element.clauses)
+    return f"json_set({message}, '$.id', {new_id})"
+
+
+@compiles(json_with_id, "postgresql")
+def _pg_json_with_id(element: json_with_id, compiler: SQLCompiler, **kw: Any) -> str:
+    message, new_id = (compiler.process(arg, **kw) for arg in element.clauses)
+    return f"jsonb_set({message}, '{{id}}', to_jsonb({new_id}))"
+
+
+def ago(seconds: float) -> db_now:
+    """``db_now() - seconds``: the boundary for staleness and retention checks."""
+    return db_now(-float(seconds))
+
+
+def hence(seconds: float) -> db_now:
+    """``db_now() + seconds``: expiry times of temporary sessions."""
+    return db_now(float(seconds))
+
+
+async def update_returning(
+    conn: Conn,
+    table: Table,
+    where: ColumnElement[bool],
+    values: dict[str, Any],
+    columns: Sequence[ColumnElement[Any]],
+    params: dict[str, Any] | None = None,
+) -> list[Row[Any]]:
+    """``UPDATE table SET values WHERE where RETURNING columns``, on every supported SQLite.
+
+    That one statement where the database has RETURNING (PostgreSQL; SQLite from 3.35, as
+    SQLAlchemy's dialect reports). An older SQLite (see ``MIN_SQLITE``): the ids matching, an
+    UPDATE of exactly those, and their rows as updated, three statements inside the caller's
+    write transaction, which no other writer can interleave with (it holds SQLite's write
+    lock), so the effect is the same. ``table`` has an ``id`` primary key.
+    """
+    if conn.dialect.update_returning:
+        stmt = update(table).where(where).values(values).returning(*columns)
+        return list(await conn.execute(stmt, params))
+    ids = list((await conn.execute(select(table.c.id).where(where), params)).scalars())
+    if not ids:
+        return []
+    await conn.execute(update(table).where(table.c.id.in_(ids)).values(values))
+    return list(await conn.execute(select(*columns).where(table.c.id.in_(ids))))

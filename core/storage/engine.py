@@ -1,0 +1,597 @@
+"""The only module that creates engines, and how transactions are opened on them.
+
+SQLite is tuned for an agent's write pattern: WAL (readers never block the writer), foreign keys
+on, and every write transaction opened with ``BEGIN IMMEDIATE`` so a transaction never has to
+upgrade a read lock to a write lock (that upgrade fails at once with ``database is locked``
+instead of waiting). Inside one process the writers queue on an ``asyncio.Lock``: SQLite admits
+one writer at a time anyway, and waiting on a lock in the event loop costs microseconds where
+SQLite's busy handler sleeps in steps of up to 100 ms. Another process's write lock is waited
+for with ``asyncio.sleep`` (``Database.write``), so the event loop never sleeps inside SQLite.
+
+The SQL pieces that differ per database (the clock, a fork's ids) are ``core.storage.dialect``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import logging
+import sqlite3
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, cast
+
+from sqlalchemy import (
+    Engine,
+    Table,
+    create_engine,
+    event,
+    text,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, CursorResult, Dialect, ScalarResult, make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.sql.base import Executable
+
+from core.errors import ConfigError, DatabaseError
+from core.settings import normalize_database_url
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+# The oldest SQLite the SQL here is written for: what RHEL 9's Python 3.11 links (3.34.1),
+# below Ubuntu 22.04 (3.37.2) and Debian 12 (3.40.1). So no RETURNING or MATERIALIZED
+# (3.35), no HAVING without GROUP BY (3.39), no UPDATE … FROM on SQLite.
+MIN_SQLITE: tuple[int, int, int] = (3, 31, 0)
+# How long a writer waits for another process's write lock before giving up.
+SQLITE_WRITE_WAIT_SECONDS = 30.0
+# Readers in WAL mode wait only in rare cases (another connection recovering the WAL).
+SQLITE_READ_BUSY_MS = 1_000
+HEALTH_TIMEOUT_SECONDS = 5.0
+
+
+class Conn(Protocol):
+    """What a transaction body sees: ``AsyncConnection`` on PostgreSQL, ``InlineConnection`` on
+    SQLite. Only these methods are used, so the two are interchangeable."""
+
+    @property
+    def dialect(self) -> Dialect: ...
+
+    async def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[Any]: ...
+
+    async def scalar(self, statement: Executable, parameters: Any = None) -> Any: ...
+
+    async def scalars(self, statement: Executable, parameters: Any = None) -> ScalarResult[Any]: ...
+
+    async def run_sync(self, fn: Callable[[Connection], T]) -> T: ...
+
+
+class InlineConnection:
+    """An async face on a sync SQLite connection: each statement runs in place.
+
+    A SQLite statement of the turn protocol takes tens of microseconds; handing it to a worker
+    thread and back (what aiosqlite does, three or four times per statement) costs several times
+    that, and was most of a turn's time. Running in place blocks the event loop only for the
+    statement itself: waiting for another process's write lock happens in ``Database.write``
+    with ``asyncio.sleep``, never in SQLite's busy handler.
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self.sync_connection = connection
+
+    @property
+    def dialect(self) -> Dialect:
+        return self.sync_connection.dialect
+
+    async def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[Any]:
+        return self.sync_connection.execute(statement, parameters)
+
+    async def scalar(self, statement: Executable, parameters: Any = None) -> Any:
+        return self.sync_connection.scalar(statement, parameters)
+
+    async def scalars(self, statement: Executable, parameters: Any = None) -> ScalarResult[Any]:
+        return self.sync_connection.scalars(statement, parameters)
+
+    async def run_sync(self, fn: Callable[[Connection], T]) -> T:
+        return fn(self.sync_connection)
+
+
+class ThreadedConnection(InlineConnection):
+    """``InlineConnection`` whose statements run in a worker thread, one at a time.
+
+    For the few operations whose statements grow with the data (a fork copying a whole
+    transcript, an import, a sweep's batches): the event loop keeps answering (acknowledging
+    Slack, heartbeating other turns) while SQLite works. Rows are fetched in the thread too.
+    The hot path (a turn's small statements) stays inline, where a thread hop would cost more
+    than the statement.
+    """
+
+    async def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[Any]:
+        return await asyncio.to_thread(self._execute, statement, parameters)
+
+    def _execute(self, statement: Executable, parameters: Any) -> CursorResult[Any]:
+        result = self.sync_connection.execute(statement, parameters)
+        if not result.returns_rows:
+            return result
+        # Fetched here, not on the loop; the caller iterates a buffered copy.
+        return cast(CursorResult[Any], result.freeze()())
+
+    async def scalar(self, statement: Executable, parameters: Any = None) -> Any:
+        return await asyncio.to_thread(self.sync_connection.scalar, statement, parameters)
+
+    async def scalars(self, statement: Executable, parameters: Any = None) -> ScalarResult[Any]:
+        result = await self.execute(statement, parameters)
+        return result.scalars()
+
+    async def run_sync(self, fn: Callable[[Connection], T]) -> T:
+        return await asyncio.to_thread(fn, self.sync_connection)
+
+
+# Connections of a PostgreSQL ``Database`` kept for urgent writes (``Database.write``).
+URGENT_POOL_SIZE = 2
+
+
+class _WriteLock:
+    """SQLite's writers in this process, one at a time, in arrival order, except that an urgent
+    writer goes before every waiting ordinary one: a message's delivery record, which Slack's
+    acknowledgement waits for, must not queue behind the writes of a hundred running turns.
+    The lock passes directly from holder to next waiter, so no one overtakes in between."""
+
+    def __init__(self) -> None:
+        self._held = False
+        self._urgent: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._ordinary: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, *, urgent: bool = False) -> AsyncIterator[None]:
+        await self._acquire(urgent)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self, urgent: bool) -> None:
+        if not self._held and not self._urgent and not self._ordinary:
+            self._held = True
+            return
+        queue = self._urgent if urgent else self._ordinary
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self._release()  # handed the lock as the wait was cancelled: pass it on
+            else:
+                with contextlib.suppress(ValueError):  # a release may have dropped it already
+                    queue.remove(turn)
+            raise
+
+    def _release(self) -> None:
+        for queue in (self._urgent, self._ordinary):
+            while queue:
+                turn = queue.popleft()
+                if not turn.done():
+                    turn.set_result(None)  # still held: it is theirs now
+                    return
+        self._held = False
+
+
+class Database:
+    """The engine of one database, and how transactions are opened on it.
+
+    PostgreSQL: an async engine (asyncpg). SQLite: a sync engine (pysqlite) whose statements run
+    in place (``InlineConnection``); writers queue on an ``asyncio.Lock`` and open with
+    ``BEGIN IMMEDIATE``, retried with ``asyncio.sleep`` while another process writes.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        echo: bool = False,
+        pool_size: int = 10,
+        synchronous_commit: bool = True,
+    ) -> None:
+        self.url = normalize_database_url(url)
+        self._async: AsyncEngine | None = None
+        self._urgent: AsyncEngine | None = None
+        self._sqlite: Engine | None = None
+        self._sqlite_uri = ""  # SQLite: see _sqlite_file
+        self._writer: Connection | None = None  # SQLite's inline writes: _sqlite_writer_begin
+        self._write_lock = _WriteLock()
+        if self.url.startswith("sqlite"):
+            check_sqlite_version()
+            sync_url = make_url(self.url.replace("sqlite+aiosqlite", "sqlite+pysqlite", 1))
+            self._sqlite_uri = _sqlite_file(sync_url.database or "")
+            self._sqlite = create_engine(
+                sync_url,
+                echo=echo,
+                pool_size=pool_size,
+                max_overflow=pool_size,
+                creator=functools.partial(
+                    sqlite3.connect, self._sqlite_uri, uri=True, check_same_thread=False
+                ),
+            )
+            _configure_sqlite(self._sqlite)
+        else:
+            # synchronous_commit=off: a commit returns before its WAL record is flushed. A
+            # PostgreSQL crash may then lose the last fraction of a second of commits (never
+            # consistency); a crash of this process loses nothing. Off only when asked for.
+            server_settings = {} if synchronous_commit else {"synchronous_commit": "off"}
+
+            def engine(size: int) -> AsyncEngine:
+                return create_async_engine(
+                    self.url,
+                    echo=echo,
+                    pool_size=size,
+                    max_overflow=size,
+                    connect_args={"server_settings": server_settings},
+                )
+
+            self._async = engine(pool_size)
+            # Urgent writes (``write(urgent=True)``) have connections of their own, so they
+            # never queue behind the turns holding the main pool's.
+            self._urgent = engine(URGENT_POOL_SIZE)
+
+    @property
+    def dialect(self) -> str:
+        return self.sync_engine.dialect.name
+
+    @property
+    def sync_engine(self) -> Engine:
+        """The engine events listen on (statement counting, plans), on either database.
+        PostgreSQL's urgent writes run on an engine of their own, which it does not see."""
+        if self._sqlite is not None:
+            return self._sqlite
+        assert self._async is not None
+        return self._async.sync_engine
+
+    @contextlib.asynccontextmanager
+    async def read(self, *, large: bool = False) -> AsyncIterator[Conn]:
+        """A short read transaction (deferred on SQLite: never blocks or is blocked by writers).
+
+        ``large``: SQLite runs the statements in a worker thread (``ThreadedConnection``), for
+        reads that grow with the data; no effect on PostgreSQL, whose driver never blocks.
+        """
+        try:
+            if self._sqlite is not None:
+                with self._sqlite.connect() as conn:
+                    yield ThreadedConnection(conn) if large else InlineConnection(conn)
+            else:
+                assert self._async is not None
+                async with self._async.connect() as aconn:
+                    yield aconn
+        except (SQLAlchemyError, OSError, sqlite3.Error) as exc:
+            raise database_error(exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def write(
+        self, *, consistent: bool = False, large: bool = False, urgent: bool = False
+    ) -> AsyncIterator[Conn]:
+        """One write transaction, committed on success and rolled back on any error.
+
+        ``urgent``: ahead of this process's other writers: on SQLite before the waiting ones
+        (``_WriteLock``), on PostgreSQL on connections of its own.
+
+        ``large``: as for ``read``, SQLite runs the statements (and the commit) in a worker
+        thread, so an operation whose statements grow with the data never holds the loop.
+
+        ``consistent``: every statement reads the same snapshot of the database (PostgreSQL
+        REPEATABLE READ, for a transaction that reads in several statements what others may
+        change meanwhile, such as a fork reading its source). SQLite's write transaction is
+        already that: no other writer commits while it runs.
+        """
+        try:
+            if self._async is not None and consistent:
+                async with self._async.connect() as aconn:
+                    aconn = await aconn.execution_options(isolation_level="REPEATABLE READ")
+                    async with aconn.begin():
+                        yield aconn
+            elif self._sqlite is not None and large:
+                async with self._write_lock.hold(urgent=urgent):
+                    conn = await self._sqlite_begin_immediate(self._sqlite)
+                    try:
+                        yield ThreadedConnection(conn)
+                        await asyncio.to_thread(conn.commit)
+                    finally:
+                        conn.close()  # rolls back whatever was not committed
+            elif self._sqlite is not None:
+                async with self._write_lock.hold(urgent=urgent):
+                    conn = await self._sqlite_writer_begin()
+                    try:
+                        yield InlineConnection(conn)
+                        conn.commit()
+                    except BaseException:
+                        self._roll_back_writer(conn)
+                        raise
+            else:
+                engine = self._urgent if urgent else self._async
+                assert engine is not None
+                async with engine.begin() as aconn:
+                    yield aconn
+        except (SQLAlchemyError, OSError, sqlite3.Error) as exc:
+            raise database_error(exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def migrating(self) -> AsyncIterator[Conn]:
+        """The write transaction migrations run in.
+
+        SQLite, the recipe Alembic documents for batch mode: foreign keys are turned off on
+        the connection *before* the transaction (``PRAGMA foreign_keys`` does nothing inside
+        one), so a migration that rebuilds a table (copy, drop the old one, rename) does not
+        cascade the drop into its children; before the commit ``PRAGMA foreign_key_check``
+        must find no row pointing nowhere, and the connection gets foreign keys back before it
+        returns to the pool. PostgreSQL: an ordinary transaction (its DDL alters in place).
+        """
+        if self._sqlite is None:
+            async with self.write() as conn:
+                yield conn
+            return
+        try:
+            async with self._write_lock.hold():
+                locked = await self._sqlite_begin_immediate(self._sqlite, foreign_keys=False)
+                raw = _raw(locked)
+                # A statement that reads the file, so the schema another replica's migration
+                # just committed is loaded: Alembic asks with PRAGMA table_info, which answers
+                # from the connection's cached schema (on older SQLite it is then stale).
+                raw.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                try:
+                    yield InlineConnection(locked)
+                    broken = raw.execute("PRAGMA foreign_key_check").fetchall()
+                    if broken:
+                        raise DatabaseError(
+                            f"the migration left {len(broken)} row(s) whose foreign key points "
+                            f"nowhere (first: table {broken[0][0]}, row {broken[0][1]}); "
+                            "nothing was changed"
+                        )
+                    locked.commit()
+                finally:
+                    locked.rollback()  # whatever was not committed; then outside any transaction
+                    raw.execute("PRAGMA foreign_keys=ON")
+                    locked.close()
+        except (SQLAlchemyError, OSError, sqlite3.Error) as exc:
+            raise database_error(exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[Conn]:
+        """PostgreSQL: a connection outside any transaction, for a one-statement write (no
+        BEGIN or COMMIT round trips). SQLite: an ordinary write transaction."""
+        if self._async is None:
+            async with self.write() as conn:
+                yield conn
+            return
+        try:
+            async with self._async.connect() as aconn:
+                yield await aconn.execution_options(isolation_level="AUTOCOMMIT")
+        except (SQLAlchemyError, OSError) as exc:
+            raise database_error(exc) from exc
+
+    @staticmethod
+    async def _sqlite_begin_immediate(engine: Engine, *, foreign_keys: bool = True) -> Connection:
+        """A pooled connection in a new ``BEGIN IMMEDIATE`` transaction (large writes, which
+        run in a worker thread, and migrations)."""
+        conn = engine.connect()
+        raw = _raw(conn)
+        try:
+            if not foreign_keys:  # only outside a transaction does this take effect
+                raw.execute("PRAGMA foreign_keys=OFF")
+            raw.execute("PRAGMA busy_timeout = 0")
+            await _begin_immediate(raw)
+            raw.execute(f"PRAGMA busy_timeout = {SQLITE_READ_BUSY_MS}")
+            conn.begin()  # SQLAlchemy's view of the transaction BEGIN IMMEDIATE opened
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def _sqlite_writer_begin(self) -> Connection:
+        """The process's writer connection, in a new ``BEGIN IMMEDIATE`` transaction.
+
+        Inline writes run one at a time (``_WriteLock``), so one connection serves them all;
+        kept out of the pool, it costs no checkout and no reset per write, and its busy
+        timeout stays 0 (the wait for another process's write lock is ``_begin_immediate``'s,
+        on the event loop) instead of being set and restored around every ``BEGIN``: together
+        about a sixth of a turn's time on SQLite. Statements inside a write transaction hold
+        the write lock and do not wait on other connections.
+        """
+        writer = self._writer
+        if writer is None:
+            assert self._sqlite is not None
+            writer = self._sqlite.connect()
+            try:
+                _raw(writer).execute("PRAGMA busy_timeout = 0")
+            except BaseException:
+                writer.close()
+                raise
+            self._writer = writer
+        await _begin_immediate(_raw(writer))
+        writer.begin()  # SQLAlchemy's view of the transaction BEGIN IMMEDIATE opened
+        return writer
+
+    def _roll_back_writer(self, writer: Connection) -> None:
+        """A write that did not commit (an error, a refusal such as a stale claim, a
+        cancellation): roll it back and keep the connection for the next write. If the
+        rollback fails or leaves SQLite inside a transaction (a failed commit can), the
+        connection goes instead, and SQLite rolls back as it closes."""
+        try:
+            writer.rollback()
+            if not _raw(writer).in_transaction:
+                return
+        except Exception:
+            log.warning("SQLite writer connection replaced after a failed rollback", exc_info=True)
+        self._writer = None
+        writer.invalidate()
+        writer.close()
+
+    @contextlib.asynccontextmanager
+    async def advisory_lock(self, key: int) -> AsyncIterator[None]:
+        """Hold a PostgreSQL session-level advisory lock (replicas migrating one at a time).
+
+        On SQLite there is nothing to take: every writer already holds the write lock.
+        """
+        if self._async is None:
+            yield
+            return
+        try:
+            async with self._async.connect() as aconn:
+                await aconn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+                await aconn.commit()
+                try:
+                    yield
+                finally:
+                    await aconn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                    await aconn.commit()
+        except (SQLAlchemyError, OSError) as exc:
+            raise database_error(exc) from exc
+
+    async def answers(self) -> bool:
+        """Health check for load balancers: a read of a real table, within a few seconds.
+
+        SQLite: on a new connection that may not create the file, because pooled connections
+        keep reading a file that was deleted or whose volume went away."""
+        query = "SELECT version_num FROM alembic_version LIMIT 1"
+        try:
+            if self._sqlite is not None:
+                with contextlib.closing(
+                    sqlite3.connect(self._sqlite_uri, uri=True, timeout=1.0)
+                ) as probe:
+                    probe.execute(query).fetchall()
+                return True
+            async with asyncio.timeout(HEALTH_TIMEOUT_SECONDS), self.read() as conn:
+                await conn.execute(text(query))
+        except (DatabaseError, TimeoutError, sqlite3.Error):
+            return False
+        return True
+
+    def upsert(self, table: Table) -> postgresql.Insert | sqlite.Insert:
+        """INSERT with ``on_conflict_do_*`` (both dialects spell it the same, from their module)."""
+        if self.dialect == "postgresql":
+            return postgresql.insert(table)
+        return sqlite.insert(table)
+
+    async def dispose(self) -> None:
+        if self._writer is not None:
+            self._writer.invalidate()  # its busy timeout is not the pool's
+            self._writer.close()
+            self._writer = None
+        if self._sqlite is not None:
+            self._sqlite.dispose()
+        if self._async is not None:
+            await self._async.dispose()
+        if self._urgent is not None:
+            await self._urgent.dispose()
+
+
+def check_sqlite_version() -> None:
+    """Refuse, in one line, a SQLite older than ``MIN_SQLITE`` (the library Python links)."""
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        needed = ".".join(map(str, MIN_SQLITE))
+        raise ConfigError(
+            f"DATABASE_URL: SQLite {sqlite3.sqlite_version} is too old; slack-agent needs "
+            f"SQLite {needed} or newer (the library Python's sqlite3 module uses), or PostgreSQL"
+        )
+
+
+async def _begin_immediate(raw: Any) -> None:
+    """``BEGIN IMMEDIATE`` on a connection whose busy timeout is 0, retried with
+    ``asyncio.sleep`` while another process holds the write lock (module docstring)."""
+    delay, waited = 0.001, 0.0
+    while True:
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if waited >= SQLITE_WRITE_WAIT_SECONDS:
+                raise
+        await asyncio.sleep(delay)
+        waited += delay
+        delay = min(delay * 2, 0.05)
+
+
+def _sqlite_file(path: str) -> str:
+    """The URI every connection opens SQLite by: read-write, never creating the file.
+
+    The file is created here, once, if it does not exist yet. A connection that could create it
+    and was opened while the file was away (deleted, renamed, its volume gone) would make an
+    empty database in its place and keep it, pooled, after the real one was back; it fails
+    instead, and the next one finds the file. An in-memory database is refused: every
+    connection would see a database of its own.
+    """
+    if path in ("", ":memory:"):
+        raise ConfigError(
+            f"DATABASE_URL: SQLite needs a file path (got {path or 'an in-memory database'!r})"
+        )
+    if not Path(path).exists():
+        try:
+            sqlite3.connect(path).close()  # an empty file: SQLite's empty database
+        except sqlite3.Error as exc:
+            raise ConfigError(
+                f"DATABASE_URL: cannot create the SQLite file {path}: {exc}"
+            ) from None
+    return f"file:{urllib.parse.quote(str(Path(path).resolve()))}?mode=rw"
+
+
+def _raw(conn: Connection) -> Any:
+    return conn.connection.dbapi_connection
+
+
+def database_error(exc: BaseException) -> DatabaseError:
+    """One line naming the driver's complaint, without SQLAlchemy's SQL echo and links."""
+    cause = getattr(exc, "orig", None) or exc
+    detail = (str(cause).strip().splitlines() or [""])[0]
+    return DatabaseError(f"{cause.__class__.__name__}: {detail}")
+
+
+def library_engine(url: str) -> Any:
+    """An async engine on ``url`` for a library that brings its own tables and statements
+    (slack_sdk's installation and OAuth state stores). ``Any`` on purpose: what is above the
+    storage layer hands it to that library and never uses it itself."""
+    return create_async_engine(normalize_database_url(url))
+
+
+def create_database(
+    url: str, *, echo: bool = False, pool_size: int = 10, synchronous_commit: bool = True
+) -> Database:
+    """The database for ``url`` (normalised and checked, see ``normalize_database_url``)."""
+    return Database(url, echo=echo, pool_size=pool_size, synchronous_commit=synchronous_commit)
+
+
+def _use_wal(dbapi_conn: Any) -> None:
+    """Put the file in WAL mode (a no-op once it is). Switching a fresh file needs it to itself,
+    and SQLite refuses at once, without waiting, when another process holds a lock that waiting
+    could deadlock on (replicas starting together on a new file): so retry, briefly, here. This
+    runs once per new connection and waits only in that start-up race."""
+    deadline = time.monotonic() + SQLITE_WRITE_WAIT_SECONDS
+    while True:
+        try:
+            if dbapi_conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                dbapi_conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Transactions are begun explicitly (pysqlite's own BEGIN is always deferred).
+        dbapi_conn.isolation_level = None
+        dbapi_conn.execute(f"PRAGMA busy_timeout={SQLITE_READ_BUSY_MS}")
+        _use_wal(dbapi_conn)
+        dbapi_conn.execute("PRAGMA foreign_keys=ON")
+        dbapi_conn.execute("PRAGMA synchronous=NORMAL")
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        # Writers already hold BEGIN IMMEDIATE (Database.write); readers begin deferred.
+        if not _raw(conn).in_transaction:
+            conn.exec_driver_sql("BEGIN")

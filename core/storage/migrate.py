@@ -1,0 +1,56 @@
+"""Bring a database to the newest schema, safely when several replicas start at once.
+
+PostgreSQL: the upgrade runs under a session-level advisory lock, so replicas migrate one at a
+time and the later ones find nothing to do. SQLite: the upgrade runs in a ``BEGIN IMMEDIATE``
+transaction, which other processes wait for, with foreign keys off so that a batch migration
+may rebuild a table without cascading into its children (``Database.migrating``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection
+
+from core.storage.engine import Database
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+# An arbitrary, fixed 64-bit key: "slack-agent migrate" for every replica of every version.
+_ADVISORY_LOCK_KEY = 0x51AC_A6E7_0001
+
+
+def alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return config
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def _current(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+async def current_revision(db: Database) -> str | None:
+    async with db.read() as conn:
+        return await conn.run_sync(_current)
+
+
+async def upgrade(db: Database, revision: str = "head") -> tuple[str | None, str | None]:
+    """Upgrade to ``revision``; returns (revision before, revision after)."""
+    config = alembic_config()
+
+    def _run(connection: Connection) -> tuple[str | None, str | None]:
+        before = _current(connection)
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+        return before, _current(connection)
+
+    async with db.advisory_lock(_ADVISORY_LOCK_KEY), db.migrating() as conn:
+        return await conn.run_sync(_run)

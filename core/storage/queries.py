@@ -1,0 +1,474 @@
+"""Predicates and statements the session store's modules share (and the sweeper's predicate).
+
+The lock predicates are defined once here, so "busy" means the same thing to a claim, a rewind,
+a deletion, the sweeper and every surface polling ``is_turn_active``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final, NoReturn, cast
+
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    Float,
+    Insert,
+    Integer,
+    Row,
+    Select,
+    String,
+    Table,
+    Update,
+    and_,
+    bindparam,
+    case,
+    false,
+    func,
+    insert,
+    or_,
+    select,
+    true,
+    type_coerce,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+
+from core.errors import (
+    AgentSessionBusy,
+    AgentSessionForbidden,
+    AgentSessionNotFound,
+    DuplicateMessage,
+    MessageNotFound,
+    SlackAgentError,
+)
+from core.messages import Message
+from core.records import Actor, SessionInfo, StoredMessage
+from core.storage.dialect import ago, db_now
+from core.storage.engine import Conn, database_error
+from core.storage.models import (
+    AgentSession,
+    AgentSessionMessage,
+    AgentSessionSnapshot,
+    Id,
+    JsonDoc,
+    User,
+    validate_message,
+)
+from core.storage.prepared import Prepared
+
+SESSIONS: Final = cast(Table, AgentSession.__table__)
+MESSAGES: Final = cast(Table, AgentSessionMessage.__table__)
+SNAPSHOTS: Final = cast(Table, AgentSessionSnapshot.__table__)
+USERS: Final = cast(Table, User.__table__)
+
+AnyRow = Row[*tuple[Any, ...]]
+
+MESSAGE_COLUMNS: Final = (
+    MESSAGES.c.message_id,
+    MESSAGES.c.position,
+    MESSAGES.c.message,
+    MESSAGES.c.is_compaction_message,
+)
+
+
+def turn_active(staleness_seconds: float) -> ColumnElement[bool]:
+    """The single definition of "a turn is active": a heartbeat within the staleness window."""
+    return and_(
+        SESSIONS.c.heartbeat_at.is_not(None),
+        SESSIONS.c.heartbeat_at >= ago(staleness_seconds),
+    )
+
+
+def claimable(staleness_seconds: float) -> ColumnElement[bool]:
+    """The negation of ``turn_active``, written so it can sit in an UPDATE's WHERE clause."""
+    return or_(
+        SESSIONS.c.heartbeat_at.is_(None),
+        SESSIONS.c.heartbeat_at < ago(staleness_seconds),
+    )
+
+
+def session_select(staleness_seconds: float) -> Select[Any]:
+    return select(
+        *SESSIONS.c, type_coerce(turn_active(staleness_seconds), Boolean).label("is_turn_active")
+    )
+
+
+def session_info(row: AnyRow) -> SessionInfo:
+    return SessionInfo(
+        id=row.id,
+        project_name=row.project_name,
+        project_session_id=row.project_session_id,
+        user_id=row.user_id,
+        title=row.title,
+        expires_at=row.expires_at,
+        heartbeat_at=row.heartbeat_at,
+        model_provider=row.model_provider,
+        model_name=row.model_name,
+        custom_provider_id=row.custom_provider_id,
+        builtin_provider=row.builtin_provider,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        is_turn_active=bool(row.is_turn_active),
+    )
+
+
+def stored(row: AnyRow) -> StoredMessage:
+    return StoredMessage(
+        message_id=row.message_id,
+        position=row.position,
+        message=row.message,
+        is_compaction_message=bool(row.is_compaction_message),
+    )
+
+
+def without_nul(value: Any) -> Any:
+    """``value`` with every NUL in its strings replaced (U+FFFD). PostgreSQL cannot store NUL
+    in JSONB or text, and a model, a command's output or a person can produce one: a turn
+    must not fail to be stored for it."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {k: without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    return value
+
+
+def message_row(
+    session_id: int, position: int, message: Message, *, compaction: bool = False
+) -> dict[str, Any]:
+    """The one way a message becomes a row: its id is checked and ``message_id`` derived."""
+    return {
+        "session_id": session_id,
+        "position": position,
+        "message": without_nul(message),
+        "message_id": validate_message(message),
+        "is_compaction_message": compaction,
+    }
+
+
+def history_statement(session_id: int) -> Select[Any]:
+    """The projection as one query whose cost follows the projected size, not the history.
+
+    Both bounds are index seeks (the latest checkpoint and the tail), and the range between them
+    is scanned on ``(session_id, position)``. The upper bound is redundant for correctness; it
+    is there so PostgreSQL's planner sees a bounded range (it estimates an open-ended
+    ``position >= $1`` at a third of the table and would scan the whole session).
+    """
+
+    def latest(*conditions: ColumnElement[bool]) -> Any:
+        return (
+            select(func.max(MESSAGES.c.position))
+            .where(MESSAGES.c.session_id == session_id, *conditions)
+            .scalar_subquery()
+        )
+
+    return (
+        select(*MESSAGE_COLUMNS)
+        .where(
+            MESSAGES.c.session_id == session_id,
+            MESSAGES.c.position.between(
+                func.coalesce(latest(MESSAGES.c.is_compaction_message == true()), 0), latest()
+            ),
+        )
+        .order_by(MESSAGES.c.position)
+    )
+
+
+async def tail(conn: Conn, session_id: int) -> StoredMessage | None:
+    row = (await conn.execute(TAIL, {"sid": session_id})).first()
+    return None if row is None else stored(row)
+
+
+async def message_in(conn: Conn, session_id: int, message_id: str) -> StoredMessage:
+    row = (
+        await conn.execute(
+            select(*MESSAGE_COLUMNS).where(
+                MESSAGES.c.session_id == session_id, MESSAGES.c.message_id == message_id
+            )
+        )
+    ).first()
+    if row is None:
+        raise MessageNotFound(f"message {message_id} is not in session {session_id}")
+    return stored(row)
+
+
+def message_integrity_error(exc: IntegrityError) -> SlackAgentError:
+    """What a failed message insert means: ``DuplicateMessage`` only when the message's id is
+    already stored (a retried delivery); any other constraint (a position already taken, a
+    session that is gone) is a ``DatabaseError`` naming it, never "already stored"."""
+    detail = str(exc.orig)
+    # SQLite: "UNIQUE constraint failed: agent_session_messages.message_id"; PostgreSQL:
+    # 'duplicate key value violates unique constraint "uq_agent_session_messages_message_id"'.
+    if "agent_session_messages.message_id" in detail or _MESSAGE_ID_UNIQUE in detail:
+        return DuplicateMessage(f"a message with this id is already stored: {detail}")
+    return database_error(exc)
+
+
+_MESSAGE_ID_UNIQUE: Final = "uq_agent_session_messages_message_id"
+
+
+_INSERT_ONE: Final = Prepared(
+    insert(MESSAGES).values(
+        session_id=bindparam("session_id", type_=Id),
+        position=bindparam("position", type_=Integer()),
+        message=bindparam("message", type_=JsonDoc),
+        message_id=bindparam("message_id", type_=String(36)),
+        is_compaction_message=bindparam("is_compaction_message", type_=Boolean()),
+    )
+)
+
+
+async def insert_messages(conn: Conn, rows: list[dict[str, Any]]) -> None:
+    """Insert ``message_row`` rows (one, a turn's answer, the usual case: prepared)."""
+    try:
+        if len(rows) == 1:
+            await _INSERT_ONE.run(conn, rows[0])
+        else:
+            await conn.execute(insert(MESSAGES), rows)
+    except IntegrityError as exc:
+        raise message_integrity_error(exc) from exc
+
+
+# -- the turn's hot path, built once with bind parameters ---------------------------------------
+# Building a statement costs more than SQLite takes to run it; these are built at import and
+# executed with parameters. Names: sid, token, staleness, title, provider, model_name,
+# custom_provider_id, builtin_provider; and for a fenced row p_position, p_message, p_message_id,
+# p_compaction.
+
+_LIVE_BOUNDARY = db_now(-bindparam("staleness", type_=Float()))
+
+
+def _claim(*, stamp: bool) -> Update:
+    values: dict[str, Any] = {
+        "heartbeat_at": db_now(),
+        # The token says whether the lock was free or taken over from a turn that stopped
+        # heartbeating (its token was never cleared): SET sees the old row on both databases.
+        "lock_token": case(
+            (SESSIONS.c.lock_token.is_(None), bindparam("token", type_=String())),
+            else_=bindparam("takeover_token", type_=String()),
+        ),
+        "updated_at": db_now(),
+        "title": func.coalesce(SESSIONS.c.title, bindparam("title", type_=String())),
+    }
+    if stamp:  # stamp_session_model
+        values.update(
+            model_provider=bindparam("provider", type_=String()),
+            model_name=bindparam("model_name", type_=String()),
+            custom_provider_id=bindparam("custom_provider_id", type_=Id),
+            builtin_provider=bindparam("builtin_provider", type_=String()),
+        )
+    return (
+        update(SESSIONS)
+        .where(
+            SESSIONS.c.id == bindparam("sid", type_=Id),
+            or_(SESSIONS.c.heartbeat_at.is_(None), SESSIONS.c.heartbeat_at < _LIVE_BOUNDARY),
+        )
+        .values(values)
+    )
+
+
+# Where the database has RETURNING (PostgreSQL; SQLite from 3.35, see
+# ``core.storage.engine.MIN_SQLITE``) the claim returns the token it set; an older SQLite reads it
+# back in the same write transaction, which no other writer can interleave with.
+_CLAIMS: Final = {
+    (stamp, returning): Prepared(
+        _claim(stamp=stamp).returning(SESSIONS.c.lock_token) if returning else _claim(stamp=stamp)
+    )
+    for stamp in (False, True)
+    for returning in (False, True)
+}
+_TOKEN: Final = Prepared(
+    select(SESSIONS.c.lock_token).where(SESSIONS.c.id == bindparam("sid", type_=Id))
+)
+
+
+async def claim(conn: Conn, params: dict[str, Any], *, stamp: bool) -> str | None:
+    """The claim (see docs/design.md): the new fencing token, or None when the lock is live."""
+    if conn.dialect.update_returning:
+        row = (await _CLAIMS[stamp, True].run(conn, params)).row
+        return None if row is None else str(row[0])
+    if not (await _CLAIMS[stamp, False].run(conn, params)).rowcount:
+        return None
+    token = (await _TOKEN.run(conn, {"sid": params["sid"]})).row
+    assert token is not None  # the claim just updated this row, in this transaction
+    return str(token[0])
+
+
+TAIL: Final = (
+    select(*MESSAGE_COLUMNS)
+    .where(MESSAGES.c.session_id == bindparam("sid", type_=Id))
+    .order_by(MESSAGES.c.position.desc())
+    .limit(1)
+)
+
+
+def _insert_if_tail_is() -> Insert:
+    """The user message at the next position, only if the session's tail is ``last`` (NULL:
+    empty). Runs after the claim in the same transaction, so it reads the tail as it is now."""
+    sid = bindparam("sid", type_=Id)
+    tail_id = (
+        select(MESSAGES.c.message_id)
+        .where(MESSAGES.c.session_id == sid)
+        .order_by(MESSAGES.c.position.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    next_position = (
+        select(func.coalesce(func.max(MESSAGES.c.position) + 1, 0))
+        .where(MESSAGES.c.session_id == sid)
+        .scalar_subquery()
+    )
+    # A SELECT without FROM whose WHERE is the tail check: one row or none. (Not an aggregate
+    # with HAVING: HAVING without GROUP BY needs SQLite 3.39.)
+    source = select(
+        sid,
+        next_position,
+        bindparam("p_message", type_=JsonDoc),
+        bindparam("p_message_id", type_=String(36)),
+        false(),
+    ).where(tail_id.is_not_distinct_from(bindparam("last", type_=String(36))))
+    return insert(MESSAGES).from_select(
+        ["session_id", "position", "message", "message_id", "is_compaction_message"], source
+    )
+
+
+INSERT_IF_TAIL_IS: Final = {
+    True: Prepared(_insert_if_tail_is().returning(MESSAGES.c.position)),
+    False: Prepared(_insert_if_tail_is()),  # SQLite before 3.35: no RETURNING
+}
+_POSITION_OF: Final = Prepared(
+    select(MESSAGES.c.position).where(
+        MESSAGES.c.message_id == bindparam("p_message_id", type_=String(36))
+    )
+)
+
+
+async def insert_if_tail_is(
+    conn: Conn, row: dict[str, Any], last_message_id: str | None
+) -> int | None:
+    """Insert ``row`` (its position is chosen here) if the tail is ``last_message_id``; return
+    the position it got, or None when the tail is something else."""
+    params = {
+        "sid": row["session_id"],
+        "p_message": row["message"],
+        "p_message_id": row["message_id"],
+        "last": last_message_id,
+    }
+    try:
+        if conn.dialect.insert_returning:
+            position = (await INSERT_IF_TAIL_IS[True].run(conn, params)).row
+        elif (await INSERT_IF_TAIL_IS[False].run(conn, params)).rowcount:
+            position = (await _POSITION_OF.run(conn, {"p_message_id": row["message_id"]})).row
+        else:
+            position = None
+    except IntegrityError as exc:
+        raise message_integrity_error(exc) from exc
+    return None if position is None else int(position[0])
+
+
+def _fence(*, release: bool) -> Update:
+    values: dict[str, Any] = {"updated_at": db_now()}
+    if release:
+        values.update(heartbeat_at=None, lock_token=None)
+    else:
+        values["heartbeat_at"] = db_now()
+    return (
+        update(SESSIONS)
+        .where(
+            SESSIONS.c.id == bindparam("sid", type_=Id),
+            SESSIONS.c.lock_token == bindparam("token", type_=String()),
+        )
+        .values(values)
+    )
+
+
+def _fenced_insert(fence: Update) -> Insert:
+    """PostgreSQL: insert one message only if ``fence`` changed the session's row.
+
+    One statement, so no transaction round trips: the UPDATE runs in a CTE and the INSERT takes
+    its row from it, inserting nothing when the fencing token no longer matches.
+    """
+    fenced = fence.returning(SESSIONS.c.id).cte("fenced")
+    return insert(MESSAGES).from_select(
+        ["session_id", "position", "message", "message_id", "is_compaction_message"],
+        select(
+            fenced.c.id,
+            bindparam("p_position", type_=Integer()),
+            bindparam("p_message", type_=JsonDoc),
+            bindparam("p_message_id", type_=String(36)),
+            bindparam("p_compaction", type_=Boolean()),
+        ),
+    )
+
+
+_FENCES: Final = {release: _fence(release=release) for release in (False, True)}
+FENCE: Final = {release: Prepared(fence) for release, fence in _FENCES.items()}
+FENCED_INSERT: Final = {release: _fenced_insert(fence) for release, fence in _FENCES.items()}
+
+
+async def fence(conn: Conn, lease_params: dict[str, Any], *, release: bool) -> bool:
+    """Refresh the turn's heartbeat, or release its lock, if the token is still the session's;
+    False when it is not (the turn's lock was taken over or released)."""
+    return bool((await FENCE[release].run(conn, lease_params)).rowcount)
+
+
+async def fenced_insert(
+    conn: Conn, lease_params: dict[str, Any], row: dict[str, Any], *, release: bool
+) -> int:
+    """One message behind the fence, in one statement; returns 0 if the fence refused it."""
+    params = {
+        **lease_params,
+        "p_position": row["position"],
+        "p_message": row["message"],
+        "p_message_id": row["message_id"],
+        "p_compaction": row["is_compaction_message"],
+    }
+    try:
+        return (await conn.execute(FENCED_INSERT[release], params)).rowcount
+    except IntegrityError as exc:
+        raise message_integrity_error(exc) from exc
+
+
+async def append_messages(
+    conn: Conn, session_id: int, start: int, messages: Sequence[tuple[Message, bool]]
+) -> list[StoredMessage]:
+    """Insert ``(message, is_checkpoint)`` pairs from position ``start`` on."""
+    rows = [
+        message_row(session_id, start + i, message, compaction=compaction)
+        for i, (message, compaction) in enumerate(messages)
+    ]
+    if rows:
+        await insert_messages(conn, rows)
+    return [
+        StoredMessage(r["message_id"], r["position"], r["message"], r["is_compaction_message"])
+        for r in rows
+    ]
+
+
+async def next_position(conn: Conn, session_id: int) -> int:
+    last = await conn.scalar(
+        select(func.max(MESSAGES.c.position)).where(MESSAGES.c.session_id == session_id)
+    )
+    return 0 if last is None else int(last) + 1
+
+
+async def check_owner(conn: Conn, session_id: int, actor: Actor) -> None:
+    owner = (
+        await conn.execute(select(SESSIONS.c.user_id).where(SESSIONS.c.id == session_id))
+    ).first()
+    if owner is None:
+        raise AgentSessionNotFound(f"session {session_id} does not exist")
+    if not actor.may_manage(owner.user_id):
+        raise AgentSessionForbidden(
+            f"only the session's owner or an admin may change session {session_id}"
+        )
+
+
+async def raise_missing_or_busy(conn: Conn, session_id: int) -> NoReturn:
+    """Explain why a conditional UPDATE on a session changed nothing."""
+    exists = await conn.scalar(select(SESSIONS.c.id).where(SESSIONS.c.id == session_id))
+    if exists is None:
+        raise AgentSessionNotFound(f"session {session_id} does not exist")
+    raise AgentSessionBusy(f"session {session_id} has a turn in progress")

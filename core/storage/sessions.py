@@ -1,0 +1,544 @@
+"""The session store: sessions, users and the turn lock; transcript operations mix in.
+
+Each public method is one transaction. What the turn protocol's statements guarantee:
+
+- ``start_turn``: the claim is one conditional UPDATE (free or stale lock -> ours, with a new
+  fencing token, on the database clock); in the same transaction the tail is compared with the
+  client's ``last_message_id`` and the user message is inserted. The claim comes first, so once
+  it holds no other writer can move the tail; a refusal (busy, stale) rolls everything back.
+- ``heartbeat``, ``append``, ``finish``, ``release``: conditional on the fencing token, so a
+  turn whose lock was taken over can neither extend, clear nor write into the new owner's turn.
+- ``delete_session``: refused while a turn is active.
+
+Orchestration (a turn with its heartbeat task, compaction) lives above this module and never
+builds SQL; the statements live here, in ``core.storage.transcript``, ``core.storage.queries`` and
+the sweeper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final, NoReturn
+
+from sqlalchemy import Boolean, delete, select, type_coerce, update
+
+from core import metrics
+from core.errors import (
+    AgentSessionBusy,
+    AgentSessionLockLost,
+    AgentSessionNotFound,
+    AgentSessionStale,
+)
+from core.messages import Message, message_text, shorten
+from core.records import (
+    Actor,
+    AnyTail,
+    ModelChoice,
+    SessionInfo,
+    StoredMessage,
+    TurnLease,
+)
+from core.storage import queries as q
+from core.storage.custom_providers import CustomProviders
+from core.storage.dialect import db_now, hence
+from core.storage.engine import Conn, Database
+from core.storage.models import validate_message
+from core.storage.snapshots import SnapshotRef, Snapshots, attach_snapshot
+from core.storage.transcript import TranscriptOperations
+
+SESSIONS: Final = q.SESSIONS
+USERS: Final = q.USERS
+
+
+# A claim that took a stale lock over gets a token starting with this (never a hex digit), so
+# the one claim statement also tells whether a dead or stuck turn held the lock before.
+TAKEOVER_MARK: Final = "t"
+
+
+class SessionStore(TranscriptOperations):
+    """Sessions, their users, their transcripts and the turn lock.
+
+    A session's sandbox snapshots and the custom providers its model may name are reached
+    through it (``snapshots``, ``custom_providers``), so the agent holds the store alone and
+    never the database under it.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        staleness_seconds: float = 60.0,
+        temporary_ttl_hours: float = 24.0,
+    ) -> None:
+        self.db = db
+        self.staleness_seconds = float(staleness_seconds)
+        self.temporary_ttl_hours = float(temporary_ttl_hours)
+        self._held = _HeldLeases(self.staleness_seconds)
+        self._claiming = _KeyedLocks()
+        self.snapshots = Snapshots(db)
+        self.custom_providers = CustomProviders(db)
+
+    # -- users and sessions -------------------------------------------------------------------
+
+    async def get_or_create_user(self, external_id: str, display_name: str | None = None) -> int:
+        """Idempotent under concurrency: replicas meeting a new user at once agree on one row.
+
+        Read first: users are never deleted, so a known one (every turn but a person's first)
+        costs a read, not a write transaction.
+        """
+        async with self.db.read() as conn:
+            known = await conn.scalar(select(USERS.c.id).where(USERS.c.external_id == external_id))
+        if known is not None:
+            return int(known)
+        async with self.db.write() as conn:
+            await conn.execute(
+                self.db.upsert(USERS)
+                .values(external_id=external_id, display_name=display_name)
+                .on_conflict_do_nothing(index_elements=["external_id"])
+            )
+            user_id = await conn.scalar(
+                select(USERS.c.id).where(USERS.c.external_id == external_id)
+            )
+        assert user_id is not None
+        return int(user_id)
+
+    async def user_external_id(self, user_id: int) -> str | None:
+        """Who a user is (``slack:T…:U…``, ``cli:<login>``), for surfaces that name an owner."""
+        async with self.db.read() as conn:
+            found = await conn.scalar(select(USERS.c.external_id).where(USERS.c.id == user_id))
+        return None if found is None else str(found)
+
+    async def get_or_create_session(
+        self,
+        project_name: str,
+        project_session_id: str,
+        *,
+        user_id: int | None,
+        title: str | None = None,
+        temporary: bool = False,
+    ) -> tuple[SessionInfo, bool]:
+        """The session for ``(project_name, project_session_id)``, and whether it was created.
+
+        The first caller owns it; concurrent callers (replicas, retries) get the same row.
+        """
+        found = await self.find_session(project_name, project_session_id)
+        if found is not None:
+            return found, False
+        values: dict[str, Any] = {
+            "project_name": project_name,
+            "project_session_id": project_session_id,
+            "user_id": user_id,
+            "title": shorten(title) if title else None,
+        }
+        async with self.db.write() as conn:
+            stmt = self.db.upsert(SESSIONS).values(**values)
+            if temporary:
+                stmt = stmt.values(expires_at=hence(self.temporary_ttl_hours * 3600))
+            result = await conn.execute(
+                stmt.on_conflict_do_nothing(index_elements=["project_name", "project_session_id"])
+            )
+            created = result.rowcount == 1
+        session = await self.find_session(project_name, project_session_id)
+        if session is None:  # deleted between the two statements: treat as not found
+            raise AgentSessionNotFound(f"session {project_name}/{project_session_id} vanished")
+        return session, created
+
+    async def find_session(self, project_name: str, project_session_id: str) -> SessionInfo | None:
+        async with self.db.read() as conn:
+            row = (
+                await conn.execute(
+                    q.session_select(self.staleness_seconds).where(
+                        SESSIONS.c.project_name == project_name,
+                        SESSIONS.c.project_session_id == project_session_id,
+                    )
+                )
+            ).first()
+        return None if row is None else q.session_info(row)
+
+    async def get_session(self, session_id: int) -> SessionInfo:
+        async with self.db.read() as conn:
+            row = (
+                await conn.execute(
+                    q.session_select(self.staleness_seconds).where(SESSIONS.c.id == session_id)
+                )
+            ).first()
+        if row is None:
+            raise AgentSessionNotFound(f"session {session_id} does not exist")
+        return q.session_info(row)
+
+    async def list_sessions(
+        self, *, user_id: int | None = None, project_name: str | None = None, limit: int = 50
+    ) -> list[SessionInfo]:
+        """Most recently updated first; the ``(user_id, updated_at)`` index serves user lists."""
+        stmt = q.session_select(self.staleness_seconds)
+        if user_id is not None:
+            stmt = stmt.where(SESSIONS.c.user_id == user_id)
+        if project_name is not None:
+            stmt = stmt.where(SESSIONS.c.project_name == project_name)
+        stmt = stmt.order_by(SESSIONS.c.updated_at.desc(), SESSIONS.c.id.desc()).limit(limit)
+        async with self.db.read() as conn:
+            return [q.session_info(row) for row in await conn.execute(stmt)]
+
+    async def is_turn_active(self, session_id: int) -> bool:
+        """The one "busy" predicate every surface polls; reads, never writes."""
+        async with self.db.read() as conn:
+            active = await conn.scalar(
+                select(type_coerce(q.turn_active(self.staleness_seconds), Boolean)).where(
+                    SESSIONS.c.id == session_id
+                )
+            )
+        if active is None:
+            raise AgentSessionNotFound(f"session {session_id} does not exist")
+        return bool(active)
+
+    async def active_among(self, session_ids: set[int]) -> set[int]:
+        """Which of these sessions have a turn running (``is_turn_active`` for many at once)."""
+        if not session_ids:
+            return set()
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                select(SESSIONS.c.id).where(
+                    SESSIONS.c.id.in_(list(session_ids)), q.turn_active(self.staleness_seconds)
+                )
+            )
+            return {int(r) for r in rows.scalars()}
+
+    async def set_title(self, session_id: int, title: str, actor: Actor) -> None:
+        async with self.db.write() as conn:
+            await q.check_owner(conn, session_id, actor)
+            await conn.execute(
+                update(SESSIONS)
+                .where(SESSIONS.c.id == session_id)
+                .values(title=shorten(title), updated_at=db_now())
+            )
+
+    async def delete_session(self, session_id: int, actor: Actor) -> None:
+        """Owner or admin only; refused while a turn is active, like a rewind."""
+        async with self.db.write() as conn:
+            await q.check_owner(conn, session_id, actor)
+            result = await conn.execute(
+                delete(SESSIONS).where(
+                    SESSIONS.c.id == session_id, q.claimable(self.staleness_seconds)
+                )
+            )
+            if result.rowcount == 0:
+                raise AgentSessionBusy(f"session {session_id} has a turn in progress")
+
+    # -- stopping a running turn from anywhere -------------------------------------------------
+
+    async def request_stop(self, session_id: int) -> bool:
+        """Ask the turn running on a session to stop (a stop button, on any replica).
+
+        One UPDATE that marks the running turn's token; it neither waits for nor takes the
+        lock. The process running the turn notices within ``core.agent.stops.STOP_POLL_SECONDS``.
+        False when no turn is running: a stop for an idle session changes nothing.
+        """
+        async with self.db.write() as conn:
+            result = await conn.execute(
+                update(SESSIONS)
+                .where(
+                    SESSIONS.c.id == session_id,
+                    SESSIONS.c.lock_token.is_not(None),
+                    q.turn_active(self.staleness_seconds),
+                )
+                .values(stop_token=SESSIONS.c.lock_token)
+            )
+            return bool(result.rowcount)
+
+    async def request_stops(self, project_name: str, key_prefix: str) -> int:
+        """``request_stop`` for every running turn of a project's sessions whose key starts
+        with ``key_prefix`` (a workspace uninstalling the app); how many were running."""
+        async with self.db.write() as conn:
+            result = await conn.execute(
+                update(SESSIONS)
+                .where(
+                    SESSIONS.c.project_name == project_name,
+                    SESSIONS.c.project_session_id.startswith(key_prefix, autoescape=True),
+                    SESSIONS.c.lock_token.is_not(None),
+                    q.turn_active(self.staleness_seconds),
+                )
+                .values(stop_token=SESSIONS.c.lock_token)
+            )
+            return int(result.rowcount)
+
+    async def stops_requested(self, leases: Sequence[TurnLease]) -> set[int]:
+        """Which of these running turns were asked to stop (one query for all of them)."""
+        if not leases:
+            return set()
+        tokens = {lease.session_id: lease.token for lease in leases}
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                select(SESSIONS.c.id, SESSIONS.c.stop_token).where(
+                    SESSIONS.c.id.in_(list(tokens)), SESSIONS.c.stop_token.is_not(None)
+                )
+            )
+            return {int(r.id) for r in rows if r.stop_token == tokens.get(int(r.id))}
+
+    # -- the turn lock ------------------------------------------------------------------------
+
+    async def start_turn(
+        self,
+        session_id: int,
+        *,
+        user_message: Message | None,
+        last_message_id: str | AnyTail | None,
+        model: ModelChoice | None = None,
+    ) -> TurnLease:
+        """Stale guard, claim, stamp and persist the user message, atomically.
+
+        ``last_message_id=ANY_TAIL`` skips the stale guard (compaction, which adds no user text).
+        Claims on one session from this process queue here, and while this process holds the
+        session's live lease the answer is ``agent_session_busy`` without asking the database.
+        """
+        try:
+            self._held.refuse_if_live(session_id)
+            async with self._claiming.hold(session_id):
+                self._held.refuse_if_live(session_id)
+                lease = await self._claim(session_id, user_message, last_message_id, model)
+                self._held.confirm(lease)
+        except AgentSessionBusy:
+            metrics.TURN_REFUSALS.labels("busy").inc()
+            raise
+        except AgentSessionStale:
+            metrics.TURN_REFUSALS.labels("stale").inc()
+            raise
+        if lease.token.startswith(TAKEOVER_MARK):
+            metrics.LOCK_TAKEOVERS.inc()
+        return lease
+
+    async def _claim(
+        self,
+        session_id: int,
+        user_message: Message | None,
+        last_message_id: str | AnyTail | None,
+        model: ModelChoice | None,
+    ) -> TurnLease:
+        token = uuid.uuid4().hex
+        params: dict[str, Any] = {
+            "sid": session_id,
+            "token": token,
+            "takeover_token": TAKEOVER_MARK + token[1:],
+            "staleness": self.staleness_seconds,
+            "title": None,
+        }
+        if user_message is not None:
+            validate_message(user_message)
+            params["title"] = shorten(message_text(user_message)) or None
+        if model is not None:
+            params.update(
+                provider=model.provider,
+                model_name=model.name,
+                custom_provider_id=model.custom_provider_id,
+                builtin_provider=model.builtin_provider,
+            )
+        async with self.db.write() as conn:
+            claimed = await q.claim(conn, params, stamp=model is not None)
+            if claimed is None:
+                await q.raise_missing_or_busy(conn, session_id)
+            token = claimed
+            if user_message is not None and not isinstance(last_message_id, AnyTail):
+                # The usual turn: the stale guard and the insert are one statement (a round
+                # trip less); it inserts nothing when the tail is not what the client saw.
+                row = q.message_row(session_id, 0, user_message)
+                inserted_at = await q.insert_if_tail_is(conn, row, last_message_id)
+                if inserted_at is None:
+                    await self._raise_stale(conn, session_id, last_message_id)
+                message = StoredMessage(row["message_id"], inserted_at, user_message, False)
+                return TurnLease(session_id, token, message, next_position=inserted_at + 1)
+            tail = await q.tail(conn, session_id)
+            if not isinstance(last_message_id, AnyTail):
+                actual = tail.message_id if tail else None
+                if actual != last_message_id:
+                    await self._raise_stale(conn, session_id, last_message_id)
+            position = tail.position + 1 if tail else 0
+            if user_message is not None:
+                (tail,) = await q.append_messages(
+                    conn, session_id, position, [(user_message, False)]
+                )
+                position += 1
+        return TurnLease(session_id=session_id, token=token, tail=tail, next_position=position)
+
+    @staticmethod
+    async def _raise_stale(conn: Conn, session_id: int, last_message_id: str | None) -> NoReturn:
+        tail = await q.tail(conn, session_id)
+        actual = tail.message_id if tail else None
+        raise AgentSessionStale(
+            f"session {session_id} has moved on: its last message is {actual}, "
+            f"not {last_message_id}",
+            actual_last_message_id=actual,
+        )
+
+    async def heartbeat(self, lease: TurnLease) -> None:
+        await self._fenced_write(lease, [], release=False)
+
+    async def append(
+        self,
+        lease: TurnLease,
+        messages: Sequence[Message],
+        *,
+        compaction: bool = False,
+        snapshot: SnapshotRef | None = None,
+    ) -> list[StoredMessage]:
+        """Append messages of the lease's turn (fenced), refreshing its heartbeat.
+
+        ``snapshot`` (stored content, see ``core.storage.snapshots.store_content``) becomes the
+        sandbox state of the last message, in the same transaction.
+        """
+        return await self._fenced_write(
+            lease, [(m, compaction) for m in messages], release=False, snapshot=snapshot
+        )
+
+    async def finish(
+        self,
+        lease: TurnLease,
+        messages: Sequence[Message] = (),
+        *,
+        snapshot: SnapshotRef | None = None,
+    ) -> list[StoredMessage]:
+        """Append the turn's last messages (and their snapshot) and release the lock, atomically."""
+        return await self._fenced_write(
+            lease, [(m, False) for m in messages], release=True, snapshot=snapshot
+        )
+
+    async def insert_checkpoint_before_tail(
+        self, lease: TurnLease, checkpoint: Message
+    ) -> StoredMessage:
+        """Auto-compaction: put a checkpoint just before the turn's own user message.
+
+        The user message was persisted with the claim (nothing the user said may be lost), so a
+        checkpoint appended after it would hide it from the model. Instead the user message moves
+        up one position and the checkpoint takes its place, in one fenced transaction; the user
+        message keeps its id, so every surface still finds it.
+        """
+        tail_position = lease.next_position - 1
+        row = q.message_row(lease.session_id, tail_position, checkpoint, compaction=True)
+        async with self.db.write() as conn:
+            fenced = await q.fence(
+                conn, {"sid": lease.session_id, "token": lease.token}, release=False
+            )
+            if not fenced:
+                self._held.forget(lease)
+                raise AgentSessionLockLost(
+                    f"session {lease.session_id}: this turn's lock was taken over or released"
+                )
+            for table in (q.SNAPSHOTS, q.MESSAGES):  # a snapshot keeps its message's position
+                await conn.execute(
+                    update(table)
+                    .where(
+                        table.c.session_id == lease.session_id, table.c.position == tail_position
+                    )
+                    .values(position=tail_position + 1)
+                )
+            await q.insert_messages(conn, [row])
+        lease.next_position += 1
+        self._held.confirm(lease)
+        return StoredMessage(row["message_id"], tail_position, checkpoint, True)
+
+    async def release(self, lease: TurnLease) -> None:
+        """Release the lock; ``AgentSessionLockLost`` if it is no longer ours (nothing changes)."""
+        await self._fenced_write(lease, [], release=True)
+
+    async def _fenced_write(
+        self,
+        lease: TurnLease,
+        messages: Sequence[tuple[Message, bool]],
+        *,
+        release: bool,
+        snapshot: SnapshotRef | None = None,
+    ) -> list[StoredMessage]:
+        """The fence (token check, heartbeat or release) and the inserts, atomically.
+
+        One message on PostgreSQL is one autocommitted statement (the fenced UPDATE in a CTE
+        feeding the INSERT): one round trip instead of five, on the turn's hot path. Otherwise
+        the fence and the inserts run in one transaction.
+        """
+        rows = [
+            q.message_row(lease.session_id, lease.next_position + i, message, compaction=c)
+            for i, (message, c) in enumerate(messages)
+        ]
+        params = {"sid": lease.session_id, "token": lease.token}
+        try:
+            if self.db.dialect == "postgresql" and len(rows) == 1 and snapshot is None:
+                # The common case (a turn's answer): one round trip, no BEGIN/COMMIT.
+                async with self.db.autocommit() as conn:
+                    changed = await q.fenced_insert(conn, params, rows[0], release=release)
+            else:
+                async with self.db.write() as conn:
+                    changed = await q.fence(conn, params, release=release)
+                    if changed and rows:
+                        await q.insert_messages(conn, rows)
+                        if snapshot is not None:
+                            await attach_snapshot(
+                                conn,
+                                session_id=lease.session_id,
+                                message_id=rows[-1]["message_id"],
+                                ref=snapshot,
+                            )
+            if not changed:
+                raise AgentSessionLockLost(
+                    f"session {lease.session_id}: this turn's lock was taken over or released"
+                )
+        except AgentSessionLockLost:
+            self._held.forget(lease)
+            raise
+        if release:
+            self._held.forget(lease)
+        else:
+            self._held.confirm(lease)
+        lease.next_position += len(rows)
+        return [
+            StoredMessage(r["message_id"], r["position"], r["message"], r["is_compaction_message"])
+            for r in rows
+        ]
+
+
+class _HeldLeases:
+    """The leases this process holds, with when the database last confirmed each one.
+
+    Knowing it holds a session's lock, the process can refuse a second claim at once. The record
+    is trusted only for 90% of the staleness window after the last confirmation (measured on the
+    local monotonic clock, which runs at the database clock's pace), so it never says "busy"
+    about a lock the database would already consider stale.
+    """
+
+    def __init__(self, staleness_seconds: float) -> None:
+        self._trust = staleness_seconds * 0.9
+        self._leases: dict[int, tuple[str, float]] = {}
+
+    def confirm(self, lease: TurnLease) -> None:
+        self._leases[lease.session_id] = (lease.token, time.monotonic())
+
+    def forget(self, lease: TurnLease) -> None:
+        held = self._leases.get(lease.session_id)
+        if held is not None and held[0] == lease.token:
+            del self._leases[lease.session_id]
+
+    def refuse_if_live(self, session_id: int) -> None:
+        held = self._leases.get(session_id)
+        if held is not None and time.monotonic() - held[1] < self._trust:
+            raise AgentSessionBusy(f"session {session_id} has a turn in progress")
+
+
+class _KeyedLocks:
+    """One ``asyncio.Lock`` per key while anyone waits on it; dropped when the last one leaves."""
+
+    def __init__(self) -> None:
+        self._locks: dict[int, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: int) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)

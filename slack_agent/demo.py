@@ -1,0 +1,380 @@
+"""``slack-agent demo``: the first run, with no Slack workspace and no model key.
+
+The real Bolt app (two replicas of it, each with its own engine) serves signed HTTP requests the
+way Slack sends them, replies go to a local stand-in of the Slack Web API, the model is the
+``offline`` stand-in (deterministic, labelled as such, able to run shell commands), and the
+database is a fresh SQLite file. The script plays a short conversation and prints each thread as
+a Slack user would see it: a threaded reply, a second replica meeting a busy session, a fork, a
+rewind, a compaction, and a restart that loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from bot.service import Bot
+from bot.standin import BOT_USER, TEAM, Posted, SlackStandIn, signed
+from core.messages import assistant_message, user_message
+from core.records import TurnLease
+from core.settings import load_settings
+
+SECRET = "demo-signing-secret"
+CHANNEL = "C0GENERAL"
+NAMES = {"U0ALICE": "alice", "U0BOB": "bob"}
+
+
+class Replica:
+    """One ``serve`` replica, in this process: the real app on its own port and engine."""
+
+    def __init__(self, name: str, bot: Bot, runner: web.AppRunner, url: str) -> None:
+        self.name, self.bot, self.runner, self.url = name, bot, runner, url
+
+    @classmethod
+    async def start(cls, name: str, database_url: str, standin: SlackStandIn) -> Replica:
+        settings = load_settings(
+            database_url=database_url,
+            slack_bot_token="xoxb-demo",
+            slack_signing_secret=SECRET,
+            slack_api_url=standin.api_url,
+            model_provider="offline",
+            busy_poll_seconds=0.2,
+            sweeper_interval_seconds=0,
+            _env_file=None,
+        )
+        bot = await Bot.open(settings)
+        bot.answers.pacer.base = 0.2
+        bot.start()
+        runner = web.AppRunner(bot.web_app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        return cls(name, bot, runner, f"http://127.0.0.1:{port}/slack/events")
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+        await self.bot.close()
+
+
+class Slack:
+    """What Slack does for the people in the demo: store their post, send the signed event."""
+
+    def __init__(self, standin: SlackStandIn, http: aiohttp.ClientSession) -> None:
+        self.standin = standin
+        self.http = http
+
+    async def _send(self, replica: Replica, body: str, content_type: str) -> None:
+        headers = {**signed(body, SECRET), "Content-Type": content_type}
+        async with self.http.post(replica.url, data=body.encode(), headers=headers) as r:
+            if r.status != 200:
+                raise RuntimeError(f"{replica.name} answered {r.status}")
+
+    async def say(
+        self, replica: Replica, user: str, text: str, thread_ts: str | None = None
+    ) -> str:
+        mention = thread_ts is None
+        shown = (f"@agent {text}" if mention else text).strip()
+        ts = self.standin.user_post(CHANNEL, user, shown, thread_ts)
+        event: dict[str, Any] = {
+            "type": "app_mention" if mention else "message",
+            "user": user,
+            "text": f"<@{BOT_USER}> {text}" if mention else text,
+            "ts": ts,
+            "channel": CHANNEL,
+            "event_ts": ts,
+            "channel_type": "channel",
+        }
+        if thread_ts:
+            event["thread_ts"] = thread_ts
+        payload = {
+            "team_id": TEAM,
+            "api_app_id": "A0DEMO",
+            "type": "event_callback",
+            "event_id": f"Ev{ts.replace('.', '')}",
+            "event_time": int(time.time()),
+            "event": event,
+        }
+        await self._send(replica, json.dumps(payload), "application/json")
+        return ts
+
+    async def interact(self, replica: Replica, payload: dict[str, Any]) -> None:
+        body = urllib.parse.urlencode({"payload": json.dumps(payload)})
+        await self._send(replica, body, "application/x-www-form-urlencoded")
+
+    async def shortcut(
+        self, replica: Replica, user: str, callback_id: str, message: Posted
+    ) -> None:
+        await self.interact(
+            replica,
+            {
+                "type": "message_action",
+                "callback_id": callback_id,
+                "trigger_id": "demo",
+                "team": {"id": TEAM, "domain": "demo"},
+                "user": {"id": user, "team_id": TEAM},
+                "channel": {"id": CHANNEL, "name": "general"},
+                "message": {"type": "message", "ts": message.ts, "thread_ts": message.thread_ts},
+                "response_url": "http://127.0.0.1:9/unused",
+            },
+        )
+
+    async def submit(self, replica: Replica, user: str, view: dict[str, Any]) -> None:
+        """A person pressing a modal's submit button."""
+        await self.interact(
+            replica,
+            {
+                "type": "view_submission",
+                "team": {"id": TEAM, "domain": "demo"},
+                "user": {"id": user, "team_id": TEAM},
+                "trigger_id": "demo",
+                "view": {**view, "id": "V1", "state": {"values": {}}},
+            },
+        )
+
+    async def click(self, replica: Replica, user: str, ephemeral: Posted, label: str) -> None:
+        action_id, value = ephemeral.values[ephemeral.buttons.index(label)].split("\x00", 1)
+        await self.interact(
+            replica,
+            {
+                "type": "block_actions",
+                "team": {"id": TEAM, "domain": "demo"},
+                "user": {"id": user, "team_id": TEAM},
+                "channel": {"id": CHANNEL},
+                "trigger_id": "demo",
+                "actions": [{"type": "button", "action_id": action_id, "value": value}],
+                "response_url": "http://127.0.0.1:9/unused",
+            },
+        )
+
+    async def until(self, condition: Callable[[], Any], within: float = 30.0) -> Any:
+        deadline = time.monotonic() + within
+        while not (found := condition()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the demo timed out waiting for the app")
+            self.standin.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.standin.changed.wait(), 0.2)
+        return found
+
+
+def _replies(standin: SlackStandIn, root: str) -> list[Posted]:
+    return [p for p in standin.thread(CHANNEL, root) if p.author == "agent" and p.ts != root]
+
+
+def _settled(standin: SlackStandIn, root: str, count: int) -> Callable[[], bool]:
+    """``count`` agent replies in the thread, and the last one finished streaming."""
+
+    def check() -> bool:
+        replies = [p for p in _replies(standin, root) if "Thinking" not in p.text]
+        stopped = [c for c in standin.calls if c[0] in ("chat.stopStream", "chat.update")]
+        return len(replies) >= count and bool(stopped)
+
+    return check
+
+
+def print_thread(standin: SlackStandIn, root: str, viewer: str, title: str) -> None:
+    print(f"\n── {title} (as {NAMES.get(viewer, viewer)} sees it) " + "─" * 20)
+    for p in standin.thread(CHANNEL, root, viewer):
+        who = NAMES.get(p.author, p.author)
+        tag = " (only visible to you)" if p.visible_to else ""
+        lines = p.text.strip().splitlines() or [""]
+        print(f"  {who}{tag}: {lines[0]}")
+        for line in lines[1:12]:
+            print(f"  {' ' * len(who)}  {line}")
+        if len(lines) > 12:
+            print(f"  {' ' * len(who)}  …")
+        for task in p.tasks.values():
+            output = f": {task['output']}" if task.get("output") else ""
+            print(f"  {' ' * len(who)}  ⚙ {task['title']} ({task['status']}){output}")
+        if p.buttons:
+            print(f"  {' ' * len(who)}  [{'] ['.join(p.buttons)}]")
+
+
+@contextlib.asynccontextmanager
+async def _world(path: Path) -> AsyncIterator[tuple[SlackStandIn, aiohttp.ClientSession, str]]:
+    standin = SlackStandIn(TEAM)
+    await standin.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            yield standin, http, f"sqlite+aiosqlite:///{path}"
+    finally:
+        await standin.stop()
+
+
+async def run_demo() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        async with _world(Path(tmp) / "demo.db") as (standin, http, url):
+            await _play(standin, Slack(standin, http), url)
+
+
+async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
+    alice, bob = "U0ALICE", "U0BOB"
+    print("slack-agent demo: the real app against a local Slack stand-in, the offline model")
+    print("(a deterministic stand-in, not a language model) and a fresh SQLite database.")
+    a = await Replica.start("replica A", url, standin)
+    b = await Replica.start("replica B", url, standin)
+
+    # 1. A mention starts a session in the thread; the reply streams into it.
+    root = await slack.say(a, alice, "hello! what can you do?")
+    await slack.until(_settled(standin, root, 1))
+    # 2. A slow turn (a shell command in the sandbox) on replica A; Bob writes in the thread
+    #    meanwhile and his message lands on replica B: it waits for the thread's own turn and
+    #    is answered right after, by whichever replica, in order.
+    await slack.say(
+        a, alice, "$ sleep 2; echo 'step one done' > notes.txt; cat notes.txt", thread_ts=root
+    )
+    await slack.until(lambda: len(_replies(standin, root)) >= 2)
+    await slack.say(b, bob, "is the build done?", thread_ts=root)
+    await slack.until(
+        lambda: any("right after" in p.text for p in standin.thread(CHANNEL, root, bob))
+    )
+    print_thread(standin, root, bob, "#general, while replica A works")
+    await slack.until(lambda: len(_replies(standin, root)) >= 3 and _done(standin, 3))
+    print_thread(standin, root, bob, "#general, once the first reply was done")
+
+    # 2b. Someone continues the same session from the terminal; Bob's next message meets a
+    #     session busy elsewhere, waits, and is offered to him once the terminal is done.
+    terminal = await _terminal_turn(a.bot, root, "(from the terminal) summarise the thread")
+    await slack.say(b, bob, "and the tests?", thread_ts=root)
+
+    def offer() -> Posted | None:
+        return next((p for p in standin.thread(CHANNEL, root, bob) if p.buttons), None)
+
+    await slack.until(
+        lambda: any("used elsewhere" in p.text for p in standin.thread(CHANNEL, root, bob))
+    )
+    await a.bot.runtime.storage.sessions.finish(
+        terminal, [assistant_message("(terminal) the thread so far: …")]
+    )
+    waiting = await slack.until(offer)
+    print_thread(standin, root, bob, "#general, while the terminal client held the session")
+    await slack.click(b, bob, waiting, "Send")
+    await slack.until(lambda: len(_replies(standin, root)) >= 5 and _done(standin, 4))
+
+    # 2c. The real terminal client (`slack-agent chat` given the thread's permalink) continues
+    #     the thread. Alice's next message in Slack meets a session that moved on elsewhere: the
+    #     thread first shows what the terminal added, and she sends hers anyway.
+    link = f"https://demo.slack.com/archives/{CHANNEL}/p{root.replace('.', '')}"
+    await _terminal_client(
+        url, link, ["$ echo 'step two done (terminal)' >> notes.txt; cat notes.txt"]
+    )
+    await slack.say(a, alice, "what did the terminal do?", thread_ts=root)
+
+    def send_anyway() -> Posted | None:
+        return next(
+            (p for p in standin.thread(CHANNEL, root, alice) if "Send anyway" in p.buttons), None
+        )
+
+    stale = await slack.until(send_anyway)
+    print_thread(standin, root, alice, "#general, after the terminal client continued it")
+    await slack.click(a, alice, stale, "Send anyway")
+    await slack.until(lambda: _done(standin, 5))
+
+    # 3. Bob forks from the reply that made notes.txt: the files come along.
+    replies = _replies(standin, root)
+    notes_reply = replies[1]
+    await slack.shortcut(b, bob, "fork_session", notes_reply)
+    await slack.until(
+        lambda: any("Forked." in p.text for p in standin.posted.values() if p.visible_to == bob)
+    )
+    fork_head = next(p for p in standin.posted.values() if "Forked from" in p.text)
+    await slack.say(b, bob, "$ cat notes.txt", thread_ts=fork_head.ts)
+    await slack.until(lambda: len(_replies(standin, fork_head.ts)) >= 2 and _done(standin, 6))
+    print_thread(standin, fork_head.ts, bob, "#general, Bob's fork")
+
+    # 4. Alice rewinds her thread to the first reply (after confirming how many messages will
+    #    leave); the later replies are marked.
+    opened = len(standin.views)
+    await slack.shortcut(a, alice, "rewind_session", replies[0])
+    await slack.until(lambda: len(standin.views) > opened)
+    confirm = standin.views[-1]
+    print(f"\n── the confirmation Alice sees ── {confirm['blocks'][0]['text']['text']}")
+    await slack.submit(a, alice, confirm)
+    await slack.until(
+        lambda: sum(p.text.startswith("~(rewound") for p in _replies(standin, root)) >= 2
+    )
+    # 5. ... and compacts it into a checkpoint.
+    await slack.shortcut(a, alice, "compact_session", replies[0])
+    await slack.until(lambda: any("compacted" in p.text for p in _replies(standin, root)))
+    print_thread(standin, root, alice, "#general, after rewind and compaction")
+
+    # 6. Restart: both replicas stop; a new one picks the thread up from the database.
+    before = await _transcript(a.bot, root)
+    await a.stop()
+    await b.stop()
+    c = await Replica.start("replica C", url, standin)
+    after = await _transcript(c.bot, root)
+    await slack.say(c, alice, "still there after the restart?", thread_ts=root)
+    await slack.until(lambda: any("still there" in p.text for p in _replies(standin, root)))
+    print_thread(standin, root, alice, "#general, after a restart")
+    await c.stop()
+    print(
+        f"\nRestart: {len(before)} messages stored before, {len(after)} after, "
+        f"{'nothing lost' if before == after else 'MISMATCH'}."
+    )
+    print("Next: create the app from manifest.yml and run `slack-agent serve` (see README).")
+
+
+async def _terminal_turn(bot: Bot, root: str, question: str) -> TurnLease:
+    """A turn started outside Slack, as ``slack-agent chat`` starts one (the core, directly)."""
+    session = await bot.runtime.storage.sessions.find_session("slack", f"{TEAM}/{CHANNEL}/{root}")
+    assert session is not None
+    tail = await bot.runtime.storage.sessions.tail(session.id)
+    return await bot.runtime.storage.sessions.start_turn(
+        session.id,
+        user_message=user_message(question),
+        last_message_id=tail.message_id if tail else None,
+    )
+
+
+async def _terminal_client(url: str, link: str, lines: list[str]) -> None:
+    """Run ``slack-agent chat LINK`` as its own process on the demo's database, typing
+    ``lines`` into it, and print what it printed from the first line typed on."""
+    env = {**os.environ, "DATABASE_URL": url, "MODEL_PROVIDER": "offline", "LOG_LEVEL": "WARNING"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        "chat",
+        link,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
+    out, _ = await proc.communicate("".join(f"{line}\n" for line in lines).encode())
+    printed = out.decode(errors="replace").splitlines()
+    typed = next((i for i, line in enumerate(printed) if line.startswith("> ")), 0)
+    print(f"\n── the terminal: slack-agent chat {link} " + "─" * 10)
+    print(f"  {printed[0] if printed else ''}")
+    print("  … (the thread's history) …")
+    for line in printed[typed:]:
+        print(f"  {line.rstrip()}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"slack-agent chat ended with status {proc.returncode}")
+
+
+def _done(standin: SlackStandIn, streams: int) -> bool:
+    return len([c for c in standin.calls if c[0] == "chat.stopStream"]) >= streams
+
+
+async def _transcript(bot: Bot, root: str) -> list[str]:
+    session = await bot.runtime.storage.sessions.find_session("slack", f"{TEAM}/{CHANNEL}/{root}")
+    if session is None:
+        return []
+    return [m.message_id for m in await bot.runtime.storage.sessions.messages(session.id)]

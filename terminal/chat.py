@@ -1,0 +1,170 @@
+"""One terminal's hold on a session: the terminal's translation onto the conversation API.
+
+No terminal I/O here and no storage: the core runtime and the conversation API, exactly as
+the Slack side uses them. The terminal keeps its view of the session in memory (the last
+message it printed); every turn passes it as ``last_message_id``, so the core refuses a send
+into a session that moved on elsewhere (stale) before any model call.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from core.conversation import (
+    Answered,
+    Conversation,
+    Conversations,
+    Forked,
+    OnConversationEvent,
+    Rewound,
+    TurnOutcome,
+    TurnRequest,
+    Unseen,
+)
+from core.errors import MessageNotFound, UsageError
+from core.operator import operator_external_id
+from core.records import Actor, SessionInfo, StoredMessage
+from core.runtime import Runtime
+from core.settings import Settings
+from terminal.permalinks import (
+    SLACK_PROJECT,
+    SLACK_SURFACE,
+    looks_like_link,
+    permalink_of_session,
+    session_for_permalink,
+)
+
+PROJECT = "cli"  # sessions started from the terminal: project_session_id is "<login>/<uuid>"
+
+
+class ChatSession:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.settings = runtime.settings
+        self.conversations: Conversations = runtime.conversations(PROJECT)
+        # The Slack surface's threads, read to follow a permalink and to name a fork's thread.
+        self.slack: Conversations = runtime.conversations(SLACK_PROJECT, surface=SLACK_SURFACE)
+        self.operator = operator_external_id()
+        self.actor = Actor(None, admin=True)
+        self.conversation: Conversation | None = None
+
+    @classmethod
+    async def open(cls, settings: Settings, target: str | None) -> ChatSession:
+        """Resolve ``target`` (a session id, a Slack permalink, or None for a new session).
+
+        Raises ``UsageError`` for something that is neither, ``AgentSessionNotFound`` for an
+        id or link that names no session, ``DatabaseError`` when the database cannot be used.
+        """
+        session_id = _session_id(target) if target is not None else None
+        runtime = await Runtime.open(settings)
+        chat = cls(runtime)
+        try:
+            chat.actor = await chat.conversations.person(
+                chat.operator, admin=True, display_name="local operator"
+            )
+            if target is not None and session_id is None:
+                session_id = await session_for_permalink(chat.slack, target)
+            if session_id is not None:
+                chat.conversation = await chat.conversations.get(session_id)
+        except BaseException:
+            await chat.close()
+            raise
+        return chat
+
+    async def close(self) -> None:
+        await self.runtime.close()
+
+    @property
+    def session_id(self) -> int | None:
+        return None if self.conversation is None else self.conversation.id
+
+    @property
+    def session(self) -> SessionInfo | None:
+        return None if self.conversation is None else self.conversation.session
+
+    async def owner(self) -> str | None:
+        """Who owns the session when it is not this operator (None when it is, or nobody)."""
+        if self.conversation is None:
+            return None
+        if self.conversation.session.user_id in (None, self.actor.user_id):
+            return None
+        return await self.conversation.owner()
+
+    async def permalink(self, session_id: int | None = None) -> str | None:
+        """The permalink of the session's Slack thread, when it has one."""
+        target = session_id if session_id is not None else self.session_id
+        return None if target is None else await permalink_of_session(self.slack, target)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    async def projected(self) -> list[StoredMessage]:
+        """What the model sees (the latest checkpoint and what follows); now shown."""
+        return [] if self.conversation is None else await self.conversation.projected()
+
+    async def unseen(self) -> Unseen:
+        """What was added (or changed) since this terminal last showed the session; now shown."""
+        return Unseen([], False) if self.conversation is None else await self.conversation.unseen()
+
+    async def is_busy(self) -> bool:
+        return self.conversation is not None and await self.conversation.is_busy()
+
+    async def listing(self) -> tuple[list[StoredMessage], set[str]]:
+        """The whole transcript and which of its messages carry a sandbox snapshot."""
+        if self.conversation is None:
+            return [], set()
+        return await self.conversation.listing()
+
+    # -- a turn -------------------------------------------------------------------------------
+
+    async def send(self, text: str, on_event: OnConversationEvent) -> TurnOutcome:
+        """One turn: ``Answered``, or refused before anything was written as ``Busy`` or
+        ``Stale`` (with what the terminal had not shown, now shown)."""
+        if self.conversation is None:
+            self.conversation = await self.conversations.open(
+                self._new_key(), owner=self.actor, title=text
+            )
+        request = TurnRequest(text, metadata={"surface": "terminal", "author": self.operator})
+        outcome = await self.conversation.take_turn(request, on_event)
+        if isinstance(outcome, Answered) and outcome.result.answer is not None:
+            await self.conversation.showed(outcome.result.answer.message_id)
+        return outcome
+
+    async def after_interruption(self) -> None:
+        """A turn of ours stopped after its message was added (Ctrl-C, a lost lock)."""
+        if self.conversation is not None:
+            await self.conversation.after_interruption()
+
+    # -- transcript operations ----------------------------------------------------------------
+
+    async def rewind(self, position: int) -> Rewound:
+        conversation, target = await self._at(position)
+        return await conversation.rewind(target.message_id, self.actor)
+
+    async def fork(self, position: int) -> Forked:
+        conversation, target = await self._at(position)
+        return await conversation.fork(target.message_id, self.actor, self._new_key())
+
+    async def compact(self, focus: str | None) -> StoredMessage:
+        assert self.conversation is not None
+        return await self.conversation.compact(self.actor, focus=focus)
+
+    async def _at(self, position: int) -> tuple[Conversation, StoredMessage]:
+        if self.conversation is None:
+            raise MessageNotFound(f"no message at position {position}")
+        return self.conversation, await self.conversation.at_position(position)
+
+    def _new_key(self) -> str:
+        return f"{self.operator.removeprefix('cli:')}/{uuid.uuid4()}"
+
+
+def _session_id(target: str) -> int | None:
+    """A session id, or None for something that must be a permalink."""
+    value = target.strip()
+    if value.isdigit():
+        return int(value)
+    if looks_like_link(value):
+        return None
+    raise UsageError(
+        f"SESSION must be a session id (as `slack-agent sessions list` prints it) or the Slack "
+        f"permalink of a message in its thread, not {target!r}"
+    )

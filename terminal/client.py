@@ -1,0 +1,357 @@
+"""The conversation loop of ``slack-agent chat``: read a line, send it or run a command, print.
+
+States. *Idle*: at the prompt, a watcher checks the session every ``SESSION_POLL_SECONDS``
+and prints what other surfaces added, above the line being typed. *Waiting*: a message was
+refused (busy, stale, or a failure before it was added); it is kept as the waiting draft, an
+empty Enter sends it and ``/discard`` drops it. After a busy refusal the watcher checks every
+``BUSY_POLL_SECONDS`` and says when the session is free (giving up after
+``BUSY_POLL_TIMEOUT_SECONDS``). *Replying*: the answer streams; Ctrl-C cancels the turn's
+task, and the core keeps the partial answer (marked interrupted, with its sandbox state) and
+releases the lock before the task ends.
+
+A typed line is never lost: a refused or failed send keeps it as the draft, and a line that
+cannot be taken now (an unknown command, a second message while one waits) goes back into the
+editor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from rich.console import Console
+
+from core.agent.loop import Notice, TextChunk, ToolFinished, ToolStarted, TurnStarted
+from core.conversation import Answered, Busy, ConversationEvent, Stale, Unseen
+from core.errors import (
+    AgentSessionAlreadyCompact,
+    AgentSessionBusy,
+    AgentSessionLockLost,
+    MessageNotFound,
+    SlackAgentError,
+    TurnInterrupted,
+)
+from core.messages import message_text
+from terminal import texts as say
+from terminal.chat import ChatSession
+from terminal.lines import LineSource, on_sigint
+from terminal.render import LiveReply, author, message_view
+
+log = logging.getLogger(__name__)
+
+INTERRUPT = "interrupted_from_terminal"  # the cancellation message of a Ctrl-C
+T = TypeVar("T")
+
+
+class Refused(Exception):
+    """A command could not be done; the message says why, for the person."""
+
+
+class Terminal:
+    def __init__(self, chat: ChatSession, lines: LineSource, console: Console) -> None:
+        self.chat = chat
+        self.lines = lines
+        self.console = console
+        settings = chat.settings
+        self.session_poll = settings.session_poll_seconds
+        self.busy_poll = settings.busy_poll_seconds
+        self.busy_timeout = settings.busy_poll_timeout_seconds
+        self.draft: str | None = None  # the waiting message
+        self.busy_since: float | None = None  # when a busy refusal started the waiting
+        self.prefill = ""  # a line given back to the editor
+
+    # -- printing -------------------------------------------------------------------------------
+
+    def say(self, body: str, style: str = "italic yellow") -> None:
+        self.console.print(body, style=style, markup=False, highlight=False)
+
+    def show(self, messages: list[Any]) -> None:
+        for message in messages:
+            self.console.print(message_view(message, self.chat.operator))
+
+    def show_unseen(self, unseen: Unseen) -> None:
+        if not unseen.messages:
+            return
+        header = say.rewound_elsewhere() if unseen.rewound else say.elsewhere(len(unseen.messages))
+        self.say(header, style="dim")
+        self.show(unseen.messages)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        await self._opening()
+        while True:
+            watcher = asyncio.create_task(self._watch())
+            try:
+                line = await self.lines.read(
+                    say.WAITING_PROMPT if self.draft else say.PROMPT, self.prefill
+                )
+            except (EOFError, KeyboardInterrupt):
+                break
+            finally:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+            self.prefill = ""
+            if not await self._handle(line):
+                break
+        if self.draft:
+            self.say(say.unsent_at_exit(self.draft))
+        return 0
+
+    async def _opening(self) -> None:
+        chat = self.chat
+        if chat.session is None:
+            self.say(say.new_session(chat.operator), style="bold")
+        else:
+            self.say(say.opened(chat.session.id, chat.session.title, chat.operator), style="bold")
+            owner = await chat.owner()
+            if owner is not None:
+                self.say(say.someone_elses(owner, chat.operator))
+            link = await chat.permalink()
+            if link:
+                self.say(say.permalink(link), style="dim")
+            history = await chat.projected()
+            if history and history[0].position > 0:
+                self.say(say.EARLIER_HIDDEN, style="dim")
+            self.show(history)
+            if not history:
+                self.say(say.EMPTY, style="dim")
+        self.say(say.HELP, style="dim")
+
+    async def _watch(self) -> None:
+        """While the prompt waits: others' additions, and whether a busy session freed."""
+        while True:
+            waiting = self.busy_since is not None
+            await asyncio.sleep(self.busy_poll if waiting else self.session_poll)
+            try:
+                busy = await self.chat.is_busy() if waiting else True
+                self.show_unseen(await self.chat.unseen())
+            except SlackAgentError as exc:  # a database blip: the next tick tries again
+                log.debug("could not check the session: %s", exc)
+                continue
+            if self.busy_since is None:
+                continue
+            if not busy:
+                self.busy_since = None
+                self.say(say.FREE, style="bold green")
+            elif time.monotonic() - self.busy_since > self.busy_timeout:
+                self.busy_since = None
+                self.say(say.busy_gave_up(self.busy_timeout))
+
+    async def _handle(self, line: str) -> bool:
+        """Act on one line; False ends the client."""
+        stripped = line.strip()
+        if stripped.startswith("/"):
+            return await self._command(line)
+        if not stripped:
+            if self.draft:
+                await self._send(self.draft)
+            return True
+        if self.draft and stripped != self.draft.strip():  # retyping the waiting one sends it
+            self.say(say.already_waiting(self.draft))
+            self.prefill = line
+            return True
+        await self._send(stripped)
+        return True
+
+    # -- sending --------------------------------------------------------------------------------
+
+    async def _interruptible(self, work: Awaitable[T]) -> asyncio.Task[T]:
+        """Run ``work`` as a task that Ctrl-C cancels; the task is done when this returns."""
+        task = asyncio.ensure_future(work)
+
+        def interrupt() -> None:
+            if not task.cancelling():  # a second Ctrl-C must not cut the first one's cleanup
+                task.cancel(INTERRUPT)
+
+        with on_sigint(interrupt):
+            await asyncio.wait({task})
+        return task
+
+    async def _send(self, body: str) -> None:
+        reply = LiveReply(self.console)
+        started = False
+
+        async def on_event(event: ConversationEvent) -> None:
+            nonlocal started
+            if isinstance(event, TurnStarted):
+                started = True
+                reply.start()
+            elif isinstance(event, TextChunk):
+                reply.text(event.text)
+            elif isinstance(event, ToolStarted):
+                reply.tool_started(event.command)
+            elif isinstance(event, ToolFinished):
+                result = event.result
+                reply.tool_finished(
+                    {
+                        "stdout": result.stdout,
+                        "stderr": result.stderr,
+                        "exit_code": result.exit_code,
+                    }
+                )
+            elif isinstance(event, Notice):
+                reply.notice(event.text)
+
+        self.draft = body  # until the core has it, the message is the person's only copy
+        self.busy_since = None
+        task = await self._interruptible(self.chat.send(body, on_event))
+        reply.stop()
+        if task.cancelled():
+            if started:
+                self.draft = None
+                await self.chat.after_interruption()
+                self.say(say.INTERRUPTED)
+            else:
+                self.say(say.NOT_STARTED)
+            return
+        exc = task.exception()
+        if exc is None:
+            outcome = task.result()
+            if isinstance(outcome, Busy):
+                self.busy_since = time.monotonic()
+                self.say(say.busy())
+            elif isinstance(outcome, Stale):
+                self.show(outcome.unseen.messages)
+                self.say(say.stale(len(outcome.unseen.messages), outcome.unseen.rewound))
+            elif isinstance(outcome, Answered):
+                self.draft = None
+                if outcome.result.error is not None:
+                    self.say(say.turn_failed(outcome.result.error.code))
+            return
+        if started:
+            # The message is in the transcript; only its answer was cut short.
+            self.draft = None
+            await self.chat.after_interruption()
+            if isinstance(exc, AgentSessionLockLost):
+                self.say(say.LOCK_LOST)
+            elif isinstance(exc, TurnInterrupted):
+                self.say(say.INTERRUPTED)
+            else:
+                self.say(say.turn_failed(_reason(exc)))
+        else:
+            self.say(say.send_failed(_reason(exc)))
+
+    # -- commands -------------------------------------------------------------------------------
+
+    async def _command(self, line: str) -> bool:
+        name, _, rest = line.strip().partition(" ")
+        rest = rest.strip()
+        handlers: dict[str, Callable[[str], Awaitable[None]]] = {
+            "/history": self._history,
+            "/rewind": self._rewind,
+            "/fork": self._fork,
+            "/compact": self._compact,
+            "/discard": self._discard,
+        }
+        if name == "/quit":
+            return False
+        handler = handlers.get(name)
+        if handler is None:
+            self.say(say.unknown_command(name))
+            self.prefill = line
+            return True
+        try:
+            await handler(rest)
+        except Refused as refusal:
+            self.say(say.refused(str(refusal)))
+        except AgentSessionBusy:
+            self.say(say.refused(say.BUSY_REFUSAL))
+        except MessageNotFound as exc:
+            self.say(say.refused(str(exc)))
+        except SlackAgentError as exc:
+            self.say(say.refused(_reason(exc)))
+        return True
+
+    async def _discard(self, _rest: str) -> None:
+        if self.draft is None:
+            self.say(say.NOTHING_WAITING)
+            return
+        self.draft = None
+        self.busy_since = None
+        self.say(say.DISCARDED)
+
+    async def _history(self, _rest: str) -> None:
+        messages, with_snapshot = await self.chat.listing()
+        if not messages:
+            self.say(say.EMPTY, style="dim")
+            return
+        self.say(say.HISTORY_LEGEND, style="dim")
+        for m in messages:
+            words = message_text(m.message) or _tools_summary(m.message)
+            if m.is_compaction_message:
+                words = "(the conversation before this point, summarised)"
+            if (m.message.get("metadata") or {}).get("interrupted"):
+                words += f" {say.INTERRUPTED_MARK}"
+            line = say.history_line(
+                m.position,
+                author(m, self.chat.operator),
+                m.message_id in with_snapshot,
+                say.shorten(words, 70),
+            )
+            self.console.print(line, markup=False, highlight=False)
+        self.show_unseen(await self.chat.unseen())
+
+    async def _rewind(self, rest: str) -> None:
+        position = _position("/rewind", rest)
+        self.show_unseen(await self.chat.unseen())
+        result = await self.chat.rewind(position)
+        self.say(say.rewound(result.deleted))
+        if result.draft:
+            self.say(say.draft_back(result.draft))
+            if self.draft is None:
+                self.prefill = result.draft
+            else:
+                self.console.print(result.draft, markup=False)
+
+    async def _fork(self, rest: str) -> None:
+        position = _position("/fork", rest)
+        result = await self.chat.fork(position)
+        link = await self.chat.permalink(result.conversation.id)
+        self.say(say.forked(result.conversation.id, result.copied, link), style="bold")
+        if result.draft:
+            self.say(say.fork_draft(result.draft))
+
+    async def _compact(self, rest: str) -> None:
+        if self.chat.session is None:
+            raise Refused(say.NO_SESSION_YET)
+        task = await self._interruptible(self.chat.compact(rest or None))
+        if task.cancelled():
+            self.say(say.refused("interrupted"))
+            return
+        exc = task.exception()
+        if isinstance(exc, AgentSessionAlreadyCompact):
+            raise Refused(say.ALREADY_COMPACT)
+        if exc is not None:
+            raise exc
+        unseen = await self.chat.unseen()
+        earlier = [m for m in unseen.messages if not m.is_compaction_message]
+        self.show(earlier)
+        self.say(say.compacted(), style="bold")
+        self.show([m for m in unseen.messages if m.is_compaction_message])
+
+
+def _position(command: str, rest: str) -> int:
+    if not rest.isdigit():
+        raise Refused(say.needs_position(command))
+    return int(rest)
+
+
+def _reason(exc: BaseException) -> str:
+    code = getattr(exc, "code", None) or exc.__class__.__name__
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{code}: {first}" if first else str(code)
+
+
+def _tools_summary(message: dict[str, Any]) -> str:
+    commands = [
+        str((p.get("input") or {}).get("command", ""))
+        for p in message.get("parts") or []
+        if isinstance(p, dict) and str(p.get("type", "")).startswith("tool-")
+    ]
+    return "; ".join(f"$ {c}" for c in commands if c)

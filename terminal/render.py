@@ -1,0 +1,176 @@
+"""How messages look in a terminal: rich renderables for stored messages and a live reply.
+
+Text parts are Markdown (rendered by rich); a shell tool call is its command and its output,
+shortened; a checkpoint is its sections as a list, never the XML the model reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.markdown import Markdown
+from rich.text import Text
+
+from core.checkpoint import SECTIONS, parse_checkpoint
+from core.messages import Message
+from core.records import StoredMessage
+from terminal import texts as say
+
+TOOL_OUTPUT_LINES = 12
+
+
+def author(message: StoredMessage, operator: str) -> str:
+    if message.is_compaction_message:
+        return say.CHECKPOINT_LABEL
+    if message.role == "assistant":
+        return "agent"
+    meta: dict[str, Any] = message.message.get("metadata") or {}
+    if meta.get("author") == operator:
+        return "you"
+    if isinstance(meta.get("author"), str):
+        return str(meta["author"])
+    if isinstance(meta.get("slack_user"), str):
+        return f"slack:{meta['slack_user']}"
+    return "user"
+
+
+def tool_block(command: str, output: dict[str, Any] | None, error: str | None = None) -> Text:
+    block = Text(f"$ {command}\n", style="bold cyan")
+    lines: list[str] = []
+    if output is not None:
+        body = str(output.get("stdout") or "") + str(output.get("stderr") or "")
+        lines = body.rstrip("\n").splitlines()
+        code = output.get("exit_code")
+        if isinstance(code, int) and code != 0:
+            lines.append(f"(exit status {code})")
+    if error:
+        lines.append(error)
+    if len(lines) > TOOL_OUTPUT_LINES:
+        lines = [*lines[:TOOL_OUTPUT_LINES], say.tool_output_cut()]
+    if lines:
+        block.append("\n".join(lines) + "\n", style="dim")
+    return block
+
+
+def _parts(message: Message) -> list[RenderableType]:
+    out: list[RenderableType] = []
+    for part in message.get("parts") or []:
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if kind == "text" and str(part.get("text", "")).strip():
+            out.append(Markdown(str(part["text"])))
+        elif isinstance(kind, str) and kind.startswith("tool-"):
+            arguments = part.get("input") or {}
+            command = arguments.get("command") if isinstance(arguments, dict) else None
+            output = part.get("output")
+            out.append(
+                tool_block(
+                    str(command or kind.removeprefix("tool-")),
+                    output if isinstance(output, dict) else None,
+                    part.get("errorText") if isinstance(part.get("errorText"), str) else None,
+                )
+            )
+    return out
+
+
+def checkpoint_markdown(message: StoredMessage) -> str | None:
+    checkpoint = parse_checkpoint(message)
+    if checkpoint is None:
+        return None
+    lines: list[str] = []
+    for section in SECTIONS:
+        items = checkpoint.items(section)
+        if items:
+            lines.append(f"**{section.replace('_', ' ').capitalize()}**")
+            lines.extend(f"- {item}" for item in items)
+            lines.append("")
+    return "\n".join(lines) or "(empty checkpoint)"
+
+
+def message_view(message: StoredMessage, operator: str) -> RenderableType:
+    who = author(message, operator)
+    header = Text(f"[{message.position}] ", style="dim")
+    header.append(who, style="bold magenta" if message.is_compaction_message else "bold")
+    meta = message.message.get("metadata") or {}
+    if meta.get("interrupted"):
+        header.append(f" {say.INTERRUPTED_MARK}", style="yellow")
+    body: list[RenderableType] = []
+    if message.is_compaction_message:
+        rendered = checkpoint_markdown(message)
+        body = [Markdown(rendered)] if rendered else _parts(message.message)
+    else:
+        body = _parts(message.message)
+    return Group(header, *body)
+
+
+@dataclass
+class _Tool:
+    command: str
+    output: dict[str, Any] | None = None
+
+
+@dataclass
+class LiveReply:
+    """The answer as it streams: Markdown re-rendered as text arrives, tools as they run."""
+
+    console: Console
+    blocks: list[str | _Tool | Text] = field(default_factory=list)
+    live: Live | None = None
+
+    def start(self) -> None:
+        self.live = Live(
+            self._view(),
+            console=self.console,
+            auto_refresh=False,
+            vertical_overflow="visible",
+        )
+        self.live.start()
+
+    def _view(self) -> RenderableType:
+        views: list[RenderableType] = [Text("agent", style="bold")]
+        for block in self.blocks:
+            if isinstance(block, str):
+                views.append(Markdown(block))
+            elif isinstance(block, _Tool):
+                views.append(tool_block(block.command, block.output))
+            else:
+                views.append(block)
+        return Group(*views)
+
+    def _refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self._view(), refresh=True)
+
+    def text(self, chunk: str) -> None:
+        if self.blocks and isinstance(self.blocks[-1], str):
+            self.blocks[-1] += chunk
+        else:
+            self.blocks.append(chunk)
+        self._refresh()
+
+    def tool_started(self, command: str) -> None:
+        self.blocks.append(_Tool(command))
+        self._refresh()
+
+    def tool_finished(self, output: dict[str, Any]) -> None:
+        for block in reversed(self.blocks):
+            if isinstance(block, _Tool):
+                block.output = output
+                break
+        self._refresh()
+
+    def notice(self, body: str, style: str = "italic yellow") -> None:
+        self.blocks.append(Text(body, style=style))
+        self._refresh()
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self._refresh()
+            self.live.stop()
+            self.live = None
+            if not self.console.is_terminal:  # rich ends the line itself only on a terminal
+                self.console.line()

@@ -1,0 +1,141 @@
+"""The architecture, checked from the source: which package may import which, and no cycles.
+
+Read with ``ast`` from the files as they are (imports inside functions included), so a new
+arrow that runs the wrong way fails here before a reviewer has to spot it:
+
+    slack_agent  (the command line: every entry point)
+        │
+    bench        (measures the product; the product never imports it)
+        │
+    bot, terminal  (the surfaces: Slack, the terminal; neither imports the other)
+        │
+    core         (knows nothing of Slack or a terminal; SQL only in core/storage)
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("core", "bot", "terminal", "bench", "slack_agent")
+# What each package may import of ours.
+ALLOWED = {
+    "core": {"core"},
+    "bot": {"core", "bot"},
+    "terminal": {"core", "terminal"},
+    "bench": {"core", "bot", "terminal", "bench"},
+    "slack_agent": {"core", "bot", "terminal", "bench", "slack_agent"},
+}
+# ``python -m bot`` (the command's other name, fixed by the product's contract) is the one
+# module that runs the entry point from inside a package below it: a ``__main__`` is an entry
+# point itself, never imported.
+ENTRY_POINTS = {"bot.__main__"}
+SLACK_LIBRARIES = ("slack_sdk", "slack_bolt")
+SQL_LIBRARIES = ("sqlalchemy", "alembic", "asyncpg", "aiosqlite", "sqlite3")
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            yield name, path
+
+
+def _imports(name: str, path: Path) -> Iterator[str]:
+    """Every module ``name`` imports (absolute names), anywhere in the file."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            yield module
+            # ``from core import metrics`` imports the module core.metrics
+            for alias in node.names:
+                yield f"{module}.{alias.name}"
+
+
+MODULES = dict(_modules())
+GRAPH: dict[str, set[str]] = defaultdict(set)
+for _name, _path in MODULES.items():
+    for _imported in _imports(_name, _path):
+        if _imported in MODULES and _imported != _name:
+            GRAPH[_name].add(_imported)
+EXTERNAL = {name: set(_imports(name, path)) for name, path in MODULES.items()}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_layers__a_module_imports_only_the_packages_below_it(name: str) -> None:
+    if name in ENTRY_POINTS:
+        return
+    top = name.split(".")[0]
+    upward = sorted(m for m in GRAPH[name] if m.split(".")[0] not in ALLOWED[top])
+    assert not upward, f"{name} imports {upward}, above or beside {top}"
+
+
+def test_layers__core_knows_nothing_of_slack() -> None:
+    found = {
+        name: sorted(m for m in imported if m.split(".")[0] in SLACK_LIBRARIES)
+        for name, imported in EXTERNAL.items()
+        if name.split(".")[0] == "core"
+    }
+    assert not {name: m for name, m in found.items() if m}
+
+
+def test_layers__sql_only_in_the_storage_layer() -> None:
+    """SQLAlchemy (and the drivers) in ``core/storage`` alone: the agent, the conversation API
+    and the surfaces reach the database through its stores."""
+    found = {
+        name: sorted(m for m in imported if m.split(".")[0] in SQL_LIBRARIES)
+        for name, imported in EXTERNAL.items()
+        if not name.startswith("core.storage") and name.split(".")[0] != "bench"
+    }
+    assert not {name: m for name, m in found.items() if m}
+
+
+def test_layers__storage_is_the_bottom_of_core() -> None:
+    """The storage layer may use plain values (records, messages, errors, settings, metrics,
+    the sandbox's state objects, a provider's description) but never what runs on top of it."""
+    above = ("core.agent", "core.conversation", "core.runtime", "core.sandbox.shell", "core.tools")
+    found = {
+        name: sorted(m for m in GRAPH[name] if m.startswith(above))
+        for name in MODULES
+        if name.startswith("core.storage")
+    }
+    assert not {name: m for name, m in found.items() if m}
+
+
+def test_layers__no_import_cycles() -> None:
+    """A package's ``__init__`` re-exporting its own modules is not a cycle (they never import
+    it back); any other loop between modules is."""
+
+    def edges(name: str) -> set[str]:
+        return {m for m in GRAPH[name] if not (name == m.rsplit(".", 1)[0] and m in MODULES)}
+
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for nxt in sorted(edges(name)):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[name] = 2
+
+    for name in sorted(MODULES):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
