@@ -97,6 +97,7 @@ class Answer:
     at: float  # seconds from the start, when the answer arrived
     status: int  # 0: the connection failed
     ms: float
+    replica: int = -1  # which of ``Sender.urls`` answered
 
 
 @dataclass
@@ -153,7 +154,8 @@ class Sender:
                 headers.update(
                     {"X-Slack-Retry-Num": str(retry), "X-Slack-Retry-Reason": "http_error"}
                 )
-            url = self._rng.choice(self.urls) + "/slack/events"
+            replica = self._rng.choice(self.urls)
+            url = replica + "/slack/events"
             begun = time.monotonic()
             try:
                 async with http.post(url, data=body.encode(), headers=headers) as response:
@@ -162,7 +164,9 @@ class Sender:
             except (aiohttp.ClientError, OSError):
                 status = 0
             now = time.monotonic()
-            self.answers.append(Answer(now - self.started, status, (now - begun) * 1000))
+            self.answers.append(
+                Answer(now - self.started, status, (now - begun) * 1000, self.urls.index(replica))
+            )
             if status == 200:
                 self.acknowledged.add(send.ts)
                 return

@@ -27,8 +27,13 @@ def free_port() -> int:
 
 
 class Replica:
-    def __init__(self, name: str, env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, name: str, env: dict[str, str], log: Path, *, probe: Path | None = None
+    ) -> None:
         self.name = name
+        # ``bench.probe`` records this folder's loop, one file per start (``--profile``).
+        self.probe = probe
+        self.starts = 0
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**env, "HOST": "127.0.0.1", "PORT": str(self.port)}
@@ -41,12 +46,14 @@ class Replica:
             for k, v in os.environ.items()
             if not k.startswith(("SLACK_", "OPENAI_", "ANTHROPIC_", "MODEL_", "DATABASE_URL"))
         }
+        self.starts += 1
+        command = ["-m", "bot", "serve"]
+        if self.probe is not None:
+            command = ["-m", "bench.probe", str(self.probe / f"{self.name}.{self.starts}.json")]
         with self.log.open("a") as out:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
-                "-m",
-                "bot",
-                "serve",
+                *command,
                 env={**clean, **self.env},
                 stdout=out,
                 stderr=out,
@@ -81,8 +88,11 @@ class Replica:
             return False
 
     def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+
+    def signal(self, number: int) -> None:
         if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
+            self.proc.send_signal(number)
 
     async def stop(self, within: float = 60.0) -> int | None:
         """SIGTERM and wait (SIGKILL past ``within``); the exit status."""

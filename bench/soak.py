@@ -26,11 +26,13 @@ import asyncio
 import contextlib
 import re
 import shlex
+import shutil
+import signal
 import statistics
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -40,6 +42,7 @@ import aiohttp
 from bench.load import CHANNEL, Plan, Sender
 from bench.model_standin import ModelFaults, ModelStandIn
 from bench.replicas import Replica
+from bench.soak_profile import SoakProfile
 from bench.tcp_proxy import TcpProxy
 from bot import texts as text
 from bot.standin import TEAM, SlackFaults, SlackStandIn
@@ -51,6 +54,10 @@ from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
 
 SECRET = "soak-signing-secret"
+
+# The faults a soak can inject, each switched on or off by name (``--faults``): every one by
+# default. Switching them off one at a time says which one a figure comes from.
+FAULTS = ("slack-429", "slack-500", "model-timeout", "model-cut", "kill", "outage")
 
 
 class SoakFailed(SlackAgentError):
@@ -86,6 +93,11 @@ class SoakConfig:
     )
     settle_seconds: float = 120.0  # after the load, at most this long for the last answers
     seed: int = 1
+    faults: frozenset[str] = frozenset(FAULTS)  # the ones injected (see ``FAULTS``)
+    # The replicas reach PostgreSQL through the soak's TCP proxy: when the outage needs it (no
+    # restart command), or always with True (to measure what the proxy itself costs).
+    proxy: bool = False
+    profile_dir: str | None = None  # ``--profile``: see ``bench.soak_profile``
 
 
 @dataclass
@@ -144,6 +156,7 @@ def _percentiles(samples: list[float]) -> dict[str, float]:
         "p50": round(statistics.median(ordered), 2),
         "p95": at(0.95),
         "p99": at(0.99),
+        "max": round(ordered[-1], 2),
         "n": len(ordered),
     }
 
@@ -153,8 +166,22 @@ class Soak:
         self.config = config
         self.workdir = workdir
         self.report = SoakReport(config=_plain(config))
-        self.slack = SlackStandIn(TEAM, config.slack_faults)
-        self.model = ModelStandIn(config.model_faults, seed=config.seed)
+        on = config.faults
+        self.slack = SlackStandIn(
+            TEAM,
+            replace(
+                config.slack_faults,
+                rate_limited=config.slack_faults.rate_limited if "slack-429" in on else 0.0,
+                server_error=config.slack_faults.server_error if "slack-500" in on else 0.0,
+            ),
+        )
+        model_faults = replace(
+            config.model_faults,
+            timeout=config.model_faults.timeout if "model-timeout" in on else 0.0,
+            cut=config.model_faults.cut if "model-cut" in on else 0.0,
+        )
+        self.model = ModelStandIn(model_faults, seed=config.seed)
+        self.profile = None if config.profile_dir is None else SoakProfile(Path(config.profile_dir))
         self.replicas: list[Replica] = []
         self.outage: tuple[float, float] | None = None  # (start, end), seconds from the start
         self.started = 0.0
@@ -177,14 +204,21 @@ class Soak:
         parts = urlsplit(c.database_url)
         proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
         try:
-            async with proxy:
+            # The replicas stop before the proxy closes: a replica still working when the load
+            # ends (a run that did not settle) must not lose its database while it stops.
+            async with proxy, contextlib.AsyncExitStack() as replicas:
+                replicas.push_async_callback(self._stop_replicas)
                 replica_url = c.database_url
-                if self.postgres and c.restart_command is None:
+                outage_by_proxy = "outage" in c.faults and c.restart_command is None
+                if self.postgres and (outage_by_proxy or c.proxy):
                     netloc = f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}"
                     replica_url = urlunsplit(parts._replace(netloc=netloc))
                 self.replicas = [
                     Replica(
-                        f"replica-{i}", self._env(replica_url), self.workdir / f"replica-{i}.log"
+                        f"replica-{i}",
+                        self._env(replica_url),
+                        self.workdir / f"replica-{i}.log",
+                        probe=None if self.profile is None else self.profile.folder,
                     )
                     for i in range(c.replicas)
                 ]
@@ -192,13 +226,15 @@ class Soak:
                 await asyncio.gather(*(r.ready() for r in self.replicas))
                 await self._drive(db, proxy)
         finally:
-            statuses = await asyncio.gather(*(r.stop() for r in self.replicas))
-            self.report.exit_statuses = list(statuses)
             await self.model.stop()
             await self.slack.stop()
         await self._check(db)
         await db.dispose()
         return self.report
+
+    async def _stop_replicas(self) -> None:
+        statuses = await asyncio.gather(*(r.stop() for r in self.replicas))
+        self.report.exit_statuses = list(statuses)
 
     def _env(self, database_url: str) -> dict[str, str]:
         c = self.config
@@ -236,11 +272,19 @@ class Soak:
         connector = aiohttp.TCPConnector(limit=200)
         async with aiohttp.ClientSession(connector=connector) as http:
             sender = Sender([r.url for r in self.replicas], SECRET, started=self.started)
+            if self.profile is not None:
+                await self.profile.start(self._pids, c.seconds)
             load = asyncio.create_task(sender.run(plan, http))
             faults = asyncio.create_task(self._faults(db, proxy, http))
             await load
             await faults
             settled = await self._settle(db)
+            if not settled and self.profile is not None:
+                for replica in self.replicas:  # where their tasks wait (``bench.probe``)
+                    replica.signal(signal.SIGUSR1)
+                await asyncio.sleep(1.0)
+            if self.profile is not None:
+                await self.profile.stop(sender.answers, self.report.recoveries)
         self.report.duration_seconds = round(self._elapsed(), 1)
         self.report.acknowledged = len(sender.acknowledged)
         self.report.abandoned = len(sender.abandoned - sender.acknowledged)
@@ -260,9 +304,19 @@ class Soak:
         if not settled:
             self.report.violations.append("the replicas did not settle within settle_seconds")
 
+    def _pids(self) -> dict[str, int]:
+        return {r.name: r.proc.pid for r in self.replicas if r.proc is not None}
+
     async def _faults(self, db: Any, proxy: TcpProxy, http: aiohttp.ClientSession) -> None:
         c = self.config
         await asyncio.sleep(c.seconds * c.kill_at)
+        if "kill" in c.faults:
+            await self._kill(db)
+        await asyncio.sleep(max(0.0, c.seconds * c.outage_at - self._elapsed()))
+        if self.postgres and "outage" in c.faults:
+            await self._database_outage(proxy, http)
+
+    async def _kill(self, db: Any) -> None:
         victim = self.replicas[0]
         owner = await victim.owner()
         killed_at = self._elapsed()
@@ -280,9 +334,6 @@ class Soak:
             )
         )
         await restart
-        await asyncio.sleep(max(0.0, c.seconds * c.outage_at - self._elapsed()))
-        if self.postgres:
-            await self._database_outage(proxy, http)
 
     async def _restart(self, victim: Replica) -> None:
         assert victim.proc is not None
@@ -450,10 +501,12 @@ _ANSWERED = re.compile(r"\(t\d+\) answered after \d+ messages\.")
 
 
 def _plain(config: SoakConfig) -> dict[str, Any]:
-    return {
+    plain = {
         k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v)
         for k, v in asdict(config).items()
     }
+    plain["faults"] = [f for f in FAULTS if f in config.faults]
+    return plain
 
 
 async def run_soak(config: SoakConfig) -> SoakReport:
@@ -464,6 +517,14 @@ async def run_soak(config: SoakConfig) -> SoakReport:
         except Exception:
             print(await asyncio.to_thread(_logs, Path(tmp)))
             raise
+        finally:
+            if config.profile_dir is not None:  # the replicas' logs go with their profile
+                await asyncio.to_thread(_keep_logs, Path(tmp), Path(config.profile_dir))
+
+
+def _keep_logs(folder: Path, into: Path) -> None:
+    for log in folder.glob("*.log"):
+        shutil.copy(log, into / log.name)
 
 
 def _logs(folder: Path) -> str:
@@ -474,6 +535,28 @@ def _logs(folder: Path) -> str:
 
 
 QUICK = {"messages": 300, "threads": 30, "seconds": 40.0}
+
+
+def parse_faults(value: str) -> frozenset[str]:
+    """``--faults``: ``all``, ``none``, names from ``FAULTS`` separated by commas (only those),
+    or ``all`` followed by names with a leading ``-`` (all but those: ``all,-outage``)."""
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if names == ["none"]:
+        return frozenset()
+    every = names[:1] == ["all"]
+    rest = names[1:] if every else names
+    if every and any(not n.startswith("-") for n in rest):
+        raise ValueError("after all, only faults to take away (all,-outage,-kill)")
+    if not every and any(n.startswith("-") for n in rest):
+        raise ValueError("a fault to take away follows all (all,-outage)")
+    chosen = {n.removeprefix("-") for n in rest}
+    unknown = sorted(chosen - set(FAULTS))
+    if unknown or not names:
+        raise ValueError(
+            f"unknown fault {unknown[0] if unknown else value!r}: "
+            f"use all, none, some of {', '.join(FAULTS)}, or all,-NAME"
+        )
+    return frozenset(FAULTS) - chosen if every else frozenset(chosen)
 
 
 def soak_config(database_url: str, args: Any) -> SoakConfig:
@@ -487,6 +570,9 @@ def soak_config(database_url: str, args: Any) -> SoakConfig:
         replicas=args.replicas,
         restart_command=args.restart_command,
         seed=args.seed,
+        faults=args.faults,
+        proxy=args.proxy,
+        profile_dir=args.profile,
         **sizes,
     )
 
@@ -504,7 +590,12 @@ def format_report(report: SoakReport) -> str:
         f"resumed after a take-over {r.resumed}, replies cut short and closed with a note "
         f"(a dead replica's, or one that lost the database) {r.closed_for_a_takeover}, "
         f"left cut off {r.cut_off_streams}",
-        f"faults injected: Slack {r.slack_faults}, model {r.model_faults}",
+        f"faults injected: Slack {r.slack_faults}, model {r.model_faults}"
+        + (
+            f" (switched off: {', '.join(sorted(off))})"
+            if (off := set(FAULTS) - set(r.config["faults"]))
+            else ""
+        ),
     ]
     for rec in r.recoveries:
         took = "not recovered" if rec.seconds is None else f"recovered in {rec.seconds:g} s"

@@ -13,6 +13,7 @@ import logging
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 from core.errors import SlackAgentError, UsageError
@@ -74,6 +75,22 @@ def _parser() -> argparse.ArgumentParser:
         help="restart PostgreSQL with this command once (default: cut its connections for 4 s)",
     )
     soak.add_argument("--seed", type=int, default=1)
+    soak.add_argument(
+        "--faults",
+        default="all",
+        help="faults to inject: all (default), none, a comma list of slack-429, slack-500, "
+        "model-timeout, model-cut, kill, outage, or all but some (all,-outage,-kill)",
+    )
+    soak.add_argument(
+        "--proxy",
+        action="store_true",
+        help="PostgreSQL through the soak's TCP proxy even without the outage (its cost)",
+    )
+    soak.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="record the replicas' loops, py-spy stacks and CPU by process into DIR",
+    )
     soak.add_argument("--json", action="store_true", help="print one JSON object")
 
     chat = commands.add_parser("chat", help="continue a session from the terminal")
@@ -227,12 +244,19 @@ async def _tools(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def _soak(args: argparse.Namespace, settings: Settings) -> None:
-    from bench.soak import SoakFailed, format_report, run_soak, soak_config
+    from bench.soak import SoakFailed, format_report, parse_faults, run_soak, soak_config
+    from bench.soak_profile import summary
 
+    try:
+        args.faults = parse_faults(args.faults)
+    except ValueError as exc:
+        raise UsageError(f"--faults: {exc}") from None
     with tempfile.TemporaryDirectory(prefix="soak-db-") as tmp:
         url = args.database_url or f"sqlite+aiosqlite:///{tmp}/soak.db"
         report = await run_soak(soak_config(url, args))
     print(json.dumps(report.as_dict()) if args.json else format_report(report))
+    if args.profile and not args.json:
+        print(summary(Path(args.profile)))
     if not report.ok:
         raise SoakFailed(f"{len(report.violations)} promise(s) broken; see the report above")
 

@@ -5,12 +5,16 @@ answering 429s and 500s, the model timing out and cutting streams), then every p
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from bench.soak import SoakConfig, run_soak
+from bench.soak import FAULTS, SoakConfig, parse_faults, run_soak
+from bench.soak_profile import summary
 from bot.standin import FaultSchedule
+from tests.test_cli import cli, one_line_error
 
 # Real processes or long runs: outside the developer's quick subset (README, *The tests*).
 pytestmark = pytest.mark.slow
@@ -46,3 +50,53 @@ def test_fault_schedule__every_kind_at_its_share_whatever_the_run_length() -> No
     # A rare fault comes within its first period, not at the end of a run.
     first = FaultSchedule(cut=0.01)
     assert "cut" in [first.next() for _ in range(60)]
+
+
+async def test_soak__faults_switched_off_stay_off_and_the_profile_says_where_time_went(
+    database_url: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "profile"
+    report = await run_soak(
+        SoakConfig(
+            database_url=database_url,
+            messages=60,
+            threads=6,
+            seconds=10.0,
+            seed=3,
+            faults=frozenset({"slack-429", "model-cut"}),
+            profile_dir=str(folder),
+        )
+    )
+    assert report.ok, report.violations
+    assert report.slack_faults.get("429")
+    assert not report.slack_faults.get("500")
+    assert report.model_faults.get("cut")
+    assert not report.model_faults.get("timeout")
+    assert report.recoveries == []  # neither the kill nor the database outage
+    # Every request the load generator sent was timed inside the replica that answered it.
+    answers = json.loads((folder / "answers.json").read_text())["answers"]
+    assert len(answers) == report.answers_2xx == sum(report.status_counts.values())
+    probes = [json.loads((folder / f"replica-{i}.1.json").read_text()) for i in range(3)]
+    for i, probe in enumerate(probes):
+        assert probe["ack_handler_ms"]["n"] == sum(1 for a in answers if a["replica"] == i)
+        assert probe["loop_lag_ms"]["n"] > 0
+    assert json.loads((folder / "cpu.json").read_text())["rows"]
+    stacks = (folder / "replica-1.pyspy.txt").read_text()
+    assert "MainThread" in stacks
+    assert "DeliveryWorker" in stacks
+    shown = summary(folder)
+    assert "acknowledgements, client side (200s): p50" in shown
+    assert "replica-1.pyspy.txt:" in shown
+
+
+def test_faults__all_none_some_or_all_but_some() -> None:
+    assert parse_faults("all") == frozenset(FAULTS)
+    assert parse_faults("none") == frozenset()
+    assert parse_faults("kill,outage") == {"kill", "outage"}
+    assert parse_faults("all,-outage,-kill") == frozenset(FAULTS) - {"outage", "kill"}
+
+
+@pytest.mark.parametrize("value", ["bogus", "-outage", "all,kill", "kill,-outage", "none,kill"])
+def test_faults__a_list_that_means_nothing_is_refused_in_one_line(value: str) -> None:
+    line = one_line_error(cli("soak", f"--faults={value}"))
+    assert line.startswith("slack-agent: usage_error: --faults:"), line
