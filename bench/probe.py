@@ -404,7 +404,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m bench.probe OUT.json", file=sys.stderr)
         return 2
     from bot import gc_tuning, serve
-    from slack_agent import cli
+    from core.logs import configure_logging
+    from core.settings import load_settings
 
     probe = Probe(Path(argv[0]))
     probe.install()
@@ -422,8 +423,11 @@ def main(argv: list[str]) -> int:
     # ``serve`` calls it once its listener is up, by the name it imported: the recorders start
     # on the running loop from there.
     vars(serve)["tune_garbage_collection"] = tune_and_record
+    settings = load_settings()
+    configure_logging(settings.log_level, settings.log_format)
     try:
-        return cli.main(["serve", *argv[1:]])
+        asyncio.run(serve.serve(settings))
+        return 0
     finally:
         probe.write()
 
