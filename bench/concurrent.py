@@ -63,7 +63,7 @@ from core.settings import Settings
 from core.storage import Storage
 from core.storage.dialect import hence
 from core.storage.engine import create_database
-from core.testing.server import spawn
+from core.testing.processes import spawn
 from core.testing.slack import TEAM, signed_headers
 
 SIZES: Final = (10, 100, 500)

@@ -8,22 +8,14 @@ same port, as a supervisor would.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import signal
-import socket
 import sys
-import time
 from asyncio.subprocess import Process
 from pathlib import Path
 
 import aiohttp
 
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket()) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from core.testing.processes import child_environment, free_port, until_healthy
 
 
 class Replica:
@@ -41,11 +33,6 @@ class Replica:
         self.proc: Process | None = None
 
     async def start(self) -> None:
-        clean = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("SLACK_", "OPENAI_", "ANTHROPIC_", "MODEL_", "DATABASE_URL"))
-        }
         self.starts += 1
         command = ["-m", "bot", "serve"]
         if self.probe is not None:
@@ -54,23 +41,20 @@ class Replica:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 *command,
-                env={**clean, **self.env},
+                env=child_environment(**self.env),
                 stdout=out,
                 stderr=out,
             )
 
     async def ready(self, within: float = 60.0) -> None:
-        deadline = time.monotonic() + within
-        async with aiohttp.ClientSession() as http:
-            while time.monotonic() < deadline:
-                if self.proc is not None and self.proc.returncode is not None:
-                    raise RuntimeError(f"{self.name} exited at start; see {self.log}")
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(self.url + "/healthz") as response:
-                        if response.status == 200:
-                            return
-                await asyncio.sleep(0.1)
-        raise RuntimeError(f"{self.name} did not become healthy; see {self.log}")
+        def exited() -> bool:
+            return self.proc is not None and self.proc.returncode is not None
+
+        failed = await until_healthy(self.url, exited, within=within, every=0.1)
+        if failed == "exited":
+            raise RuntimeError(f"{self.name} exited at start; see {self.log}")
+        if failed:
+            raise RuntimeError(f"{self.name} did not become healthy; see {self.log}")
 
     async def owner(self) -> str:
         """The id this replica's delivery records carry (``slack_agent_replica_info``)."""

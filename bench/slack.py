@@ -10,10 +10,7 @@ process that has migrated and answered its health check, then sat idle.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -22,9 +19,7 @@ from asyncio.subprocess import Process
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from core.testing.server import spawn
+from core.testing.processes import child_environment, free_port, spawn, until_healthy
 from core.testing.slack import BOT_USER, TEAM, signed_headers
 
 SECRET = "bench-signing-secret"
@@ -75,15 +70,8 @@ async def serve_process(
     url: str, api_url: str, cwd: str, extra_env: dict[str, str] | None = None
 ) -> tuple[Process, int]:
     """A ``slack-agent serve`` child on a free port, once its health check answers."""
-    with contextlib.closing(socket.socket()) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SLACK_", "DATABASE_URL", "MODEL_", "OPENAI_", "ANTHROPIC_"))
-    }
-    env.update(
+    port = free_port()
+    env = child_environment(
         DATABASE_URL=url,
         SLACK_BOT_TOKEN="xoxb-bench",
         SLACK_SIGNING_SECRET=SECRET,
@@ -104,16 +92,10 @@ async def serve_process(
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )
-    async with aiohttp.ClientSession() as http:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.returncode is not None or time.monotonic() > deadline:
-                raise RuntimeError("slack-agent serve did not start")
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(f"http://127.0.0.1:{port}/healthz") as r:
-                    if r.status == 200:
-                        return proc, port
-            await asyncio.sleep(0.1)
+    url = f"http://127.0.0.1:{port}"
+    if await until_healthy(url, lambda: proc.returncode is not None, within=60, every=0.1):
+        raise RuntimeError("slack-agent serve did not start")
+    return proc, port
 
 
 def request_bytes(port: int, ts: str) -> bytes:

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +16,7 @@ import aiohttp
 
 from bot.service import Bot
 from core.settings import load_settings
+from core.testing.processes import child_environment, free_port, until_healthy
 from core.testing.server import serve_app
 from core.testing.slack import SIGNING_SECRET, SlackClient, SlackStandIn
 from tests.helpers import ROOT
@@ -61,12 +59,6 @@ async def running_bot(
         await bot.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ServeProcess:
     """``python -m bot serve`` as a child process with the given environment."""
 
@@ -85,31 +77,20 @@ class ServeProcess:
             "PORT": str(self.port),
         }
         values.update({k.upper(): str(v) for k, v in env.items()})
-        clean = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("SLACK_", "OPENAI_", "ANTHROPIC_", "MODEL_"))
-        }
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bot", "serve"],
-            env={**clean, **values, "PYTHONPATH": str(ROOT)},
+            env=child_environment(**values, PYTHONPATH=str(ROOT)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
 
     async def ready(self, within: float = 30.0) -> None:
-        deadline = time.monotonic() + within
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise AssertionError(f"serve exited: {self.output()}")
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with session.get(self.url + "/healthz") as response:
-                        if response.status == 200:
-                            return
-                await asyncio.sleep(0.05)
-        raise AssertionError("serve did not become ready")
+        failed = await until_healthy(self.url, lambda: self.proc.poll() is not None, within=within)
+        if failed == "exited":
+            raise AssertionError(f"serve exited: {self.output()}")
+        if failed:
+            raise AssertionError("serve did not become ready")
 
     def output(self) -> str:
         if self.proc.poll() is None:

@@ -10,7 +10,6 @@ of the test's own event loop keep answering meanwhile.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 import pexpect
 import pyte
 
+from core.testing.processes import child_environment
 from tests.helpers import ROOT
 
 ROWS, COLUMNS = 50, 160
@@ -29,12 +29,7 @@ _ESCAPES = re.compile(r"\x1b\[[0-9;?<>=]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>
 
 
 def chat_env(database_url: str, **extra: Any) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SLACK_", "OPENAI_", "ANTHROPIC_", "MODEL_"))
-    }
-    env.update(
+    env = child_environment(
         DATABASE_URL=database_url,
         PYTHONPATH=str(ROOT),
         TERM="xterm",

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from core.testing.mcp_notes import NotesHttpServer, free_port
+from core.testing.mcp_notes import NotesHttpServer
+from core.testing.processes import free_port
 from core.tools import call_digest
 from tests.mcp_support import notes, running
 

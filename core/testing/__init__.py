@@ -5,6 +5,8 @@ through its own clients, exactly as it talks to the real service. Product code (
 outside this package, ``bot``, ``terminal``) never imports it: tests/test_layers.py checks.
 
 server      what every stand-in shares (start, stop, URL; run one in a process of its own)
+processes   running the product and the stand-ins as processes: a free port, a clean
+            environment, a stand-in's URL read from it, a ``serve`` waited for until healthy
 faults      faults at exact shares of the requests (the soak's and the benchmark's)
 slack       the Slack Web API (calls recorded, messages as people see them, 429/500 on
             request), the request signer, and a client that sends what Slack sends

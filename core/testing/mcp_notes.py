@@ -220,14 +220,6 @@ def stdio_entry(env: Mapping[str, str] | None = None, **extra: Any) -> dict[str,
     return {**entry, **extra}
 
 
-def free_port() -> int:
-    """A port nothing listens on now (for a server that is to come up later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class NotesHttpServer:
     """The notes server over Streamable HTTP in a process of its own, so it can be stopped,
     killed and started again on the same port."""

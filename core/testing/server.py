@@ -3,17 +3,15 @@
 A stand-in is a real HTTP server so the product talks to it exactly as it talks to the real
 service (its own HTTP client, its own timeouts, its own connection pool); ``LocalServer`` is
 the one place that starts, stops and names such a server. ``serve_app`` serves any app the same
-way (the product's own web app, in tests and in the demo). ``serve_forever`` runs a stand-in in a
-process of its own and prints its URL: the benchmark's load generator must not share an event
-loop with the servers the app calls back.
+way (the product's own web app, in tests and in the demo). ``run_forever`` runs a stand-in in a
+process of its own and prints its URL (``core.testing.processes.spawn`` starts one): the
+benchmark's load generator must not share an event loop with the servers the app calls back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
-from asyncio.subprocess import PIPE, Process
 from types import TracebackType
 from typing import Self
 
@@ -93,14 +91,3 @@ def run_forever(server: LocalServer) -> None:
     """``python -m core.testing.X``: ``serve_forever`` until interrupted."""
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_forever(server))
-
-
-async def spawn(module: str, *args: str, within: float = 30.0) -> tuple[Process, str]:
-    """``python -m module args`` (a stand-in run by ``run_forever``), and its URL once it
-    listens."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", module, *args, stdout=PIPE)
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), within)
-    if not line:
-        raise RuntimeError(f"the stand-in {module} did not start")
-    return proc, line.decode().strip()
