@@ -85,7 +85,10 @@ class ServeProcess:
             text=True,
         )
 
-    async def ready(self, within: float = 30.0) -> None:
+    async def ready(self, within: float = 120.0) -> None:
+        """Until the health check answers. Starting is importing the whole product (seconds of
+        CPU); on a shared 2-core machine running several suites that took over 30 s, failing
+        tests that prove nothing about start-up time. A serve that exits fails at once."""
         failed = await until_healthy(self.url, lambda: self.proc.poll() is not None, within=within)
         if failed == "exited":
             raise AssertionError(f"serve exited: {self.output()}")
