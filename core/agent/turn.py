@@ -36,6 +36,7 @@ from core.messages import Message
 from core.records import AnyTail, ModelChoice, StoredMessage, TurnLease
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import SnapshotRef
+from core.storage.usage import Reservation
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +118,16 @@ async def run_turn(
     last_message_id: str | AnyTail | None,
     model: ModelChoice | None = None,
     heartbeat_seconds: float = 15.0,
+    reservation: Reservation | None = None,
 ) -> AsyncIterator[Turn]:
     task = asyncio.current_task()
     assert task is not None, "run_turn runs inside a task"
     lease = await store.start_turn(
-        session_id, user_message=user_message, last_message_id=last_message_id, model=model
+        session_id,
+        user_message=user_message,
+        last_message_id=last_message_id,
+        model=model,
+        reservation=reservation,
     )
     metrics.TURNS_STARTED.inc()
     started = time.monotonic()

@@ -8,12 +8,14 @@ only module that makes engines, ``dialect`` holds what differs between SQLite an
 ``models`` the tables, ``queries`` the turn protocol's shared predicates and statements, and one
 module per concern holds that concern's statements (``sessions``, ``transcript``,
 ``snapshots``, ``deliveries``, ``surface_state``, ``feedback``, ``retention``,
-``custom_providers``, ``sweeper``, ``migrate``).
+``custom_providers``, ``sweeper``, ``migrate``, ``usage`` (the ledger of model requests and
+budget reservations), ``budgets`` (the limits set at run time)).
 """
 
 from __future__ import annotations
 
 from core.settings import Settings
+from core.storage.budgets import Budgets
 from core.storage.custom_providers import CustomProviders
 from core.storage.deliveries import Deliveries
 from core.storage.engine import Database, create_database
@@ -24,6 +26,7 @@ from core.storage.sessions import SessionStore
 from core.storage.snapshots import Snapshots
 from core.storage.surface_state import SURFACE_SWEEPS, SurfaceState
 from core.storage.sweeper import SweepReport, sweep
+from core.storage.usage import UsageLedger
 
 
 class Storage:
@@ -41,6 +44,8 @@ class Storage:
         self.feedback = Feedback(db)
         self.custom_providers = self.sessions.custom_providers
         self.retention = Retention(db, RetentionPolicy.from_settings(settings))
+        self.usage = UsageLedger(db, staleness_seconds=settings.turn_lock_staleness_seconds)
+        self.budgets = Budgets(db, settings.budgets)
 
     @classmethod
     def open(cls, settings: Settings, *, pool_size: int = 10) -> Storage:
@@ -89,6 +94,7 @@ class Storage:
 
 
 __all__ = [
+    "Budgets",
     "CustomProviders",
     "Deliveries",
     "Feedback",
@@ -99,4 +105,5 @@ __all__ = [
     "Storage",
     "SurfaceState",
     "SweepReport",
+    "UsageLedger",
 ]
