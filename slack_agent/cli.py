@@ -317,6 +317,7 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> None:
         format_lines,
     )
     from bench.costs import format_table, run_bench
+    from bench.observability import bench_observability, format_observability
     from bench.slack import bench_slack
 
     result = await run_bench(args.database_url, quick=args.quick)
@@ -329,10 +330,13 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> None:
     result["ack_during_fork_and_sweep"] = await bench_ack_during_fork_and_sweep(
         args.database_url, fork_messages=2000 if args.quick else 10_000
     )
+    result["observability"] = await bench_observability(args.database_url, quick=args.quick)
     if args.json:
         print(json.dumps(result))
     else:
-        print("\n".join([format_table(result), *format_lines(result)]))
+        print(
+            "\n".join([format_table(result), *format_lines(result), *format_observability(result)])
+        )
 
 
 async def _tools(args: argparse.Namespace, settings: Settings) -> None:

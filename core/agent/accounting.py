@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,9 @@ from core.usage.totals import MessageUsage, RequestUsage
 
 log = logging.getLogger(__name__)
 
+# How long a process keeps the budgets in force before reading them again (``budget set``).
+BUDGETS_TTL_SECONDS = 5.0
+
 Payer = Actor  # whose budgets a turn draws on: an external user id and its workspace
 
 
@@ -70,16 +74,27 @@ class Accounting:
         ledger: UsageLedger,
         budgets: Budgets | None = None,
         tracer: Tracer | None = None,
+        *,
+        budgets_ttl_seconds: float = BUDGETS_TTL_SECONDS,
     ) -> None:
         self.ledger = ledger
         self.budgets = budgets
         self.tracer = tracer or Tracer.off()
+        self._ttl = budgets_ttl_seconds
+        self._in_force: tuple[float, tuple[Budget, ...]] | None = None
 
     def turn(self, session_id: int, attribution: Attribution | None = None) -> TurnAccount:
         return TurnAccount(self, session_id, attribution or Attribution())
 
     async def in_force(self) -> tuple[Budget, ...]:
-        return () if self.budgets is None else await self.budgets.in_force()
+        """The budgets in force, read at most once per ``budgets_ttl_seconds``: a change
+        made with ``budget set`` reaches every replica's turns within that time."""
+        if self.budgets is None:
+            return ()
+        now = time.monotonic()
+        if self._in_force is None or now - self._in_force[0] >= self._ttl:
+            self._in_force = (now, await self.budgets.in_force())
+        return self._in_force[1]
 
 
 class TurnAccount:
