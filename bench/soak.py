@@ -43,7 +43,6 @@ from bench.load import CHANNEL, Plan, Sender
 from bench.model_standin import ModelFaults, ModelStandIn
 from bench.replicas import Replica
 from bench.soak_profile import SoakProfile
-from bench.tcp_proxy import TcpProxy
 from bot import texts as text
 from bot.standin import TEAM, SlackFaults, SlackStandIn
 from core.errors import SlackAgentError
@@ -52,6 +51,7 @@ from core.storage.deliveries import Deliveries
 from core.storage.engine import create_database
 from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
+from core.testing.tcp_proxy import TcpProxy
 
 SECRET = "soak-signing-secret"
 

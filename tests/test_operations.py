@@ -16,12 +16,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text as sql
 
-from bench.tcp_proxy import TcpProxy
 from bot.gc_tuning import FULL_COLLECTION_AFTER, tune_garbage_collection
 from core.errors import DatabaseError
 from core.messages import message_text
 from core.storage.engine import create_database
 from core.storage.sessions import SessionStore
+from core.testing.tcp_proxy import TcpProxy
 from tests.fake_slack import FakeSlack, GatedModel, SlackClient
 from tests.helpers import ROOT
 from tests.slack_harness import ServeProcess, running_bot
