@@ -42,7 +42,6 @@ import aiohttp
 from bench.load import CHANNEL, Plan, Sender
 from bench.replicas import Replica
 from bench.soak_profile import SoakProfile
-from bench.tcp_proxy import TcpProxy
 from bot import texts as text
 from core.errors import SlackAgentError
 from core.messages import message_text, slack_message_id
@@ -52,6 +51,7 @@ from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
 from core.testing.openai import ModelFaults, SoakModel
 from core.testing.slack import TEAM, SlackFaults, SlackStandIn
+from core.testing.tcp_proxy import TcpProxy
 
 SECRET = "soak-signing-secret"
 

@@ -64,6 +64,10 @@ LOCKS_LOST = Counter(
     "slack_agent_locks_lost_total",
     "Turns that found their lock taken over and stopped.",
 )
+TURNS_SELF_STOPPED = Counter(
+    "slack_agent_turns_self_stopped_total",
+    "Turns that stopped themselves because the database did not confirm their lock in time.",
+)
 DELIVERIES = Gauge(
     "slack_agent_deliveries",
     "Delivery records not yet finished, by state and wait reason (read from the database).",

@@ -18,6 +18,15 @@ from core.usage.budgets import Budget, parse_budgets
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./slack-agent.db"
 
+# The share of TURN_LOCK_STALENESS_SECONDS a turn may go without a confirmed heartbeat before it
+# stops itself (§6.12): another replica may claim the lock only after the whole window, measured
+# from a heartbeat the database stamped after the turn sent it, so the turn stops a fifth of the
+# window before anyone can take it over.
+TURN_SAFE_SHARE = 0.8
+# The least a derived database timeout is (a short staleness window, as tests use, would give
+# timeouts a loaded machine's ordinary connection set-up could exceed).
+DATABASE_TIMEOUT_FLOOR_SECONDS = 1.0
+
 _SCHEME_ALIASES = {
     "sqlite+aiosqlite": "sqlite+aiosqlite",
     "sqlite": "sqlite+aiosqlite",
@@ -87,6 +96,9 @@ class Settings(BaseSettings):
 
     turn_lock_staleness_seconds: float = Field(default=60, gt=0)
     turn_heartbeat_seconds: float = Field(default=15, gt=0)
+    # Bounded database calls (§6.12). Unset: chosen from the window (``database_timeouts``).
+    database_connect_timeout_seconds: float | None = Field(default=None, gt=0)
+    database_statement_timeout_seconds: float | None = Field(default=None, gt=0)
     busy_poll_seconds: float = Field(default=3, gt=0)
     busy_poll_timeout_seconds: float = Field(default=600, gt=0)
     busy_mode: Literal["ask", "queue"] = "ask"
@@ -164,6 +176,42 @@ class Settings(BaseSettings):
                 raise ValueError(f"{entry!r} is neither TEAM:USER (T…:U…) nor a user id (U…)")
         return value
 
+    @property
+    def database_budget_seconds(self) -> float:
+        """How long one database call may take at most: the lease loops renew every heartbeat
+        period, so a renewal that hangs to its limit must end early enough for the next one to
+        land before the safe share of the window runs out."""
+        return TURN_SAFE_SHARE * self.turn_lock_staleness_seconds - self.turn_heartbeat_seconds
+
+    @property
+    def database_timeouts(self) -> tuple[float, float]:
+        """(connect, statement) seconds: what is set, or a quarter and a half of the budget
+        (at least ``DATABASE_TIMEOUT_FLOOR_SECONDS`` each)."""
+        budget = self.database_budget_seconds
+        connect = self.database_connect_timeout_seconds or max(
+            budget / 4, DATABASE_TIMEOUT_FLOOR_SECONDS
+        )
+        statement = self.database_statement_timeout_seconds or max(
+            budget / 2, 2 * DATABASE_TIMEOUT_FLOOR_SECONDS
+        )
+        return connect, statement
+
+    def database_timeout_warning(self) -> str | None:
+        """One line when the derived timeouts (their floors) do not fit the window: a very
+        short TURN_LOCK_STALENESS_SECONDS. Turns still stop themselves in time; a lease loop
+        or the stop-button poll may wait longer on a dead connection than the window."""
+        if self.database_connect_timeout_seconds or self.database_statement_timeout_seconds:
+            return None  # set by the operator: checked in ``_workable``
+        connect, statement = self.database_timeouts
+        if connect + statement <= self.database_budget_seconds:
+            return None
+        return (
+            f"database timeouts (connect {connect:g}s, statement {statement:g}s) are longer "
+            f"than {self.database_budget_seconds:g}s ({TURN_SAFE_SHARE:g} x "
+            "TURN_LOCK_STALENESS_SECONDS - TURN_HEARTBEAT_SECONDS): a window this short leaves "
+            "no room for a database call that hangs"
+        )
+
     def is_admin(self, team: str, user: str) -> bool:
         """``T…:U…`` entries name a user of one workspace; a bare ``U…`` (one workspace only)
         any workspace's user of that id."""
@@ -208,6 +256,22 @@ class Settings(BaseSettings):
                 f"TURN_LOCK_STALENESS_SECONDS ({self.turn_lock_staleness_seconds:g}); "
                 "use at most half of it"
             )
+        if self.database_connect_timeout_seconds or self.database_statement_timeout_seconds:
+            connect, statement = self.database_timeouts
+            budget = self.database_budget_seconds
+            if connect + statement > budget:
+                name = (
+                    "DATABASE_STATEMENT_TIMEOUT_SECONDS"
+                    if self.database_statement_timeout_seconds
+                    else "DATABASE_CONNECT_TIMEOUT_SECONDS"
+                )
+                raise ValueError(
+                    f"{name}: connect ({connect:g}s) and statement ({statement:g}s) timeouts "
+                    f"together exceed {budget:g}s ({TURN_SAFE_SHARE:g} x "
+                    "TURN_LOCK_STALENESS_SECONDS - TURN_HEARTBEAT_SECONDS): a lease renewal "
+                    "that hangs to its limit would leave no time for the next before another "
+                    "replica may take the work over"
+                )
         bare = [a for a in self.admin_user_ids if ":" not in a]
         if bare and (self.slack_client_id or self.slack_client_secret):
             # With OAuth several workspaces install the app, and a user id is only unique

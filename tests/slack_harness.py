@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -70,8 +71,13 @@ def free_port() -> int:
 class ServeProcess:
     """``python -m bot serve`` as a child process with the given environment."""
 
-    def __init__(self, database_url: str, slack: SlackStandIn, **env: Any) -> None:
+    def __init__(
+        self, database_url: str, slack: SlackStandIn, *, log: Path | None = None, **env: Any
+    ) -> None:
+        """``log``: its output goes to that file (read any time with ``logged``) instead of
+        a pipe read at the end (a process that logs much while a test waits would fill it)."""
         self.port = free_port()
+        self.log = log
         self.url = f"http://127.0.0.1:{self.port}"
         values = {
             "DATABASE_URL": database_url,
@@ -90,13 +96,19 @@ class ServeProcess:
             for k, v in os.environ.items()
             if not k.startswith(("SLACK_", "OPENAI_", "ANTHROPIC_", "MODEL_"))
         }
+        sink = None if log is None else log.open("a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bot", "serve"],
             env={**clean, **values, "PYTHONPATH": str(ROOT)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE if log is None else subprocess.DEVNULL,
+            stderr=subprocess.PIPE if sink is None else sink,
             text=True,
         )
+        if sink is not None:
+            sink.close()  # the child has its own
+
+    def logged(self) -> str:
+        return "" if self.log is None else self.log.read_text()
 
     async def ready(self, within: float = 30.0) -> None:
         deadline = time.monotonic() + within
@@ -115,7 +127,7 @@ class ServeProcess:
         if self.proc.poll() is None:
             return ""
         out, err = self.proc.communicate()
-        return out + err
+        return (out or "") + (err or "") + self.logged()
 
     def terminate(self) -> None:
         if self.proc.poll() is None:
@@ -140,7 +152,7 @@ class ServeProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         out, err = self.proc.communicate()
-        return out + err
+        return (out or "") + (err or "") + self.logged()
 
 
 OAUTH = {

@@ -16,7 +16,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text as sql
 
-from bench.tcp_proxy import TcpProxy
 from bot.gc_tuning import FULL_COLLECTION_AFTER, tune_garbage_collection
 from core.errors import DatabaseError
 from core.messages import message_text
@@ -24,6 +23,7 @@ from core.storage.engine import create_database
 from core.storage.sessions import SessionStore
 from core.testing.openai import GatedModel
 from core.testing.slack import SlackClient, SlackStandIn
+from core.testing.tcp_proxy import TcpProxy
 from tests.helpers import ROOT
 from tests.slack_harness import ServeProcess, running_bot
 from tests.test_delivery import TerminalTurn, transcript

@@ -20,6 +20,7 @@ tool output that dominates long sessions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from core.agent.compaction import Summariser, checkpoint_message, compact, parse
 from core.agent.model_choice import ProviderCache, ResolvedModel, resolve_model
 from core.agent.summariser import model_summariser
 from core.agent.turn import Turn, run_turn
-from core.errors import ModelProviderError, SlackAgentError
+from core.errors import DatabaseError, ModelProviderError, SlackAgentError
 from core.messages import Message, new_message_id
 from core.providers.base import TextDelta, ToolCall, ToolSpec
 from core.providers.uimessages import (
@@ -235,7 +236,8 @@ class Agent:
                 # Stopped (a shutdown past its grace, a stop button, a lost lock): what the
                 # commands already did to the sandbox is kept with the partial answer.
                 turn.partial = answer.message()
-                turn.partial_snapshot = await self._snapshot(sandbox)
+                with contextlib.suppress(DatabaseError):  # maybe what stopped the turn (§6.12)
+                    turn.partial_snapshot = await self._snapshot(sandbox)
                 raise
             await emit(ModelDone())
             metadata: dict[str, Any] = {}

@@ -13,10 +13,12 @@ module per concern holds that concern's statements (``sessions``, ``transcript``
 
 from __future__ import annotations
 
+import logging
+
 from core.settings import Settings
 from core.storage.custom_providers import CustomProviders
 from core.storage.deliveries import Deliveries
-from core.storage.engine import Database, create_database
+from core.storage.engine import Database, DatabaseTimeouts, create_database
 from core.storage.feedback import Feedback
 from core.storage.migrate import upgrade
 from core.storage.retention import Retention, RetentionPolicy
@@ -24,6 +26,8 @@ from core.storage.sessions import SessionStore
 from core.storage.snapshots import Snapshots
 from core.storage.surface_state import SURFACE_SWEEPS, SurfaceState
 from core.storage.sweeper import SweepReport, sweep
+
+log = logging.getLogger(__name__)
 
 
 class Storage:
@@ -44,11 +48,16 @@ class Storage:
 
     @classmethod
     def open(cls, settings: Settings, *, pool_size: int = 10) -> Storage:
-        """The database ``DATABASE_URL`` names (nothing is connected until first used)."""
+        """The database ``DATABASE_URL`` names (nothing is connected until first used), every
+        call bounded by the timeouts the settings choose from the staleness window."""
+        warning = settings.database_timeout_warning()
+        if warning:
+            log.warning("%s", warning)
         db = create_database(
             settings.database_url,
             pool_size=pool_size,
             synchronous_commit=settings.postgres_synchronous_commit,
+            timeouts=timeouts_of(settings),
         )
         return cls(db, settings)
 
@@ -86,6 +95,11 @@ class Storage:
 
     async def dispose(self) -> None:
         await self._db.dispose()
+
+
+def timeouts_of(settings: Settings) -> DatabaseTimeouts:
+    connect, statement = settings.database_timeouts
+    return DatabaseTimeouts(connect=connect, statement=statement)
 
 
 __all__ = [

@@ -78,6 +78,9 @@ class SessionStore(TranscriptOperations):
         self.staleness_seconds = float(staleness_seconds)
         self.temporary_ttl_hours = float(temporary_ttl_hours)
         self._held = _HeldLeases(self.staleness_seconds)
+        # Sessions whose turn here ended without the database confirming its release (it was
+        # unreachable): their token, which this process's next claim may take back at once.
+        self._abandoned: dict[int, str] = {}
         self._claiming = _KeyedLocks()
         self.snapshots = Snapshots(db)
         self.custom_providers = CustomProviders(db)
@@ -300,6 +303,7 @@ class SessionStore(TranscriptOperations):
                 self._held.refuse_if_live(session_id)
                 lease = await self._claim(session_id, user_message, last_message_id, model)
                 self._held.confirm(lease)
+                self._abandoned.pop(session_id, None)
         except AgentSessionBusy:
             metrics.TURN_REFUSALS.labels("busy").inc()
             raise
@@ -324,6 +328,7 @@ class SessionStore(TranscriptOperations):
             "takeover_token": TAKEOVER_MARK + token[1:],
             "staleness": self.staleness_seconds,
             "title": None,
+            "abandoned": self._abandoned.get(session_id),
         }
         if user_message is not None:
             validate_message(user_message)
@@ -371,6 +376,15 @@ class SessionStore(TranscriptOperations):
             f"not {last_message_id}",
             actual_last_message_id=actual,
         )
+
+    def abandon(self, lease: TurnLease) -> None:
+        """The lease's turn ended here but its release did not reach the database: its lock
+        stays set there until the window passes. The turn is over, so this process's next
+        claim of the session may take that lock back at once (its own retry of the message
+        must not be refused as busy by a turn that no longer runs). Another process still
+        waits for the window."""
+        self._held.forget(lease)
+        self._abandoned[lease.session_id] = lease.token
 
     async def heartbeat(self, lease: TurnLease) -> None:
         await self._fenced_write(lease, [], release=False)
