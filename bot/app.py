@@ -151,7 +151,9 @@ def build_app(
         if not body_text and not files:
             return
         post = Post(team, channel, thread_ts or ts, ts, user, surface)
-        await _receive(worker, post, body_text, client, files, stray=stray)
+        await _receive(
+            worker, post, body_text, client, files, stray=stray, enterprise=context.enterprise_id
+        )
 
     app.event("message")(on_message)
     app.event("app_mention")(on_message)
@@ -315,15 +317,18 @@ async def _receive(
     files: list[SharedFile],
     *,
     stray: bool,
+    enterprise: str | None = None,
 ) -> None:
-    """A message for the agent becomes a delivery record (before the acknowledgement)."""
+    """A message for the agent becomes a delivery record (before the acknowledgement).
+    ``enterprise``: the Enterprise Grid org, so a take-over finds an org-wide install."""
+    extra: dict[str, Any] = {"enterprise": enterprise} if enterprise else {}
     await worker.receive(
         event_key=post.ref,
         thread_key=post.thread,
         author=post.user,
         message_id=slack_message_id(post.team, post.channel, post.ts),
         text=body,
-        context={**post.context(), "files": [f.as_dict() for f in files]},
+        context={**post.context(), **extra, "files": [f.as_dict() for f in files]},
         client=client,
         stray=stray,
     )

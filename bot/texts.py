@@ -376,5 +376,6 @@ def file_refused(name: str, reason: str, limit: int) -> str:
     why = {
         "too_big": f"it is larger than the {limit / 1_000_000:g} MB this app copies",
         "no_access": "Slack would not hand it over (the app needs the files:read permission)",
+        "not_slack": "it is not stored on Slack's file servers",
     }.get(reason, "Slack could not deliver it just now")
     return f"I couldn't copy *{_quote(name, 100)}* into my sandbox: {why}."

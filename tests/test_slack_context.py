@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from aiohttp import web
+
 from bot import texts as text
+from bot.files import slack_hosted
 from core.messages import message_text
 from core.providers.base import UserMessage
 from core.providers.uimessages import ui_to_chat
@@ -143,3 +146,52 @@ async def test_app_context__the_channel_the_person_looks_at_goes_with_their_mess
     assert session is not None
     (first, _) = await store.messages(session.id)
     assert "<#C0LOOK>" in first.message["metadata"]["context"]
+
+
+async def test_file__on_a_host_that_is_not_slacks_gets_no_token_and_no_request(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    # A payload's file object can name any URL: the bot token goes to Slack's hosts only.
+    asked: list[dict[str, str]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        asked.append(dict(request.headers))
+        return web.Response(body=b"elsewhere", content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/{name}", record)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+            foreign = shared(slack, "leak.txt", b"from slack")
+            foreign["url_private_download"] = f"http://127.0.0.1:{port}/leak.txt"
+            root = await client.message("$ cat files/leak.txt", mention=True, files=[foreign])
+            await slack.wait_for(lambda: slack.named("chat.stopStream"))
+    finally:
+        await runner.cleanup()
+    assert asked == []
+    assert [c.text for c in slack.ephemerals()] == [
+        text.file_refused("leak.txt", "not_slack", 10_000_000)
+    ]
+    assert "elsewhere" not in (await answers(store, root))[0]
+
+
+def test_file__slacks_own_hosts_and_the_configured_api_host_are_trusted() -> None:
+    api = "http://127.0.0.1:9000/api/"
+    assert slack_hosted("https://files.slack.com/files-pri/T1-F1/a.txt", api)
+    assert slack_hosted("https://files.slack-gov.com/files-pri/T1-F1/a.txt", api)
+    assert slack_hosted("http://127.0.0.1:9000/files/a.txt", api)
+    for url in (
+        "http://files.slack.com/files-pri/T1-F1/a.txt",  # not over HTTPS
+        "https://files.slack.com.evil.example/a.txt",
+        "https://files.slack.com:8443/a.txt",
+        "https://evil.example/files.slack.com/a.txt",
+        "http://127.0.0.1:9001/files/a.txt",
+        "not a url",
+        "",
+    ):
+        assert not slack_hosted(url, api), url
