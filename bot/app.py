@@ -31,7 +31,7 @@ from bot.files import SharedFile, shared_files
 from bot.post import Post, external_user, thread_key
 from bot.shortcuts import Shortcuts
 from bot.tasks import BackgroundWork
-from bot.web import web_client
+from bot.web import observed, web_client
 from core.conversation import Conversations
 from core.conversation.surface import ClickAnswer
 from core.conversation.worker import DeliveryWorker
@@ -96,6 +96,15 @@ def build_app(
             return BoltResponse(status=400, body="malformed payload")
         log.error("request failed", exc_info=error)
         return BoltResponse(status=500, body="")
+
+    @app.middleware
+    async def observed_client(
+        context: AsyncBoltContext, next: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Listeners' Web API calls are counted in ``/metrics`` like every other call: Bolt
+        hands each request a plain client of its own (``bot.web.observed``)."""
+        context["client"] = observed(context.client)
+        await next()
 
     @app.middleware
     async def same_workspace_only(

@@ -236,6 +236,20 @@ def compact_started(by_user: str) -> str:
     return f":hourglass_flowing_sand: <@{by_user}> started compacting this conversation…"
 
 
+def compact_nothing_of_yours() -> str:
+    return (
+        "I found no conversation of yours to compact at that link. Use a link to a thread "
+        "you started with me (or the picker: /compact without a link)."
+    )
+
+
+def compact_failed(code: str) -> str:
+    return (
+        f":warning: I couldn't compact this conversation ({code}); nothing was changed. "
+        "Try again in a moment."
+    )
+
+
 def compact_bad_link() -> str:
     return (
         "I couldn't read that thread link. Copy it with *Copy link* on the thread's first message."

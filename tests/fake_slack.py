@@ -215,8 +215,8 @@ class FakeSlack(_Server):
             args = dict(request.query)
         elif request.content_type == "application/json":
             args = dict(await request.json())
-        else:
-            args = dict(await request.post())
+        else:  # slack_sdk sends some methods' arguments in the query string (chat.delete)
+            args = {**request.query, **dict(await request.post())}
         for key in ("blocks", "metadata", "view"):
             if isinstance(args.get(key), str):
                 args[key] = json.loads(args[key])

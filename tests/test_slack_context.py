@@ -4,15 +4,20 @@ readable), the thread before the agent was mentioned, and what the person is loo
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from bot import texts as text
 from bot.files import slack_hosted
+from core.errors import ConfigError
 from core.messages import message_text
 from core.providers.base import UserMessage
 from core.providers.uimessages import ui_to_chat
+from core.sandbox.shell import BASHKIT_MAX_FILE_BYTES, Sandbox, SandboxLimits
+from core.settings import SANDBOX_MAX_FILE_BYTES, load_settings
 from core.storage.sessions import SessionStore
 from tests.fake_slack import FakeSlack, SlackClient, rewind
 from tests.slack_harness import running_bot
@@ -195,3 +200,34 @@ def test_file__slacks_own_hosts_and_the_configured_api_host_are_trusted() -> Non
         "",
     ):
         assert not slack_hosted(url, api), url
+
+
+async def test_file__more_than_the_sandbox_holds_is_refused_with_a_note_and_the_rest_kept(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        # A session near its state cap: room for the small file, not for both.
+        agent = bot.bot.runtime.agent
+        room = Sandbox.new().state_bytes() + 4000
+        agent.config = replace(agent.config, sandbox_limits=SandboxLimits(max_state_bytes=room))
+        small = shared(slack, "small.txt", b"kept words\n")
+        big = shared(slack, "big.bin", b"x" * 8000, "application/octet-stream")
+        root = await client.message("$ ls files", mention=True, files=[small, big])
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        await client.message("$ cat files/small.txt", thread_ts=root)
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    first, second = await answers(store, root)
+    assert "small.txt" in first
+    assert "big.bin" not in first.replace("/home/user/files/big.bin was not copied", "")
+    assert "/home/user/files/big.bin was not copied into the sandbox" in slack.shown(root)
+    assert "kept words" in second  # the message's snapshot was kept, small file and all
+
+
+def test_max_file_bytes__bounded_by_what_the_sandbox_holds_in_one_file() -> None:
+    assert SANDBOX_MAX_FILE_BYTES == BASHKIT_MAX_FILE_BYTES
+    with pytest.raises(ConfigError) as refused:
+        load_settings(max_file_bytes=25_000_000)
+    assert refused.value.message == (
+        "MAX_FILE_BYTES: 25000000 is more than the sandbox holds in one file (10000000); "
+        "use at most that"
+    )
