@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_STREAMS = 20  # the thread messages after a taken-over one searched for a stream left open
 
-ClientFor = Callable[[str], Awaitable[AsyncWebClient | None]]
+# A workspace's client: its team id, and its Enterprise Grid org's id when it has one.
+ClientFor = Callable[[str, str | None], Awaitable[AsyncWebClient | None]]
 
 
 class ThreadAnswers:
@@ -74,7 +75,10 @@ class ThreadAnswers:
     # -- DeliverySurface ------------------------------------------------------------------------
 
     async def client_for(self, record: DeliveryRecord) -> AsyncWebClient | None:
-        return await self._client_for_team(str(record.context.get("team", "")))
+        enterprise = record.context.get("enterprise")
+        return await self._client_for_team(
+            str(record.context.get("team", "")), enterprise if isinstance(enterprise, str) else None
+        )
 
     async def tell(self, record: DeliveryRecord, client: AsyncWebClient, notice: Waiting) -> None:
         words: dict[Waiting, Callable[[], str]] = {
@@ -163,7 +167,13 @@ class ThreadAnswers:
         shared = [SharedFile.from_dict(f) for f in record.context.get("files") or []]
         if shared:
             token = client.token if isinstance(client.token, str) else None
-            await context.fetch_files(shared, token, self.settings.max_file_bytes, gathered)
+            await context.fetch_files(
+                shared,
+                token,
+                self.settings.max_file_bytes,
+                self.settings.slack_api_url,
+                gathered,
+            )
             for refused in gathered.refused:
                 await tell(
                     client,

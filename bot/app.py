@@ -31,7 +31,7 @@ from bot.files import SharedFile, shared_files
 from bot.post import Post, external_user, thread_key
 from bot.shortcuts import Shortcuts
 from bot.tasks import BackgroundWork
-from bot.web import web_client
+from bot.web import observed, web_client
 from core.conversation import Conversations
 from core.conversation.surface import ClickAnswer
 from core.conversation.worker import DeliveryWorker
@@ -98,6 +98,15 @@ def build_app(
         return BoltResponse(status=500, body="")
 
     @app.middleware
+    async def observed_client(
+        context: AsyncBoltContext, next: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Listeners' Web API calls are counted in ``/metrics`` like every other call: Bolt
+        hands each request a plain client of its own (``bot.web.observed``)."""
+        context["client"] = observed(context.client)
+        await next()
+
+    @app.middleware
     async def same_workspace_only(
         context: AsyncBoltContext, body: dict[str, Any], next: Callable[[], Awaitable[None]]
     ) -> BoltResponse | None:
@@ -151,7 +160,9 @@ def build_app(
         if not body_text and not files:
             return
         post = Post(team, channel, thread_ts or ts, ts, user, surface)
-        await _receive(worker, post, body_text, client, files, stray=stray)
+        await _receive(
+            worker, post, body_text, client, files, stray=stray, enterprise=context.enterprise_id
+        )
 
     app.event("message")(on_message)
     app.event("app_mention")(on_message)
@@ -315,15 +326,18 @@ async def _receive(
     files: list[SharedFile],
     *,
     stray: bool,
+    enterprise: str | None = None,
 ) -> None:
-    """A message for the agent becomes a delivery record (before the acknowledgement)."""
+    """A message for the agent becomes a delivery record (before the acknowledgement).
+    ``enterprise``: the Enterprise Grid org, so a take-over finds an org-wide install."""
+    extra: dict[str, Any] = {"enterprise": enterprise} if enterprise else {}
     await worker.receive(
         event_key=post.ref,
         thread_key=post.thread,
         author=post.user,
         message_id=slack_message_id(post.team, post.channel, post.ts),
         text=body,
-        context={**post.context(), "files": [f.as_dict() for f in files]},
+        context={**post.context(), **extra, "files": [f.as_dict() for f in files]},
         client=client,
         stray=stray,
     )

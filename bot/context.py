@@ -86,13 +86,13 @@ def viewing(context: dict[str, Any] | None) -> str | None:
 
 
 async def fetch_files(
-    files: list[SharedFile], token: str | None, max_bytes: int, gathered: Gathered
+    files: list[SharedFile], token: str | None, max_bytes: int, api_url: str, gathered: Gathered
 ) -> None:
     """Download the message's files for the sandbox; note where they are for the agent."""
     taken: set[str] = set()
     placed: list[str] = []
     for file in files:
-        fetched = await fetch(file, token, max_bytes)
+        fetched = await fetch(file, token, max_bytes, api_url)
         if fetched.data is None:
             gathered.refused.append(fetched)
             continue

@@ -158,11 +158,20 @@ class Bot:
         if self.http is not None:
             await self.http.close()
 
-    async def client_for(self, team: str) -> AsyncWebClient | None:
-        """A Web API client for a workspace (for records taken over outside any request)."""
+    async def client_for(self, team: str, enterprise: str | None = None) -> AsyncWebClient | None:
+        """A Web API client for a workspace (for records taken over outside any request).
+
+        In an Enterprise Grid org (``enterprise``) the app is installed either in the
+        workspace itself or once for the whole org; slack_sdk stores an org-wide install
+        without a team, so that is looked up second, as Bolt's own authorisation does."""
         if self.installs is None:
             return self.app.client
-        bot = await self.installs.installations.async_find_bot(enterprise_id=None, team_id=team)
+        store = self.installs.installations
+        bot = await store.async_find_bot(enterprise_id=enterprise, team_id=team)
+        if bot is None and enterprise:
+            bot = await store.async_find_bot(
+                enterprise_id=enterprise, team_id=None, is_enterprise_install=True
+            )
         if bot is None or not bot.bot_token:
             return None
         return web_client(self.settings, bot.bot_token, self.http)

@@ -236,6 +236,20 @@ def compact_started(by_user: str) -> str:
     return f":hourglass_flowing_sand: <@{by_user}> started compacting this conversation…"
 
 
+def compact_nothing_of_yours() -> str:
+    return (
+        "I found no conversation of yours to compact at that link. Use a link to a thread "
+        "you started with me (or the picker: /compact without a link)."
+    )
+
+
+def compact_failed(code: str) -> str:
+    return (
+        f":warning: I couldn't compact this conversation ({code}); nothing was changed. "
+        "Try again in a moment."
+    )
+
+
 def compact_bad_link() -> str:
     return (
         "I couldn't read that thread link. Copy it with *Copy link* on the thread's first message."
@@ -376,5 +390,6 @@ def file_refused(name: str, reason: str, limit: int) -> str:
     why = {
         "too_big": f"it is larger than the {limit / 1_000_000:g} MB this app copies",
         "no_access": "Slack would not hand it over (the app needs the files:read permission)",
+        "not_slack": "it is not stored on Slack's file servers",
     }.get(reason, "Slack could not deliver it just now")
     return f"I couldn't copy *{_quote(name, 100)}* into my sandbox: {why}."

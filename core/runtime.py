@@ -29,15 +29,18 @@ class Runtime:
         cls, settings: Settings, *, migrate: bool = True, pool_size: int = 10
     ) -> Runtime:
         """Everything, with the database brought to the newest schema first (``migrate``;
-        the operator's commands that only read or set values skip it)."""
+        the operator's commands that only read or set values skip it), and the model
+        configuration checked (``ProviderCache.check``): a turn could not run without it."""
         storage = Storage.open(settings, pool_size=pool_size)
         try:
             if migrate:
                 await storage.migrate()
+            runtime = cls.on(settings, storage)
+            await runtime.providers.check(storage.sessions.custom_providers)
         except BaseException:
             await storage.dispose()
             raise
-        return cls.on(settings, storage)
+        return runtime
 
     @classmethod
     def on(cls, settings: Settings, storage: Storage) -> Runtime:

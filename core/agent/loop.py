@@ -69,6 +69,30 @@ SYSTEM_PROMPT = (
 
 
 COMPACTED_NOTICE = "The conversation was long, so it was compacted into a checkpoint first."
+# A shared file the sandbox could not hold (``Sandbox.add_files``): the person sees it, and the
+# model reads it beside the message whose context said where the file would be.
+FILE_NOT_COPIED = (
+    "{path} was not copied into the sandbox: it does not fit (the sandbox's limit per file or "
+    "in total). Remove files to make room, or share a smaller one."
+)
+
+
+def _told(history: list[Message], notes: Sequence[str]) -> list[Message]:
+    """``history`` with ``notes`` added to the context of its last user message (this turn's),
+    for the model only: the stored message keeps what the surface wrote."""
+    if not notes:
+        return history
+    for i in range(len(history) - 1, -1, -1):
+        message = history[i]
+        if message.get("role") != "user":
+            continue
+        metadata = dict(message.get("metadata") or {})
+        context = metadata.get("context")
+        metadata["context"] = "\n\n".join(
+            [*([context] if isinstance(context, str) and context else []), *notes]
+        )
+        return [*history[:i], {**message, "metadata": metadata}, *history[i + 1 :]]
+    return history
 
 
 @dataclass(frozen=True)
@@ -219,8 +243,10 @@ class Agent:
             sandbox = await Sandbox.open(
                 await self.store.snapshots.load(session_id), self.config.sandbox_limits
             )
-            if files:
-                sandbox.add_files(files)
+            refused = sandbox.add_files(files) if files else []
+            for path in refused:
+                notices.append(FILE_NOT_COPIED.format(path=path))
+                await emit(Notice(notices[-1]))
             compacted = False
             error: ModelProviderError | None = None
             try:
@@ -228,7 +254,14 @@ class Agent:
                 if compacted:
                     notices.append(COMPACTED_NOTICE)
                     await emit(Notice(COMPACTED_NOTICE))
-                await self._loop(turn, model, sandbox, answer, emit)
+                await self._loop(
+                    turn,
+                    model,
+                    sandbox,
+                    answer,
+                    emit,
+                    notes=notices[-len(refused) :] if refused else [],
+                )
             except ModelProviderError as exc:
                 error = exc
                 turn.outcome = "model_error"
@@ -264,8 +297,10 @@ class Agent:
         sandbox: Sandbox,
         answer: _Answer,
         emit: OnEvent,
+        *,
+        notes: Sequence[str] = (),
     ) -> None:
-        history = [m.message for m in await turn.history()]
+        history = _told([m.message for m in await turn.history()], notes)
         for round_ in range(self.config.max_tool_rounds + 1):
             tools = [SHELL] if round_ < self.config.max_tool_rounds else []
             conversation = ui_to_chat(

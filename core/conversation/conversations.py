@@ -420,8 +420,8 @@ class Conversation:
         if located is None or located[0] != self.id:
             return None
         target = located[1]
-        later = await self.store.messages(self.id, after_position=target.position)
-        leaving = len(later) + (1 if target.returns_as_draft else 0)
+        later = await self.store.count_after(self.id, target.position)
+        leaving = later + (1 if target.returns_as_draft else 0)
         return RewindPlan(leaving, target.returns_as_draft)
 
     async def rewind(self, message_id: str, actor: Actor) -> Rewound:

@@ -263,8 +263,8 @@ class SlackStandIn(LocalServer):
             args: dict[str, Any] = dict(request.query)
         elif request.content_type == "application/json":
             args = dict(await request.json())
-        else:
-            args = dict(await request.post())
+        else:  # slack_sdk sends some methods' arguments in the query string (chat.delete)
+            args = {**request.query, **dict(await request.post())}
         for key in ("blocks", "metadata", "view", "chunks"):
             if isinstance(args.get(key), str):
                 args[key] = json.loads(args[key])
