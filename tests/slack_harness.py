@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from bot.intake import IntakeThread
 from bot.service import Bot
 from core.settings import load_settings
 from tests.fake_slack import SIGNING_SECRET, FakeSlack
@@ -48,11 +49,23 @@ def bot_settings(database_url: str, slack: FakeSlack, **overrides: Any) -> dict[
 
 @contextlib.asynccontextmanager
 async def running_bot(
-    database_url: str, slack: FakeSlack, **overrides: Any
+    database_url: str, slack: FakeSlack, *, intake: bool = False, **overrides: Any
 ) -> AsyncIterator[RunningBot]:
+    """``intake``: Slack's requests served from the intake's own thread and loop, as ``serve``
+    does (``bot.intake``); otherwise on this loop (the test's), as the demo does."""
     bot = await Bot.open(load_settings(**bot_settings(database_url, slack, **overrides)))
     bot.answers.pacer.base = 0.05
     bot.start()
+    if intake:
+        thread = IntakeThread(bot, "127.0.0.1", 0, events=True)
+        thread.start()
+        try:
+            await thread.started()
+            yield RunningBot(f"http://127.0.0.1:{thread.bound_port}", bot)
+        finally:
+            await thread.stop()
+            await bot.close()
+        return
     runner = web.AppRunner(bot.web_app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
