@@ -30,6 +30,12 @@ log = logging.getLogger(__name__)
 
 # The log line that says a saturated replica left messages for the others, at most this often.
 SHED_LOG_SECONDS = 5.0
+# A thread found known (a session, or a recorded message) is remembered this long, so the
+# follow-ups of a conversation are recorded without reading the database first: a thread stays
+# known unless its session is deleted, and then for at most this long a message in it is taken
+# as a follow-up (answered) instead of kept as a stray.
+KNOWN_SECONDS = 600.0
+KNOWN_MOST = 100_000  # threads remembered at most (the oldest forgotten first)
 
 
 class Intake:
@@ -57,13 +63,28 @@ class Intake:
         self._shed = 0  # messages left for other replicas since the last log line
         self._shed_logged = 0.0
         self._lock = threading.Lock()
+        self._known: dict[str, float] = {}  # thread -> when it was last found known
 
     async def known_thread(self, thread: str) -> bool:
         """A session thread, or one whose first message was recorded a moment ago (its
-        session may not exist yet when a quick follow-up arrives)."""
-        if await self.conversations.find(thread) is not None:
+        session may not exist yet when a quick follow-up arrives). Remembered for
+        ``KNOWN_SECONDS``: an acknowledgement of a follow-up then reads nothing."""
+        seen = self._known.get(thread)
+        if seen is not None and time.monotonic() - seen < KNOWN_SECONDS:
             return True
-        return await self.deliveries.thread_known(thread)
+        known = await self.conversations.find(thread) is not None or (
+            await self.deliveries.thread_known(thread)
+        )
+        if known:
+            self._remember(thread)
+        return known
+
+    def _remember(self, thread: str) -> None:
+        known = self._known
+        known.pop(thread, None)
+        known[thread] = time.monotonic()
+        if len(known) > KNOWN_MOST:
+            del known[next(iter(known))]  # insertion order: the least recently found
 
     async def receive(
         self,
@@ -98,6 +119,8 @@ class Intake:
             owned=keep and not shed,
             stray=stray,
         )
+        if not stray:
+            self._remember(thread_key)  # recorded (now or before): its thread is known
         if record is None:
             log.debug("message %s already recorded", event_key)
         elif stray:
