@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from slack_bolt.async_app import AsyncApp
@@ -59,16 +59,33 @@ class _TokenFromClient(logging.Filter):
 logging.getLogger("slack_bolt.AsyncApp").addFilter(_TokenFromClient())
 
 
-def build_app(
+class Receiver(Protocol):
+    """What the message listener records a message with: the delivery worker itself (on its
+    loop), or the intake on a loop of its own (``bot.intake``)."""
+
+    async def known_thread(self, thread: str) -> bool: ...
+
+    async def receive(
+        self,
+        *,
+        event_key: str,
+        thread_key: str,
+        author: str,
+        message_id: str,
+        text: str,
+        context: dict[str, Any],
+        client: AsyncWebClient,
+        stray: bool = False,
+    ) -> None: ...
+
+
+def bolt_app(
     settings: Settings,
-    conversations: Conversations,
-    worker: DeliveryWorker[AsyncWebClient],
-    actions: Shortcuts,
-    background: BackgroundWork,
     *,
     oauth_settings: AsyncOAuthSettings | None = None,
     http_session: aiohttp.ClientSession | None = None,
 ) -> AsyncApp:
+    """A Bolt app with the error handler and middleware every one of ours has, no listeners."""
     multi = oauth_settings is not None
     app = AsyncApp(
         client=web_client(settings, None if multi else settings.slack_bot_token, http_session),
@@ -120,6 +137,12 @@ def build_app(
         await next()
         return None
 
+    return app
+
+
+def add_message_listeners(app: AsyncApp, receiver: Receiver) -> None:
+    """``message`` and ``app_mention``: a message for the agent is recorded (``receiver``)."""
+
     async def on_message(
         event: Any,
         body: dict[str, Any],
@@ -154,18 +177,32 @@ def build_app(
                 # A thread the agent is not in, or one whose first message has not reached
                 # any replica yet: kept a while in case it is the latter
                 # (``core.conversation.worker``).
-                stray = not await worker.known_thread(thread_key(team, channel, thread_ts))
+                stray = not await receiver.known_thread(thread_key(team, channel, thread_ts))
         body_text = _for_the_agent(raw, context.bot_user_id)
         files = shared_files(event)
         if not body_text and not files:
             return
         post = Post(team, channel, thread_ts or ts, ts, user, surface)
         await _receive(
-            worker, post, body_text, client, files, stray=stray, enterprise=context.enterprise_id
+            receiver, post, body_text, client, files, stray=stray, enterprise=context.enterprise_id
         )
 
     app.event("message")(on_message)
     app.event("app_mention")(on_message)
+
+
+def build_app(
+    settings: Settings,
+    conversations: Conversations,
+    worker: DeliveryWorker[AsyncWebClient],
+    actions: Shortcuts,
+    background: BackgroundWork,
+    *,
+    oauth_settings: AsyncOAuthSettings | None = None,
+    http_session: aiohttp.ClientSession | None = None,
+) -> AsyncApp:
+    app = bolt_app(settings, oauth_settings=oauth_settings, http_session=http_session)
+    add_message_listeners(app, worker)
 
     @app.event("agent_session_stopped")
     async def on_stopped(event: Any, body: dict[str, Any]) -> None:
@@ -319,7 +356,7 @@ def _shortcut(
 
 
 async def _receive(
-    worker: DeliveryWorker[AsyncWebClient],
+    worker: Receiver,
     post: Post,
     body: str,
     client: AsyncWebClient,

@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from bot.intake import IntakeThread
 from bot.service import Bot
 from core.settings import load_settings
 from core.testing.server import serve_app
@@ -49,11 +50,23 @@ def bot_settings(database_url: str, slack: SlackStandIn, **overrides: Any) -> di
 
 @contextlib.asynccontextmanager
 async def running_bot(
-    database_url: str, slack: SlackStandIn, **overrides: Any
+    database_url: str, slack: SlackStandIn, *, intake: bool = False, **overrides: Any
 ) -> AsyncIterator[RunningBot]:
+    """``intake``: Slack's requests served from the intake's own thread and loop, as ``serve``
+    does (``bot.intake``); otherwise on this loop (the test's), as the demo does."""
     bot = await Bot.open(load_settings(**bot_settings(database_url, slack, **overrides)))
     bot.answers.pacer.base = 0.05
     bot.start()
+    if intake:
+        thread = IntakeThread(bot, "127.0.0.1", 0, events=True)
+        thread.start()
+        try:
+            await thread.started()
+            yield RunningBot(f"http://127.0.0.1:{thread.bound_port}", bot)
+        finally:
+            await thread.stop()
+            await bot.close()
+        return
     runner, url = await serve_app(bot.web_app())
     try:
         yield RunningBot(url, bot)
