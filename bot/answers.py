@@ -26,6 +26,7 @@ from bot.context import Gathered
 from bot.files import SharedFile
 from bot.post import Post, external_user, thread_key
 from bot.reply import SLACK_FAILURES, ReplyStream, StreamPacer
+from core.agent.accounting import Payer
 from core.agent.loop import Notice, TextChunk, ToolFinished, ToolStarted, TurnStarted
 from core.conversation import (
     REFRESH_LAST,
@@ -35,6 +36,7 @@ from core.conversation import (
     Conversation,
     ConversationEvent,
     Conversations,
+    OverBudget,
     PickingUp,
     Refreshed,
     Stale,
@@ -43,10 +45,11 @@ from core.conversation import (
 )
 from core.conversation.surface import Notice as Waiting
 from core.conversation.surface import Outcome, Progress
-from core.errors import AgentSessionLockLost, TurnInterrupted
+from core.errors import AgentSessionBudgetExceeded, AgentSessionLockLost, TurnInterrupted
 from core.messages import message_text
 from core.settings import Settings
 from core.storage.deliveries import DeliveryRecord
+from core.usage.budgets import refused_budget, resets_text
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +141,7 @@ class ThreadAnswers:
             message_id=record.message_id,
             ref=post.ref,
             metadata={"slack_user": post.user},
+            payer=Payer(external_user(post.team, post.user), post.team),
             context=gathered.context,
             files=gathered.files,
             resume=resumed,
@@ -259,6 +263,14 @@ class ThreadAnswers:
         if isinstance(outcome, Stale):
             await self._post_refresh(client, post, outcome.unseen)
             return Outcome.STALE
+        if isinstance(outcome, OverBudget):
+            refusal = outcome.refusal
+            await tell(
+                client,
+                post,
+                text.over_budget(refused_budget(refusal).describe(), resets_text(refusal)),
+            )
+            return Outcome.ANSWERED
         if isinstance(outcome, AlreadyAnswered):
             if outcome.answer is not None:
                 # Answered before the replica died; its reply may not have been finished.
@@ -273,8 +285,13 @@ class ThreadAnswers:
         assert isinstance(outcome, Answered)
         result = outcome.result
         final = stream.text or result.text
-        if result.error is not None:
+        if isinstance(result.error, AgentSessionBudgetExceeded):
+            limit = refused_budget(result.error).describe()
+            final += "\n" + text.budget_ran_out(limit, resets_text(result.error))
+        elif result.error is not None:
             final += "\n" + text.turn_failed(result.error.code)
+        if result.trace_url is not None:
+            final += "\n" + text.trace_link(result.trace_url)
         answer = result.answer
         buttons = text.feedback_blocks(answer.message_id) if answer is not None else None
         # The reply is closed before the bookkeeping below: the answer is stored, so a

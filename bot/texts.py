@@ -95,6 +95,27 @@ def turn_failed(code: str) -> str:
     return f":warning: The model could not finish this reply ({code}). What it wrote is kept."
 
 
+def over_budget(limit: str, resets: str) -> str:
+    """A message refused because its sender is over a spending limit (``BUDGETS``)."""
+    return (
+        f":no_entry: Not sent to the agent: {_quote(limit)} is used up. It resets {resets}; "
+        "your message was not added to the conversation."
+    )
+
+
+def budget_ran_out(limit: str, resets: str) -> str:
+    return (
+        f":no_entry: This reply stopped: {_quote(limit)} ran out while it was written "
+        f"(it resets {resets}). What it wrote is kept."
+    )
+
+
+def trace_link(url: str) -> str:
+    """The finished reply's link to its trace (``TRACE_URL_TEMPLATE``), in the reply's
+    Markdown (the reply is sent as ``markdown_text``)."""
+    return f"[View trace]({url})"
+
+
 def lock_lost() -> str:
     return ":warning: This reply was interrupted: the session was taken over elsewhere."
 

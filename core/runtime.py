@@ -4,17 +4,24 @@
 things made the same way (the database and its stores, the model providers, the agent), so
 they are made here and nowhere else; a surface then asks for its ``Conversations`` and, if it
 receives messages durably, its delivery records.
+
+Usage, budgets and traces are wired here too (``Accounting``): the ledger and the budgets in
+force from the storage, the tracer from the ``OTEL_*``/``TRACE_*`` settings (off, and no
+OpenTelemetry SDK imported, without an endpoint).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
+from core.agent.accounting import Accounting
 from core.agent.loop import Agent, AgentConfig
 from core.agent.model_choice import ProviderCache
 from core.conversation import Conversations
 from core.settings import Settings
 from core.storage import Deliveries, Storage
+from core.tracing.spans import Tracer
 
 
 @dataclass
@@ -23,6 +30,7 @@ class Runtime:
     storage: Storage
     providers: ProviderCache
     agent: Agent
+    tracer: Tracer = field(default_factory=Tracer.off)
 
     @classmethod
     async def open(
@@ -46,6 +54,7 @@ class Runtime:
     def on(cls, settings: Settings, storage: Storage) -> Runtime:
         """The runtime on storage that is already open."""
         providers = ProviderCache(settings)
+        tracer = Tracer.from_settings(settings)
         agent = Agent(
             storage.sessions,
             providers,
@@ -53,8 +62,9 @@ class Runtime:
                 auto_compact_tokens=settings.auto_compact_tokens,
                 heartbeat_seconds=settings.turn_heartbeat_seconds,
             ),
+            accounting=Accounting(storage.usage, storage.budgets, tracer),
         )
-        return cls(settings, storage, providers, agent)
+        return cls(settings, storage, providers, agent, tracer)
 
     def conversations(self, project: str, *, surface: str | None = None) -> Conversations:
         """A surface's conversations: ``project`` names its sessions (``project_name``);
@@ -72,5 +82,7 @@ class Runtime:
         return self.storage.deliveries(surface)
 
     async def close(self) -> None:
+        if self.tracer.enabled:  # flushes what is queued, within a bounded time, off the loop
+            await asyncio.to_thread(self.tracer.shutdown)
         await self.providers.aclose()
         await self.storage.dispose()

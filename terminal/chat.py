@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 
+from core.agent.accounting import Payer
 from core.conversation import (
     Answered,
     Conversation,
@@ -123,7 +124,11 @@ class ChatSession:
             self.conversation = await self.conversations.open(
                 self._new_key(), owner=self.actor, title=text
             )
-        request = TurnRequest(text, metadata={"surface": "terminal", "author": self.operator})
+        request = TurnRequest(
+            text,
+            metadata={"surface": "terminal", "author": self.operator},
+            payer=Payer(self.operator),
+        )
         outcome = await self.conversation.take_turn(request, on_event)
         if isinstance(outcome, Answered) and outcome.result.answer is not None:
             await self.conversation.showed(outcome.result.answer.message_id)

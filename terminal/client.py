@@ -26,9 +26,10 @@ from typing import Any, TypeVar
 from rich.console import Console
 
 from core.agent.loop import Notice, TextChunk, ToolFinished, ToolStarted, TurnStarted
-from core.conversation import Answered, Busy, ConversationEvent, Stale, Unseen
+from core.conversation import Answered, Busy, ConversationEvent, OverBudget, Stale, Unseen
 from core.errors import (
     AgentSessionAlreadyCompact,
+    AgentSessionBudgetExceeded,
     AgentSessionBusy,
     AgentSessionLockLost,
     MessageNotFound,
@@ -36,6 +37,7 @@ from core.errors import (
     TurnInterrupted,
 )
 from core.messages import message_text
+from core.usage.budgets import refused_budget, resets_text
 from terminal import texts as say
 from terminal.chat import ChatSession
 from terminal.lines import LineSource, on_sigint
@@ -219,10 +221,19 @@ class Terminal:
             elif isinstance(outcome, Stale):
                 self.show(outcome.unseen.messages)
                 self.say(say.stale(len(outcome.unseen.messages), outcome.unseen.rewound))
+            elif isinstance(outcome, OverBudget):
+                refusal = outcome.refusal
+                self.say(say.over_budget(refused_budget(refusal).describe(), resets_text(refusal)))
             elif isinstance(outcome, Answered):
                 self.draft = None
-                if outcome.result.error is not None:
-                    self.say(say.turn_failed(outcome.result.error.code))
+                error = outcome.result.error
+                if isinstance(error, AgentSessionBudgetExceeded):
+                    limit = refused_budget(error).describe()
+                    self.say(say.budget_ran_out(limit, resets_text(error)))
+                elif error is not None:
+                    self.say(say.turn_failed(error.code))
+                if outcome.result.trace_url is not None:
+                    self.say(say.trace_link(outcome.result.trace_url))
             return
         if started:
             # The message is in the transcript; only its answer was cut short.

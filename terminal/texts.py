@@ -98,6 +98,18 @@ def turn_failed(reason: str) -> str:
     return f"The reply stopped early ({reason}); what it wrote is kept, marked interrupted."
 
 
+def over_budget(limit: str, resets: str) -> str:
+    return f"Not sent: {limit} is used up; it resets {resets}. Your message was not added."
+
+
+def budget_ran_out(limit: str, resets: str) -> str:
+    return f"The reply stopped: {limit} ran out while it was written (it resets {resets})."
+
+
+def trace_link(url: str) -> str:
+    return f"Trace: {url}"
+
+
 INTERRUPTED = (
     "Interrupted: the partial answer is kept, marked interrupted, and the session is free."
 )

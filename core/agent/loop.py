@@ -21,17 +21,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.agent.accounting import Accounting, Attribution, TurnAccount
 from core.agent.compaction import Summariser, checkpoint_message, compact, parse_checkpoint
 from core.agent.model_choice import ProviderCache, ResolvedModel, resolve_model
 from core.agent.summariser import model_summariser
 from core.agent.turn import Turn, run_turn
-from core.errors import DatabaseError, ModelProviderError, SlackAgentError
-from core.messages import Message, new_message_id
+from core.errors import (
+    AgentSessionBudgetExceeded,
+    DatabaseError,
+    ModelProviderError,
+    SlackAgentError,
+)
+from core.messages import Message, message_text, new_message_id
 from core.providers.base import TextDelta, ToolCall, ToolSpec
 from core.providers.uimessages import (
     step_start_part,
@@ -45,6 +52,7 @@ from core.records import Actor, AnyTail, StoredMessage
 from core.sandbox.shell import Sandbox, SandboxLimits, ShellResult
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import SnapshotRef
+from core.storage.usage import UsageLedger
 
 SHELL = ToolSpec(
     name="shell",
@@ -159,10 +167,18 @@ class TurnResult:
     error: SlackAgentError | None = None
     notices: tuple[str, ...] = ()
     compacted: bool = False
+    trace_url: str | None = None  # TRACE_URL_TEMPLATE's link to this turn's trace
 
     @property
     def interrupted(self) -> bool:
         return self.error is not None
+
+
+def _tool_result(part: dict[str, Any]) -> tuple[str, bool]:
+    """A tool part's result as a trace records it: its output (JSON) or its error text."""
+    if part.get("state") == "output-error":
+        return str(part.get("errorText", "")), True
+    return json.dumps(part.get("output"), ensure_ascii=False), False
 
 
 def estimate_tokens(history: Sequence[StoredMessage]) -> int:
@@ -199,11 +215,20 @@ class Agent:
     """What a surface holds to run turns: the store, the providers and the configuration."""
 
     def __init__(
-        self, store: SessionStore, providers: ProviderCache, config: AgentConfig | None = None
+        self,
+        store: SessionStore,
+        providers: ProviderCache,
+        config: AgentConfig | None = None,
+        *,
+        accounting: Accounting | None = None,
     ) -> None:
         self.store = store
         self.providers = providers
         self.config = config or AgentConfig()
+        # Usage is always recorded; budgets and traces when the runtime configures them.
+        self.accounting = accounting or Accounting(
+            UsageLedger(store.db, staleness_seconds=store.staleness_seconds)
+        )
 
     async def run_turn(
         self,
@@ -213,6 +238,7 @@ class Agent:
         last_message_id: str | AnyTail | None,
         on_event: OnEvent | None = None,
         files: Mapping[str, bytes] | None = None,
+        attribution: Attribution | None = None,
     ) -> TurnResult:
         """One turn.
 
@@ -220,9 +246,36 @@ class Agent:
         ``last_message_id``: a turn resumed after the process running it died; the stale guard
         makes sure nothing was added after it meanwhile. ``files`` (path -> bytes) are put into
         the sandbox before the model runs, so they are part of this turn's snapshot (a rewind
-        to before it removes them).
+        to before it removes them). ``attribution``: who pays (budgets, the usage ledger) and
+        the surface (traces); a payer over a budget is refused at the claim
+        (``AgentSessionBudgetExceeded``, nothing written, no model called).
         """
-        emit = on_event or _ignore
+        account = self.accounting.turn(session_id, attribution)
+        text = ""
+        outcome = "refused"
+        failure: BaseException | None = None
+        try:
+            result = await self._turn(
+                account, session_id, user_message, last_message_id, on_event or _ignore, files
+            )
+            text = result.text
+            outcome = "answered" if result.error is None else result.error.code
+            return dataclasses.replace(result, trace_url=account.trace_url)
+        except BaseException as exc:
+            failure, outcome = exc, str(getattr(exc, "code", type(exc).__name__))
+            raise
+        finally:
+            account.ended(text, outcome=outcome, error=failure)
+
+    async def _turn(
+        self,
+        account: TurnAccount,
+        session_id: int,
+        user_message: Message | None,
+        last_message_id: str | AnyTail | None,
+        emit: OnEvent,
+        files: Mapping[str, bytes] | None,
+    ) -> TurnResult:
         session = await self.store.get_session(session_id)
         model = await resolve_model(self.store.custom_providers, self.providers, session)
         notices: list[str] = []
@@ -233,12 +286,19 @@ class Agent:
             last_message_id=last_message_id,
             model=model.choice,
             heartbeat_seconds=self.config.heartbeat_seconds,
+            reservation=await account.reservation(),
         ) as turn:
+            tail = turn.lease.tail
+            account.started(message_text(tail.message) if tail is not None else None)
+            model = dataclasses.replace(
+                model, provider=account.provider(model.provider, model.prices)
+            )
             await emit(TurnStarted(turn.lease.tail))
             if model.notice:
                 notices.append(model.notice)
                 await emit(Notice(model.notice))
             answer = _Answer(model)
+            account.message_id = answer.id
             turn.partial = answer.message()
             sandbox = await Sandbox.open(
                 await self.store.snapshots.load(session_id), self.config.sandbox_limits
@@ -248,9 +308,9 @@ class Agent:
                 notices.append(FILE_NOT_COPIED.format(path=path))
                 await emit(Notice(notices[-1]))
             compacted = False
-            error: ModelProviderError | None = None
+            error: ModelProviderError | AgentSessionBudgetExceeded | None = None
             try:
-                compacted = await self._auto_compact(turn, model, emit)
+                compacted = await self._auto_compact(turn, model, emit, account)
                 if compacted:
                     notices.append(COMPACTED_NOTICE)
                     await emit(Notice(COMPACTED_NOTICE))
@@ -260,15 +320,21 @@ class Agent:
                     sandbox,
                     answer,
                     emit,
+                    account,
                     notes=notices[-len(refused) :] if refused else [],
                 )
             except ModelProviderError as exc:
                 error = exc
                 turn.outcome = "model_error"
+            except AgentSessionBudgetExceeded as exc:
+                # The payer's budget ran out during the turn: the request in flight finished,
+                # no other is made; what was written is kept, and the surface says why.
+                error = exc
+                turn.outcome = "budget_exceeded"
             except asyncio.CancelledError:
                 # Stopped (a shutdown past its grace, a stop button, a lost lock): what the
                 # commands already did to the sandbox is kept with the partial answer.
-                turn.partial = answer.message()
+                turn.partial = answer.message(**account.usage())
                 with contextlib.suppress(DatabaseError):  # maybe what stopped the turn (§6.12)
                     turn.partial_snapshot = await self._snapshot(sandbox)
                 raise
@@ -280,7 +346,9 @@ class Agent:
                     "error": {"code": error.code, "message": str(error)},
                 }
             snapshot = await self._snapshot(sandbox)
-            (stored,) = await turn.finish([answer.message(**metadata)], snapshot=snapshot)
+            (stored,) = await turn.finish(
+                [answer.message(**metadata, **account.usage())], snapshot=snapshot
+            )
         return TurnResult(
             user=turn.lease.tail,
             answer=stored,
@@ -297,6 +365,7 @@ class Agent:
         sandbox: Sandbox,
         answer: _Answer,
         emit: OnEvent,
+        account: TurnAccount,
         *,
         notes: Sequence[str] = (),
     ) -> None:
@@ -307,6 +376,7 @@ class Agent:
                 [*history, answer.message()] if answer.parts else history,
                 system=self.config.system_prompt,
             )
+            await account.before_request()
             answer.parts.append(step_start_part())
             await emit(ModelCalled())
             calls: list[ToolCall] = []
@@ -324,7 +394,10 @@ class Agent:
             if not calls:
                 return
             for call in calls:
-                await self._run_tool(call, sandbox, answer, emit)
+                with account.tool(call) as span:
+                    await self._run_tool(call, sandbox, answer, emit)
+                    content, is_error = _tool_result(answer.parts[-1])
+                    span.record_result(content, is_error=is_error)
                 turn.partial = answer.message()
 
     @staticmethod
@@ -355,7 +428,9 @@ class Agent:
         captured = await sandbox.capture()
         return None if captured is None else await self.store.snapshots.store(captured)
 
-    async def _auto_compact(self, turn: Turn, model: ResolvedModel, emit: OnEvent) -> bool:
+    async def _auto_compact(
+        self, turn: Turn, model: ResolvedModel, emit: OnEvent, account: TurnAccount
+    ) -> bool:
         limit = self.config.auto_compact_tokens
         if limit <= 0:
             return False
@@ -367,24 +442,47 @@ class Agent:
             return False
         summarise = model_summariser(model.provider, model=model.choice.name)
         await emit(ModelCalled())
-        checkpoint = await summarise(earlier, parse_checkpoint(earlier[0]), None)
-        await self.store.insert_checkpoint_before_tail(turn.lease, checkpoint_message(checkpoint))
+        with account.compaction() as span:
+            checkpoint = await summarise(earlier, parse_checkpoint(earlier[0]), None)
+            message = checkpoint_message(checkpoint)
+            span.record_output(message_text(message))
+        message["metadata"].update(account.compaction_usage())
+        await self.store.insert_checkpoint_before_tail(turn.lease, message)
         return True
 
     def summariser(self, model: ResolvedModel) -> Summariser:
         return model_summariser(model.provider, model=model.choice.name)
 
     async def compact(
-        self, session_id: int, actor: Actor, *, focus: str | None = None
+        self,
+        session_id: int,
+        actor: Actor,
+        *,
+        focus: str | None = None,
+        attribution: Attribution | None = None,
     ) -> StoredMessage:
-        """Compaction on request (a shortcut, ``/compact``): the model writes the checkpoint."""
+        """Compaction on request (a shortcut, ``/compact``): the model writes the checkpoint.
+        Its model request counts against the payer's budgets like a turn's, and is refused
+        the same way when they are used up."""
         session = await self.store.get_session(session_id)
         model = await resolve_model(self.store.custom_providers, self.providers, session)
-        return await compact(
-            self.store,
-            session_id,
-            actor,
-            self.summariser(model),
-            focus=focus,
-            heartbeat_seconds=self.config.heartbeat_seconds,
-        )
+        account = self.accounting.turn(session_id, attribution)
+        reservation = await account.reservation()
+        account.started_compaction()
+        model = dataclasses.replace(model, provider=account.provider(model.provider, model.prices))
+        failure: BaseException | None = None
+        try:
+            return await compact(
+                self.store,
+                session_id,
+                actor,
+                self.summariser(model),
+                focus=focus,
+                heartbeat_seconds=self.config.heartbeat_seconds,
+                reservation=reservation,
+            )
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            account.ended("", outcome="compacted" if failure is None else "failed", error=failure)

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core.agent.accounting import Attribution, Payer
 from core.agent.loop import Agent, AgentEvent, TurnStarted
 from core.conversation.outcomes import (
     AlreadyAnswered,
@@ -30,6 +31,7 @@ from core.conversation.outcomes import (
     Busy,
     ConversationEvent,
     OnConversationEvent,
+    OverBudget,
     PickingUp,
     Refreshed,
     RewindPlan,
@@ -39,7 +41,13 @@ from core.conversation.outcomes import (
     TurnRequest,
 )
 from core.conversation.views import MemoryView, ThreadView, Unseen, View, unseen
-from core.errors import AgentSessionBusy, AgentSessionStale, DuplicateMessage, MessageNotFound
+from core.errors import (
+    AgentSessionBudgetExceeded,
+    AgentSessionBusy,
+    AgentSessionStale,
+    DuplicateMessage,
+    MessageNotFound,
+)
 from core.messages import message_text, user_message
 from core.records import Actor, SessionInfo, StoredMessage
 from core.storage import Feedback, SessionStore, SurfaceState
@@ -347,9 +355,12 @@ class Conversation:
                 last_message_id=request.message_id if resume else shown,
                 on_event=noted,
                 files=request.files,
+                attribution=Attribution(self._all.project, request.payer),
             )
         except AgentSessionBusy:
             return Busy()
+        except AgentSessionBudgetExceeded as exc:
+            return OverBudget(exc)
         except AgentSessionStale as exc:
             if resume:  # something was added after the message meanwhile: it was answered
                 return AlreadyAnswered(None)
@@ -470,10 +481,16 @@ class Conversation:
             await fork.view.show(tail.message_id if tail else None)
         return Forked(fork, result.copied, result.draft)
 
-    async def compact(self, actor: Actor, *, focus: str | None = None) -> StoredMessage:
+    async def compact(
+        self, actor: Actor, *, focus: str | None = None, payer: Payer | None = None
+    ) -> StoredMessage:
         """§7 compaction on request (owner or admin). The view stays: the surface shows the
-        checkpoint (``showed``, or with what else it had not shown, ``unseen``)."""
-        return await self._all.agent.compact(self.id, actor, focus=focus)
+        checkpoint (``showed``, or with what else it had not shown, ``unseen``). Its model
+        request counts against ``payer``'s budgets (``AgentSessionBudgetExceeded`` when they
+        are used up)."""
+        return await self._all.agent.compact(
+            self.id, actor, focus=focus, attribution=Attribution(self._all.project, payer)
+        )
 
 
 async def _ignore(_event: ConversationEvent) -> None:
