@@ -4,6 +4,10 @@
 things made the same way (the database and its stores, the model providers, the agent), so
 they are made here and nowhere else; a surface then asks for its ``Conversations`` and, if it
 receives messages durably, its delivery records.
+
+The MCP servers of ``MCP_CONFIG`` are read here too (a malformed file stops start-up with one
+line) and started in the background by ``open``: a server that does not start is a log line and
+its tools are absent until it answers; nothing here waits for one.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from core.agent.model_choice import ProviderCache
 from core.conversation import Conversations
 from core.settings import Settings
 from core.storage import Deliveries, Storage
+from core.tools import McpTools, load_mcp_config
 
 
 @dataclass
@@ -23,6 +28,7 @@ class Runtime:
     storage: Storage
     providers: ProviderCache
     agent: Agent
+    tools: McpTools | None = None  # None: no MCP servers configured
 
     @classmethod
     async def open(
@@ -34,14 +40,20 @@ class Runtime:
         try:
             if migrate:
                 await storage.migrate()
+            runtime = cls.on(settings, storage)
         except BaseException:
             await storage.dispose()
             raise
-        return cls.on(settings, storage)
+        if runtime.tools is not None:
+            await runtime.tools.start()  # returns at once; servers connect in the background
+        return runtime
 
     @classmethod
     def on(cls, settings: Settings, storage: Storage) -> Runtime:
-        """The runtime on storage that is already open."""
+        """The runtime on storage that is already open (its MCP servers not started yet:
+        ``open`` starts them)."""
+        config = load_mcp_config(settings.mcp_config)
+        tools = McpTools(config) if config.servers else None
         providers = ProviderCache(settings)
         agent = Agent(
             storage.sessions,
@@ -50,8 +62,9 @@ class Runtime:
                 auto_compact_tokens=settings.auto_compact_tokens,
                 heartbeat_seconds=settings.turn_heartbeat_seconds,
             ),
+            tools=tools,
         )
-        return cls(settings, storage, providers, agent)
+        return cls(settings, storage, providers, agent, tools)
 
     def conversations(self, project: str, *, surface: str | None = None) -> Conversations:
         """A surface's conversations: ``project`` names its sessions (``project_name``);
@@ -69,5 +82,7 @@ class Runtime:
         return self.storage.deliveries(surface)
 
     async def close(self) -> None:
+        if self.tools is not None:
+            await self.tools.aclose()
         await self.providers.aclose()
         await self.storage.dispose()

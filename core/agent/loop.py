@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.agent import mcp_calls
 from core.agent.compaction import Summariser, checkpoint_message, compact, parse_checkpoint
 from core.agent.model_choice import ProviderCache, ResolvedModel, resolve_model
 from core.agent.summariser import model_summariser
@@ -44,6 +45,7 @@ from core.records import Actor, AnyTail, StoredMessage
 from core.sandbox.shell import Sandbox, SandboxLimits, ShellResult
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import SnapshotRef
+from core.tools import McpTools
 
 SHELL = ToolSpec(
     name="shell",
@@ -62,8 +64,10 @@ SHELL = ToolSpec(
 
 SYSTEM_PROMPT = (
     "You are an AI agent that a team talks to in a Slack thread. Be concise and concrete. "
-    "You have one tool, a sandboxed bash shell with its own files; use it when running "
-    "something beats guessing. Say plainly when you do not know."
+    "You have a sandboxed bash shell with its own files; use it when running "
+    "something beats guessing. Tools named mcp__<server>__<tool>, when offered, reach the "
+    "team's own systems; a call that may change something there waits for a person's "
+    "approval. Say plainly when you do not know."
 )
 
 
@@ -122,7 +126,20 @@ class ModelDone:
     """The model has written its answer (or failed); what follows is storing it."""
 
 
-AgentEvent = TurnStarted | ModelCalled | ModelDone | TextChunk | ToolStarted | ToolFinished | Notice
+McpCallStarted = mcp_calls.McpCallStarted
+McpCallFinished = mcp_calls.McpCallFinished
+
+AgentEvent = (
+    TurnStarted
+    | ModelCalled
+    | ModelDone
+    | TextChunk
+    | ToolStarted
+    | ToolFinished
+    | McpCallStarted
+    | McpCallFinished
+    | Notice
+)
 OnEvent = Callable[[AgentEvent], Awaitable[None]]
 
 
@@ -174,11 +191,17 @@ class Agent:
     """What a surface holds to run turns: the store, the providers and the configuration."""
 
     def __init__(
-        self, store: SessionStore, providers: ProviderCache, config: AgentConfig | None = None
+        self,
+        store: SessionStore,
+        providers: ProviderCache,
+        config: AgentConfig | None = None,
+        *,
+        tools: McpTools | None = None,
     ) -> None:
         self.store = store
         self.providers = providers
         self.config = config or AgentConfig()
+        self.tools = tools  # the MCP servers' tools, offered beside the shell
 
     async def run_turn(
         self,
@@ -265,7 +288,11 @@ class Agent:
     ) -> None:
         history = [m.message for m in await turn.history()]
         for round_ in range(self.config.max_tool_rounds + 1):
-            tools = [SHELL] if round_ < self.config.max_tool_rounds else []
+            tools = (
+                [SHELL, *mcp_calls.offered(self.tools)]
+                if round_ < self.config.max_tool_rounds
+                else []
+            )
             conversation = ui_to_chat(
                 [*history, answer.message()] if answer.parts else history,
                 system=self.config.system_prompt,
@@ -287,7 +314,11 @@ class Agent:
             if not calls:
                 return
             for call in calls:
-                await self._run_tool(call, sandbox, answer, emit)
+                if mcp_calls.is_mcp_call(call):
+                    part, _ = await mcp_calls.run(self.tools, call, emit)
+                    answer.parts.append(part)
+                else:
+                    await self._run_tool(call, sandbox, answer, emit)
                 turn.partial = answer.message()
 
     @staticmethod

@@ -1,0 +1,128 @@
+"""The agent loop's MCP tool calls: offer them beside the shell, run them, or stop for a person.
+
+The loop hands every call whose name is ``mcp__<server>__<tool>`` here. A call either runs now
+(a tool whose rule needs no approval, or one that ``precheck`` already refuses: an unknown name,
+arguments that break the schema, a server that is down; those are tool results the model reads,
+never a crashed turn), or it needs a person's decision: then it is not run, its part is stored in
+the AI SDK's ``approval-requested`` state, and the turn ends there (``ApprovalNeeded``).
+
+Kept apart from ``loop`` so the loop only routes: what a call part looks like in each state, and
+the approval's bookkeeping, live here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from core.providers.base import ToolCall, ToolSpec
+from core.providers.uimessages import Part, tool_call_part
+from core.tools import McpTools, ToolOutcome, call_digest, is_mcp_tool_name
+
+# The AI SDK (v5) UIMessage tool-part states of a call that waits for, or got, a decision.
+APPROVAL_REQUESTED = "approval-requested"
+APPROVAL_RESPONDED = "approval-responded"
+OUTPUT_DENIED = "output-denied"
+
+
+@dataclass(frozen=True)
+class McpCallStarted:
+    """An MCP tool call goes to its server."""
+
+    name: str
+    server: str | None
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class McpCallFinished:
+    """An MCP tool call came back (``outcome.text`` is what the model reads); ``seconds`` is the
+    tool's own time (the server's round trip), so our overhead can be told apart from it."""
+
+    outcome: ToolOutcome
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ApprovalNeeded:
+    """A call that waits for a person: the turn ends with its part in ``approval-requested``."""
+
+    call: ToolCall
+    server: str
+    digest: str
+    approvers: tuple[str, ...]
+
+
+Emit = Callable[[Any], Awaitable[None]]
+
+
+def is_mcp_call(call: ToolCall) -> bool:
+    return is_mcp_tool_name(call.name)
+
+
+def offered(tools: McpTools | None) -> list[ToolSpec]:
+    """What the model is offered from the MCP servers connected now (none without servers)."""
+    return [] if tools is None else tools.specs()
+
+
+def needs_approval(tools: McpTools | None, call: ToolCall) -> ApprovalNeeded | None:
+    """The approval a call waits for, or None when it runs (or is refused) right away."""
+    if tools is None or not tools.needs_approval(call.name):
+        return None
+    if tools.precheck(call.name, call.arguments) is not None:
+        return None  # refused without a server: the model reads why, nobody is asked
+    tool = tools.tool(call.name)
+    assert tool is not None  # needs_approval is true only for a known tool
+    return ApprovalNeeded(
+        call, tool.server, call_digest(call.name, call.arguments), tools.approvers(call.name)
+    )
+
+
+async def run(
+    tools: McpTools | None, call: ToolCall, emit: Emit, *, approval: str | None = None
+) -> tuple[Part, ToolOutcome]:
+    """Run one call (``approval``: the digest a person approved) and the part that records it."""
+    if tools is None:
+        outcome = ToolOutcome(
+            call.name, None, "unknown_tool", f"no MCP servers are configured ({call.name})"
+        )
+        return outcome_part(call, outcome), outcome
+    tool = tools.tool(call.name)
+    await emit(McpCallStarted(call.name, tool.server if tool else None, call.arguments))
+    started = time.perf_counter()
+    outcome = await tools.call(call.name, call.arguments, approval=approval)
+    await emit(McpCallFinished(outcome, time.perf_counter() - started))
+    return outcome_part(call, outcome), outcome
+
+
+def outcome_part(call: ToolCall, outcome: ToolOutcome) -> Part:
+    """``output-available`` with the result, or ``output-error`` with what went wrong (the
+    server and the reason, already cut and redacted by the tool layer)."""
+    base = tool_call_part(call)
+    if outcome.ok:
+        return {**base, "state": "output-available", "output": outcome.to_output()}
+    return {**base, "state": "output-error", "errorText": outcome.text, "outcome": outcome.kind}
+
+
+def requested_part(call: ToolCall, approval_id: str) -> Part:
+    return {**tool_call_part(call), "state": APPROVAL_REQUESTED, "approval": {"id": approval_id}}
+
+
+def denied_part(part: Part, reason: str, *, by: str | None = None) -> Part:
+    """The call was not run: a person declined, or the request was superseded or expired."""
+    approval = dict(part.get("approval") or {})
+    approval.update(approved=False, reason=reason)
+    if by is not None:
+        approval["by"] = by
+    return {**part, "state": OUTPUT_DENIED, "approval": approval}
+
+
+def pending_parts(message: dict[str, Any]) -> list[Part]:
+    """The parts of a stored message still waiting for a decision."""
+    return [
+        p
+        for p in message.get("parts") or []
+        if isinstance(p, dict) and p.get("state") == APPROVAL_REQUESTED
+    ]
