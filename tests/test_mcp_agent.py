@@ -74,12 +74,14 @@ async def test_agent__read_only_mcp_tool_runs_without_asking(
     started = [e for e in seen.events if isinstance(e, McpCallStarted)]
     finished = [e for e in seen.events if isinstance(e, McpCallFinished)]
     assert [e.name for e in started] == ["mcp__notes__read_note"]
-    assert finished[0].outcome.ok and finished[0].seconds >= 0
+    assert finished[0].outcome.ok
+    assert finished[0].seconds >= 0
 
 
 async def test_agent__mcp_tools_are_offered_beside_the_shell(agent: Agent) -> None:
     names = [spec.name for spec in agent.tools.specs()] if agent.tools else []
-    assert "mcp__notes__add_note" in names and "mcp__notes__read_note" in names
+    assert "mcp__notes__add_note" in names
+    assert "mcp__notes__read_note" in names
 
 
 async def test_agent__arguments_that_break_the_schema_are_a_tool_error(
@@ -101,9 +103,11 @@ async def test_agent__a_failing_tool_is_a_result_and_the_turn_answers(
 ) -> None:
     _, session = await new_session(store)
     result = await ask(agent, session.id, 'mcp__notes__fault {"kind": "error"}')
-    assert result.error is None and result.answer is not None
+    assert result.error is None
+    assert result.answer is not None
     (part,) = tool_parts(result.answer.message)
-    assert part["state"] == "output-error" and part["outcome"] == "tool_error"
+    assert part["state"] == "output-error"
+    assert part["outcome"] == "tool_error"
 
 
 async def test_agent__a_huge_result_is_cut_with_a_note(agent: Agent, store: SessionStore) -> None:
@@ -137,7 +141,8 @@ async def test_runtime__starts_with_a_server_that_will_not_start_and_stops_it(
     settings = Settings(database_url=database_url, mcp_config=config, model_provider="offline")
     runtime = await Runtime.open(settings)
     try:
-        assert runtime.tools is not None and runtime.agent.tools is runtime.tools
+        assert runtime.tools is not None
+        assert runtime.agent.tools is runtime.tools
         states = {s.name: s.state for s in runtime.tools.status()}
         assert set(states) == {"notes", "broken"}
     finally:
@@ -148,6 +153,7 @@ async def test_runtime__starts_with_a_server_that_will_not_start_and_stops_it(
 async def test_runtime__without_servers_offers_only_the_shell(database_url: str) -> None:
     runtime = await Runtime.open(Settings(database_url=database_url, mcp_config=""))
     try:
-        assert runtime.tools is None and runtime.agent.tools is None
+        assert runtime.tools is None
+        assert runtime.agent.tools is None
     finally:
         await runtime.close()
