@@ -63,6 +63,7 @@ class Runtime:
                 heartbeat_seconds=settings.turn_heartbeat_seconds,
             ),
             tools=tools,
+            approvals=storage.approvals,
         )
         return cls(settings, storage, providers, agent, tools)
 
@@ -75,6 +76,7 @@ class Runtime:
             self.storage.feedback,
             project=project,
             state=None if surface is None else self.storage.surface(surface),
+            approvals=self.storage.approvals,
         )
 
     def deliveries(self, surface: str) -> Deliveries:

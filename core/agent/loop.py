@@ -30,7 +30,7 @@ from core.agent.compaction import Summariser, checkpoint_message, compact, parse
 from core.agent.model_choice import ProviderCache, ResolvedModel, resolve_model
 from core.agent.summariser import model_summariser
 from core.agent.turn import Turn, run_turn
-from core.errors import ModelProviderError, SlackAgentError
+from core.errors import MessageNotFound, ModelProviderError, SlackAgentError
 from core.messages import Message, new_message_id
 from core.providers.base import TextDelta, ToolCall, ToolSpec
 from core.providers.uimessages import (
@@ -43,6 +43,7 @@ from core.providers.uimessages import (
 )
 from core.records import Actor, AnyTail, StoredMessage
 from core.sandbox.shell import Sandbox, SandboxLimits, ShellResult
+from core.storage.approvals import Approvals
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import SnapshotRef
 from core.tools import McpTools
@@ -143,6 +144,9 @@ AgentEvent = (
 OnEvent = Callable[[AgentEvent], Awaitable[None]]
 
 
+ApprovalRequest = mcp_calls.ApprovalRequest
+
+
 @dataclass(frozen=True)
 class TurnResult:
     user: StoredMessage | None
@@ -151,6 +155,7 @@ class TurnResult:
     error: SlackAgentError | None = None
     notices: tuple[str, ...] = ()
     compacted: bool = False
+    approval: ApprovalRequest | None = None  # the turn ended waiting for this decision
 
     @property
     def interrupted(self) -> bool:
@@ -197,11 +202,15 @@ class Agent:
         config: AgentConfig | None = None,
         *,
         tools: McpTools | None = None,
+        approvals: Approvals | None = None,
     ) -> None:
         self.store = store
         self.providers = providers
         self.config = config or AgentConfig()
         self.tools = tools  # the MCP servers' tools, offered beside the shell
+        # Where calls that need a person's decision are recorded; without it such a call is
+        # refused as a tool result (it never runs unapproved either way).
+        self.approvals = approvals
 
     async def run_turn(
         self,
@@ -245,12 +254,13 @@ class Agent:
                 sandbox.add_files(files)
             compacted = False
             error: ModelProviderError | None = None
+            waiting: ApprovalRequest | None = None
             try:
                 compacted = await self._auto_compact(turn, model, emit)
                 if compacted:
                     notices.append(COMPACTED_NOTICE)
                     await emit(Notice(COMPACTED_NOTICE))
-                await self._loop(turn, model, sandbox, answer, emit)
+                waiting = await self._loop(turn, model, sandbox, answer, emit)
             except ModelProviderError as exc:
                 error = exc
                 turn.outcome = "model_error"
@@ -267,6 +277,8 @@ class Agent:
                     "interrupted": True,
                     "error": {"code": error.code, "message": str(error)},
                 }
+            if waiting is not None:
+                turn.outcome = "awaiting_approval"
             snapshot = await self._snapshot(sandbox)
             (stored,) = await turn.finish([answer.message(**metadata)], snapshot=snapshot)
         return TurnResult(
@@ -276,7 +288,65 @@ class Agent:
             error=error,
             notices=tuple(notices),
             compacted=compacted,
+            approval=waiting,
         )
+
+    async def carry_out(
+        self, session_id: int, approval_id: str, *, on_event: OnEvent | None = None
+    ) -> TurnResult:
+        """The turn after a person's decision: the approved call runs (once; a call a dead
+        turn already sent is reported as such, never sent again), or the model is told it was
+        declined; then the model continues. The usual claim with the stale guard at the
+        message that asked (``AgentSessionStale`` if the conversation moved on), fencing and
+        release; the decided part is rewritten in place, the continuation appended."""
+        assert self.approvals is not None, "carrying out a decision needs the approvals store"
+        emit = on_event or _ignore
+        record = await self.approvals.get(approval_id)
+        if record is None:
+            raise MessageNotFound(f"no approval request {approval_id}")
+        session = await self.store.get_session(session_id)
+        model = await resolve_model(self.store.custom_providers, self.providers, session)
+        async with run_turn(
+            self.store,
+            session_id,
+            user_message=None,
+            last_message_id=record.message_id,
+            model=model.choice,
+            heartbeat_seconds=self.config.heartbeat_seconds,
+        ) as turn:
+            await emit(TurnStarted(None))
+            asking = turn.lease.tail
+            assert asking is not None, "a claim at a message has that message as its tail"
+            decided = await mcp_calls.decided_message(
+                asking.message, record, self.approvals, self.tools, emit
+            )
+            await self.store.rewrite(turn.lease, decided)
+            answer = _Answer(model)
+            turn.partial = answer.message()
+            sandbox = await Sandbox.open(
+                await self.store.snapshots.load(session_id), self.config.sandbox_limits
+            )
+            error: ModelProviderError | None = None
+            waiting: ApprovalRequest | None = None
+            try:
+                waiting = await self._loop(turn, model, sandbox, answer, emit)
+            except ModelProviderError as exc:
+                error = exc
+                turn.outcome = "model_error"
+            except asyncio.CancelledError:
+                turn.partial = answer.message()
+                turn.partial_snapshot = await self._snapshot(sandbox)
+                raise
+            await emit(ModelDone())
+            metadata: dict[str, Any] = {"after_approval": approval_id}
+            if error is not None:
+                metadata.update(interrupted=True, error={"code": error.code, "message": str(error)})
+            if waiting is not None:
+                turn.outcome = "awaiting_approval"
+            snapshot = await self._snapshot(sandbox)
+            (stored,) = await turn.finish([answer.message(**metadata)], snapshot=snapshot)
+        await self.approvals.carried_out(approval_id)
+        return TurnResult(user=None, answer=stored, text=answer.text, error=error, approval=waiting)
 
     async def _loop(
         self,
@@ -285,8 +355,12 @@ class Agent:
         sandbox: Sandbox,
         answer: _Answer,
         emit: OnEvent,
-    ) -> None:
+    ) -> ApprovalRequest | None:
         history = [m.message for m in await turn.history()]
+        if self.approvals is not None:
+            # Requests still waiting when the conversation moves on are settled first.
+            history = await mcp_calls.settle_waiting(turn, history, self.approvals)
+        waiting: ApprovalRequest | None = None
         for round_ in range(self.config.max_tool_rounds + 1):
             tools = (
                 [SHELL, *mcp_calls.offered(self.tools)]
@@ -312,14 +386,24 @@ class Agent:
                 elif isinstance(event, ToolCall):
                     calls.append(event)
             if not calls:
-                return
+                return None
             for call in calls:
                 if mcp_calls.is_mcp_call(call):
-                    part, _ = await mcp_calls.run(self.tools, call, emit)
+                    needed = mcp_calls.needs_approval(self.tools, call)
+                    if needed is not None and self.approvals is not None:
+                        part, request = await mcp_calls.ask(
+                            self.approvals, turn.session_id, answer.id, needed, waiting
+                        )
+                        waiting = waiting or request
+                    else:
+                        part, _ = await mcp_calls.run(self.tools, call, emit)
                     answer.parts.append(part)
                 else:
                     await self._run_tool(call, sandbox, answer, emit)
                 turn.partial = answer.message()
+            if waiting is not None:
+                return waiting  # the turn ends here; a person's decision continues it
+        return None
 
     @staticmethod
     async def _run_tool(call: ToolCall, sandbox: Sandbox, answer: _Answer, emit: OnEvent) -> None:

@@ -7,13 +7,14 @@ surface its surface state and delivery records. Inside, ``engine`` opens transac
 only module that makes engines, ``dialect`` holds what differs between SQLite and PostgreSQL,
 ``models`` the tables, ``queries`` the turn protocol's shared predicates and statements, and one
 module per concern holds that concern's statements (``sessions``, ``transcript``,
-``snapshots``, ``deliveries``, ``surface_state``, ``feedback``, ``retention``,
+``snapshots``, ``deliveries``, ``approvals``, ``surface_state``, ``feedback``, ``retention``,
 ``custom_providers``, ``sweeper``, ``migrate``).
 """
 
 from __future__ import annotations
 
 from core.settings import Settings
+from core.storage.approvals import ApprovalRecord, Approvals
 from core.storage.custom_providers import CustomProviders
 from core.storage.deliveries import Deliveries
 from core.storage.engine import Database, create_database
@@ -41,6 +42,7 @@ class Storage:
         self.feedback = Feedback(db)
         self.custom_providers = self.sessions.custom_providers
         self.retention = Retention(db, RetentionPolicy.from_settings(settings))
+        self.approvals = Approvals(db, timeout_seconds=settings.approval_timeout_seconds)
 
     @classmethod
     def open(cls, settings: Settings, *, pool_size: int = 10) -> Storage:
@@ -89,6 +91,8 @@ class Storage:
 
 
 __all__ = [
+    "ApprovalRecord",
+    "Approvals",
     "CustomProviders",
     "Deliveries",
     "Feedback",
