@@ -149,8 +149,8 @@ class ApprovalCards:
                     await self.show(record)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a database blip: the next round tries again
-                log.exception("could not bring approval cards up to date")
+            except Exception as exc:  # a database blip: the next round tries again
+                log.warning("could not bring approval cards up to date: %s", exc)
 
     # -- a click --------------------------------------------------------------------------------
 

@@ -150,7 +150,8 @@ class Bot:
         """Begin renewing leases and taking over what stopped or dead replicas left, and
         keeping approval cards up to date."""
         self.worker.start()
-        self.cards.start()
+        if self.runtime.tools is not None:  # no MCP servers: no call ever waits for a person
+            self.cards.start()
 
     async def close(self) -> None:
         """Stop taking work, let running turns finish for the grace period, interrupt the

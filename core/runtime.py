@@ -6,12 +6,15 @@ they are made here and nowhere else; a surface then asks for its ``Conversations
 receives messages durably, its delivery records.
 
 The MCP servers of ``MCP_CONFIG`` are read here too (a malformed file stops start-up with one
-line) and started in the background by ``open``: a server that does not start is a log line and
-its tools are absent until it answers; nothing here waits for one.
+line) and started in the background by ``open``, which waits up to ``MCP_STARTUP_WAIT_SECONDS``
+for their first answers: a server that does not start (or not that quickly) is a log line and its
+tools are absent until it answers; start-up goes on without it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass
 
 from core.agent.loop import Agent, AgentConfig
@@ -20,6 +23,10 @@ from core.conversation import Conversations
 from core.settings import Settings
 from core.storage import Deliveries, Storage
 from core.tools import McpTools, load_mcp_config
+
+
+# How long ``open`` waits for the MCP servers' first answers before going on without them.
+MCP_STARTUP_WAIT_SECONDS = 10.0
 
 
 @dataclass
@@ -46,6 +53,11 @@ class Runtime:
             raise
         if runtime.tools is not None:
             await runtime.tools.start()  # returns at once; servers connect in the background
+            # The first messages after a start should find the tools of servers that start
+            # promptly; a server that takes longer (or is down) joins when it answers.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(MCP_STARTUP_WAIT_SECONDS):
+                    await runtime.tools.wait_ready()
         return runtime
 
     @classmethod

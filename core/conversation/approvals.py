@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from core import metrics
 from core.records import Actor, SessionInfo
 from core.storage.approvals import ApprovalRecord, Approvals
 from core.storage.sessions import SessionStore
@@ -82,6 +83,7 @@ class ApprovalDesk:
         if decided is None:  # moved on between the read and the write: say how
             current = await self.approvals.get(record.id)
             return await self.settle(current) or Refused("decided", current)
+        metrics.APPROVALS_DECIDED.labels("approved" if approve else "denied").inc()
         return Decided(decided, session)
 
     async def settle(self, record: ApprovalRecord | None) -> Refused | None:
