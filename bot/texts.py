@@ -333,7 +333,9 @@ def compact_picked(title: str) -> str:
     return f"Compacting *{_quote(title or 'the conversation', 80)}*…"
 
 
-def rewind_modal(leaving: int, key: str, *, to_a_question: bool) -> dict[str, Any]:
+def rewind_modal(
+    leaving: int, key: str, *, to_a_question: bool, outside: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The confirmation *Rewind to here* asks for before anything changes."""
     plural = "message" if leaving == 1 else "messages"
     body = (
@@ -344,6 +346,8 @@ def rewind_modal(leaving: int, key: str, *, to_a_question: bool) -> dict[str, An
     )
     if to_a_question:
         body += " The message you picked comes back to its author as a draft, to post again."
+    if outside:
+        body += "\n" + not_undone(outside)
     return {
         "type": "modal",
         "callback_id": REWIND_CONFIRM,
@@ -379,6 +383,14 @@ def file_refused(name: str, reason: str, limit: int) -> str:
         "no_access": "Slack would not hand it over (the app needs the files:read permission)",
     }.get(reason, "Slack could not deliver it just now")
     return f"I couldn't copy *{_quote(name, 100)}* into my sandbox: {why}."
+
+
+def not_undone(calls: tuple[str, ...]) -> str:
+    """Calls of a rewind's leaving messages that reached the team's systems."""
+    plural = "action" if len(calls) == 1 else "actions"
+    shown = "; ".join(_quote(c, 150) for c in calls[:5])
+    more = f" (and {len(calls) - 5} more)" if len(calls) > 5 else ""
+    return f"{len(calls)} {plural} outside the sandbox are not undone: {shown}{more}."
 
 
 # -- tool calls waiting for a person's approval -------------------------------------------------

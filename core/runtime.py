@@ -24,7 +24,6 @@ from core.settings import Settings
 from core.storage import Deliveries, Storage
 from core.tools import McpTools, load_mcp_config
 
-
 # How long ``open`` waits for the MCP servers' first answers before going on without them.
 MCP_STARTUP_WAIT_SECONDS = 10.0
 

@@ -163,9 +163,12 @@ class ChatSession:
 
     # -- transcript operations ----------------------------------------------------------------
 
-    async def rewind(self, position: int) -> Rewound:
+    async def rewind(self, position: int) -> tuple[Rewound, tuple[str, ...]]:
+        """The rewind, and the MCP calls in what left that it could not undo."""
         conversation, target = await self._at(position)
-        return await conversation.rewind(target.message_id, self.actor)
+        plan = await conversation.rewind_plan(target.message_id)
+        done = await conversation.rewind(target.message_id, self.actor)
+        return done, () if plan is None else plan.outside
 
     async def fork(self, position: int) -> Forked:
         conversation, target = await self._at(position)

@@ -349,8 +349,10 @@ class Terminal:
     async def _rewind(self, rest: str) -> None:
         position = _position("/rewind", rest)
         self.show_unseen(await self.chat.unseen())
-        result = await self.chat.rewind(position)
+        result, outside = await self.chat.rewind(position)
         self.say(say.rewound(result.deleted))
+        if outside:
+            self.say(say.not_undone(outside))
         if result.draft:
             self.say(say.draft_back(result.draft))
             if self.draft is None:

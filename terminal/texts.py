@@ -201,3 +201,8 @@ def approval_refused(reason: str) -> str:
         "decided": "That request was already decided elsewhere.",
         "not_allowed": "You may not decide that request.",
     }.get(reason, "That request can no longer be decided.")
+
+
+def not_undone(calls: tuple[str, ...]) -> str:
+    plural = "action" if len(calls) == 1 else "actions"
+    return f"{len(calls)} {plural} outside the sandbox are not undone: " + "; ".join(calls) + "."

@@ -23,7 +23,7 @@ from core.conversation import (
 from core.records import Actor
 from core.runtime import Runtime
 from core.settings import Settings
-from tests.mcp_support import READY_SECONDS, notes, notes_entry, write_config
+from tests.mcp_support import READY_SECONDS, calls_counted, notes, notes_entry, write_config
 
 ADD = 'mcp__notes__add_note {"title": "plan", "text": "ship on friday"}'
 
@@ -284,3 +284,24 @@ async def test_approval__the_approved_digest_binds_the_exact_call(
     assert other.kind == "approval_required"
     assert notes(tmp_path) == {}
     assert json.loads(json.dumps(record.arguments)) == {"title": "plan", "text": "ship on friday"}
+
+
+async def test_rewind_plan__names_the_calls_that_went_out_and_a_fork_runs_nothing(
+    conversations: Conversations, tmp_path: Path
+) -> None:
+    conversation, approval_id = await asked(conversations)
+    assert isinstance(await decide(conversations, approval_id, await owner(conversations)), Decided)
+    assert isinstance(await conversation.carry_out(approval_id), Answered)
+    messages = await conversation.store.messages(conversation.id)
+    plan = await conversation.rewind_plan(messages[0].message_id)
+    assert plan is not None
+    assert plan.outside == ('mcp__notes__add_note {"text":"ship on friday","title":"plan"}',)
+    before = calls_counted("notes", "add_note", "ok")
+    forked = await conversation.fork(messages[-1].message_id, await owner(conversations), "f2")
+    assert forked.copied == len(messages)
+    assert calls_counted("notes", "add_note", "ok") == before  # copied, never re-run
+    # A request that was refused before reaching its server is not named.
+    other, second = await asked(conversations, "k3")
+    first = (await other.store.messages(other.id))[0]
+    assert (await other.rewind_plan(first.message_id)).outside == ()  # type: ignore[union-attr]
+    assert second

@@ -13,13 +13,15 @@ decision is refused.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from core import metrics
 from core.records import Actor, SessionInfo
 from core.storage.approvals import ApprovalRecord, Approvals
 from core.storage.sessions import SessionStore
+from core.tools import canonical_json, is_mcp_tool_name
 
 RefusalReason = Literal[
     "unknown",  # no such request (a tampered or foreign id)
@@ -115,6 +117,34 @@ class ApprovalDesk:
             if not record.overdue and tail is not None and tail.message_id == record.message_id:
                 return record
         return None
+
+
+# Outcomes of calls that reached their server (a refusal before sending changed nothing).
+_SENT = frozenset({"ok", "tool_error", "timeout", "server_failed", "protocol_error", None})
+SHOWN_ARGUMENTS = 120
+
+
+def calls_outside(message: Mapping[str, Any]) -> list[str]:
+    """The MCP calls in a stored message that went out to their servers (``tool {args}``):
+    what a rewind or a fork cannot undo."""
+    found: list[str] = []
+    for part in message.get("parts") or []:
+        if not isinstance(part, dict):
+            continue
+        kind = str(part.get("type", ""))
+        name = kind.removeprefix("tool-")
+        if not kind.startswith("tool-") or not is_mcp_tool_name(name):
+            continue
+        state = part.get("state")
+        sent = state == "output-available" or (
+            state == "output-error" and part.get("outcome") in _SENT
+        )
+        if sent:
+            shown = canonical_json(part.get("input") or {})
+            if len(shown) > SHOWN_ARGUMENTS:
+                shown = shown[: SHOWN_ARGUMENTS - 1] + "…"
+            found.append(f"{name} {shown}")
+    return found
 
 
 def _plausible(approval_id: str) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.agent.loop import Agent, AgentEvent, TurnStarted
-from core.conversation.approvals import ApprovalDesk
+from core.conversation.approvals import ApprovalDesk, calls_outside
 from core.conversation.outcomes import (
     AlreadyAnswered,
     Answered,
@@ -462,7 +462,8 @@ class Conversation:
         target = located[1]
         later = await self.store.messages(self.id, after_position=target.position)
         leaving = len(later) + (1 if target.returns_as_draft else 0)
-        return RewindPlan(leaving, target.returns_as_draft)
+        outside = tuple(call for m in [target, *later] for call in calls_outside(m.message))
+        return RewindPlan(leaving, target.returns_as_draft, outside)
 
     async def rewind(self, message_id: str, actor: Actor) -> Rewound:
         """§7 truncate to ``message_id`` (owner or admin; refused while busy); the surface's
