@@ -18,6 +18,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.answers import ThreadAnswers
 from bot.app import build_app
+from bot.approvals import ApprovalCards
 from bot.http import Listener
 from bot.installations import InstallStores, open_install_stores
 from bot.post import PROJECT, SURFACE
@@ -81,6 +82,8 @@ class Bot:
         self.installs = installs
         self.conversations = runtime.conversations(PROJECT, surface=SURFACE)
         self.answers = ThreadAnswers(settings, self.conversations, self.client_for)
+        self.cards = ApprovalCards(settings, self.conversations, self.client_for)
+        self.answers.cards = self.cards
         self.deliveries = runtime.deliveries(SURFACE)
         metrics.REPLICA.info({"owner": self.deliveries.owner})
         self.worker: DeliveryWorker[AsyncWebClient] = DeliveryWorker(
@@ -108,6 +111,7 @@ class Bot:
             self.worker,
             Shortcuts(settings, self.conversations),
             self.background,
+            cards=self.cards,
             oauth_settings=oauth,
             http_session=http,
         )
@@ -143,14 +147,18 @@ class Bot:
         return self.listener.web_app(events=events)
 
     def start(self) -> None:
-        """Begin renewing leases and taking over what stopped or dead replicas left."""
+        """Begin renewing leases and taking over what stopped or dead replicas left, and
+        keeping approval cards up to date."""
         self.worker.start()
+        if self.runtime.tools is not None:  # no MCP servers: no call ever waits for a person
+            self.cards.start()
 
     async def close(self) -> None:
         """Stop taking work, let running turns finish for the grace period, interrupt the
         rest (their partial answers kept), then close everything."""
         grace = self.settings.shutdown_grace_seconds
         self.background.closing = True
+        await self.cards.stop()
         await asyncio.gather(self.worker.stop(grace), self.background.shutdown(grace))
         if self.installs is not None:
             await self.installs.dispose()

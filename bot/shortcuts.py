@@ -104,7 +104,9 @@ class Shortcuts:
         key = await self.conversations.stash(
             {"session_id": conversation.id, "message_id": message_id, "post": post.context()}
         )
-        modal = text.rewind_modal(plan.leaving, key, to_a_question=plan.to_a_question)
+        modal = text.rewind_modal(
+            plan.leaving, key, to_a_question=plan.to_a_question, outside=plan.outside
+        )
         await client.views_open(trigger_id=trigger or "", view=modal)
 
     async def rewind_confirmed(

@@ -173,6 +173,16 @@ MCP_TOOL_SECONDS = Histogram(
     ["server"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
+MCP_SERVER_CONNECTED = Gauge(
+    "slack_agent_mcp_server_connected",
+    "1 while this process is connected to the MCP server (its tools are offered), else 0.",
+    ["server"],
+)
+APPROVALS_DECIDED = Counter(
+    "slack_agent_approvals_decided_total",
+    "Decisions on tool calls that waited for a person, by decision (approved, denied).",
+    ["decision"],
+)
 SWEEPER_DELETED = Counter(
     "slack_agent_sweeper_deleted_total",
     "Rows the sweeper deleted, by rule.",

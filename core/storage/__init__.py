@@ -7,7 +7,7 @@ surface its surface state and delivery records. Inside, ``engine`` opens transac
 only module that makes engines, ``dialect`` holds what differs between SQLite and PostgreSQL,
 ``models`` the tables, ``queries`` the turn protocol's shared predicates and statements, and one
 module per concern holds that concern's statements (``sessions``, ``transcript``,
-``snapshots``, ``deliveries``, ``surface_state``, ``feedback``, ``retention``,
+``snapshots``, ``deliveries``, ``approvals``, ``surface_state``, ``feedback``, ``retention``,
 ``custom_providers``, ``sweeper``, ``migrate``, ``usage`` (the ledger of model requests and
 budget reservations), ``budgets`` (the limits set at run time)).
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 
 from core.settings import Settings
+from core.storage.approvals import ApprovalRecord, Approvals
 from core.storage.budgets import Budgets
 from core.storage.custom_providers import CustomProviders
 from core.storage.deliveries import Deliveries
@@ -50,6 +51,7 @@ class Storage:
         self.retention = Retention(db, RetentionPolicy.from_settings(settings))
         self.usage = UsageLedger(db, staleness_seconds=settings.turn_lock_staleness_seconds)
         self.budgets = Budgets(db, settings.budgets)
+        self.approvals = Approvals(db, timeout_seconds=settings.approval_timeout_seconds)
 
     @classmethod
     def open(cls, settings: Settings, *, pool_size: int = 10) -> Storage:
@@ -108,6 +110,8 @@ def timeouts_of(settings: Settings) -> DatabaseTimeouts:
 
 
 __all__ = [
+    "ApprovalRecord",
+    "Approvals",
     "Budgets",
     "CustomProviders",
     "Deliveries",

@@ -441,6 +441,29 @@ class SessionStore(TranscriptOperations):
             lease, [(m, False) for m in messages], release=True, snapshot=snapshot
         )
 
+    async def rewrite(self, lease: TurnLease, message: Message) -> None:
+        """Replace a stored message's content (same id, same place) behind the turn's fence:
+        a tool part that waited for a person's decision takes its outcome. Only the message
+        JSON changes; its position, snapshot and references stay."""
+        row = q.message_row(lease.session_id, 0, message)
+        async with self.db.write() as conn:
+            if not await q.fence(
+                conn, {"sid": lease.session_id, "token": lease.token}, release=False
+            ):
+                self._held.forget(lease)
+                raise AgentSessionLockLost(
+                    f"session {lease.session_id}: this turn's lock was taken over or released"
+                )
+            await conn.execute(
+                update(q.MESSAGES)
+                .where(
+                    q.MESSAGES.c.session_id == lease.session_id,
+                    q.MESSAGES.c.message_id == row["message_id"],
+                )
+                .values(message=row["message"])
+            )
+        self._held.confirm(lease)
+
     async def insert_checkpoint_before_tail(
         self, lease: TurnLease, checkpoint: Message
     ) -> StoredMessage:
