@@ -23,9 +23,10 @@ DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./slack-agent.db"
 # from a heartbeat the database stamped after the turn sent it, so the turn stops a fifth of the
 # window before anyone can take it over.
 TURN_SAFE_SHARE = 0.8
-# The least a derived database timeout is (a short staleness window, as tests use, would give
-# timeouts a loaded machine's ordinary connection set-up could exceed).
-DATABASE_TIMEOUT_FLOOR_SECONDS = 1.0
+# The least a derived database timeout is: a short staleness window (as tests and the soak use)
+# would give timeouts that a loaded machine's ordinary connection set-up or commit exceeds.
+DATABASE_CONNECT_FLOOR_SECONDS = 3.0
+DATABASE_STATEMENT_FLOOR_SECONDS = 5.0
 
 _SCHEME_ALIASES = {
     "sqlite+aiosqlite": "sqlite+aiosqlite",
@@ -193,13 +194,13 @@ class Settings(BaseSettings):
     @property
     def database_timeouts(self) -> tuple[float, float]:
         """(connect, statement) seconds: what is set, or a quarter and a half of the budget
-        (at least ``DATABASE_TIMEOUT_FLOOR_SECONDS`` each)."""
+        (at least the floors above)."""
         budget = self.database_budget_seconds
         connect = self.database_connect_timeout_seconds or max(
-            budget / 4, DATABASE_TIMEOUT_FLOOR_SECONDS
+            budget / 4, DATABASE_CONNECT_FLOOR_SECONDS
         )
         statement = self.database_statement_timeout_seconds or max(
-            budget / 2, 2 * DATABASE_TIMEOUT_FLOOR_SECONDS
+            budget / 2, DATABASE_STATEMENT_FLOOR_SECONDS
         )
         return connect, statement
 

@@ -33,7 +33,13 @@ from tests.slack_harness import ServeProcess
 pytestmark = pytest.mark.slow
 
 # A short window so the test waits seconds, not minutes; the heartbeat as the settings allow.
-LOCK = {"TURN_LOCK_STALENESS_SECONDS": "6", "TURN_HEARTBEAT_SECONDS": "1"}
+# Database calls bounded within this window's budget (0.8 x 6 - 1 = 3.8 s), not the floors.
+LOCK = {
+    "TURN_LOCK_STALENESS_SECONDS": "6",
+    "TURN_HEARTBEAT_SECONDS": "1",
+    "DATABASE_CONNECT_TIMEOUT_SECONDS": "1",
+    "DATABASE_STATEMENT_TIMEOUT_SECONDS": "2",
+}
 ANSWER = "the whole answer"
 # What the cut-off replica logs when it finds the message is no longer its own, when it has
 # given it up to a take-over, or when its turn found the lock taken over.
