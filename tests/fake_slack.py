@@ -297,8 +297,28 @@ class FakeSlack(_Server):
         if method == "views.open":
             return {"ok": True, "view": {"id": f"V{self.next_ts()}"}}
         if method == "conversations.replies":
-            return {"ok": True, "messages": self.threads.get(str(args.get("ts")), [])}
+            return self._replies(args)
         return {"ok": True}
+
+    def _replies(self, args: dict[str, Any]) -> dict[str, Any]:
+        """conversations.replies as Slack pages it: oldest first within ``oldest``/``latest``
+        (``inclusive`` or not), ``limit`` at a time (1000 by default), an opaque cursor to go on."""
+        inclusive = str(args.get("inclusive", "")).lower() in ("1", "true")
+        oldest, latest = args.get("oldest"), args.get("latest")
+        found = sorted(self.threads.get(str(args.get("ts")), []), key=lambda m: float(m["ts"]))
+        if oldest:
+            found = [m for m in found if m["ts"] > oldest or (inclusive and m["ts"] == oldest)]
+        if latest:
+            found = [m for m in found if m["ts"] < latest or (inclusive and m["ts"] == latest)]
+        start = int(str(args.get("cursor") or "0").removeprefix("page-"))
+        end = start + int(args.get("limit") or 1000)
+        more = end < len(found)
+        return {
+            "ok": True,
+            "messages": found[start:end],
+            "has_more": more,
+            "response_metadata": {"next_cursor": f"page-{end}" if more else ""},
+        }
 
     def _limits(self, method: str, args: dict[str, Any]) -> dict[str, Any] | None:
         """Slack's length rules: an error to answer, or None."""
