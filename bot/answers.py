@@ -208,15 +208,17 @@ class ThreadAnswers:
     ) -> Gathered:
         """The message's context (``bot.context``) and files, fetched once per try."""
         gathered = Gathered()
+        shared: list[SharedFile] = []
         if post.ts != post.thread_ts and await conversation.is_empty():
             earlier = await context.thread_before(client, post.channel, post.thread_ts, post.ts)
-            if earlier:
-                gathered.notes.append(earlier)
+            if earlier.text:
+                gathered.notes.append(earlier.text)
+            shared += earlier.files  # shared before the mention: the agent gets them too
         if post.surface in ("dm", "assistant"):
             looking = context.viewing(await self.conversations.viewing(f"{post.team}:{post.user}"))
             if looking:
                 gathered.notes.append(looking)
-        shared = [SharedFile.from_dict(f) for f in record.context.get("files") or []]
+        shared += [SharedFile.from_dict(f) for f in record.context.get("files") or []]
         if shared:
             token = client.token if isinstance(client.token, str) else None
             await context.fetch_files(

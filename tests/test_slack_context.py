@@ -231,3 +231,34 @@ def test_max_file_bytes__bounded_by_what_the_sandbox_holds_in_one_file() -> None
         "MAX_FILE_BYTES: 25000000 is more than the sandbox holds in one file (10000000); "
         "use at most that"
     )
+
+
+async def test_thread_context__a_long_thread_gives_its_latest_messages_and_earlier_files(
+    database_url: str, slack: FakeSlack, store: SessionStore
+) -> None:
+    # 450 replies before the mention (Slack pages them oldest first): the agent gets the ones
+    # just before it, and the file shared among them.
+    root = "1700000200.000001"
+    said = [
+        {"ts": f"1700000200.{i + 2:06d}", "user": "U2", "text": f"chatter number {i}"}
+        for i in range(450)
+    ]
+    note = shared(slack, "early.txt", b"shared before the mention\n")
+    said[440].update(subtype="file_share", files=[note])
+    slack.threads[root] = [{"ts": root, "user": "U2", "text": "the thread starts"}, *said]
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        await client.message(
+            "$ cat files/early.txt", mention=True, thread_ts=root, ts="1700000200.999999"
+        )
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+    session = await store.find_session("slack", f"T1/C1/{root}")
+    assert session is not None
+    first, answer = await store.messages(session.id)
+    context = first.message["metadata"]["context"]
+    assert "chatter number 449" in context  # what was said just before the mention
+    assert "chatter number 400" in context
+    assert "chatter number 399" not in context  # the latest 50 only
+    assert "the thread starts" not in context
+    assert "shared before the mention" in message_text(answer.message)
+    pages = slack.named("conversations.replies")
+    assert len(pages) == 3  # 200 at a time
