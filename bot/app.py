@@ -5,6 +5,10 @@ acknowledges (``process_before_response``): once Slack hears "received", the rec
 an answer (``core.conversation.worker``); if the record cannot be written, the request fails with
 500 and Slack sends it again. The answer itself is worked out after the acknowledgement, as is
 everything the other listeners do (they acknowledge first and hand the work to a task).
+
+``serve`` runs the message listeners twice over: in the intake's own small app
+(``add_message_listeners`` on ``bolt_app``, on the intake thread: ``bot.intake``) for HTTP, and
+in the full app (``build_app``) for Socket Mode and the in-process harness.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic
@@ -108,6 +109,7 @@ class DeliveryWorker(Generic[C]):
         self.max_held = max_held if max_held is not None else settings.max_held_messages
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handed = 0  # records handed over from another thread, not yet taken here
+        self._handed_lock = threading.Lock()  # ``+=`` is not atomic across threads
         self._releasing: set[asyncio.Task[int]] = set()
         self.intake = Intake(
             deliveries,
@@ -133,12 +135,14 @@ class DeliveryWorker(Generic[C]):
         loop = self._loop
         if loop is None:
             raise RuntimeError("the delivery worker has not started")
-        self._handed += 1
+        with self._handed_lock:
+            self._handed += 1
         metrics.INTAKE_QUEUE.inc()
         loop.call_soon_threadsafe(self._handed_over, record)
 
     def _handed_over(self, record: DeliveryRecord) -> None:
-        self._handed -= 1
+        with self._handed_lock:
+            self._handed -= 1
         metrics.INTAKE_QUEUE.dec()
         self.accept(record)
 
