@@ -46,7 +46,8 @@ async def connected(serve: ServeProcess, within: float = 90.0) -> None:
 
 def env(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     return {
-        "MCP_CONFIG": write_config(tmp_path, {"notes": notes_entry(tmp_path)}),
+        # A generous timeout: on a loaded machine the SDK server takes long to start.
+        "MCP_CONFIG": write_config(tmp_path, {"notes": notes_entry(tmp_path, timeout=600)}),
         "SESSION_POLL_SECONDS": "0.3",
         **extra,
     }
