@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from bot.service import Bot
 from core.settings import load_settings
-from tests.fake_slack import SIGNING_SECRET, FakeSlack
+from core.testing.server import serve_app
+from core.testing.slack import SIGNING_SECRET, SlackClient, SlackStandIn
 from tests.helpers import ROOT
 
 
@@ -30,7 +30,7 @@ class RunningBot:
     bot: Bot
 
 
-def bot_settings(database_url: str, slack: FakeSlack, **overrides: Any) -> dict[str, Any]:
+def bot_settings(database_url: str, slack: SlackStandIn, **overrides: Any) -> dict[str, Any]:
     values: dict[str, Any] = {
         "database_url": database_url,
         "slack_bot_token": "xoxb-test",
@@ -48,18 +48,14 @@ def bot_settings(database_url: str, slack: FakeSlack, **overrides: Any) -> dict[
 
 @contextlib.asynccontextmanager
 async def running_bot(
-    database_url: str, slack: FakeSlack, **overrides: Any
+    database_url: str, slack: SlackStandIn, **overrides: Any
 ) -> AsyncIterator[RunningBot]:
     bot = await Bot.open(load_settings(**bot_settings(database_url, slack, **overrides)))
     bot.answers.pacer.base = 0.05
     bot.start()
-    runner = web.AppRunner(bot.web_app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, url = await serve_app(bot.web_app())
     try:
-        yield RunningBot(f"http://127.0.0.1:{port}", bot)
+        yield RunningBot(url, bot)
     finally:
         await runner.cleanup()
         await bot.close()
@@ -74,7 +70,7 @@ def free_port() -> int:
 class ServeProcess:
     """``python -m bot serve`` as a child process with the given environment."""
 
-    def __init__(self, database_url: str, slack: FakeSlack, **env: Any) -> None:
+    def __init__(self, database_url: str, slack: SlackStandIn, **env: Any) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         values = {
@@ -170,3 +166,21 @@ async def oauth_install(bot_url: str) -> None:
         callback = f"{bot_url}/slack/oauth_redirect?code=the-code&state={found[1]}"
         async with http.get(callback, allow_redirects=False, headers={"Cookie": cookie}) as r:
             assert r.status in (200, 302), await r.text()
+
+
+async def rewind(
+    client: SlackClient, slack: SlackStandIn, *, message_ts: str, thread_ts: str, user: str = "U1"
+) -> dict[str, Any]:
+    """*Rewind to here* as a person does it: the shortcut, then the confirmation's submit.
+    Returns the confirmation modal the app opened."""
+    opened = len(slack.named("views.open"))
+    assert (
+        await client.shortcut(
+            "rewind_session", message_ts=message_ts, thread_ts=thread_ts, user=user
+        )
+        == 200
+    )
+    await slack.wait_for(lambda: len(slack.named("views.open")) > opened)
+    view: dict[str, Any] = slack.named("views.open")[-1].args["view"]
+    assert await client.submit_view(view, user=user) == 200
+    return view

@@ -12,7 +12,8 @@ from bot import texts as text
 from core.messages import message_text
 from core.storage.feedback import votes
 from core.storage.sessions import SessionStore
-from tests.fake_slack import FakeSlack, GatedModel, SlackClient
+from core.testing.openai import GatedModel
+from core.testing.slack import SlackClient, SlackStandIn
 from tests.slack_harness import OAUTH, oauth_install, running_bot
 
 
@@ -26,7 +27,7 @@ def gated(model: GatedModel, **extra: Any) -> dict[str, Any]:
 
 
 async def test_agent_session__processing_while_the_turn_runs_then_active_with_the_stop(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("plan the offsite", mention=True)
@@ -40,7 +41,7 @@ async def test_agent_session__processing_while_the_turn_runs_then_active_with_th
 
 
 async def test_stop_button__on_the_replica_not_running_the_turn_stops_it(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with (
         GatedModel(early="the start of a long answer", command="echo begun > begun.txt") as model,
@@ -69,7 +70,7 @@ async def test_stop_button__on_the_replica_not_running_the_turn_stops_it(
 
 
 async def test_stop_button__for_a_thread_with_nothing_running_changes_nothing(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("hello", mention=True)
@@ -86,7 +87,7 @@ async def test_stop_button__for_a_thread_with_nothing_running_changes_nothing(
 
 
 async def test_rename_in_slack__becomes_the_sessions_title(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("first words", mention=True)
@@ -113,7 +114,7 @@ async def test_rename_in_slack__becomes_the_sessions_title(
     "order", [("app_uninstalled", "tokens_revoked"), ("tokens_revoked", "app_uninstalled")]
 )
 async def test_uninstall__in_either_order_twice_removes_the_install_and_stops_turns(
-    database_url: str, slack: FakeSlack, store: SessionStore, order: tuple[str, str]
+    database_url: str, slack: SlackStandIn, store: SessionStore, order: tuple[str, str]
 ) -> None:
     async with (
         GatedModel(early="half") as model,
@@ -169,7 +170,7 @@ async def feedback_click(
 
 
 async def test_feedback__a_vote_is_stored_against_the_answer_and_acknowledged(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("rate me", mention=True)

@@ -11,12 +11,12 @@ from core.messages import message_text
 from core.providers.base import UserMessage
 from core.providers.uimessages import ui_to_chat
 from core.storage.sessions import SessionStore
-from tests.fake_slack import FakeSlack, SlackClient, rewind
-from tests.slack_harness import running_bot
+from core.testing.slack import SlackClient, SlackStandIn
+from tests.slack_harness import rewind, running_bot
 
 
 def shared(
-    slack: FakeSlack, name: str, data: bytes, mimetype: str = "text/plain"
+    slack: SlackStandIn, name: str, data: bytes, mimetype: str = "text/plain"
 ) -> dict[str, Any]:
     slack.files[name] = (data, mimetype)
     return {
@@ -37,7 +37,7 @@ async def answers(store: SessionStore, root: str) -> list[str]:
 
 
 async def test_file__copied_into_the_sandbox_then_gone_after_a_rewind_to_before_it(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("hello", mention=True)
@@ -62,7 +62,7 @@ async def test_file__copied_into_the_sandbox_then_gone_after_a_rewind_to_before_
 
 
 async def test_file__too_big_is_refused_and_the_message_still_answered(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with (
         running_bot(database_url, slack, max_file_bytes=1000) as bot,
@@ -80,7 +80,7 @@ async def test_file__too_big_is_refused_and_the_message_still_answered(
 
 
 async def test_file__slacks_sign_in_page_is_never_taken_for_the_file(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     # A token without files:read gets Slack's HTML sign-in page (with a 200).
     async with (
@@ -97,7 +97,7 @@ async def test_file__slacks_sign_in_page_is_never_taken_for_the_file(
 
 
 async def test_thread_context__earlier_messages_go_with_the_first_turn(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root = "1700000100.000001"
     slack.threads[root] = [
@@ -127,7 +127,7 @@ async def test_thread_context__earlier_messages_go_with_the_first_turn(
 
 
 async def test_app_context__the_channel_the_person_looks_at_goes_with_their_message(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         event = {

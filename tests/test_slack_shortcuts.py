@@ -10,12 +10,12 @@ import pytest
 from bot import texts as text
 from core.messages import message_text
 from core.storage.sessions import SessionStore
-from tests.fake_slack import FakeSlack, SlackClient, rewind
-from tests.slack_harness import RunningBot, running_bot
+from core.testing.slack import SlackClient, SlackStandIn
+from tests.slack_harness import RunningBot, rewind, running_bot
 
 
 @pytest.fixture
-async def running(database_url: str, slack: FakeSlack) -> AsyncIterator[RunningBot]:
+async def running(database_url: str, slack: SlackStandIn) -> AsyncIterator[RunningBot]:
     async with running_bot(database_url, slack, admin_user_ids="UADMIN") as bot:
         yield bot
 
@@ -27,7 +27,7 @@ async def client(running: RunningBot) -> AsyncIterator[SlackClient]:
 
 
 async def conversation(
-    client: SlackClient, slack: FakeSlack, turns: int = 2
+    client: SlackClient, slack: SlackStandIn, turns: int = 2
 ) -> tuple[str, list[str], list[str]]:
     """A session thread with ``turns`` exchanges; returns root ts, user ts's, reply ts's."""
     users: list[str] = []
@@ -48,12 +48,12 @@ async def texts(store: SessionStore, root: str, team: str = "T1", channel: str =
     return [message_text(m.message) for m in await store.messages(session.id)]
 
 
-def ephemeral_texts(slack: FakeSlack, user: str | None = None) -> list[str]:
+def ephemeral_texts(slack: SlackStandIn, user: str | None = None) -> list[str]:
     return [c.text for c in slack.ephemerals(user)]
 
 
 async def test_rewind__to_a_reply_keeps_it_and_marks_the_later_replies(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, _, replies = await conversation(client, slack, turns=3)
     modal = await rewind(client, slack, message_ts=replies[0], thread_ts=root)
@@ -69,7 +69,7 @@ async def test_rewind__to_a_reply_keeps_it_and_marks_the_later_replies(
 
 
 async def test_rewind__to_a_user_message_returns_it_as_a_draft(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, users, _ = await conversation(client, slack, turns=2)
     modal = await rewind(client, slack, message_ts=users[1], thread_ts=root)
@@ -79,7 +79,7 @@ async def test_rewind__to_a_user_message_returns_it_as_a_draft(
 
 
 async def test_rewind__by_someone_else_is_refused_and_changes_nothing(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, _, replies = await conversation(client, slack, turns=2)
     await client.shortcut("rewind_session", message_ts=replies[0], thread_ts=root, user="U2")
@@ -88,7 +88,7 @@ async def test_rewind__by_someone_else_is_refused_and_changes_nothing(
 
 
 async def test_rewind__an_admin_may_rewind_anyones_session(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, _, replies = await conversation(client, slack, turns=2)
     await rewind(client, slack, message_ts=replies[0], thread_ts=root, user="UADMIN")
@@ -97,7 +97,7 @@ async def test_rewind__an_admin_may_rewind_anyones_session(
 
 
 async def test_shortcut__on_a_message_of_no_session_gets_a_friendly_ephemeral(
-    client: SlackClient, slack: FakeSlack
+    client: SlackClient, slack: SlackStandIn
 ) -> None:
     stray = client.new_ts()
     await client.shortcut("rewind_session", message_ts=stray, thread_ts=None)
@@ -105,7 +105,7 @@ async def test_shortcut__on_a_message_of_no_session_gets_a_friendly_ephemeral(
 
 
 async def test_fork__anyone_may_fork_into_a_new_thread_they_own(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, _, replies = await conversation(client, slack, turns=2)
     await client.shortcut("fork_session", message_ts=replies[0], thread_ts=root, user="U2")
@@ -127,7 +127,7 @@ async def test_fork__anyone_may_fork_into_a_new_thread_they_own(
 
 
 async def test_compact__shortcut_posts_the_checkpoint_and_refuses_twice(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, users, _ = await conversation(client, slack, turns=2)
     await client.shortcut("compact_session", message_ts=users[0], thread_ts=root)
@@ -149,7 +149,7 @@ async def test_compact__shortcut_posts_the_checkpoint_and_refuses_twice(
 
 
 async def test_rewind__to_a_checkpoint_keeps_it_and_returns_no_draft(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, users, _ = await conversation(client, slack, turns=1)
     await client.shortcut("compact_session", message_ts=users[0], thread_ts=root)
@@ -176,7 +176,7 @@ async def test_rewind__to_a_checkpoint_keeps_it_and_returns_no_draft(
 
 
 async def test_compact__by_someone_else_is_refused(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, users, _ = await conversation(client, slack, turns=1)
     await client.shortcut("compact_session", message_ts=users[0], thread_ts=root, user="U2")
@@ -185,7 +185,7 @@ async def test_compact__by_someone_else_is_refused(
 
 
 async def test_slash_compact__with_a_thread_link_and_focus(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, _, _ = await conversation(client, slack, turns=1)
     link = f"https://test.slack.com/archives/C1/p{root.replace('.', '')}"
@@ -201,7 +201,7 @@ async def test_slash_compact__with_a_thread_link_and_focus(
 
 
 async def test_slash_compact__without_a_link_offers_a_picker(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, _, _ = await conversation(client, slack, turns=1)
     focus = "the deployment plan, " * 40  # longer than Slack lets a button carry
@@ -234,7 +234,7 @@ async def test_slash_compact__without_a_link_offers_a_picker(
 
 
 async def test_foreign_workspace__payloads_change_nothing(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, _, replies = await conversation(client, slack, turns=2)
     calls = len(slack.calls)
@@ -250,7 +250,7 @@ async def test_foreign_workspace__payloads_change_nothing(
 
 
 async def test_fork__at_a_user_message_hands_it_to_the_forker_as_a_draft(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, users, _ = await conversation(client, slack, turns=2)
     await client.shortcut("fork_session", message_ts=users[1], thread_ts=root, user="U2")
@@ -260,7 +260,7 @@ async def test_fork__at_a_user_message_hands_it_to_the_forker_as_a_draft(
 
 
 async def test_compact__an_admin_may_compact_anyones_session(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, users, _ = await conversation(client, slack, turns=1)
     await client.shortcut("compact_session", message_ts=users[0], thread_ts=root, user="UADMIN")

@@ -23,7 +23,8 @@ from core.messages import assistant_message, message_text, user_message
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import load_state, messages_with_snapshots
 from core.storage.surface_state import SurfaceState
-from tests.fake_slack import FakeSlack, GatedModel, SlackClient
+from core.testing.openai import GatedModel
+from core.testing.slack import SlackClient, SlackStandIn
 from tests.helpers import add_exchange, new_session
 from tests.slack_harness import ServeProcess
 from tests.terminal_harness import OPERATOR, ChatProcess, chat_env
@@ -387,7 +388,7 @@ async def test_chat__ctrl_c_mid_reply_keeps_the_partial_answer_and_frees_the_loc
 
 
 async def test_busy_race__terminal_meets_a_slack_turn_waits_and_enter_sends_when_free(
-    database_url: str, slack: FakeSlack, store: SessionStore, chats: list[ChatProcess]
+    database_url: str, slack: SlackStandIn, store: SessionStore, chats: list[ChatProcess]
 ) -> None:
     async with GatedModel() as model:
         serve = ServeProcess(database_url, slack, **openai_env(model))
@@ -428,7 +429,7 @@ async def test_busy_race__terminal_meets_a_slack_turn_waits_and_enter_sends_when
 
 
 async def test_busy_race__slack_meets_a_terminal_turn_and_is_offered_its_message_after(
-    database_url: str, slack: FakeSlack, store: SessionStore, chats: list[ChatProcess]
+    database_url: str, slack: SlackStandIn, store: SessionStore, chats: list[ChatProcess]
 ) -> None:
     async with GatedModel() as model:
         serve = ServeProcess(database_url, slack, **openai_env(model))
@@ -473,7 +474,7 @@ async def test_busy_race__slack_meets_a_terminal_turn_and_is_offered_its_message
 
 
 async def test_stale__slack_thread_shows_what_the_terminal_added_before_sending(
-    database_url: str, slack: FakeSlack, store: SessionStore, chats: list[ChatProcess]
+    database_url: str, slack: SlackStandIn, store: SessionStore, chats: list[ChatProcess]
 ) -> None:
     serve = ServeProcess(database_url, slack)
     try:
