@@ -29,6 +29,7 @@ from typing import Any
 from bench.costs import summarize
 from core.agent.loop import McpCallFinished
 from core.conversation import Answered, Conversations, Decided, TurnRequest
+from core.records import Actor
 from core.runtime import Runtime
 from core.settings import Settings
 from core.testing.mcp_notes import stdio_entry
@@ -113,6 +114,12 @@ async def bench_tools(database_url: str | None, *, quick: bool = False) -> dict[
             outcome = await conversation.carry_out(result.approval.id, tool)
             assert isinstance(outcome, Answered)
             round_trip.append(time.perf_counter() - started - tool.seconds)
+        # The database may be a real one: the bench's sessions go (their requests with them).
+        admin = Actor(None, admin=True)
+        for session in await runtime.storage.sessions.list_sessions(
+            project_name=conversations.project, limit=10 * n
+        ):
+            await runtime.storage.sessions.delete_session(session.id, admin)
     return {
         "turn_without_tool": summarize(baseline),
         "turn_with_mcp_call_excluding_tool": summarize(with_call),

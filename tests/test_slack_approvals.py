@@ -10,7 +10,7 @@ from typing import Any
 
 from bot import texts as text
 from core.storage.sessions import SessionStore
-from tests.fake_slack import Call, FakeSlack, SlackClient
+from core.testing.slack import Call, SlackClient, SlackStandIn
 from tests.mcp_support import READY_SECONDS, calls_counted, notes, notes_entry, write_config
 from tests.slack_harness import RunningBot, running_bot
 
@@ -30,7 +30,7 @@ async def connected(*bots: RunningBot) -> None:
             await tools.wait_for("notes", "connected")
 
 
-def cards(slack: FakeSlack) -> list[Call]:
+def cards(slack: SlackStandIn) -> list[Call]:
     return [
         c
         for c in slack.named("chat.postMessage")
@@ -50,7 +50,7 @@ def approval_id(card: Call) -> str:
 
 async def click(
     client: SlackClient,
-    slack: FakeSlack,
+    slack: SlackStandIn,
     card: Call,
     *,
     approve: bool = True,
@@ -82,12 +82,12 @@ async def click(
     return await client.interaction(payload)
 
 
-def card_updates(slack: FakeSlack, card: Call) -> list[str]:
+def card_updates(slack: SlackStandIn, card: Call) -> list[str]:
     return [c.text for c in slack.named("chat.update") if c.args.get("ts") == card.result["ts"]]
 
 
 async def test_slack_approval__card_then_approve_runs_the_call_and_the_answer_continues(
-    database_url: str, slack: FakeSlack, store: SessionStore, tmp_path: Path
+    database_url: str, slack: SlackStandIn, store: SessionStore, tmp_path: Path
 ) -> None:
     async with (
         running_bot(database_url, slack, **mcp(tmp_path)) as bot,
@@ -109,7 +109,7 @@ async def test_slack_approval__card_then_approve_runs_the_call_and_the_answer_co
 
 
 async def test_slack_approval__deny_runs_nothing_and_the_card_says_who(
-    database_url: str, slack: FakeSlack, tmp_path: Path
+    database_url: str, slack: SlackStandIn, tmp_path: Path
 ) -> None:
     async with (
         running_bot(database_url, slack, **mcp(tmp_path)) as bot,
@@ -125,7 +125,7 @@ async def test_slack_approval__deny_runs_nothing_and_the_card_says_who(
 
 
 async def test_slack_approval__others_and_bad_ids_are_refused_and_nothing_changes(
-    database_url: str, slack: FakeSlack, tmp_path: Path
+    database_url: str, slack: SlackStandIn, tmp_path: Path
 ) -> None:
     async with (
         running_bot(database_url, slack, **mcp(tmp_path)) as bot,
@@ -148,7 +148,7 @@ async def test_slack_approval__others_and_bad_ids_are_refused_and_nothing_change
 
 
 async def test_slack_approval__two_replicas_clicks_at_once_and_a_retry_run_the_tool_once(
-    database_url: str, slack: FakeSlack, tmp_path: Path
+    database_url: str, slack: SlackStandIn, tmp_path: Path
 ) -> None:
     before = calls_counted("notes", "add_note", "ok")
     async with (
@@ -171,7 +171,7 @@ async def test_slack_approval__two_replicas_clicks_at_once_and_a_retry_run_the_t
 
 
 async def test_slack_approval__a_new_message_supersedes_the_card(
-    database_url: str, slack: FakeSlack, tmp_path: Path
+    database_url: str, slack: SlackStandIn, tmp_path: Path
 ) -> None:
     async with (
         running_bot(database_url, slack, session_poll_seconds=0.1, **mcp(tmp_path)) as bot,
@@ -189,7 +189,7 @@ async def test_slack_approval__a_new_message_supersedes_the_card(
 
 
 async def test_slack_approval__a_malformed_action_payload_is_a_400(
-    database_url: str, slack: FakeSlack, tmp_path: Path
+    database_url: str, slack: SlackStandIn, tmp_path: Path
 ) -> None:
     async with (
         running_bot(database_url, slack, **mcp(tmp_path)) as bot,

@@ -12,6 +12,8 @@ the approval's bookkeeping, live here.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from core.providers.base import ToolCall, ToolSpec
 from core.providers.uimessages import Part, tool_call_part, tool_error_part
 from core.storage.approvals import ApprovalRecord, Approvals
 from core.tools import McpTools, ToolOutcome, call_digest, is_mcp_tool_name
+from core.tools.names import server_of
 
 # The AI SDK (v5) UIMessage tool-part states of a call that waits for, or got, a decision.
 APPROVAL_REQUESTED = "approval-requested"
@@ -69,6 +72,8 @@ class ApprovalRequest:
 
 
 Emit = Callable[[Any], Awaitable[None]]
+# How long an approved call waits for its server to connect in a process that just started.
+SERVER_WAIT_SECONDS = 60.0
 
 ONE_AT_A_TIME = (
     "This call was not run: an earlier call of this step waits for a person's approval; "
@@ -116,6 +121,15 @@ async def run(
         )
         return outcome_part(call, outcome), outcome
     tool = tools.tool(call.name)
+    if tool is None and approval is not None:
+        # An approved call carried out by a process whose server has not listed its tools yet
+        # (just started): wait for it, as a call to a restarting server waits, not refuse.
+        server = server_of(call.name)
+        if server is not None and server in {s.name for s in tools.status()}:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SERVER_WAIT_SECONDS):
+                    await tools.wait_for(server, "connected")
+        tool = tools.tool(call.name)
     await emit(McpCallStarted(call.name, tool.server if tool else None, call.arguments))
     started = time.perf_counter()
     outcome = await tools.call(call.name, call.arguments, approval=approval)
