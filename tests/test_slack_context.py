@@ -234,7 +234,7 @@ def test_max_file_bytes__bounded_by_what_the_sandbox_holds_in_one_file() -> None
 
 
 async def test_thread_context__a_long_thread_gives_its_latest_messages_and_earlier_files(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     # 450 replies before the mention (Slack pages them oldest first): the agent gets the ones
     # just before it, and the file shared among them.
