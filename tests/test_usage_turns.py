@@ -31,11 +31,12 @@ from core.testing import anthropic as fake_anthropic
 from core.testing import openai as fake_openai
 from core.testing.anthropic import AnthropicStandIn
 from core.testing.openai import OpenAIStandIn
+from core.testing.scripted import SseReply, sse_frame
 from core.usage.budgets import parse_budgets, refused_budget, resets_text
 from core.usage.prices import OwnPrices
 from core.usage.totals import RequestUsage
 from tests.helpers import new_session, read_json_line, start_worker, stop_workers
-from tests.providers_fixtures import RecordingSleep, SseReply, sse_frame
+from tests.providers_fixtures import RecordingSleep
 
 PAYER = Payer("slack:T1:U1", "T1")
 
