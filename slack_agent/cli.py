@@ -319,9 +319,11 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> None:
     from bench.costs import format_table, run_bench
     from bench.observability import bench_observability, format_observability
     from bench.slack import bench_slack
+    from bench.tools import bench_tools
 
     result = await run_bench(args.database_url, quick=args.quick)
     result.update(await bench_slack(args.database_url))
+    result.update(await bench_tools(args.database_url, quick=args.quick))
     result["concurrent_turns"] = await bench_concurrent_turns(
         args.database_url,
         sizes=(10, 100) if args.quick else (10, 100, 500),

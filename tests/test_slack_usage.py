@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from core.storage.sessions import SessionStore
 from core.testing.otlp import OtlpReceiver
-from tests.fake_slack import FakeSlack, SlackClient
+from core.testing.slack import SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
 
 
 async def test_over_budget__an_ephemeral_names_the_limit_and_nothing_is_added(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with (
         running_bot(database_url, slack, budgets="user:day:0tokens") as bot,
@@ -29,7 +29,7 @@ async def test_over_budget__an_ephemeral_names_the_limit_and_nothing_is_added(
 
 
 async def test_trace_url_template__the_finished_reply_links_to_its_trace(
-    database_url: str, slack: FakeSlack
+    database_url: str, slack: SlackStandIn
 ) -> None:
     async with OtlpReceiver() as collector:
         async with (

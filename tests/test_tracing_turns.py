@@ -23,10 +23,10 @@ from core.storage import Storage
 from core.storage.engine import Database
 from core.storage.sessions import SessionStore
 from core.storage.usage import UsageLedger
+from core.testing import openai as fake_openai
+from core.testing.openai import OpenAIStandIn
 from core.testing.otlp import OtlpReceiver, ReceivedSpan
 from core.tracing.spans import Tracer
-from tests import fake_openai
-from tests.fake_openai import FakeOpenAI
 from tests.helpers import add_exchange, new_session
 from tests.providers_fixtures import RecordingSleep
 from tests.test_tracing import dropped
@@ -42,8 +42,8 @@ async def collector() -> AsyncIterator[OtlpReceiver]:
 
 
 @pytest.fixture
-async def openai_server() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
+async def openai_server() -> AsyncIterator[OpenAIStandIn]:
+    async with OpenAIStandIn() as server:
         yield server  # type: ignore[misc]
 
 
@@ -54,7 +54,7 @@ AgentFactory = Callable[..., Agent]
 async def agent_for(db: Database) -> AsyncIterator[AgentFactory]:
     made: list[tuple[ProviderCache, Tracer]] = []
 
-    def make(store: SessionStore, server: FakeOpenAI, tracer: Tracer, **config: Any) -> Agent:
+    def make(store: SessionStore, server: OpenAIStandIn, tracer: Tracer, **config: Any) -> Agent:
         settings = Settings(
             model_provider="openai",
             openai_api_key="sk-test",
@@ -80,7 +80,7 @@ def tracer_for(endpoint: str, **settings: Any) -> Tracer:
     )
 
 
-def script_turn(server: FakeOpenAI) -> None:
+def script_turn(server: OpenAIStandIn) -> None:
     """A compaction's checkpoint, a shell call, then the answer."""
     server.push(
         fake_openai.tool_call_reply([("cp_1", "write_checkpoint", {"objectives": [SECRET]})]),
@@ -108,7 +108,7 @@ def named(spans: list[ReceivedSpan]) -> dict[str, list[ReceivedSpan]]:
 
 async def test_turn_trace__agent_llm_tool_and_compaction_spans_in_one_tree(
     store: SessionStore,
-    openai_server: FakeOpenAI,
+    openai_server: OpenAIStandIn,
     collector: OtlpReceiver,
     agent_for: AgentFactory,
 ) -> None:
@@ -160,7 +160,7 @@ async def test_turn_trace__agent_llm_tool_and_compaction_spans_in_one_tree(
 
 async def test_turn_trace__content_off_and_user_ids_on(
     store: SessionStore,
-    openai_server: FakeOpenAI,
+    openai_server: OpenAIStandIn,
     collector: OtlpReceiver,
     agent_for: AgentFactory,
 ) -> None:
@@ -188,7 +188,7 @@ async def test_turn_trace__content_off_and_user_ids_on(
 
 
 async def test_turn_trace__an_unreachable_collector_loses_spans_never_the_turn(
-    store: SessionStore, openai_server: FakeOpenAI, agent_for: AgentFactory
+    store: SessionStore, openai_server: OpenAIStandIn, agent_for: AgentFactory
 ) -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))

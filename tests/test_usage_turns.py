@@ -27,27 +27,29 @@ from core.storage.engine import Database
 from core.storage.feedback import Feedback
 from core.storage.sessions import SessionStore
 from core.storage.usage import LedgerEntry, UsageLedger
+from core.testing import anthropic as fake_anthropic
+from core.testing import openai as fake_openai
+from core.testing.anthropic import AnthropicStandIn
+from core.testing.openai import OpenAIStandIn
+from core.testing.scripted import SseReply, sse_frame
 from core.usage.budgets import parse_budgets, refused_budget, resets_text
 from core.usage.prices import OwnPrices
 from core.usage.totals import RequestUsage
-from tests import fake_anthropic, fake_openai
-from tests.fake_anthropic import FakeAnthropic
-from tests.fake_openai import FakeOpenAI
 from tests.helpers import new_session, read_json_line, start_worker, stop_workers
-from tests.providers_fixtures import RecordingSleep, SseReply, sse_frame
+from tests.providers_fixtures import RecordingSleep
 
 PAYER = Payer("slack:T1:U1", "T1")
 
 
 @pytest.fixture
-async def openai_server() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
+async def openai_server() -> AsyncIterator[OpenAIStandIn]:
+    async with OpenAIStandIn() as server:
         yield server
 
 
 @pytest.fixture
-async def anthropic_server() -> AsyncIterator[FakeAnthropic]:
-    async with FakeAnthropic() as server:
+async def anthropic_server() -> AsyncIterator[AnthropicStandIn]:
+    async with AnthropicStandIn() as server:
         yield server
 
 
@@ -71,7 +73,7 @@ async def agent_for(db: Database) -> AsyncIterator[AgentFactory]:
         await cache.aclose()
 
 
-def openai_settings(server: FakeOpenAI) -> Settings:
+def openai_settings(server: OpenAIStandIn) -> Settings:
     return Settings(
         model_provider="openai",
         openai_api_key="sk-test",
@@ -95,7 +97,7 @@ def usage_of(result: Any) -> dict[str, Any]:
 
 
 async def test_usage__openai_streamed_usage_is_the_messages_usage_and_one_ledger_row(
-    store: SessionStore, db: Database, openai_server: FakeOpenAI, agent_for: AgentFactory
+    store: SessionStore, db: Database, openai_server: OpenAIStandIn, agent_for: AgentFactory
 ) -> None:
     _, session = await new_session(store)
     openai_server.push(
@@ -131,7 +133,7 @@ async def test_usage__openai_streamed_usage_is_the_messages_usage_and_one_ledger
 
 
 async def test_usage__a_tool_round_adds_both_requests(
-    store: SessionStore, db: Database, openai_server: FakeOpenAI, agent_for: AgentFactory
+    store: SessionStore, db: Database, openai_server: OpenAIStandIn, agent_for: AgentFactory
 ) -> None:
     _, session = await new_session(store)
     openai_server.push(
@@ -146,7 +148,7 @@ async def test_usage__a_tool_round_adds_both_requests(
 
 
 async def test_usage__anthropic_message_usage_counts_cache_reads_and_writes_as_input(
-    store: SessionStore, anthropic_server: FakeAnthropic, agent_for: AgentFactory
+    store: SessionStore, anthropic_server: AnthropicStandIn, agent_for: AgentFactory
 ) -> None:
     _, session = await new_session(store)
     anthropic_server.push(
@@ -174,7 +176,7 @@ async def test_usage__anthropic_message_usage_counts_cache_reads_and_writes_as_i
 async def test_usage__a_custom_providers_own_prices_give_the_cost(
     store: SessionStore,
     db: Database,
-    openai_server: FakeOpenAI,
+    openai_server: OpenAIStandIn,
     agent_for: AgentFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -203,7 +205,7 @@ async def test_usage__a_custom_providers_own_prices_give_the_cost(
 
 
 async def test_usage__a_server_that_reports_none_is_unknown_and_budgets_count_an_estimate(
-    store: SessionStore, db: Database, openai_server: FakeOpenAI, agent_for: AgentFactory
+    store: SessionStore, db: Database, openai_server: OpenAIStandIn, agent_for: AgentFactory
 ) -> None:
     _, session = await new_session(store)
     openai_server.push(SseReply([*fake_openai.text_frames("Some answer."), fake_openai.DONE]))
@@ -252,7 +254,7 @@ async def spend(db: Database, tokens: int, payer: Payer = PAYER) -> None:
 
 
 async def test_budget__a_payer_over_the_limit_is_refused_before_any_model_request(
-    store: SessionStore, db: Database, openai_server: FakeOpenAI, agent_for: AgentFactory
+    store: SessionStore, db: Database, openai_server: OpenAIStandIn, agent_for: AgentFactory
 ) -> None:
     _, session = await new_session(store)
     await spend(db, 1000)
@@ -286,7 +288,7 @@ async def test_budget__the_conversation_api_returns_one_refusal_naming_the_limit
 
 
 async def test_budget__a_turn_crossing_the_limit_stops_after_the_request_in_flight(
-    store: SessionStore, db: Database, openai_server: FakeOpenAI, agent_for: AgentFactory
+    store: SessionStore, db: Database, openai_server: OpenAIStandIn, agent_for: AgentFactory
 ) -> None:
     _, session = await new_session(store)
     openai_server.push(

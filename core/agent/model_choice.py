@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from core.errors import ConfigError
 from core.metrics import ObservedProvider
 from core.providers.base import ModelProvider
 from core.providers.registry import (
@@ -91,6 +92,25 @@ class ProviderCache:
                 build_custom(spec, model=self.settings.model_name, http=self._http())
             )
         return self._built[key]
+
+    async def check(self, custom: CustomProviders) -> None:
+        """Refuse, with one line naming the variable, a model configuration no turn could use:
+        a builtin provider without its key, a custom provider that is not registered (a typo
+        in MODEL_PROVIDER) or whose key variable is unset. Called at start-up, so a bad value
+        stops ``serve`` at once instead of every message ending in "gave up" minutes later.
+        Building the provider is all the check needs: the providers built are the ones turns
+        then reuse."""
+        self.builtin()
+        name = custom_provider_name(self.settings)
+        if name is None:
+            return
+        found = await custom.get(name)
+        if found is None:
+            raise ConfigError(
+                f"MODEL_PROVIDER: {name!r} is neither auto, openai, anthropic, offline nor a "
+                "custom provider registered in the custom_providers table"
+            )
+        self.custom(found[1])
 
     async def aclose(self) -> None:
         for provider in self._built.values():

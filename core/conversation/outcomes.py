@@ -106,6 +106,9 @@ class RewindPlan:
 
     leaving: int  # messages that would leave the conversation
     to_a_question: bool  # the target itself goes and comes back as a draft
+    # MCP calls that went out in the leaving messages: a rewind cannot undo what they did
+    # outside the conversation (each as ``tool {arguments}``, shortened).
+    outside: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

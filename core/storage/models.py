@@ -499,3 +499,40 @@ class UsageReservation(Base):
     unit: Mapped[str] = mapped_column(String(10), nullable=False)
     amount: Mapped[int] = mapped_column(Id, nullable=False)
     created_at: Mapped[datetime] = _created()
+
+
+class ToolApproval(Base):
+    """A tool call that waits for, or got, a person's decision (``core.storage.approvals``).
+
+    ``digest`` names the exact call (tool and arguments, ``core.tools.call_digest``): an approval
+    runs that call and nothing else. ``message_id`` is the assistant message whose tool part
+    (``tool_call_id``) is in ``approval-requested``; a rewind that takes it out makes the request
+    void. ``state``: ``pending`` -> ``approved`` | ``denied`` (a person; ``decided_by``) |
+    ``expired`` | ``superseded`` (a new message) | ``rewound``; ``approved`` -> ``running`` (the
+    call went to its server: it is never sent twice) -> ``done``; ``denied`` -> ``done``.
+    ``card_ref`` is where a surface showed the request (a Slack message), to show the outcome.
+    """
+
+    __tablename__ = "tool_approvals"
+    __table_args__ = (Index(None, "session_id", "state"), Index(None, "state", "requested_at"))
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    session_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False
+    )
+    message_id: Mapped[str] = mapped_column(String(36), nullable=False)
+    tool_call_id: Mapped[str] = mapped_column(String(255), nullable=False)
+    tool_name: Mapped[str] = mapped_column(String(255), nullable=False)
+    server: Mapped[str] = mapped_column(String(64), nullable=False)
+    arguments: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    digest: Mapped[str] = mapped_column(String(64), nullable=False)
+    approvers: Mapped[list[str]] = mapped_column(JsonDoc, nullable=False)
+    state: Mapped[str] = mapped_column(String(20), nullable=False)
+    decided_by: Mapped[str | None] = mapped_column(String(255))
+    decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    card_ref: Mapped[str | None] = mapped_column(String(255))
+    # The state the card last showed: a card whose request moved on elsewhere (the terminal
+    # decided, it expired) is brought up to date by whichever replica sees the difference.
+    card_state: Mapped[str | None] = mapped_column(String(20))
+    requested_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _created()

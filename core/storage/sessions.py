@@ -80,6 +80,9 @@ class SessionStore(TranscriptOperations):
         self.staleness_seconds = float(staleness_seconds)
         self.temporary_ttl_hours = float(temporary_ttl_hours)
         self._held = _HeldLeases(self.staleness_seconds)
+        # Sessions whose turn here ended without the database confirming its release (it was
+        # unreachable): their token, which this process's next claim may take back at once.
+        self._abandoned: dict[int, str] = {}
         self._claiming = _KeyedLocks()
         self.snapshots = Snapshots(db)
         self.custom_providers = CustomProviders(db)
@@ -307,6 +310,7 @@ class SessionStore(TranscriptOperations):
                     session_id, user_message, last_message_id, model, reservation
                 )
                 self._held.confirm(lease)
+                self._abandoned.pop(session_id, None)
         except AgentSessionBusy:
             metrics.TURN_REFUSALS.labels("busy").inc()
             raise
@@ -335,6 +339,7 @@ class SessionStore(TranscriptOperations):
             "takeover_token": TAKEOVER_MARK + token[1:],
             "staleness": self.staleness_seconds,
             "title": None,
+            "abandoned": self._abandoned.get(session_id),
         }
         if user_message is not None:
             validate_message(user_message)
@@ -395,6 +400,15 @@ class SessionStore(TranscriptOperations):
             actual_last_message_id=actual,
         )
 
+    def abandon(self, lease: TurnLease) -> None:
+        """The lease's turn ended here but its release did not reach the database: its lock
+        stays set there until the window passes. The turn is over, so this process's next
+        claim of the session may take that lock back at once (its own retry of the message
+        must not be refused as busy by a turn that no longer runs). Another process still
+        waits for the window."""
+        self._held.forget(lease)
+        self._abandoned[lease.session_id] = lease.token
+
     async def heartbeat(self, lease: TurnLease) -> None:
         await self._fenced_write(lease, [], release=False)
 
@@ -426,6 +440,29 @@ class SessionStore(TranscriptOperations):
         return await self._fenced_write(
             lease, [(m, False) for m in messages], release=True, snapshot=snapshot
         )
+
+    async def rewrite(self, lease: TurnLease, message: Message) -> None:
+        """Replace a stored message's content (same id, same place) behind the turn's fence:
+        a tool part that waited for a person's decision takes its outcome. Only the message
+        JSON changes; its position, snapshot and references stay."""
+        row = q.message_row(lease.session_id, 0, message)
+        async with self.db.write() as conn:
+            if not await q.fence(
+                conn, {"sid": lease.session_id, "token": lease.token}, release=False
+            ):
+                self._held.forget(lease)
+                raise AgentSessionLockLost(
+                    f"session {lease.session_id}: this turn's lock was taken over or released"
+                )
+            await conn.execute(
+                update(q.MESSAGES)
+                .where(
+                    q.MESSAGES.c.session_id == lease.session_id,
+                    q.MESSAGES.c.message_id == row["message_id"],
+                )
+                .values(message=row["message"])
+            )
+        self._held.confirm(lease)
 
     async def insert_checkpoint_before_tail(
         self, lease: TurnLease, checkpoint: Message
