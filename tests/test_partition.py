@@ -23,10 +23,11 @@ from sqlalchemy import select
 from core.messages import message_text
 from core.storage.models import Delivery
 from core.storage.sessions import SessionStore
+from core.testing.openai import DONE, GatedModel, text_frames, usage_chunk
+from core.testing.scripted import sse_frame
+from core.testing.server import LocalServer
+from core.testing.slack import SlackClient, SlackStandIn
 from core.testing.tcp_proxy import TcpProxy
-from tests.fake_openai import DONE, text_frames, usage_chunk
-from tests.fake_slack import FakeSlack, GatedModel, SlackClient, _Server
-from tests.providers_fixtures import sse_frame
 from tests.slack_harness import ServeProcess
 
 pytestmark = pytest.mark.slow
@@ -45,7 +46,7 @@ ANSWER = "the whole answer"
 LEFT_IT = r"no longer ours; leaving it|failed; it will be taken over|turn lost its lock"
 
 
-class EndlessFirstAnswer(_Server):
+class EndlessFirstAnswer(LocalServer):
     """An OpenAI-compatible model whose first request streams words for as long as its client
     listens (the turn that will be cut off), and whose later requests answer at once. It keeps
     when each request began and ended (the client closed the stream), on this process's
@@ -112,7 +113,7 @@ async def _until(condition: Any, within: float) -> None:
 
 @pytest.mark.parametrize("backend", ["postgresql"])  # a network between replica and database
 async def test_partition__the_cut_off_replica_stops_before_the_other_takes_over(
-    database_url: str, backend: str, slack: FakeSlack, store: SessionStore, tmp_path: Path
+    database_url: str, backend: str, slack: SlackStandIn, store: SessionStore, tmp_path: Path
 ) -> None:
     parts = urlsplit(database_url)
     async with TcpProxy("127.0.0.1", parts.port or 5432) as proxy, EndlessFirstAnswer() as model:
@@ -171,7 +172,7 @@ async def _transcript(store: SessionStore, root: str) -> list[Any]:
 
 @pytest.mark.parametrize("backend", ["postgresql"])  # the database goes away over the network
 async def test_outage_mid_turn__the_replica_retries_and_answers_without_waiting_for_a_takeover(
-    database_url: str, backend: str, slack: FakeSlack, store: SessionStore, tmp_path: Path
+    database_url: str, backend: str, slack: SlackStandIn, store: SessionStore, tmp_path: Path
 ) -> None:
     # The database goes away after the model answered: storing the answer, the partial and
     # the release all fail. The replica's own retry (seconds later, the database back) must
