@@ -46,7 +46,7 @@ class Replica:
                 stderr=out,
             )
 
-    async def ready(self, within: float = 60.0) -> None:
+    async def ready(self, within: float = 180.0) -> None:
         def exited() -> bool:
             return self.proc is not None and self.proc.returncode is not None
 

@@ -42,7 +42,6 @@ import aiohttp
 from bench.load import CHANNEL, Plan, Sender
 from bench.replicas import Replica
 from bench.soak_profile import SoakProfile
-from bench.tcp_proxy import TcpProxy
 from bot import texts as text
 from core.errors import SlackAgentError
 from core.messages import message_text, slack_message_id
@@ -52,6 +51,7 @@ from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
 from core.testing.openai import ModelFaults, SoakModel
 from core.testing.slack import TEAM, SlackFaults, SlackStandIn
+from core.testing.tcp_proxy import TcpProxy
 
 SECRET = "soak-signing-secret"
 
@@ -117,6 +117,8 @@ class SoakReport:
     abandoned: int = 0
     answers_2xx: int = 0
     ack_ms: dict[str, float] = field(default_factory=dict)
+    # Answers (any status) that took 3 s or more: Slack would have retried each.
+    acks_over_3s: int = 0
     status_counts: dict[str, int] = field(default_factory=dict)
     five_xx_outside_outage: int = 0
     turns: int = 0
@@ -292,6 +294,7 @@ class Soak:
         ok = [a.ms for a in sender.answers if a.status == 200]
         self.report.answers_2xx = len(ok)
         self.report.ack_ms = _percentiles(ok)
+        self.report.acks_over_3s = sum(1 for a in sender.answers if a.ms >= 3000)
         self.report.status_counts = {
             str(k): v for k, v in Counter(a.status for a in sender.answers).items()
         }
@@ -586,7 +589,8 @@ def format_report(report: SoakReport) -> str:
         f"({r.sent} deliveries with retries and doubles); ran {r.duration_seconds:g} s",
         f"acknowledged {r.acknowledged}, abandoned by 'Slack' {r.abandoned}; answers by status "
         f"{r.status_counts}",
-        f"ack latency (200s): {r.ack_ms}",
+        f"ack latency (200s): {r.ack_ms}; answers taking 3 s or more (Slack retries those): "
+        f"{r.acks_over_3s}",
         f"turns {r.turns} ({r.turns_per_second:g}/s), model errors shown {r.model_errors}, "
         f"resumed after a take-over {r.resumed}, replies cut short and closed with a note "
         f"(a dead replica's, or one that lost the database) {r.closed_for_a_takeover}, "

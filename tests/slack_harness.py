@@ -10,10 +10,12 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from bot.intake import IntakeThread
 from bot.service import Bot
 from core.settings import load_settings
 from core.testing.processes import child_environment, free_port, until_healthy
@@ -46,11 +48,23 @@ def bot_settings(database_url: str, slack: SlackStandIn, **overrides: Any) -> di
 
 @contextlib.asynccontextmanager
 async def running_bot(
-    database_url: str, slack: SlackStandIn, **overrides: Any
+    database_url: str, slack: SlackStandIn, *, intake: bool = False, **overrides: Any
 ) -> AsyncIterator[RunningBot]:
+    """``intake``: Slack's requests served from the intake's own thread and loop, as ``serve``
+    does (``bot.intake``); otherwise on this loop (the test's), as the demo does."""
     bot = await Bot.open(load_settings(**bot_settings(database_url, slack, **overrides)))
     bot.answers.pacer.base = 0.05
     bot.start()
+    if intake:
+        thread = IntakeThread(bot, "127.0.0.1", 0, events=True)
+        thread.start()
+        try:
+            await thread.started()
+            yield RunningBot(f"http://127.0.0.1:{thread.bound_port}", bot)
+        finally:
+            await thread.stop()
+            await bot.close()
+        return
     runner, url = await serve_app(bot.web_app())
     try:
         yield RunningBot(url, bot)
@@ -62,8 +76,13 @@ async def running_bot(
 class ServeProcess:
     """``python -m bot serve`` as a child process with the given environment."""
 
-    def __init__(self, database_url: str, slack: SlackStandIn, **env: Any) -> None:
+    def __init__(
+        self, database_url: str, slack: SlackStandIn, *, log: Path | None = None, **env: Any
+    ) -> None:
+        """``log``: its output goes to that file (read any time with ``logged``) instead of
+        a pipe read at the end (a process that logs much while a test waits would fill it)."""
         self.port = free_port()
+        self.log = log
         self.url = f"http://127.0.0.1:{self.port}"
         values = {
             "DATABASE_URL": database_url,
@@ -77,13 +96,19 @@ class ServeProcess:
             "PORT": str(self.port),
         }
         values.update({k.upper(): str(v) for k, v in env.items()})
+        sink = None if log is None else log.open("a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bot", "serve"],
             env=child_environment(**values, PYTHONPATH=str(ROOT)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE if log is None else subprocess.DEVNULL,
+            stderr=subprocess.PIPE if sink is None else sink,
             text=True,
         )
+        if sink is not None:
+            sink.close()  # the child has its own
+
+    def logged(self) -> str:
+        return "" if self.log is None else self.log.read_text()
 
     async def ready(self, within: float = 120.0) -> None:
         """Until the health check answers. Starting is importing the whole product (seconds of
@@ -99,7 +124,7 @@ class ServeProcess:
         if self.proc.poll() is None:
             return ""
         out, err = self.proc.communicate()
-        return out + err
+        return (out or "") + (err or "") + self.logged()
 
     def terminate(self) -> None:
         if self.proc.poll() is None:
@@ -124,7 +149,7 @@ class ServeProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         out, err = self.proc.communicate()
-        return out + err
+        return (out or "") + (err or "") + self.logged()
 
 
 OAUTH = {

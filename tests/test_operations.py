@@ -16,7 +16,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text as sql
 
-from bench.tcp_proxy import TcpProxy
 from bot.gc_tuning import FULL_COLLECTION_AFTER, tune_garbage_collection
 from core.errors import DatabaseError
 from core.messages import message_text
@@ -24,6 +23,7 @@ from core.storage.engine import create_database
 from core.storage.sessions import SessionStore
 from core.testing.openai import GatedModel
 from core.testing.slack import SlackClient, SlackStandIn
+from core.testing.tcp_proxy import TcpProxy
 from tests.helpers import ROOT
 from tests.slack_harness import ServeProcess, running_bot
 from tests.test_delivery import TerminalTurn, transcript
@@ -99,6 +99,26 @@ async def test_metrics__parse_as_prometheus_and_move_with_turns_refusals_and_sla
     assert value(after, "slack_agent_deliveries", state="waiting", reason="ask") == 1
     assert value(after, "slack_agent_waiting_messages") == 1
     assert value(after, "slack_agent_delivery_oldest_age_seconds", state="waiting") >= 0
+
+
+async def test_metrics__slack_errors_on_a_request_are_counted_by_method_and_error(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    # A message's answer is made with the client Bolt built for its request: its failed calls
+    # count like those of every other client.
+    slack.errors["agents.sessions.setStatus"] = "not_allowed_token_type"
+    labels = {"method": "agents.sessions.setStatus", "error": "not_allowed_token_type"}
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        before = await scrape(bot.url)
+        await client.message("count my errors", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        after = await scrape(bot.url)
+    failed = len(slack.named("agents.sessions.setStatus"))
+    assert failed >= 1
+    moved = value(after, "slack_agent_slack_api_errors_total", **labels) - value(
+        before, "slack_agent_slack_api_errors_total", **labels
+    )
+    assert moved == failed
 
 
 async def test_healthz__503_while_the_database_is_gone_then_200_and_working_again(

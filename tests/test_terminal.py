@@ -501,3 +501,37 @@ async def test_stale__slack_thread_shows_what_the_terminal_added_before_sending(
     finally:
         await serve.astop()
     assert "back in slack" not in await texts(store, session_id)
+
+
+# -- what others wrote never drives the operator's terminal ---------------------------------------
+
+# A screen clear, an OSC 52 clipboard write (BEL- and ST-terminated), a carriage return that
+# overwrites the line, and the 8-bit CSI.
+HOSTILE = "\x1b[2J\x1b]52;c;b3duZWQ=\x07\x1b]52;p;b3duZWQ=\x1b\\\rCLOBBER\x9b2J"
+
+
+@SQLITE_ONLY
+async def test_chat__control_sequences_from_slack_and_the_sandbox_never_reach_the_terminal(
+    database_url: str, store: SessionStore, chats: list[ChatProcess]
+) -> None:
+    _, session = await new_session(store, "slack:T1:U1")
+    await store.import_messages(
+        session.id,
+        [
+            (user_message(f"from slack {HOSTILE} end-of-user"), False),
+            (assistant_message(f"**answer** {HOSTILE} end-of-answer"), False),
+        ],
+    )
+    chat = ChatProcess(database_url, str(session.id))
+    chats.append(chat)
+    await chat.expect("end-of-answer")
+    await chat.prompt()
+    chat.line("$ printf 'out\\033]52;c;b3duZWQ=\\007\\033[2J\\rtail'; echo; echo done-printing")
+    await chat.expect("done-printing")
+    await chat.prompt()
+    chat.line("/quit")
+    assert await chat.exit_status() == 0
+    for sequence in ("\x1b[2J", "\x1b]52", "\x9b", "\rCLOBBER", "\rtail"):
+        assert sequence not in chat.raw, sequence
+    assert "CLOBBER" in chat.log  # the words themselves remain
+    assert "end-of-user" in chat.log

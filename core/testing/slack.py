@@ -263,8 +263,8 @@ class SlackStandIn(LocalServer):
             args: dict[str, Any] = dict(request.query)
         elif request.content_type == "application/json":
             args = dict(await request.json())
-        else:
-            args = dict(await request.post())
+        else:  # slack_sdk sends some methods' arguments in the query string (chat.delete)
+            args = {**request.query, **dict(await request.post())}
         for key in ("blocks", "metadata", "view", "chunks"):
             if isinstance(args.get(key), str):
                 args[key] = json.loads(args[key])
@@ -354,18 +354,36 @@ class SlackStandIn(LocalServer):
             self.views.append(dict(args.get("view") or {}))
             return {"ok": True, "view": {"id": f"V{self.next_ts()}"}}
         if method == "conversations.replies":
-            return {"ok": True, "messages": self._replies(args)}
+            return self._replies(args)
         if method == "chat.delete":
             self.messages.pop(str(args.get("ts")), None)
         return {"ok": True}
 
-    def _replies(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+    def _replies(self, args: dict[str, Any]) -> dict[str, Any]:
+        """conversations.replies as Slack pages it: oldest first within ``oldest``/``latest``
+        (``inclusive`` or not), ``limit`` at a time (1000 by default), an opaque cursor to go on.
+        A thread not set up by hand is read from the messages posted here (``history``)."""
+        inclusive = str(args.get("inclusive", "")).lower() in ("1", "true")
+        oldest, latest = args.get("oldest"), args.get("latest")
         root = str(args.get("ts"))
         if root in self.threads or not self.history:
-            return self.threads.get(root, [])
-        oldest = str(args.get("oldest") or "0")
-        channel = str(args.get("channel") or "")
-        return [m.as_slack() for m in self.thread(channel, root) if m.ts >= oldest]
+            thread = self.threads.get(root, [])
+        else:
+            thread = [m.as_slack() for m in self.thread(str(args.get("channel") or ""), root)]
+        found = sorted(thread, key=lambda m: float(m["ts"]))
+        if oldest:
+            found = [m for m in found if m["ts"] > oldest or (inclusive and m["ts"] == oldest)]
+        if latest:
+            found = [m for m in found if m["ts"] < latest or (inclusive and m["ts"] == latest)]
+        start = int(str(args.get("cursor") or "0").removeprefix("page-"))
+        end = start + int(args.get("limit") or 1000)
+        more = end < len(found)
+        return {
+            "ok": True,
+            "messages": found[start:end],
+            "has_more": more,
+            "response_metadata": {"next_cursor": f"page-{end}" if more else ""},
+        }
 
     def _limits(self, method: str, args: dict[str, Any]) -> dict[str, Any] | None:
         """Slack's length rules: an error to answer, or None."""
