@@ -328,7 +328,7 @@ def time_the_intake(probe: Probe) -> None:
     from slack_bolt.async_app import AsyncApp
 
     from bot.http import Listener
-    from core.conversation.worker import DeliveryWorker
+    from core.conversation.intake import Intake
     from core.storage.deliveries import Deliveries, _GroupCommit
 
     events = Listener._events
@@ -344,7 +344,7 @@ def time_the_intake(probe: Probe) -> None:
     Listener._events = intake  # type: ignore[method-assign,assignment]
     for owner, name, part in (
         (AsyncApp, "async_dispatch", "dispatch"),
-        (DeliveryWorker, "known_thread", "known_thread"),
+        (Intake, "known_thread", "known_thread"),
         (Deliveries, "record", "record"),
         (_GroupCommit, "_insert_rows", "record_insert"),
     ):

@@ -59,7 +59,7 @@ class Replica:
                 stderr=out,
             )
 
-    async def ready(self, within: float = 60.0) -> None:
+    async def ready(self, within: float = 180.0) -> None:
         deadline = time.monotonic() + within
         async with aiohttp.ClientSession() as http:
             while time.monotonic() < deadline:

@@ -262,15 +262,16 @@ def _client_and_server(folder: Path, answers: list[dict[str, Any]]) -> list[str]
     return lines
 
 
-def _stacks(path: Path) -> Counter[tuple[str, ...]]:
-    """py-spy's collapsed stacks (``frame;frame;… count``) of the event loop's thread."""
+def _stacks(path: Path, thread: str = "MainThread") -> Counter[tuple[str, ...]]:
+    """py-spy's collapsed stacks (``frame;frame;… count``) of one thread: the turns' event
+    loop (``MainThread``) or the intake's (``intake``, ``bot.intake``)."""
     found: Counter[tuple[str, ...]] = Counter()
     if not path.exists():
         return found
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = tuple(stack.split(";"))
-        if not frames or "MainThread" not in frames[0]:
+        if not frames or not frames[0].endswith(f": {thread}"):
             continue
         found[frames[1:]] += int(count)
     return found
@@ -353,11 +354,11 @@ def _family(stack: tuple[str, ...]) -> str:
     return "other"
 
 
-def _pyspy_summary(path: Path, top: int = 15) -> list[str]:
-    stacks = _stacks(path)
+def _pyspy_summary(path: Path, top: int = 15, thread: str = "MainThread") -> list[str]:
+    stacks = _stacks(path, thread)
     total = sum(stacks.values())
     if not total:
-        return [f"  {path.name}: no samples"]
+        return [f"  {path.name} ({thread}): no samples"]
     leaf: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     families: Counter[str] = Counter()
@@ -376,7 +377,8 @@ def _pyspy_summary(path: Path, top: int = 15) -> list[str]:
         families[_family(stack)] += count
     seconds = total / PYSPY_RATE
     lines = [
-        f"  {path.name}: {total} samples of the loop's thread holding the GIL (~{seconds:.0f} s; "
+        f"  {path.name} ({thread}): {total} samples of the thread holding the GIL "
+        f"(~{seconds:.0f} s; "
         "on a busy machine that includes time it waited for a core while holding it)"
     ]
     placed = sum(work.values())
@@ -490,6 +492,8 @@ def summary(folder: Path) -> str:
         lines.append(f"load average before {cpu['load_before']}, after {cpu['load_after']}")
     for spy in sorted(folder.glob("*.pyspy.txt")):
         lines += _pyspy_summary(spy)
+        if _stacks(spy, "intake"):
+            lines += _pyspy_summary(spy, thread="intake")
     return "\n".join(lines)
 
 

@@ -5,6 +5,10 @@ acknowledges (``process_before_response``): once Slack hears "received", the rec
 an answer (``core.conversation.worker``); if the record cannot be written, the request fails with
 500 and Slack sends it again. The answer itself is worked out after the acknowledgement, as is
 everything the other listeners do (they acknowledge first and hand the work to a task).
+
+``serve`` runs the message listeners twice over: in the intake's own small app
+(``add_message_listeners`` on ``bolt_app``, on the intake thread: ``bot.intake``) for HTTP, and
+in the full app (``build_app``) for Socket Mode and the in-process harness.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from slack_bolt.async_app import AsyncApp
@@ -27,11 +31,12 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot import payload
 from bot import texts as text
 from bot.answers import tell
+from bot.approvals import ApprovalCards, post_of_thread
 from bot.files import SharedFile, shared_files
 from bot.post import Post, external_user, thread_key
 from bot.shortcuts import Shortcuts
 from bot.tasks import BackgroundWork
-from bot.web import web_client
+from bot.web import observed, web_client
 from core.conversation import Conversations
 from core.conversation.surface import ClickAnswer
 from core.conversation.worker import DeliveryWorker
@@ -59,16 +64,33 @@ class _TokenFromClient(logging.Filter):
 logging.getLogger("slack_bolt.AsyncApp").addFilter(_TokenFromClient())
 
 
-def build_app(
+class Receiver(Protocol):
+    """What the message listener records a message with: the delivery worker itself (on its
+    loop), or the intake on a loop of its own (``bot.intake``)."""
+
+    async def known_thread(self, thread: str) -> bool: ...
+
+    async def receive(
+        self,
+        *,
+        event_key: str,
+        thread_key: str,
+        author: str,
+        message_id: str,
+        text: str,
+        context: dict[str, Any],
+        client: AsyncWebClient,
+        stray: bool = False,
+    ) -> None: ...
+
+
+def bolt_app(
     settings: Settings,
-    conversations: Conversations,
-    worker: DeliveryWorker[AsyncWebClient],
-    actions: Shortcuts,
-    background: BackgroundWork,
     *,
     oauth_settings: AsyncOAuthSettings | None = None,
     http_session: aiohttp.ClientSession | None = None,
 ) -> AsyncApp:
+    """A Bolt app with the error handler and middleware every one of ours has, no listeners."""
     multi = oauth_settings is not None
     app = AsyncApp(
         client=web_client(settings, None if multi else settings.slack_bot_token, http_session),
@@ -98,6 +120,15 @@ def build_app(
         return BoltResponse(status=500, body="")
 
     @app.middleware
+    async def observed_client(
+        context: AsyncBoltContext, next: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Listeners' Web API calls are counted in ``/metrics`` like every other call: Bolt
+        hands each request a plain client of its own (``bot.web.observed``)."""
+        context["client"] = observed(context.client)
+        await next()
+
+    @app.middleware
     async def same_workspace_only(
         context: AsyncBoltContext, body: dict[str, Any], next: Callable[[], Awaitable[None]]
     ) -> BoltResponse | None:
@@ -110,6 +141,12 @@ def build_app(
                 return BoltResponse(status=200, body="")
         await next()
         return None
+
+    return app
+
+
+def add_message_listeners(app: AsyncApp, receiver: Receiver) -> None:
+    """``message`` and ``app_mention``: a message for the agent is recorded (``receiver``)."""
 
     async def on_message(
         event: Any,
@@ -145,16 +182,33 @@ def build_app(
                 # A thread the agent is not in, or one whose first message has not reached
                 # any replica yet: kept a while in case it is the latter
                 # (``core.conversation.worker``).
-                stray = not await worker.known_thread(thread_key(team, channel, thread_ts))
+                stray = not await receiver.known_thread(thread_key(team, channel, thread_ts))
         body_text = _for_the_agent(raw, context.bot_user_id)
         files = shared_files(event)
         if not body_text and not files:
             return
         post = Post(team, channel, thread_ts or ts, ts, user, surface)
-        await _receive(worker, post, body_text, client, files, stray=stray)
+        await _receive(
+            receiver, post, body_text, client, files, stray=stray, enterprise=context.enterprise_id
+        )
 
     app.event("message")(on_message)
     app.event("app_mention")(on_message)
+
+
+def build_app(
+    settings: Settings,
+    conversations: Conversations,
+    worker: DeliveryWorker[AsyncWebClient],
+    actions: Shortcuts,
+    background: BackgroundWork,
+    *,
+    cards: ApprovalCards | None = None,
+    oauth_settings: AsyncOAuthSettings | None = None,
+    http_session: aiohttp.ClientSession | None = None,
+) -> AsyncApp:
+    app = bolt_app(settings, oauth_settings=oauth_settings, http_session=http_session)
+    add_message_listeners(app, worker)
 
     @app.event("agent_session_stopped")
     async def on_stopped(event: Any, body: dict[str, Any]) -> None:
@@ -243,6 +297,35 @@ def build_app(
     app.action(text.SEND_DRAFT)(on_draft_button)
     app.action(text.DISCARD_DRAFT)(on_draft_button)
 
+    async def on_approval_button(
+        ack: AsyncAck,
+        body: dict[str, Any],
+        action: dict[str, Any],
+        client: AsyncWebClient,
+        respond: AsyncRespond,
+    ) -> None:
+        """Approve / Deny on a card: decided and recorded before the acknowledgement (a
+        failure to record is a 500, and Slack sends the click again); a refusal is an
+        ephemeral and changes nothing."""
+        if cards is None:
+            await ack()
+            return
+        refusal = await cards.clicked(body, action, client, worker)
+        await ack()
+        value = payload.nested_string(action, "value") or ""
+        if refusal is not None:
+            user = payload.nested_string(body, "user", "id") or ""
+            channel = payload.nested_string(body, "channel", "id") or ""
+            thread_ts = payload.nested_string(body, "message", "thread_ts") or ""
+            team = payload.nested_string(body, "team", "id") or ""
+            post = post_of_thread(f"{team}/{channel}/{thread_ts}", user)
+            if post is not None:
+                background.spawn(_answer_click(client, post, respond, refusal, replace=False))
+        background.spawn(cards.refresh(value, client))
+
+    app.action(text.APPROVE)(on_approval_button)
+    app.action(text.DENY)(on_approval_button)
+
     @app.action(re.compile(f"^{text.COMPACT_PICK}:"))
     async def on_compact_pick(
         ack: AsyncAck,
@@ -308,34 +391,47 @@ def _shortcut(
 
 
 async def _receive(
-    worker: DeliveryWorker[AsyncWebClient],
+    worker: Receiver,
     post: Post,
     body: str,
     client: AsyncWebClient,
     files: list[SharedFile],
     *,
     stray: bool,
+    enterprise: str | None = None,
 ) -> None:
-    """A message for the agent becomes a delivery record (before the acknowledgement)."""
+    """A message for the agent becomes a delivery record (before the acknowledgement).
+    ``enterprise``: the Enterprise Grid org, so a take-over finds an org-wide install."""
+    extra: dict[str, Any] = {"enterprise": enterprise} if enterprise else {}
     await worker.receive(
         event_key=post.ref,
         thread_key=post.thread,
         author=post.user,
         message_id=slack_message_id(post.team, post.channel, post.ts),
         text=body,
-        context={**post.context(), "files": [f.as_dict() for f in files]},
+        context={**post.context(), **extra, "files": [f.as_dict() for f in files]},
         client=client,
         stray=stray,
     )
 
 
 async def _answer_click(
-    client: AsyncWebClient, post: Post, respond: AsyncRespond | None, body: str
+    client: AsyncWebClient,
+    post: Post,
+    respond: AsyncRespond | None,
+    body: str,
+    *,
+    replace: bool = True,
 ) -> None:
-    """Replace the clicked ephemeral (its ``response_url``); a new one when that fails."""
+    """Replace the clicked ephemeral (its ``response_url``), or answer the clicker with an
+    ephemeral (``replace=False``: the clicked message is everyone's); a new one when that
+    fails."""
     if respond is not None:
         try:
-            await respond(replace_original=True, text=body)
+            if replace:
+                await respond(replace_original=True, text=body)
+            else:
+                await respond(response_type="ephemeral", replace_original=False, text=body)
             return
         except Exception as exc:  # an expired or unreachable response_url
             log.info("could not replace the clicked offer: %s", exc)

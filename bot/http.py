@@ -1,5 +1,11 @@
 """The HTTP listener on ``HOST:PORT``: Slack's requests (HTTP mode) and the operator's.
 
+``serve`` runs it on the intake's own thread and event loop (``bot.intake``): a message is
+recorded there, with the intake's own database engine, and handed to the turns' loop, so its
+acknowledgement never waits behind turn work; every other request (clicks, shortcuts,
+commands, other events, OAuth) is dispatched on the turns' loop (``Elsewhere``). Tests and the
+demo may run it on the turns' loop itself (no ``Elsewhere``).
+
 ``POST /slack/events`` (Bolt verifies nothing here: the signature and the 5-minute timestamp
 window are checked before anything is parsed, 401 otherwise), and, with OAuth configured,
 ``/slack/install`` and ``/slack/oauth_redirect``. Bodies over ``MAX_BODY_BYTES`` get 413,
@@ -9,8 +15,12 @@ while the database answers (503 otherwise) and ``GET /metrics`` serves Prometheu
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
@@ -26,12 +36,53 @@ from core.settings import Settings
 from core.storage import Deliveries, Storage
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_BODY_BYTES = 1 << 20  # Slack's payloads are a few kilobytes
+# Events recorded by the intake's own app (a message for the agent, or Slack checking the URL);
+# everything else is the full app's, on the turns' loop.
+INTAKE_EVENTS = frozenset({"message", "app_mention"})
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """The turns' loop, its full Bolt app and its delivery worker, reached from the intake."""
+
+    loop: asyncio.AbstractEventLoop
+    app: AsyncApp
+    worker: DeliveryWorker[AsyncWebClient]
+
+    async def run(self, make: Callable[[], Awaitable[T]]) -> T:
+        """``make()`` awaited on the turns' loop, its result here."""
+
+        async def there() -> T:
+            return await make()
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(there(), self.loop))
+
+
+def for_the_intake(body: Any) -> bool:
+    """A payload the intake's own app answers: a message event (recorded, then handed over)
+    or Slack's URL check."""
+    if not isinstance(body, dict):
+        return False
+    if body.get("type") == "url_verification":
+        return True
+    event = body.get("event")
+    return (
+        body.get("type") == "event_callback"
+        and isinstance(event, dict)
+        and event.get("type") in INTAKE_EVENTS
+    )
 
 
 class Listener:
-    """The routes, over the Bolt app and the process's delivery worker."""
+    """The routes, over a Bolt app and the process's delivery worker.
+
+    ``elsewhere``: set when this runs on the intake's loop; ``app`` is then the intake's app
+    (messages only), and the rest is dispatched on the turns' loop. ``storage`` and
+    ``deliveries`` are this loop's (``/healthz``, ``/metrics``).
+    """
 
     def __init__(
         self,
@@ -42,12 +93,14 @@ class Listener:
         deliveries: Deliveries,
         *,
         oauth: bool,
+        elsewhere: Elsewhere | None = None,
     ) -> None:
         self.app = app
         self.worker = worker
         self.storage = storage
         self.deliveries = deliveries
         self.oauth = oauth
+        self.elsewhere = elsewhere
         # HTTP mode only (check_config requires the secret there; Socket Mode has no signature).
         self._verifier = (
             SignatureVerifier(settings.slack_signing_secret)
@@ -67,16 +120,25 @@ class Listener:
                 app.router.add_get("/slack/oauth_redirect", self._oauth_redirect)
         return app
 
+    @property
+    def _full_app(self) -> AsyncApp:
+        return self.app if self.elsewhere is None else self.elsewhere.app
+
+    async def _on_turns_loop(self, make: Callable[[], Awaitable[T]]) -> T:
+        return await (make() if self.elsewhere is None else self.elsewhere.run(make))
+
     async def _install(self, request: web.Request) -> web.StreamResponse:
-        flow = self.app.oauth_flow
+        flow = self._full_app.oauth_flow
         assert flow is not None
-        response = await flow.handle_installation(self._get_request(request))
+        bolt_request = self._get_request(request)
+        response = await self._on_turns_loop(lambda: flow.handle_installation(bolt_request))
         return await to_aiohttp_response(response)
 
     async def _oauth_redirect(self, request: web.Request) -> web.StreamResponse:
-        flow = self.app.oauth_flow
+        flow = self._full_app.oauth_flow
         assert flow is not None
-        response = await flow.handle_callback(self._get_request(request))
+        bolt_request = self._get_request(request)
+        response = await self._on_turns_loop(lambda: flow.handle_callback(bolt_request))
         return await to_aiohttp_response(response)
 
     @staticmethod
@@ -91,30 +153,60 @@ class Listener:
         verifies it and fails on JSON that is not an object, so an unsigned request must never
         get that far. Whatever a signed body holds, a malformed one is a 400, never a 5xx.
         """
+        begun = time.perf_counter()
+        metrics.INTAKE_REQUESTS.inc()
+        kind = "other"
+        try:
+            response, kind = await self._handle(request)
+            return response
+        finally:
+            metrics.INTAKE_REQUESTS.dec()
+            metrics.ACK_SECONDS.labels(kind).observe(time.perf_counter() - begun)
+
+    async def _handle(self, request: web.Request) -> tuple[web.StreamResponse, str]:
         if self.worker.closing:
-            return web.Response(status=503, text="shutting down")
+            return web.Response(status=503, text="shutting down"), "other"
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return web.Response(status=413, text="request body too large")
+            return web.Response(status=413, text="request body too large"), "other"
         headers: dict[str, str | Sequence[str]] = {k.lower(): v for k, v in request.headers.items()}
         try:
             body = raw.decode("utf-8")
         except UnicodeDecodeError:
-            return web.Response(status=400, text="request body is not UTF-8")
+            return web.Response(status=400, text="request body is not UTF-8"), "other"
         if not self._signed(body, request):
-            return web.Response(status=401, text="invalid or stale signature")
+            return web.Response(status=401, text="invalid or stale signature"), "other"
         try:
             bolt_request = AsyncBoltRequest(body=body, query=request.query_string, headers=headers)
         except Exception:
-            return web.Response(status=400, text="malformed request body")
+            return web.Response(status=400, text="malformed request body"), "other"
+        intake = for_the_intake(bolt_request.body)
+        kind = "message" if intake else "other"
         try:
-            with self.worker.arriving():
+            if self.elsewhere is None:
+                with self.worker.arriving():  # this is the turns' loop
+                    response = await self.app.async_dispatch(bolt_request)
+            elif intake:
                 response = await self.app.async_dispatch(bolt_request)
+            else:
+                response = await self._dispatch_elsewhere(bolt_request)
         except Exception:
             log.warning("malformed request: dispatch failed", exc_info=True)
-            return web.Response(status=400, text="malformed request")
-        return await to_aiohttp_response(response)
+            return web.Response(status=400, text="malformed request"), kind
+        return await to_aiohttp_response(response), kind
+
+    async def _dispatch_elsewhere(self, bolt_request: AsyncBoltRequest) -> Any:
+        """A request of the full app's, dispatched on the turns' loop (where its listeners'
+        database and Slack clients live)."""
+        assert self.elsewhere is not None
+        worker, app = self.elsewhere.worker, self.elsewhere.app
+
+        async def dispatch() -> Any:
+            with worker.arriving():
+                return await app.async_dispatch(bolt_request)
+
+        return await self.elsewhere.run(dispatch)
 
     def _signed(self, body: str, request: web.Request) -> bool:
         """Slack's v0 signature over the body, within its 5-minute timestamp window."""
@@ -149,6 +241,7 @@ class Listener:
             for state, age in oldest.items():
                 metrics.DELIVERY_AGE.labels(state).set(age)
             metrics.WAITING_MESSAGES.set(sum(c.count for c in counts if c.state == "waiting"))
+        metrics.HELD_MESSAGES.set(self.worker.held)
         body, content_type = metrics.exposition()
         response = web.Response(body=body)
         response.content_type = content_type.split(";")[0]

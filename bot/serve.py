@@ -1,9 +1,10 @@
 """``slack-agent serve``: migrate, then run the bot until SIGTERM/SIGINT.
 
-HTTP mode: Slack's requests arrive on ``HOST:PORT`` (``bot.http``). Socket Mode when
-SLACK_APP_TOKEN is set; the same HTTP listener then serves only the operator's endpoints
-(``/healthz``, ``/metrics``). The sweeper runs in a thread with its own event loop and engine
-(``core.sweeping``) unless SWEEPER_INTERVAL_SECONDS=0.
+HTTP mode: Slack's requests arrive on ``HOST:PORT`` (``bot.http``), served from the intake's
+own thread and event loop (``bot.intake``) so turn work never delays an acknowledgement.
+Socket Mode when SLACK_APP_TOKEN is set; the same HTTP listener then serves only the operator's
+endpoints (``/healthz``, ``/metrics``). The sweeper runs in a thread with its own event loop
+and engine (``core.sweeping``) unless SWEEPER_INTERVAL_SECONDS=0.
 
 Stopping (SIGTERM/SIGINT): events stop (the socket closes; HTTP events get 503, which Slack
 retries elsewhere), messages not yet in a turn are released for the next replica at once,
@@ -19,10 +20,8 @@ import logging
 import signal
 from typing import Any
 
-from aiohttp import web
-
 from bot.gc_tuning import tune_garbage_collection
-from bot.http import listen
+from bot.intake import IntakeThread
 from bot.service import Bot
 from bot.web import web_client
 from core.settings import Settings
@@ -53,12 +52,14 @@ async def serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     sweeper: SweeperThread | None = None
-    runner: web.AppRunner | None = None
+    intake: IntakeThread | None = None
     socket: Any = None
     try:
         socket_mode = bool(settings.slack_app_token)
-        runner = await listen(bot.listener, settings.host, settings.port, events=not socket_mode)
-        bot.start()
+        bot.start()  # before the intake: it hands records to the running worker
+        intake = IntakeThread(bot, settings.host, settings.port, events=not socket_mode)
+        intake.start()
+        await intake.started()
         if settings.sweeper_interval_seconds > 0:
             sweeper = SweeperThread(settings)
             sweeper.start()
@@ -89,8 +90,8 @@ async def serve(settings: Settings) -> None:
         if socket is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(_close_socket(socket.client), 5)
-        if runner is not None:
-            await runner.cleanup()
+        if intake is not None:
+            await intake.stop()
         await bot.close()
         if sweeper is not None:
             sweeper.stop()

@@ -91,6 +91,31 @@ DELIVERIES_FINISHED = Counter(
     "Delivery records this replica finished, by final state.",
     ["state"],
 )
+ACK_SECONDS = Histogram(
+    "slack_agent_ack_seconds",
+    "Acknowledgements of Slack's requests (``POST /slack/events``), from the request read to "
+    "its answer, by how they were handled: message (recorded on the intake's own loop) or "
+    "other (dispatched on the turns' loop).",
+    ["kind"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10),
+)
+INTAKE_REQUESTS = Gauge(
+    "slack_agent_intake_requests",
+    "Slack requests the intake is handling now (read, verified, being recorded).",
+)
+INTAKE_QUEUE = Gauge(
+    "slack_agent_intake_queue",
+    "Messages recorded by the intake and handed to the turns' loop, not yet taken there.",
+)
+HELD_MESSAGES = Gauge(
+    "slack_agent_held_messages",
+    "Delivery records this replica holds now (running, in line, waiting); past "
+    "MAX_HELD_MESSAGES new ones are left for other replicas.",
+)
+MESSAGES_SHED = Counter(
+    "slack_agent_messages_shed_total",
+    "Messages this replica recorded but left for any replica with room (it was saturated).",
+)
 MODEL_SECONDS = Histogram(
     "slack_agent_model_request_seconds",
     "One streamed model request, from sending it to its last event, by provider.",
@@ -147,6 +172,16 @@ MCP_TOOL_SECONDS = Histogram(
     "Wall time of MCP tool calls sent to a server (any outcome), by server.",
     ["server"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+MCP_SERVER_CONNECTED = Gauge(
+    "slack_agent_mcp_server_connected",
+    "1 while this process is connected to the MCP server (its tools are offered), else 0.",
+    ["server"],
+)
+APPROVALS_DECIDED = Counter(
+    "slack_agent_approvals_decided_total",
+    "Decisions on tool calls that waited for a person, by decision (approved, denied).",
+    ["decision"],
 )
 SWEEPER_DELETED = Counter(
     "slack_agent_sweeper_deleted_total",

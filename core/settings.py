@@ -23,9 +23,10 @@ DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./slack-agent.db"
 # from a heartbeat the database stamped after the turn sent it, so the turn stops a fifth of the
 # window before anyone can take it over.
 TURN_SAFE_SHARE = 0.8
-# The least a derived database timeout is (a short staleness window, as tests use, would give
-# timeouts a loaded machine's ordinary connection set-up could exceed).
-DATABASE_TIMEOUT_FLOOR_SECONDS = 1.0
+# The least a derived database timeout is: a short staleness window (as tests and the soak use)
+# would give timeouts that a loaded machine's ordinary connection set-up or commit exceeds.
+DATABASE_CONNECT_FLOOR_SECONDS = 3.0
+DATABASE_STATEMENT_FLOOR_SECONDS = 5.0
 
 _SCHEME_ALIASES = {
     "sqlite+aiosqlite": "sqlite+aiosqlite",
@@ -61,6 +62,9 @@ def _split_csv(value: object) -> object:
 
 
 CsvList = Annotated[list[str], NoDecode]
+# bashkit's limit on one file (``core.sandbox.shell.BASHKIT_MAX_FILE_BYTES``, which a test keeps
+# equal to this): a larger MAX_FILE_BYTES would let every upload above it fail in the sandbox.
+SANDBOX_MAX_FILE_BYTES = 10_000_000
 _ADMIN = re.compile(r"(?:[TE][A-Z0-9]+:)?[UW][A-Z0-9]+")
 
 
@@ -114,8 +118,12 @@ class Settings(BaseSettings):
     admin_user_ids: CsvList = Field(default_factory=list)
 
     max_concurrent_turns: int = Field(default=64, gt=0)
-    # A file shared in a session's thread is copied into the sandbox up to this size.
-    max_file_bytes: int = Field(default=10_000_000, gt=0)
+    # Delivery records one replica holds at most (running, in line, waiting); past it a new
+    # message is recorded for any replica with room (core.conversation.intake).
+    max_held_messages: int = Field(default=256, gt=0)
+    # A file shared in a session's thread is copied into the sandbox up to this size, which
+    # the sandbox must be able to hold (``SANDBOX_MAX_FILE_BYTES``).
+    max_file_bytes: int = Field(default=SANDBOX_MAX_FILE_BYTES, gt=0)
     shutdown_grace_seconds: float = Field(default=30, ge=0)
     session_poll_seconds: float = Field(default=10, gt=0)
     # The MCP servers' file (core.tools.config reads it): unset means ./mcp.json if it exists,
@@ -186,13 +194,13 @@ class Settings(BaseSettings):
     @property
     def database_timeouts(self) -> tuple[float, float]:
         """(connect, statement) seconds: what is set, or a quarter and a half of the budget
-        (at least ``DATABASE_TIMEOUT_FLOOR_SECONDS`` each)."""
+        (at least the floors above)."""
         budget = self.database_budget_seconds
         connect = self.database_connect_timeout_seconds or max(
-            budget / 4, DATABASE_TIMEOUT_FLOOR_SECONDS
+            budget / 4, DATABASE_CONNECT_FLOOR_SECONDS
         )
         statement = self.database_statement_timeout_seconds or max(
-            budget / 2, 2 * DATABASE_TIMEOUT_FLOOR_SECONDS
+            budget / 2, DATABASE_STATEMENT_FLOOR_SECONDS
         )
         return connect, statement
 
@@ -236,6 +244,16 @@ class Settings(BaseSettings):
             check_url_template(value)
         except ConfigError as exc:
             raise ValueError(exc.message) from exc
+        return value
+
+    @field_validator("max_file_bytes")
+    @classmethod
+    def _max_file_bytes(cls, value: int) -> int:
+        if value > SANDBOX_MAX_FILE_BYTES:
+            raise ValueError(
+                f"{value} is more than the sandbox holds in one file "
+                f"({SANDBOX_MAX_FILE_BYTES}); use at most that"
+            )
         return value
 
     @field_validator("log_level")

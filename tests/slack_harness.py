@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
+from bot.intake import IntakeThread
 from bot.service import Bot
 from core.settings import load_settings
-from tests.fake_slack import SIGNING_SECRET, FakeSlack
+from core.testing.server import serve_app
+from core.testing.slack import SIGNING_SECRET, SlackClient, SlackStandIn
 from tests.helpers import ROOT
 
 
@@ -31,7 +32,7 @@ class RunningBot:
     bot: Bot
 
 
-def bot_settings(database_url: str, slack: FakeSlack, **overrides: Any) -> dict[str, Any]:
+def bot_settings(database_url: str, slack: SlackStandIn, **overrides: Any) -> dict[str, Any]:
     values: dict[str, Any] = {
         "database_url": database_url,
         "slack_bot_token": "xoxb-test",
@@ -49,18 +50,26 @@ def bot_settings(database_url: str, slack: FakeSlack, **overrides: Any) -> dict[
 
 @contextlib.asynccontextmanager
 async def running_bot(
-    database_url: str, slack: FakeSlack, **overrides: Any
+    database_url: str, slack: SlackStandIn, *, intake: bool = False, **overrides: Any
 ) -> AsyncIterator[RunningBot]:
+    """``intake``: Slack's requests served from the intake's own thread and loop, as ``serve``
+    does (``bot.intake``); otherwise on this loop (the test's), as the demo does."""
     bot = await Bot.open(load_settings(**bot_settings(database_url, slack, **overrides)))
     bot.answers.pacer.base = 0.05
     bot.start()
-    runner = web.AppRunner(bot.web_app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    if intake:
+        thread = IntakeThread(bot, "127.0.0.1", 0, events=True)
+        thread.start()
+        try:
+            await thread.started()
+            yield RunningBot(f"http://127.0.0.1:{thread.bound_port}", bot)
+        finally:
+            await thread.stop()
+            await bot.close()
+        return
+    runner, url = await serve_app(bot.web_app())
     try:
-        yield RunningBot(f"http://127.0.0.1:{port}", bot)
+        yield RunningBot(url, bot)
     finally:
         await runner.cleanup()
         await bot.close()
@@ -76,7 +85,7 @@ class ServeProcess:
     """``python -m bot serve`` as a child process with the given environment."""
 
     def __init__(
-        self, database_url: str, slack: FakeSlack, *, log: Path | None = None, **env: Any
+        self, database_url: str, slack: SlackStandIn, *, log: Path | None = None, **env: Any
     ) -> None:
         """``log``: its output goes to that file (read any time with ``logged``) instead of
         a pipe read at the end (a process that logs much while a test waits would fill it)."""
@@ -182,3 +191,21 @@ async def oauth_install(bot_url: str) -> None:
         callback = f"{bot_url}/slack/oauth_redirect?code=the-code&state={found[1]}"
         async with http.get(callback, allow_redirects=False, headers={"Cookie": cookie}) as r:
             assert r.status in (200, 302), await r.text()
+
+
+async def rewind(
+    client: SlackClient, slack: SlackStandIn, *, message_ts: str, thread_ts: str, user: str = "U1"
+) -> dict[str, Any]:
+    """*Rewind to here* as a person does it: the shortcut, then the confirmation's submit.
+    Returns the confirmation modal the app opened."""
+    opened = len(slack.named("views.open"))
+    assert (
+        await client.shortcut(
+            "rewind_session", message_ts=message_ts, thread_ts=thread_ts, user=user
+        )
+        == 200
+    )
+    await slack.wait_for(lambda: len(slack.named("views.open")) > opened)
+    view: dict[str, Any] = slack.named("views.open")[-1].args["view"]
+    assert await client.submit_view(view, user=user) == 200
+    return view

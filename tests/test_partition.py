@@ -23,23 +23,30 @@ from sqlalchemy import select
 from core.messages import message_text
 from core.storage.models import Delivery
 from core.storage.sessions import SessionStore
+from core.testing.openai import DONE, GatedModel, text_frames, usage_chunk
+from core.testing.scripted import sse_frame
+from core.testing.server import LocalServer
+from core.testing.slack import SlackClient, SlackStandIn
 from core.testing.tcp_proxy import TcpProxy
-from tests.fake_openai import DONE, text_frames, usage_chunk
-from tests.fake_slack import FakeSlack, GatedModel, SlackClient, _Server
-from tests.providers_fixtures import sse_frame
 from tests.slack_harness import ServeProcess
 
 pytestmark = pytest.mark.slow
 
 # A short window so the test waits seconds, not minutes; the heartbeat as the settings allow.
-LOCK = {"TURN_LOCK_STALENESS_SECONDS": "6", "TURN_HEARTBEAT_SECONDS": "1"}
+# Database calls bounded within this window's budget (0.8 x 6 - 1 = 3.8 s), not the floors.
+LOCK = {
+    "TURN_LOCK_STALENESS_SECONDS": "6",
+    "TURN_HEARTBEAT_SECONDS": "1",
+    "DATABASE_CONNECT_TIMEOUT_SECONDS": "1",
+    "DATABASE_STATEMENT_TIMEOUT_SECONDS": "2",
+}
 ANSWER = "the whole answer"
 # What the cut-off replica logs when it finds the message is no longer its own, when it has
 # given it up to a take-over, or when its turn found the lock taken over.
 LEFT_IT = r"no longer ours; leaving it|failed; it will be taken over|turn lost its lock"
 
 
-class EndlessFirstAnswer(_Server):
+class EndlessFirstAnswer(LocalServer):
     """An OpenAI-compatible model whose first request streams words for as long as its client
     listens (the turn that will be cut off), and whose later requests answer at once. It keeps
     when each request began and ended (the client closed the stream), on this process's
@@ -106,7 +113,7 @@ async def _until(condition: Any, within: float) -> None:
 
 @pytest.mark.parametrize("backend", ["postgresql"])  # a network between replica and database
 async def test_partition__the_cut_off_replica_stops_before_the_other_takes_over(
-    database_url: str, backend: str, slack: FakeSlack, store: SessionStore, tmp_path: Path
+    database_url: str, backend: str, slack: SlackStandIn, store: SessionStore, tmp_path: Path
 ) -> None:
     parts = urlsplit(database_url)
     async with TcpProxy("127.0.0.1", parts.port or 5432) as proxy, EndlessFirstAnswer() as model:
@@ -120,7 +127,7 @@ async def test_partition__the_cut_off_replica_stops_before_the_other_takes_over(
         a = ServeProcess(behind, slack, log=tmp_path / "a.log", **env)
         b = ServeProcess(database_url, slack, log=tmp_path / "b.log", **env)
         try:
-            await asyncio.gather(a.ready(within=120), b.ready(within=120))
+            await asyncio.gather(a.ready(within=300), b.ready(within=300))
             async with SlackClient(a.url) as to_a:
                 root = await to_a.message("a long question", mention=True)
                 await asyncio.wait_for(model.streaming.wait(), 30)
@@ -142,6 +149,12 @@ async def test_partition__the_cut_off_replica_stops_before_the_other_takes_over(
     # else was ever open at the same time.
     assert first[1] < second[0], (first, second, a.logged())
     assert model.most_at_once() == 1
+    # The figures docs/reliability.md reports (printed, never asserted: they depend on load).
+    cut = proxy.blackholed_at or 0.0
+    print(
+        f"partition: the cut-off replica's model stream ended {first[1] - cut:.2f} s after "
+        f"the cut; the take-over's model request began {second[0] - cut:.2f} s after it"
+    )
     assert "the turn stops before another replica may take it over" in a.logged()
     messages = await _transcript(store, root)
     assert [m.role for m in messages] == ["user", "assistant"]
@@ -159,7 +172,7 @@ async def _transcript(store: SessionStore, root: str) -> list[Any]:
 
 @pytest.mark.parametrize("backend", ["postgresql"])  # the database goes away over the network
 async def test_outage_mid_turn__the_replica_retries_and_answers_without_waiting_for_a_takeover(
-    database_url: str, backend: str, slack: FakeSlack, store: SessionStore, tmp_path: Path
+    database_url: str, backend: str, slack: SlackStandIn, store: SessionStore, tmp_path: Path
 ) -> None:
     # The database goes away after the model answered: storing the answer, the partial and
     # the release all fail. The replica's own retry (seconds later, the database back) must
@@ -179,7 +192,7 @@ async def test_outage_mid_turn__the_replica_retries_and_answers_without_waiting_
             TURN_HEARTBEAT_SECONDS="15",
         )
         try:
-            await a.ready(within=120)
+            await a.ready(within=300)
             async with SlackClient(a.url) as to_a:
                 root = await to_a.message("a question", mention=True)
                 await asyncio.wait_for(model.arrived.wait(), 60)

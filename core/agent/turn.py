@@ -51,6 +51,7 @@ from core.records import AnyTail, ModelChoice, StoredMessage, TurnLease
 from core.settings import TURN_SAFE_SHARE
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import SnapshotRef
+from core.storage.usage import Reservation
 
 log = logging.getLogger(__name__)
 
@@ -164,12 +165,17 @@ async def run_turn(
     last_message_id: str | AnyTail | None,
     model: ModelChoice | None = None,
     heartbeat_seconds: float = 15.0,
+    reservation: Reservation | None = None,
 ) -> AsyncIterator[Turn]:
     task = asyncio.current_task()
     assert task is not None, "run_turn runs inside a task"
     started = time.monotonic()
     lease = await store.start_turn(
-        session_id, user_message=user_message, last_message_id=last_message_id, model=model
+        session_id,
+        user_message=user_message,
+        last_message_id=last_message_id,
+        model=model,
+        reservation=reservation,
     )
     metrics.TURNS_STARTED.inc()
     turn = Turn(store, lease, task)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic
@@ -34,6 +35,7 @@ from typing import Any, Generic
 from core import metrics
 from core.agent.loop import ModelCalled, ModelDone
 from core.conversation.conversations import Conversations
+from core.conversation.intake import Intake
 from core.conversation.surface import (
     C,
     ClickAnswer,
@@ -81,6 +83,7 @@ class DeliveryWorker(Generic[C]):
         surface: DeliverySurface[C],
         *,
         max_turns: int = 64,
+        max_held: int | None = None,
     ) -> None:
         self.settings = settings
         self.deliveries = deliveries
@@ -101,6 +104,59 @@ class DeliveryWorker(Generic[C]):
         self._arriving = 0  # requests being acknowledged right now
         self._quiet = asyncio.Event()
         self._quiet.set()
+        # Records this process holds at most (running, in line, waiting): past it, new messages
+        # are recorded for any replica with room (``core.conversation.intake``).
+        self.max_held = max_held if max_held is not None else settings.max_held_messages
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handed = 0  # records handed over from another thread, not yet taken here
+        self._handed_lock = threading.Lock()  # ``+=`` is not atomic across threads
+        self._releasing: set[asyncio.Task[int]] = set()
+        self.intake = Intake(
+            deliveries,
+            conversations,
+            self.accept,
+            closing=lambda: self.closing,
+            has_room=self.has_room,
+        )
+
+    # -- what other threads may call ------------------------------------------------------------
+
+    @property
+    def held(self) -> int:
+        """Records this process holds now (any thread)."""
+        return len(self._tasks) + self._handed
+
+    def has_room(self) -> bool:
+        """Fewer records held than ``max_held`` (any thread: a read of two numbers)."""
+        return self.held < self.max_held
+
+    def hand_over(self, record: DeliveryRecord) -> None:
+        """A record written by an intake on another thread: carried on here (thread-safe)."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("the delivery worker has not started")
+        with self._handed_lock:
+            self._handed += 1
+        metrics.INTAKE_QUEUE.inc()
+        loop.call_soon_threadsafe(self._handed_over, record)
+
+    def _handed_over(self, record: DeliveryRecord) -> None:
+        with self._handed_lock:
+            self._handed -= 1
+        metrics.INTAKE_QUEUE.dec()
+        self.accept(record)
+
+    def accept(self, record: DeliveryRecord) -> None:
+        """Carry on a record this process just wrote (on the worker's loop); the client that
+        reaches its workspace is found when its work starts."""
+        if self.closing:
+            # Written while this process began stopping: the next replica takes it.
+            release = asyncio.create_task(self.deliveries.release([record.id]))
+            self._releasing.add(release)
+            release.add_done_callback(self._releasing.discard)
+            return
+        self.start()
+        self._carry_on(record, None, resumed=False)
 
     @contextlib.contextmanager
     def arriving(self) -> Iterator[None]:
@@ -118,11 +174,8 @@ class DeliveryWorker(Generic[C]):
     # -- intake ---------------------------------------------------------------------------------
 
     async def known_thread(self, thread: str) -> bool:
-        """A session thread, or one whose first message was recorded a moment ago (its
-        session may not exist yet when a quick follow-up arrives)."""
-        if await self.conversations.find(thread) is not None:
-            return True
-        return await self.deliveries.thread_known(thread)
+        """A session thread, or one whose first message was recorded a moment ago."""
+        return await self.intake.known_thread(thread)
 
     async def receive(
         self,
@@ -136,39 +189,26 @@ class DeliveryWorker(Generic[C]):
         client: C,
         stray: bool = False,
     ) -> None:
-        """Record a message for the agent; called before the acknowledgement (a failure here
-        fails the request, so the sender sends the message again).
-
-        ``stray``: a message of a thread nobody knows yet, maybe a follow-up that overtook its
-        thread's first message; recorded as a stray, adopted when that message is carried on.
-        """
+        """Record a message for the agent on this loop (``Intake.receive``) and carry it on
+        here with ``client``; called before the acknowledgement."""
         self.start()
-        record = await self.deliveries.record(
+        await self.intake.receive(
             event_key=event_key,
             thread_key=thread_key,
             author=author,
             message_id=message_id,
             text=text,
             context=context,
-            owned=not self.closing,
             stray=stray,
+            hand_off=lambda record: self._carry_on(record, client, resumed=False),
         )
-        if record is None:
-            log.debug("message %s already recorded", event_key)
-        elif stray:
-            # The thread's first message may have been recorded while this one was checked;
-            # its carrier adopts the strays it sees, this looks once more for the rest.
-            if not self.closing and await self.known_thread(thread_key):
-                await self._adopt(thread_key, client)
-        elif not self.closing:
-            self._carry_on(record, client, resumed=False)
 
     async def _adopt(self, thread: str, client: C) -> None:
         for adopted in await self.deliveries.adopt_strays(thread):
             log.info("message %s: its thread is known now; answering it", adopted.event_key)
             self._carry_on(adopted, client, resumed=False)
 
-    def _carry_on(self, record: DeliveryRecord, client: C, *, resumed: bool) -> None:
+    def _carry_on(self, record: DeliveryRecord, client: C | None, *, resumed: bool) -> None:
         task = asyncio.create_task(self._guarded(record, client, resumed))
         self._tasks[record.id] = task
 
@@ -180,9 +220,15 @@ class DeliveryWorker(Generic[C]):
 
         task.add_done_callback(forget)
 
-    async def _guarded(self, record: DeliveryRecord, client: C, resumed: bool) -> None:
+    async def _guarded(self, record: DeliveryRecord, client: C | None, resumed: bool) -> None:
         with contextlib.suppress(TimeoutError):  # bounded: a steady stream never starves it
             await asyncio.wait_for(self._quiet.wait(), ACKS_FIRST_SECONDS)
+        if client is None:
+            client = await self.surface.client_for(record)
+            if client is None:
+                # Its lease lapses; a take-over gives up on it with a log line.
+                log.error("message %s: no installation reaches its workspace", record.event_key)
+                return
         try:
             await self._retried(record, client, resumed)
         finally:
@@ -489,6 +535,7 @@ class DeliveryWorker(Generic[C]):
         """Start renewing leases, taking records over and watching waiting records
         (idempotent; needs a running loop)."""
         if self._upkeep is None and not self.closing:
+            self._loop = asyncio.get_running_loop()
             self._upkeep = asyncio.create_task(self._keep_up())
             self._watcher = asyncio.create_task(self._watch_waiting())
 
@@ -512,7 +559,10 @@ class DeliveryWorker(Generic[C]):
         await self.deliveries.refresh(list(self._tasks))
 
     async def _take_over(self) -> None:
-        for record in await self.deliveries.take_over(TAKEOVER_BATCH):
+        room = self.max_held - self.held
+        if room <= 0:
+            return  # saturated: what lapsed is left to replicas with room
+        for record in await self.deliveries.take_over(min(TAKEOVER_BATCH, room)):
             metrics.DELIVERIES_TAKEN_OVER.inc()
             client = await self.surface.client_for(record)
             if record.takeovers > MAX_TAKEOVERS or client is None:

@@ -7,8 +7,9 @@ surface its surface state and delivery records. Inside, ``engine`` opens transac
 only module that makes engines, ``dialect`` holds what differs between SQLite and PostgreSQL,
 ``models`` the tables, ``queries`` the turn protocol's shared predicates and statements, and one
 module per concern holds that concern's statements (``sessions``, ``transcript``,
-``snapshots``, ``deliveries``, ``surface_state``, ``feedback``, ``retention``,
-``custom_providers``, ``sweeper``, ``migrate``).
+``snapshots``, ``deliveries``, ``approvals``, ``surface_state``, ``feedback``, ``retention``,
+``custom_providers``, ``sweeper``, ``migrate``, ``usage`` (the ledger of model requests and
+budget reservations), ``budgets`` (the limits set at run time)).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import logging
 from typing import Any
 
 from core.settings import Settings
+from core.storage.approvals import ApprovalRecord, Approvals
+from core.storage.budgets import Budgets
 from core.storage.custom_providers import CustomProviders
 from core.storage.deliveries import Deliveries
 from core.storage.engine import Database, DatabaseTimeouts, create_database, library_engine
@@ -27,6 +30,7 @@ from core.storage.sessions import SessionStore
 from core.storage.snapshots import Snapshots
 from core.storage.surface_state import SURFACE_SWEEPS, SurfaceState
 from core.storage.sweeper import SweepReport, sweep
+from core.storage.usage import UsageLedger
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,9 @@ class Storage:
         self.feedback = Feedback(db)
         self.custom_providers = self.sessions.custom_providers
         self.retention = Retention(db, RetentionPolicy.from_settings(settings))
+        self.usage = UsageLedger(db, staleness_seconds=settings.turn_lock_staleness_seconds)
+        self.budgets = Budgets(db, settings.budgets)
+        self.approvals = Approvals(db, timeout_seconds=settings.approval_timeout_seconds)
 
     @classmethod
     def open(cls, settings: Settings, *, pool_size: int = 10) -> Storage:
@@ -114,6 +121,9 @@ def timeouts_of(settings: Settings) -> DatabaseTimeouts:
 
 
 __all__ = [
+    "ApprovalRecord",
+    "Approvals",
+    "Budgets",
     "CustomProviders",
     "Deliveries",
     "Feedback",
@@ -124,4 +134,5 @@ __all__ = [
     "Storage",
     "SurfaceState",
     "SweepReport",
+    "UsageLedger",
 ]

@@ -1,0 +1,153 @@
+"""Recording received messages, apart from the work of answering them.
+
+A surface acknowledges a message only once its delivery record is written
+(``core.storage.deliveries``); answering it is the delivery worker's
+(``core.conversation.worker``). The two are split so the recording can run on a loop (and a
+thread, and a database engine) of its own: an acknowledgement then never waits behind a turn's
+rendering, its calls to the surface or its bookkeeping, however many turns the worker runs.
+
+``Intake`` writes the record and hands it over (``hand_off``, any thread to the worker's loop);
+it is also *honest about capacity*: when the worker says it is saturated (``has_room``), the
+record is written unowned (no lease), which is exactly how a stopping replica leaves a message
+for the others. Any replica with room, this one included once it has some, takes it over
+at its next lease upkeep (``Deliveries.take_over``; a released record does not count as a
+take-over). Nothing acknowledged is dropped: it is in the database before the answer goes out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from core import metrics
+from core.conversation.conversations import Conversations
+from core.storage.deliveries import Deliveries, DeliveryRecord
+
+log = logging.getLogger(__name__)
+
+# The log line that says a saturated replica left messages for the others, at most this often.
+SHED_LOG_SECONDS = 5.0
+# A thread found known (a session, or a recorded message) is remembered this long, so the
+# follow-ups of a conversation are recorded without reading the database first: a thread stays
+# known unless its session is deleted, and then for at most this long a message in it is taken
+# as a follow-up (answered) instead of kept as a stray.
+KNOWN_SECONDS = 600.0
+KNOWN_MOST = 100_000  # threads remembered at most (the oldest forgotten first)
+
+
+class Intake:
+    """``known_thread`` and ``receive`` for one surface, on whatever loop calls them.
+
+    ``hand_off``: called with each record this replica keeps (it must return at once; from
+    another thread it schedules the work on the worker's loop). ``closing`` and ``has_room``
+    are asked for every message; both must be cheap and safe from any thread.
+    """
+
+    def __init__(
+        self,
+        deliveries: Deliveries,
+        conversations: Conversations,
+        hand_off: Callable[[DeliveryRecord], None],
+        *,
+        closing: Callable[[], bool] = lambda: False,
+        has_room: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.deliveries = deliveries
+        self.conversations = conversations
+        self.hand_off = hand_off
+        self.closing = closing
+        self.has_room = has_room
+        self._shed = 0  # messages left for other replicas since the last log line
+        self._shed_logged = 0.0
+        self._lock = threading.Lock()
+        self._known: dict[str, float] = {}  # thread -> when it was last found known
+
+    async def known_thread(self, thread: str) -> bool:
+        """A session thread, or one whose first message was recorded a moment ago (its
+        session may not exist yet when a quick follow-up arrives). Remembered for
+        ``KNOWN_SECONDS``: an acknowledgement of a follow-up then reads nothing."""
+        seen = self._known.get(thread)
+        if seen is not None and time.monotonic() - seen < KNOWN_SECONDS:
+            return True
+        known = await self.conversations.find(thread) is not None or (
+            await self.deliveries.thread_known(thread)
+        )
+        if known:
+            self._remember(thread)
+        return known
+
+    def _remember(self, thread: str) -> None:
+        known = self._known
+        known.pop(thread, None)
+        known[thread] = time.monotonic()
+        if len(known) > KNOWN_MOST:
+            del known[next(iter(known))]  # insertion order: the least recently found
+
+    async def receive(
+        self,
+        *,
+        event_key: str,
+        thread_key: str,
+        author: str,
+        message_id: str,
+        text: str,
+        context: dict[str, Any],
+        stray: bool = False,
+        hand_off: Callable[[DeliveryRecord], None] | None = None,
+    ) -> None:
+        """Record a message (before the acknowledgement: a failure here fails the request, so
+        the sender sends it again), then hand it to the worker, or leave it to any replica with
+        room when this one has none (or is stopping).
+
+        ``stray``: a message of a thread nobody knows yet, maybe a follow-up that overtook its
+        thread's first message; recorded as a stray, adopted when that message is carried on.
+        ``hand_off``: in place of the intake's own, for this message (and strays it adopts).
+        """
+        hand_off = hand_off or self.hand_off
+        keep = not self.closing()
+        shed = keep and not stray and not self.has_room()
+        record = await self.deliveries.record(
+            event_key=event_key,
+            thread_key=thread_key,
+            author=author,
+            message_id=message_id,
+            text=text,
+            context=context,
+            owned=keep and not shed,
+            stray=stray,
+        )
+        if not stray:
+            self._remember(thread_key)  # recorded (now or before): its thread is known
+        if record is None:
+            log.debug("message %s already recorded", event_key)
+        elif stray:
+            # The thread's first message may have been recorded while this one was checked;
+            # its carrier adopts the strays it sees, this looks once more for the rest.
+            if not self.closing() and await self.known_thread(thread_key):
+                await self._adopt(thread_key, hand_off)
+        elif shed:
+            self._count_shed(event_key)
+        elif keep:
+            hand_off(record)
+
+    async def _adopt(self, thread: str, hand_off: Callable[[DeliveryRecord], None]) -> None:
+        for adopted in await self.deliveries.adopt_strays(thread):
+            log.info("message %s: its thread is known now; answering it", adopted.event_key)
+            hand_off(adopted)
+
+    def _count_shed(self, event_key: str) -> None:
+        metrics.MESSAGES_SHED.inc()
+        with self._lock:
+            self._shed += 1
+            now = time.monotonic()
+            if now - self._shed_logged < SHED_LOG_SECONDS:
+                return
+            shed, self._shed, self._shed_logged = self._shed, 0, now
+        log.warning(
+            "saturated: left %d message(s) (the last %s) recorded for any replica with room",
+            shed,
+            event_key,
+        )
