@@ -63,7 +63,7 @@ async def tables(url: str) -> set[str]:
 async def finished(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str]]:
     outcomes = []
     for proc in procs:
-        _, err = await asyncio.to_thread(proc.communicate, timeout=120)
+        _, err = await asyncio.to_thread(proc.communicate, timeout=400)
         outcomes.append((proc.returncode, err))
     return outcomes
 
@@ -87,7 +87,7 @@ async def test_oauth_tables__are_created_under_the_migration_lock(
             await held.commit()
             procs = [start(empty_database_url) for _ in range(REPLICAS)]
             # Every replica waits for the lock, and none created a table meanwhile.
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 400
             while await waiting(held) < REPLICAS:
                 running = [p.poll() is None for p in procs]
                 assert all(running), await finished(procs)
