@@ -115,7 +115,7 @@ class ServeProcess:
             text=True,
         )
 
-    async def ready(self, within: float = 30.0) -> None:
+    async def ready(self, within: float = 120.0) -> None:
         deadline = time.monotonic() + within
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
