@@ -2,8 +2,9 @@
 child process, the Slack stand-in in another, and the load and the clock in this one.
 
 ``concurrent_turns`` (N = 10, 100, 500): N mentions, each a new thread, against a stand-in model
-that streams every answer for ``stream_seconds`` (``bench.slow_model``, in its own process), with
-``MAX_CONCURRENT_TURNS`` = N + the probe events. Once the model sees N calls in flight:
+that streams every answer for ``stream_seconds`` (``core.testing.openai.SlowModel``, in its own
+process), with ``MAX_CONCURRENT_TURNS`` = N + the probe events. Once the model sees N calls in
+flight:
 
 - ``rss_per_active_turn_bytes``: the replica's resident memory then, less its memory before the
   wave (after one warm-up turn), divided by N;
@@ -58,11 +59,12 @@ from bench.slack import (
     stop_process,
 )
 from bot.post import PROJECT, SURFACE, thread_key
-from bot.standin import TEAM, signed
 from core.settings import Settings
 from core.storage import Storage
 from core.storage.dialect import hence
 from core.storage.engine import create_database
+from core.testing.server import spawn
+from core.testing.slack import TEAM, signed_headers
 
 SIZES: Final = (10, 100, 500)
 PROBE_SPACING: Final = 0.1
@@ -76,14 +78,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 async def _model_process(seconds: float) -> tuple[Process, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.slow_model", str(seconds), stdout=asyncio.subprocess.PIPE
-    )
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 30)
-    if not line:
-        raise RuntimeError("the slow model stand-in did not start")
-    return proc, line.decode().strip()
+    return await spawn("core.testing.openai", str(seconds))
 
 
 async def _stats(http: aiohttp.ClientSession, model_url: str) -> dict[str, int]:
@@ -261,7 +256,7 @@ def _shortcut_request(port: int, message_ts: str) -> bytes:
         "response_url": "http://127.0.0.1:9/none",
     }
     body = urlencode({"payload": json.dumps(payload)})
-    headers = signed(body, SECRET) | {"Content-Type": "application/x-www-form-urlencoded"}
+    headers = signed_headers(body, secret=SECRET, content_type="application/x-www-form-urlencoded")
     lines = [
         "POST /slack/events HTTP/1.1",
         f"Host: 127.0.0.1:{port}",

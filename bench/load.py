@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from bot.standin import BOT_USER, TEAM, signed
+from core.testing.slack import BOT_USER, TEAM, signed_headers
 
 CHANNEL = "C0SOAK"
 
@@ -149,7 +149,7 @@ class Sender:
         for wait in (0.0, 1.0, 4.0, 10.0, 20.0):
             await asyncio.sleep(wait)
             body = json.dumps(payload)
-            headers = signed(body, self.secret)
+            headers = signed_headers(body, secret=self.secret)
             if retry:
                 headers.update(
                     {"X-Slack-Retry-Num": str(retry), "X-Slack-Retry-Reason": "http_error"}

@@ -24,7 +24,8 @@ from typing import Any
 
 import aiohttp
 
-from bot.standin import TEAM, signed
+from core.testing.server import spawn
+from core.testing.slack import BOT_USER, TEAM, signed_headers
 
 SECRET = "bench-signing-secret"
 
@@ -54,7 +55,7 @@ def event_body(ts: str) -> str:
             "event": {
                 "type": "app_mention",
                 "user": "U0BENCH",
-                "text": f"<@U0AGENT> benchmark message {ts}",
+                "text": f"<@{BOT_USER}> benchmark message {ts}",
                 "ts": ts,
                 "channel": "C0BENCH",
                 "event_ts": ts,
@@ -65,14 +66,9 @@ def event_body(ts: str) -> str:
 
 
 async def standin_process() -> tuple[Process, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.standin", stdout=asyncio.subprocess.PIPE
-    )
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 30)
-    if not line:
-        raise RuntimeError("the Slack stand-in did not start")
-    return proc, line.decode().strip()
+    """The Slack stand-in in a process of its own, and its Web API URL."""
+    proc, url = await spawn("core.testing.slack")
+    return proc, url + "/api/"
 
 
 async def serve_process(
@@ -123,7 +119,7 @@ async def serve_process(
 def request_bytes(port: int, ts: str) -> bytes:
     """A signed Events API request, as bytes on the wire (built before the clock starts)."""
     body = event_body(ts)
-    headers = signed(body, SECRET)
+    headers = signed_headers(body, secret=SECRET)
     lines = [
         "POST /slack/events HTTP/1.1",
         f"Host: 127.0.0.1:{port}",

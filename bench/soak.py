@@ -40,18 +40,18 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 from bench.load import CHANNEL, Plan, Sender
-from bench.model_standin import ModelFaults, ModelStandIn
 from bench.replicas import Replica
 from bench.soak_profile import SoakProfile
-from bench.tcp_proxy import TcpProxy
 from bot import texts as text
-from bot.standin import TEAM, SlackFaults, SlackStandIn
 from core.errors import SlackAgentError
 from core.messages import message_text, slack_message_id
 from core.storage.deliveries import Deliveries
 from core.storage.engine import create_database
 from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
+from core.testing.openai import ModelFaults, SoakModel
+from core.testing.slack import TEAM, SlackFaults, SlackStandIn
+from core.testing.tcp_proxy import TcpProxy
 
 SECRET = "soak-signing-secret"
 
@@ -176,13 +176,14 @@ class Soak:
                 rate_limited=config.slack_faults.rate_limited if "slack-429" in on else 0.0,
                 server_error=config.slack_faults.server_error if "slack-500" in on else 0.0,
             ),
+            history=True,
         )
         model_faults = replace(
             config.model_faults,
             timeout=config.model_faults.timeout if "model-timeout" in on else 0.0,
             cut=config.model_faults.cut if "model-cut" in on else 0.0,
         )
-        self.model = ModelStandIn(model_faults, seed=config.seed)
+        self.model = SoakModel(model_faults, seed=config.seed)
         self.profile = None if config.profile_dir is None else SoakProfile(Path(config.profile_dir))
         self.replicas: list[Replica] = []
         self.outage: tuple[float, float] | None = None  # (start, end), seconds from the start
@@ -398,7 +399,7 @@ class Soak:
         return self._finished_replies()
 
     def _finished_replies(self) -> int:
-        return sum(1 for method, _ in self.slack.calls if method == "chat.stopStream")
+        return len(self.slack.named("chat.stopStream"))
 
     async def _settle(self, db: Any) -> bool:
         """Wait until nothing is left to do: no unfinished delivery record."""
@@ -420,9 +421,9 @@ class Soak:
             v.append(
                 f"unfinished delivery records: {[(c.state, c.wait_reason, c.count) for c in left]}"
             )
-        if self.model.stats.overlapping:
-            v.append(f"two model calls at once for: {sorted(self.model.stats.overlapping)}")
-        report.model_faults = dict(self.model.stats.injected)
+        if self.model.overlapping():
+            v.append(f"two model calls at once for: {sorted(self.model.overlapping())}")
+        report.model_faults = dict(self.model.injected)
         report.slack_faults = dict(self.slack.injected)
         if report.five_xx_outside_outage:
             v.append(f"{report.five_xx_outside_outage} answers of 5xx outside the database outage")
@@ -486,8 +487,8 @@ class Soak:
         report.turns = answers
         report.resumed = sum(
             1
-            for method, args in self.slack.calls
-            if text.resumed() in str(args.get("markdown_text") or args.get("text") or "")
+            for call in self.slack.calls
+            if text.resumed() in str(call.args.get("markdown_text") or call.args.get("text") or "")
         )
         busy = self.config.seconds + self.config.settle_seconds
         report.turns_per_second = round(answers / max(1.0, min(busy, report.duration_seconds)), 2)
@@ -499,7 +500,7 @@ class Soak:
         return self.plan.messages.get(ts, ts) if self.plan else ts
 
 
-# What the stand-in model answers (``bench.model_standin``): one per finished answer.
+# What the stand-in model answers (``core.testing.openai.SoakModel``): one per finished answer.
 _ANSWERED = re.compile(r"\(t\d+\) answered after \d+ messages\.")
 
 

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -26,7 +26,16 @@ from bot.context import Gathered
 from bot.files import SharedFile
 from bot.post import Post, external_user, thread_key
 from bot.reply import SLACK_FAILURES, ReplyStream, StreamPacer
-from core.agent.loop import Notice, TextChunk, ToolFinished, ToolStarted, TurnStarted
+from core.agent.accounting import Payer
+from core.agent.loop import (
+    McpCallFinished,
+    McpCallStarted,
+    Notice,
+    TextChunk,
+    ToolFinished,
+    ToolStarted,
+    TurnStarted,
+)
 from core.conversation import (
     REFRESH_LAST,
     AlreadyAnswered,
@@ -35,24 +44,33 @@ from core.conversation import (
     Conversation,
     ConversationEvent,
     Conversations,
+    OverBudget,
     PickingUp,
     Refreshed,
     Stale,
+    TurnOutcome,
     TurnRequest,
     Unseen,
 )
 from core.conversation.surface import Notice as Waiting
 from core.conversation.surface import Outcome, Progress
-from core.errors import AgentSessionLockLost, TurnInterrupted
+from core.errors import AgentSessionBudgetExceeded, AgentSessionLockLost, TurnInterrupted
 from core.messages import message_text
 from core.settings import Settings
 from core.storage.deliveries import DeliveryRecord
+from core.usage.budgets import refused_budget, resets_text
+
+if TYPE_CHECKING:
+    from bot.approvals import ApprovalCards
 
 log = logging.getLogger(__name__)
 
 UNKNOWN_STREAMS = 20  # the thread messages after a taken-over one searched for a stream left open
 
-ClientFor = Callable[[str], Awaitable[AsyncWebClient | None]]
+# A workspace's client: its team id, and its Enterprise Grid org's id when it has one.
+ClientFor = Callable[[str, str | None], Awaitable[AsyncWebClient | None]]
+# A try's call of the conversation API, given the events' handler (a turn, or a decision's).
+RunTurn = Callable[[Callable[[ConversationEvent], Awaitable[None]]], Awaitable[TurnOutcome]]
 
 
 class ThreadAnswers:
@@ -70,11 +88,15 @@ class ThreadAnswers:
         self.conversations = conversations
         self._client_for_team = client_for_team
         self.pacer = StreamPacer(update_interval)  # every reply of this process shares it
+        self.cards: ApprovalCards | None = None  # set by the service: cards of waiting calls
 
     # -- DeliverySurface ------------------------------------------------------------------------
 
     async def client_for(self, record: DeliveryRecord) -> AsyncWebClient | None:
-        return await self._client_for_team(str(record.context.get("team", "")))
+        enterprise = record.context.get("enterprise")
+        return await self._client_for_team(
+            str(record.context.get("team", "")), enterprise if isinstance(enterprise, str) else None
+        )
 
     async def tell(self, record: DeliveryRecord, client: AsyncWebClient, notice: Waiting) -> None:
         words: dict[Waiting, Callable[[], str]] = {
@@ -117,8 +139,13 @@ class ThreadAnswers:
 
         ``resumed``: the record was taken over from a replica that died or stopped, so its
         user message may already be in the transcript; the transcript says what is left to do.
+        A record of a person's decision on a waiting tool call (``context.approval``) carries
+        the decision out instead.
         """
         post = Post.from_context(record.context)
+        approval = record.context.get("approval")
+        if isinstance(approval, str):
+            return await self._decision(record, client, progress, post, approval)
         person = await self.conversations.person(external_user(post.team, post.user))
         conversation = await self.conversations.open(
             post.thread,
@@ -134,12 +161,41 @@ class ThreadAnswers:
             message_id=record.message_id,
             ref=post.ref,
             metadata={"slack_user": post.user},
+            payer=Payer(external_user(post.team, post.user), post.team),
             context=gathered.context,
             files=gathered.files,
             resume=resumed,
             sent_anyway=record.wait_reason in ("ask", "queue"),
         )
         return await self._turn(conversation, post, record, client, progress, request)
+
+    async def _decision(
+        self,
+        record: DeliveryRecord,
+        client: AsyncWebClient,
+        progress: Progress,
+        post: Post,
+        approval_id: str,
+    ) -> Outcome:
+        """The turn that carries out a decision: the approved call runs (or the model hears
+        it was declined) and the answer continues in the thread."""
+        conversation = await self.conversations.find(post.thread)
+        if conversation is None:
+            return Outcome.ANSWERED
+        if self.cards is not None:
+            await self.cards.refresh(approval_id, client)  # "Approved by …; running"
+
+        def run(on_event: Callable[[ConversationEvent], Awaitable[None]]) -> Awaitable[TurnOutcome]:
+            payer = Payer(external_user(post.team, post.user), post.team)
+            return conversation.carry_out(approval_id, on_event, payer=payer)
+
+        request = TurnRequest(record.text, message_id=None)
+        try:
+            return await self._turn(conversation, post, record, client, progress, request, run)
+        finally:
+            if self.cards is not None:
+                with contextlib.suppress(Exception):
+                    await self.cards.refresh(approval_id, client)
 
     # -- one try --------------------------------------------------------------------------------
 
@@ -152,18 +208,26 @@ class ThreadAnswers:
     ) -> Gathered:
         """The message's context (``bot.context``) and files, fetched once per try."""
         gathered = Gathered()
+        shared: list[SharedFile] = []
         if post.ts != post.thread_ts and await conversation.is_empty():
             earlier = await context.thread_before(client, post.channel, post.thread_ts, post.ts)
-            if earlier:
-                gathered.notes.append(earlier)
+            if earlier.text:
+                gathered.notes.append(earlier.text)
+            shared += earlier.files  # shared before the mention: the agent gets them too
         if post.surface in ("dm", "assistant"):
             looking = context.viewing(await self.conversations.viewing(f"{post.team}:{post.user}"))
             if looking:
                 gathered.notes.append(looking)
-        shared = [SharedFile.from_dict(f) for f in record.context.get("files") or []]
+        shared += [SharedFile.from_dict(f) for f in record.context.get("files") or []]
         if shared:
             token = client.token if isinstance(client.token, str) else None
-            await context.fetch_files(shared, token, self.settings.max_file_bytes, gathered)
+            await context.fetch_files(
+                shared,
+                token,
+                self.settings.max_file_bytes,
+                self.settings.slack_api_url,
+                gathered,
+            )
             for refused in gathered.refused:
                 await tell(
                     client,
@@ -182,6 +246,7 @@ class ThreadAnswers:
         client: AsyncWebClient,
         progress: Progress,
         request: TurnRequest,
+        run: RunTurn | None = None,
     ) -> Outcome:
         stream = ReplyStream(
             client,
@@ -219,11 +284,21 @@ class ThreadAnswers:
                 await stream.task_finished(
                     event.command, result.exit_code, result.stdout, result.stderr
                 )
+            elif isinstance(event, McpCallStarted):
+                await stream.task_started(event.name)
+            elif isinstance(event, McpCallFinished):
+                outcome_ = event.outcome
+                await stream.task_finished(
+                    outcome_.name, 0 if outcome_.ok else 1, outcome_.text, ""
+                )
             elif isinstance(event, Notice):
                 await stream.append(text.notice(event.text) + "\n")
 
         try:
-            outcome = await conversation.take_turn(request, on_event)
+            if run is not None:
+                outcome = await run(on_event)
+            else:
+                outcome = await conversation.take_turn(request, on_event)
         except AgentSessionLockLost:
             await self._close(client, post, stream, stream.text + "\n" + text.lock_lost())
             return Outcome.ANSWERED
@@ -249,6 +324,14 @@ class ThreadAnswers:
         if isinstance(outcome, Stale):
             await self._post_refresh(client, post, outcome.unseen)
             return Outcome.STALE
+        if isinstance(outcome, OverBudget):
+            refusal = outcome.refusal
+            await tell(
+                client,
+                post,
+                text.over_budget(refused_budget(refusal).describe(), resets_text(refusal)),
+            )
+            return Outcome.ANSWERED
         if isinstance(outcome, AlreadyAnswered):
             if outcome.answer is not None:
                 # Answered before the replica died; its reply may not have been finished.
@@ -263,8 +346,13 @@ class ThreadAnswers:
         assert isinstance(outcome, Answered)
         result = outcome.result
         final = stream.text or result.text
-        if result.error is not None:
+        if isinstance(result.error, AgentSessionBudgetExceeded):
+            limit = refused_budget(result.error).describe()
+            final += "\n" + text.budget_ran_out(limit, resets_text(result.error))
+        elif result.error is not None:
             final += "\n" + text.turn_failed(result.error.code)
+        if result.trace_url is not None:
+            final += "\n" + text.trace_link(result.trace_url)
         answer = result.answer
         buttons = text.feedback_blocks(answer.message_id) if answer is not None else None
         # The reply is closed before the bookkeeping below: the answer is stored, so a
@@ -273,6 +361,8 @@ class ThreadAnswers:
         await self._close(client, post, stream, final, blocks=buttons)
         if answer is not None:
             await conversation.showed(answer.message_id, self._refs(post, stream.parts))
+        if result.approval is not None and self.cards is not None:
+            await self.cards.post(client, post, result.approval)
         return Outcome.ANSWERED
 
     @staticmethod

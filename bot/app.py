@@ -31,11 +31,12 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot import payload
 from bot import texts as text
 from bot.answers import tell
+from bot.approvals import ApprovalCards, post_of_thread
 from bot.files import SharedFile, shared_files
 from bot.post import Post, external_user, thread_key
 from bot.shortcuts import Shortcuts
 from bot.tasks import BackgroundWork
-from bot.web import web_client
+from bot.web import observed, web_client
 from core.conversation import Conversations
 from core.conversation.surface import ClickAnswer
 from core.conversation.worker import DeliveryWorker
@@ -119,6 +120,15 @@ def bolt_app(
         return BoltResponse(status=500, body="")
 
     @app.middleware
+    async def observed_client(
+        context: AsyncBoltContext, next: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Listeners' Web API calls are counted in ``/metrics`` like every other call: Bolt
+        hands each request a plain client of its own (``bot.web.observed``)."""
+        context["client"] = observed(context.client)
+        await next()
+
+    @app.middleware
     async def same_workspace_only(
         context: AsyncBoltContext, body: dict[str, Any], next: Callable[[], Awaitable[None]]
     ) -> BoltResponse | None:
@@ -178,7 +188,9 @@ def add_message_listeners(app: AsyncApp, receiver: Receiver) -> None:
         if not body_text and not files:
             return
         post = Post(team, channel, thread_ts or ts, ts, user, surface)
-        await _receive(receiver, post, body_text, client, files, stray=stray)
+        await _receive(
+            receiver, post, body_text, client, files, stray=stray, enterprise=context.enterprise_id
+        )
 
     app.event("message")(on_message)
     app.event("app_mention")(on_message)
@@ -191,6 +203,7 @@ def build_app(
     actions: Shortcuts,
     background: BackgroundWork,
     *,
+    cards: ApprovalCards | None = None,
     oauth_settings: AsyncOAuthSettings | None = None,
     http_session: aiohttp.ClientSession | None = None,
 ) -> AsyncApp:
@@ -284,6 +297,35 @@ def build_app(
     app.action(text.SEND_DRAFT)(on_draft_button)
     app.action(text.DISCARD_DRAFT)(on_draft_button)
 
+    async def on_approval_button(
+        ack: AsyncAck,
+        body: dict[str, Any],
+        action: dict[str, Any],
+        client: AsyncWebClient,
+        respond: AsyncRespond,
+    ) -> None:
+        """Approve / Deny on a card: decided and recorded before the acknowledgement (a
+        failure to record is a 500, and Slack sends the click again); a refusal is an
+        ephemeral and changes nothing."""
+        if cards is None:
+            await ack()
+            return
+        refusal = await cards.clicked(body, action, client, worker)
+        await ack()
+        value = payload.nested_string(action, "value") or ""
+        if refusal is not None:
+            user = payload.nested_string(body, "user", "id") or ""
+            channel = payload.nested_string(body, "channel", "id") or ""
+            thread_ts = payload.nested_string(body, "message", "thread_ts") or ""
+            team = payload.nested_string(body, "team", "id") or ""
+            post = post_of_thread(f"{team}/{channel}/{thread_ts}", user)
+            if post is not None:
+                background.spawn(_answer_click(client, post, respond, refusal, replace=False))
+        background.spawn(cards.refresh(value, client))
+
+    app.action(text.APPROVE)(on_approval_button)
+    app.action(text.DENY)(on_approval_button)
+
     @app.action(re.compile(f"^{text.COMPACT_PICK}:"))
     async def on_compact_pick(
         ack: AsyncAck,
@@ -356,27 +398,40 @@ async def _receive(
     files: list[SharedFile],
     *,
     stray: bool,
+    enterprise: str | None = None,
 ) -> None:
-    """A message for the agent becomes a delivery record (before the acknowledgement)."""
+    """A message for the agent becomes a delivery record (before the acknowledgement).
+    ``enterprise``: the Enterprise Grid org, so a take-over finds an org-wide install."""
+    extra: dict[str, Any] = {"enterprise": enterprise} if enterprise else {}
     await worker.receive(
         event_key=post.ref,
         thread_key=post.thread,
         author=post.user,
         message_id=slack_message_id(post.team, post.channel, post.ts),
         text=body,
-        context={**post.context(), "files": [f.as_dict() for f in files]},
+        context={**post.context(), **extra, "files": [f.as_dict() for f in files]},
         client=client,
         stray=stray,
     )
 
 
 async def _answer_click(
-    client: AsyncWebClient, post: Post, respond: AsyncRespond | None, body: str
+    client: AsyncWebClient,
+    post: Post,
+    respond: AsyncRespond | None,
+    body: str,
+    *,
+    replace: bool = True,
 ) -> None:
-    """Replace the clicked ephemeral (its ``response_url``); a new one when that fails."""
+    """Replace the clicked ephemeral (its ``response_url``), or answer the clicker with an
+    ephemeral (``replace=False``: the clicked message is everyone's); a new one when that
+    fails."""
     if respond is not None:
         try:
-            await respond(replace_original=True, text=body)
+            if replace:
+                await respond(replace_original=True, text=body)
+            else:
+                await respond(response_type="ephemeral", replace_original=False, text=body)
             return
         except Exception as exc:  # an expired or unreachable response_url
             log.info("could not replace the clicked offer: %s", exc)

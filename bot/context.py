@@ -9,19 +9,28 @@ Model-facing wording lives here; words a person reads live in ``bot.texts``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.files import Fetched, SharedFile, fetch, sandbox_path
+from bot.files import Fetched, SharedFile, fetch, sandbox_path, shared_files
+from core.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 
-THREAD_MESSAGES = 50  # earlier messages of a thread read when the agent joins it
+THREAD_MESSAGES = 50  # the latest messages of a thread before the agent joins it are read
 THREAD_CHARS = 20_000  # and at most this much of their text
+THREAD_FILES = 10  # and the files shared in them, the most recent ones
+# Slack returns a thread oldest first, a page at a time: the pages up to the mention are read
+# to reach the messages just before it (a thread longer than PAGES x PAGE_SIZE replies before
+# the mention is read up to there).
+PAGE_SIZE = 200
+PAGES = 25
 _HUMAN = (None, "thread_broadcast", "file_share")
 
 
@@ -38,27 +47,55 @@ class Gathered:
         return "\n\n".join(self.notes) or None
 
 
+@dataclass
+class Earlier:
+    """What a thread said before the agent was mentioned in it."""
+
+    text: str | None = None
+    files: list[SharedFile] = field(default_factory=list)
+
+
 async def thread_before(
     client: AsyncWebClient, channel: str, thread_ts: str, before_ts: str
-) -> str | None:
+) -> Earlier:
     """The people's messages of a thread before ``before_ts`` (the agent's first mention in
-    it), newest last, within ``THREAD_CHARS``; None when there are none or Slack says no."""
-    try:
-        response = await client.conversations_replies(
-            channel=channel, ts=thread_ts, limit=THREAD_MESSAGES
-        )
-    except SlackApiError as exc:
-        log.warning("could not read the thread %s/%s: %s", channel, thread_ts, exc)
-        return None
+    it), the latest ``THREAD_MESSAGES`` of them, newest last, within ``THREAD_CHARS``, and the
+    files shared in them; nothing when there are none or Slack says no."""
+    latest: deque[dict[str, Any]] = deque(maxlen=THREAD_MESSAGES)
+    cursor: str | None = None
+    for _ in range(PAGES):
+        try:
+            response = await client.conversations_replies(
+                channel=channel,
+                ts=thread_ts,
+                latest=before_ts,
+                inclusive=False,
+                limit=PAGE_SIZE,
+                cursor=cursor,
+            )
+        except SlackApiError as exc:
+            log.warning("could not read the thread %s/%s: %s", channel, thread_ts, exc)
+            break
+        for message in response.get("messages") or []:
+            if not isinstance(message, dict) or message.get("bot_id"):
+                continue
+            ts, user = message.get("ts"), message.get("user")
+            if message.get("subtype") not in _HUMAN or not isinstance(ts, str) or ts >= before_ts:
+                continue
+            if isinstance(user, str):
+                latest.append(message)
+        metadata = response.get("response_metadata") or {}
+        cursor = metadata.get("next_cursor") if isinstance(metadata, dict) else None
+        if not response.get("has_more") or not cursor:
+            break
     lines: list[str] = []
-    for message in response.get("messages") or []:
-        if not isinstance(message, dict) or message.get("bot_id"):
-            continue
-        ts, text, user = message.get("ts"), message.get("text"), message.get("user")
-        if message.get("subtype") not in _HUMAN or not isinstance(ts, str) or ts >= before_ts:
-            continue
-        if isinstance(text, str) and text.strip() and isinstance(user, str):
-            lines.append(f"<@{user}>: {text.strip()}")
+    files: list[SharedFile] = []
+    for message in latest:
+        text = message.get("text")
+        if isinstance(text, str) and text.strip():
+            lines.append(f"<@{message['user']}>: {text.strip()}")
+        with contextlib.suppress(InvalidRequest):
+            files.extend(shared_files(message))
     kept: list[str] = []
     size = 0
     for line in reversed(lines):  # the most recent ones matter most
@@ -66,11 +103,12 @@ async def thread_before(
         if size > THREAD_CHARS:
             break
         kept.append(line)
-    if not kept:
-        return None
-    return "Before you were mentioned, this Slack thread said (oldest first):\n" + "\n".join(
-        reversed(kept)
-    )
+    said = None
+    if kept:
+        said = "Before you were mentioned, this Slack thread said (oldest first):\n" + "\n".join(
+            reversed(kept)
+        )
+    return Earlier(said, files[-THREAD_FILES:])
 
 
 def viewing(context: dict[str, Any] | None) -> str | None:
@@ -86,13 +124,13 @@ def viewing(context: dict[str, Any] | None) -> str | None:
 
 
 async def fetch_files(
-    files: list[SharedFile], token: str | None, max_bytes: int, gathered: Gathered
+    files: list[SharedFile], token: str | None, max_bytes: int, api_url: str, gathered: Gathered
 ) -> None:
     """Download the message's files for the sandbox; note where they are for the agent."""
     taken: set[str] = set()
     placed: list[str] = []
     for file in files:
-        fetched = await fetch(file, token, max_bytes)
+        fetched = await fetch(file, token, max_bytes, api_url)
         if fetched.data is None:
             gathered.refused.append(fetched)
             continue

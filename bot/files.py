@@ -5,6 +5,12 @@ handed to the turn, which writes it into the sandbox under ``FOLDER`` so it rewi
 with the session like everything else there. Slack answers a download the token may not make
 (no ``files:read``) with its HTML sign-in page and a 200: that page is recognised and refused,
 never put into the sandbox as if it were the file.
+
+The bot token goes only to Slack's file hosts (``SLACK_FILE_HOSTS``, over HTTPS) and to the host
+of ``SLACK_API_URL`` (a stand-in, a proxy the operator set up): a file object is part of an
+event's payload, and one whose URL names any other host is refused without a request, so
+neither the token nor a request on the app's behalf goes where the payload says. (A redirect
+to another origin loses the token too: httpx drops ``Authorization`` across origins.)
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from core.errors import InvalidRequest
 FOLDER = "/home/user/files"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._ -]+")
 TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+# Where Slack serves ``url_private`` / ``url_private_download`` (commercial and GovSlack).
+SLACK_FILE_HOSTS = frozenset({"files.slack.com", "files.slack-gov.com"})
 
 
 @dataclass(frozen=True)
@@ -87,7 +95,24 @@ class Fetched:
     refused: str | None  # why it was not fetched (told to the poster)
 
 
-async def fetch(file: SharedFile, token: str | None, max_bytes: int) -> Fetched:
+def slack_hosted(url: str, api_url: str) -> bool:
+    """Whether ``url`` is on Slack's file hosts or on the host ``SLACK_API_URL`` names."""
+    try:
+        target, api = httpx.URL(url), httpx.URL(api_url)
+    except httpx.InvalidURL:
+        return False
+    if target.scheme == "https" and target.host in SLACK_FILE_HOSTS and target.port is None:
+        return True
+    return bool(target.host) and (target.scheme, target.host, target.port) == (
+        api.scheme,
+        api.host,
+        api.port,
+    )
+
+
+async def fetch(file: SharedFile, token: str | None, max_bytes: int, api_url: str) -> Fetched:
+    if not slack_hosted(file.url, api_url):
+        return Fetched(file, None, "not_slack")
     if file.size is not None and file.size > max_bytes:
         return Fetched(file, None, "too_big")
     headers = {"Authorization": f"Bearer {token}"} if token else {}

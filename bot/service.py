@@ -18,6 +18,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.answers import ThreadAnswers
 from bot.app import build_app
+from bot.approvals import ApprovalCards
 from bot.http import Listener
 from bot.installations import InstallStores, open_install_stores
 from bot.post import PROJECT, SURFACE
@@ -81,6 +82,8 @@ class Bot:
         self.installs = installs
         self.conversations = runtime.conversations(PROJECT, surface=SURFACE)
         self.answers = ThreadAnswers(settings, self.conversations, self.client_for)
+        self.cards = ApprovalCards(settings, self.conversations, self.client_for)
+        self.answers.cards = self.cards
         self.deliveries = runtime.deliveries(SURFACE)
         metrics.REPLICA.info({"owner": self.deliveries.owner})
         self.worker: DeliveryWorker[AsyncWebClient] = DeliveryWorker(
@@ -108,6 +111,7 @@ class Bot:
             self.worker,
             Shortcuts(settings, self.conversations),
             self.background,
+            cards=self.cards,
             oauth_settings=oauth,
             http_session=http,
         )
@@ -143,14 +147,18 @@ class Bot:
         return self.listener.web_app(events=events)
 
     def start(self) -> None:
-        """Begin renewing leases and taking over what stopped or dead replicas left."""
+        """Begin renewing leases and taking over what stopped or dead replicas left, and
+        keeping approval cards up to date."""
         self.worker.start()
+        if self.runtime.tools is not None:  # no MCP servers: no call ever waits for a person
+            self.cards.start()
 
     async def close(self) -> None:
         """Stop taking work, let running turns finish for the grace period, interrupt the
         rest (their partial answers kept), then close everything."""
         grace = self.settings.shutdown_grace_seconds
         self.background.closing = True
+        await self.cards.stop()
         await asyncio.gather(self.worker.stop(grace), self.background.shutdown(grace))
         if self.installs is not None:
             await self.installs.dispose()
@@ -158,11 +166,20 @@ class Bot:
         if self.http is not None:
             await self.http.close()
 
-    async def client_for(self, team: str) -> AsyncWebClient | None:
-        """A Web API client for a workspace (for records taken over outside any request)."""
+    async def client_for(self, team: str, enterprise: str | None = None) -> AsyncWebClient | None:
+        """A Web API client for a workspace (for records taken over outside any request).
+
+        In an Enterprise Grid org (``enterprise``) the app is installed either in the
+        workspace itself or once for the whole org; slack_sdk stores an org-wide install
+        without a team, so that is looked up second, as Bolt's own authorisation does."""
         if self.installs is None:
             return self.app.client
-        bot = await self.installs.installations.async_find_bot(enterprise_id=None, team_id=team)
+        store = self.installs.installations
+        bot = await store.async_find_bot(enterprise_id=enterprise, team_id=team)
+        if bot is None and enterprise:
+            bot = await store.async_find_bot(
+                enterprise_id=enterprise, team_id=None, is_enterprise_install=True
+            )
         if bot is None or not bot.bot_token:
             return None
         return web_client(self.settings, bot.bot_token, self.http)

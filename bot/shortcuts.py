@@ -9,6 +9,7 @@ call of the conversation API between reading the payload and writing to Slack.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from typing import Any
@@ -19,6 +20,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot import payload
 from bot import texts as text
 from bot.post import Post, external_user, thread_key
+from bot.reply import SLACK_FAILURES
 from core.agent.compaction import parse_checkpoint
 from core.checkpoint import SECTIONS
 from core.conversation import Conversation, Conversations
@@ -28,6 +30,7 @@ from core.errors import (
     AgentSessionForbidden,
     AgentSessionNotFound,
     MessageNotFound,
+    SlackAgentError,
 )
 from core.messages import message_text
 from core.records import Actor
@@ -101,7 +104,9 @@ class Shortcuts:
         key = await self.conversations.stash(
             {"session_id": conversation.id, "message_id": message_id, "post": post.context()}
         )
-        modal = text.rewind_modal(plan.leaving, key, to_a_question=plan.to_a_question)
+        modal = text.rewind_modal(
+            plan.leaving, key, to_a_question=plan.to_a_question, outside=plan.outside
+        )
         await client.views_open(trigger_id=trigger or "", view=modal)
 
     async def rewind_confirmed(
@@ -135,7 +140,12 @@ class Shortcuts:
         )
         for ref, shown in result.withdrawn_replies:
             channel, ts = ref.split("/")[1:3]
-            await client.chat_update(channel=channel, ts=ts, text=text.rewound_reply(shown))
+            try:
+                await client.chat_update(channel=channel, ts=ts, text=text.rewound_reply(shown))
+            except SLACK_FAILURES as exc:
+                # Deleted in Slack, or Slack busy past the retries: the rewind is done, and
+                # the other replies and the returned draft must not wait on this one.
+                log.warning("could not mark the withdrawn reply %s: %s", ref, exc)
         if result.draft:
             author = result.draft_metadata.get("slack_user")
             await client.chat_postEphemeral(
@@ -211,8 +221,11 @@ class Shortcuts:
         if conversation is None:
             located = await self.conversations.at(thread_key(team, link_channel, ts))
             conversation = located[0] if located else None
-        if conversation is None:
-            await self._say_here(client, here, text.no_session())
+        actor = await self._person(team, user)
+        if conversation is None or not actor.may_manage(conversation.session.user_id):
+            # One answer for "no session there" and "not yours": a link (to a channel the
+            # person may not even be in) must not tell which threads are conversations.
+            await self._say_here(client, here, text.compact_nothing_of_yours())
             return
         post = Post(team, link_channel, root, ts, user, "channel")
         await self._compact(post, conversation, rest.strip() or None, client)
@@ -267,6 +280,10 @@ class Shortcuts:
         self, post: Post, conversation: Conversation, focus: str | None, client: AsyncWebClient
     ) -> None:
         actor = await self._person(post.team, post.user)
+        if not actor.may_manage(conversation.session.user_id):
+            # Checked before the thread hears of it (the core checks again, under its lock).
+            await self._say(client, post, text.forbidden("compact"))
+            return
         started = await client.chat_postMessage(
             channel=post.channel, thread_ts=post.thread_ts, text=text.compact_started(post.user)
         )
@@ -275,6 +292,15 @@ class Shortcuts:
         except (AgentSessionForbidden, AgentSessionBusy, AgentSessionAlreadyCompact) as exc:
             await client.chat_delete(channel=post.channel, ts=str(started["ts"]))
             await self._say(client, post, _compact_refusal(exc))
+            return
+        except Exception as exc:
+            # The model failed (or the database): the notice must not say "compacting…"
+            # forever, and the person who asked is told; nothing was compacted.
+            code = exc.code if isinstance(exc, SlackAgentError) else "internal_error"
+            log.warning("compaction of session %s failed: %s", conversation.id, exc)
+            with contextlib.suppress(*SLACK_FAILURES):
+                await client.chat_delete(channel=post.channel, ts=str(started["ts"]))
+            await self._say(client, post, text.compact_failed(code))
             return
         checkpoint = parse_checkpoint(stored)
         shown = (

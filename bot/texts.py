@@ -11,6 +11,7 @@ turn's own notes (``resumed``, ``stopped``, ``turn_failed``…).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from bot.render import escape
@@ -93,6 +94,27 @@ def stale_offer(text: str) -> str:
 
 def turn_failed(code: str) -> str:
     return f":warning: The model could not finish this reply ({code}). What it wrote is kept."
+
+
+def over_budget(limit: str, resets: str) -> str:
+    """A message refused because its sender is over a spending limit (``BUDGETS``)."""
+    return (
+        f":no_entry: Not sent to the agent: {_quote(limit)} is used up. It resets {resets}; "
+        "your message was not added to the conversation."
+    )
+
+
+def budget_ran_out(limit: str, resets: str) -> str:
+    return (
+        f":no_entry: This reply stopped: {_quote(limit)} ran out while it was written "
+        f"(it resets {resets}). What it wrote is kept."
+    )
+
+
+def trace_link(url: str) -> str:
+    """The finished reply's link to its trace (``TRACE_URL_TEMPLATE``), in the reply's
+    Markdown (the reply is sent as ``markdown_text``)."""
+    return f"[View trace]({url})"
 
 
 def lock_lost() -> str:
@@ -236,6 +258,20 @@ def compact_started(by_user: str) -> str:
     return f":hourglass_flowing_sand: <@{by_user}> started compacting this conversation…"
 
 
+def compact_nothing_of_yours() -> str:
+    return (
+        "I found no conversation of yours to compact at that link. Use a link to a thread "
+        "you started with me (or the picker: /compact without a link)."
+    )
+
+
+def compact_failed(code: str) -> str:
+    return (
+        f":warning: I couldn't compact this conversation ({code}); nothing was changed. "
+        "Try again in a moment."
+    )
+
+
 def compact_bad_link() -> str:
     return (
         "I couldn't read that thread link. Copy it with *Copy link* on the thread's first message."
@@ -332,7 +368,9 @@ def compact_picked(title: str) -> str:
     return f"Compacting *{_quote(title or 'the conversation', 80)}*…"
 
 
-def rewind_modal(leaving: int, key: str, *, to_a_question: bool) -> dict[str, Any]:
+def rewind_modal(
+    leaving: int, key: str, *, to_a_question: bool, outside: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The confirmation *Rewind to here* asks for before anything changes."""
     plural = "message" if leaving == 1 else "messages"
     body = (
@@ -343,6 +381,8 @@ def rewind_modal(leaving: int, key: str, *, to_a_question: bool) -> dict[str, An
     )
     if to_a_question:
         body += " The message you picked comes back to its author as a draft, to post again."
+    if outside:
+        body += "\n" + not_undone(outside)
     return {
         "type": "modal",
         "callback_id": REWIND_CONFIRM,
@@ -376,5 +416,113 @@ def file_refused(name: str, reason: str, limit: int) -> str:
     why = {
         "too_big": f"it is larger than the {limit / 1_000_000:g} MB this app copies",
         "no_access": "Slack would not hand it over (the app needs the files:read permission)",
+        "not_slack": "it is not stored on Slack's file servers",
     }.get(reason, "Slack could not deliver it just now")
     return f"I couldn't copy *{_quote(name, 100)}* into my sandbox: {why}."
+
+
+def not_undone(calls: tuple[str, ...]) -> str:
+    """Calls of a rewind's leaving messages that reached the team's systems."""
+    plural = "action" if len(calls) == 1 else "actions"
+    shown = "; ".join(_quote(c, 150) for c in calls[:5])
+    more = f" (and {len(calls) - 5} more)" if len(calls) > 5 else ""
+    return f"{len(calls)} {plural} outside the sandbox are not undone: {shown}{more}."
+
+
+# -- tool calls waiting for a person's approval -------------------------------------------------
+
+APPROVE = "approval_approve"
+DENY = "approval_deny"
+APPROVAL_ARGUMENTS_SHOWN = 600  # characters of a call's arguments on its card
+
+
+def _arguments(arguments: dict[str, Any]) -> str:
+    """A call's arguments on a card: JSON, shortened, escaped, with no backticks to break out
+    of the code span."""
+    shown = json.dumps(arguments, ensure_ascii=False, sort_keys=True)
+    if len(shown) > APPROVAL_ARGUMENTS_SHOWN:
+        shown = shown[: APPROVAL_ARGUMENTS_SHOWN - 1] + "…"
+    return escape(shown.replace("`", "'").replace("\n", " "))
+
+
+def approval_request(tool: str, server: str, arguments: dict[str, Any]) -> str:
+    return (
+        f"The agent wants to use *{_quote(tool, 100)}* (MCP server *{_quote(server, 64)}*), "
+        "which may change something outside this conversation:\n"
+        f"`{_arguments(arguments)}`\n"
+        "It runs only if the conversation's owner, an admin or one of the server's approvers "
+        "approves."
+    )
+
+
+def approval_blocks(
+    approval_id: str, tool: str, server: str, arguments: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The card: what would run, and Approve / Deny (the buttons carry only the request's id)."""
+    return [
+        {
+            "type": "section",
+            "text": {"type": "mrkdwn", "text": approval_request(tool, server, arguments)},
+        },
+        {
+            "type": "actions",
+            "elements": [
+                _button("Approve", APPROVE, approval_id, style="primary"),
+                _button("Deny", DENY, approval_id, style="danger"),
+            ],
+        },
+    ]
+
+
+def _who(external_id: str | None) -> str:
+    """A decider as the card names them: a Slack user as a mention, anyone else by name."""
+    if external_id and external_id.startswith("slack:"):
+        return f"<@{external_id.rsplit(':', 1)[-1]}>"
+    return (
+        _quote(external_id.removeprefix("cli:") if external_id else "someone", 60) + " (terminal)"
+    )
+
+
+def approval_outcome(state: str, decided_by: str | None) -> str:
+    """What the card says once the request left ``pending`` (in place of its buttons)."""
+    who = _who(decided_by)
+    return {
+        "approved": f"✅ Approved by {who}; running the call…",
+        "running": f"✅ Approved by {who}; running the call…",
+        "ran": f"✅ Approved by {who}; the call ran.",
+        "denied": f"🚫 Denied by {who}; the call did not run.",
+        "declined": f"🚫 Denied by {who}; the call did not run.",
+        "expired": "⌛ Expired: nobody decided in time, so the call did not run.",
+        "superseded": "↪️ Superseded: a newer message came first, so the call did not run.",
+        "rewound": "⏪ The conversation was rewound past this request; the call did not run.",
+    }.get(state, "This request is no longer waiting.")
+
+
+def approval_outcome_blocks(
+    state: str, decided_by: str | None, tool: str, server: str, arguments: dict[str, Any]
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "section",
+            "text": {"type": "mrkdwn", "text": approval_request(tool, server, arguments)},
+        },
+        {
+            "type": "context",
+            "elements": [{"type": "mrkdwn", "text": approval_outcome(state, decided_by)}],
+        },
+    ]
+
+
+def approval_refused(reason: str, decided_by: str | None = None) -> str:
+    """One line to a person whose click changed nothing."""
+    return {
+        "unknown": "That request is not one I know, so nothing was run.",
+        "not_allowed": (
+            "Only the person who started this conversation, an admin or one of this tool's "
+            "approvers can decide this request."
+        ),
+        "expired": "That request has expired: nobody decided in time, so nothing was run.",
+        "superseded": "That request was superseded by a newer message, so nothing was run.",
+        "rewound": "The conversation was rewound past that request, so nothing was run.",
+        "decided": f"That request was already decided by {_who(decided_by)}.",
+    }.get(reason, "That request can no longer be decided.")

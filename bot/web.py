@@ -2,7 +2,9 @@
 
 slack_sdk's own retry handlers do the retrying: a 429 is waited out as ``Retry-After`` says, a
 5xx answer and a dropped connection are retried with backoff. What is left after them is a
-failure the caller deals with; each one (and each 429) is counted by method.
+failure the caller deals with; each one (and each 429) is counted by method. Bolt makes a new
+client for every request (so a token set on it by authorisation stays that request's): the
+app's middleware (``bot.app``) swaps it for an observed one, so listeners' calls count too.
 """
 
 from __future__ import annotations
@@ -65,6 +67,28 @@ class ObservedWebClient(AsyncWebClient):
         except Exception as exc:
             metrics.SLACK_API_ERRORS.labels(api_method, exc.__class__.__name__).inc()
             raise
+
+
+def observed(client: AsyncWebClient) -> AsyncWebClient:
+    """``client`` as an ``ObservedWebClient``: the same token, URL, HTTP session, headers,
+    team and retry handlers (what Bolt sets on the client it builds for each request, which
+    is a plain ``AsyncWebClient`` whatever client the app was given)."""
+    if isinstance(client, ObservedWebClient):
+        return client
+    made = ObservedWebClient(
+        token=client.token,
+        base_url=client.base_url,
+        timeout=client.timeout,
+        ssl=client.ssl,
+        proxy=client.proxy,
+        session=client.session,
+        trust_env_in_session=client.trust_env_in_session,
+        headers=dict(client.headers),
+        logger=client.logger,
+        retry_handlers=client.retry_handlers,
+    )
+    made.default_params = dict(client.default_params)  # the org-wide install's team_id
+    return made
 
 
 def retry_handlers() -> list[AsyncRetryHandler]:

@@ -74,6 +74,13 @@ class DatabaseError(SlackAgentError):
     code = "database_error"
 
 
+class DatabaseUnreachable(DatabaseError):
+    """A turn stopped itself: the database did not confirm its lock within the safe share of
+    the staleness window (§6.12). Retried like any database failure mid-turn."""
+
+    code = "database_unreachable"
+
+
 class AgentSessionError(SlackAgentError):
     """Refusals of the session store, each naming the session it concerns."""
 

@@ -64,6 +64,10 @@ LOCKS_LOST = Counter(
     "slack_agent_locks_lost_total",
     "Turns that found their lock taken over and stopped.",
 )
+TURNS_SELF_STOPPED = Counter(
+    "slack_agent_turns_self_stopped_total",
+    "Turns that stopped themselves because the database did not confirm their lock in time.",
+)
 DELIVERIES = Gauge(
     "slack_agent_deliveries",
     "Delivery records not yet finished, by state and wait reason (read from the database).",
@@ -168,6 +172,16 @@ MCP_TOOL_SECONDS = Histogram(
     "Wall time of MCP tool calls sent to a server (any outcome), by server.",
     ["server"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+MCP_SERVER_CONNECTED = Gauge(
+    "slack_agent_mcp_server_connected",
+    "1 while this process is connected to the MCP server (its tools are offered), else 0.",
+    ["server"],
+)
+APPROVALS_DECIDED = Counter(
+    "slack_agent_approvals_decided_total",
+    "Decisions on tool calls that waited for a person, by decision (approved, denied).",
+    ["decision"],
 )
 SWEEPER_DELETED = Counter(
     "slack_agent_sweeper_deleted_total",

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import getpass
 from dataclasses import dataclass
+from datetime import date
 
+from core.errors import ConfigError, UsageError
 from core.records import Actor, SessionInfo, StoredMessage
 from core.settings import Settings
 from core.storage import RetentionPolicy, Storage, SweepReport
+from core.storage.usage import GroupBy, UsageLine
+from core.usage.budgets import Account, Budget
 
 
 def operator_external_id() -> str:
@@ -69,6 +73,32 @@ class Operator:
         session = await sessions.get_session(session_id)
         messages = await sessions.messages(session_id)
         return session, messages, await self.storage.feedback.of_session(session_id)
+
+    async def usage(self, by: GroupBy, *, since: date | None = None) -> list[UsageLine]:
+        return await self.storage.usage.report(by, since=since)
+
+    async def budgets(self) -> list[tuple[Budget, str, Account | None]]:
+        """Each budget in force, where it comes from, and (for the shared budget, the one
+        account that needs no person named) what its window has used so far."""
+        shown: list[tuple[Budget, str, Account | None]] = []
+        for budget, source in await self.storage.budgets.sources():
+            account = None
+            if budget.scope == "all":
+                (account,) = await self.storage.usage.accounts([budget], None)
+            shown.append((budget, source, account))
+        return shown
+
+    async def set_budgets(self, value: str) -> tuple[Budget, ...]:
+        try:
+            return await self.storage.budgets.set(value)
+        except ConfigError as exc:  # nothing was stored: say why, in the command's words
+            raise UsageError(f"budget set: {str(exc).removeprefix('BUDGETS: ')}") from None
+
+    async def clear_budgets(self, value: str | None) -> tuple[Budget, ...]:
+        try:
+            return await self.storage.budgets.clear(value)
+        except ConfigError as exc:
+            raise UsageError(f"budget clear: {exc}") from None
 
     async def delete_session(self, session_id: int) -> SessionInfo:
         session = await self.storage.sessions.get_session(session_id)

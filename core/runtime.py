@@ -4,17 +4,34 @@
 things made the same way (the database and its stores, the model providers, the agent), so
 they are made here and nowhere else; a surface then asks for its ``Conversations`` and, if it
 receives messages durably, its delivery records.
+
+Usage, budgets and traces are wired here too (``Accounting``): the ledger and the budgets in
+force from the storage, the tracer from the ``OTEL_*``/``TRACE_*`` settings (off, and no
+OpenTelemetry SDK imported, without an endpoint).
+
+The MCP servers of ``MCP_CONFIG`` are read here too (a malformed file stops start-up with one
+line) and started in the background by ``open``, which waits up to ``MCP_STARTUP_WAIT_SECONDS``
+for their first answers: a server that does not start (or not that quickly) is a log line and its
+tools are absent until it answers; start-up goes on without it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
 
+from core.agent.accounting import Accounting
 from core.agent.loop import Agent, AgentConfig
 from core.agent.model_choice import ProviderCache
 from core.conversation import Conversations
 from core.settings import Settings
 from core.storage import Deliveries, Storage
+from core.tools import McpTools, load_mcp_config
+from core.tracing.spans import Tracer
+
+# How long ``open`` waits for the MCP servers' first answers before going on without them.
+MCP_STARTUP_WAIT_SECONDS = 10.0
 
 
 @dataclass
@@ -23,26 +40,42 @@ class Runtime:
     storage: Storage
     providers: ProviderCache
     agent: Agent
+    tools: McpTools | None = None  # None: no MCP servers configured
+    tracer: Tracer = field(default_factory=Tracer.off)
 
     @classmethod
     async def open(
         cls, settings: Settings, *, migrate: bool = True, pool_size: int = 10
     ) -> Runtime:
         """Everything, with the database brought to the newest schema first (``migrate``;
-        the operator's commands that only read or set values skip it)."""
+        the operator's commands that only read or set values skip it), and the model
+        configuration checked (``ProviderCache.check``): a turn could not run without it."""
         storage = Storage.open(settings, pool_size=pool_size)
         try:
             if migrate:
                 await storage.migrate()
+            runtime = cls.on(settings, storage)
+            await runtime.providers.check(storage.sessions.custom_providers)
         except BaseException:
             await storage.dispose()
             raise
-        return cls.on(settings, storage)
+        if runtime.tools is not None:
+            await runtime.tools.start()  # returns at once; servers connect in the background
+            # The first messages after a start should find the tools of servers that start
+            # promptly; a server that takes longer (or is down) joins when it answers.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(MCP_STARTUP_WAIT_SECONDS):
+                    await runtime.tools.wait_ready()
+        return runtime
 
     @classmethod
     def on(cls, settings: Settings, storage: Storage) -> Runtime:
-        """The runtime on storage that is already open."""
+        """The runtime on storage that is already open (its MCP servers not started yet:
+        ``open`` starts them)."""
+        config = load_mcp_config(settings.mcp_config)
+        tools = McpTools(config) if config.servers else None
         providers = ProviderCache(settings)
+        tracer = Tracer.from_settings(settings)
         agent = Agent(
             storage.sessions,
             providers,
@@ -50,8 +83,11 @@ class Runtime:
                 auto_compact_tokens=settings.auto_compact_tokens,
                 heartbeat_seconds=settings.turn_heartbeat_seconds,
             ),
+            accounting=Accounting(storage.usage, storage.budgets, tracer),
+            tools=tools,
+            approvals=storage.approvals,
         )
-        return cls(settings, storage, providers, agent)
+        return cls(settings, storage, providers, agent, tools, tracer)
 
     def conversations(self, project: str, *, surface: str | None = None) -> Conversations:
         """A surface's conversations: ``project`` names its sessions (``project_name``);
@@ -62,6 +98,7 @@ class Runtime:
             self.storage.feedback,
             project=project,
             state=None if surface is None else self.storage.surface(surface),
+            approvals=self.storage.approvals,
         )
 
     def deliveries(self, surface: str) -> Deliveries:
@@ -69,5 +106,9 @@ class Runtime:
         return self.storage.deliveries(surface)
 
     async def close(self) -> None:
+        if self.tools is not None:
+            await self.tools.aclose()
+        if self.tracer.enabled:  # flushes what is queued, within a bounded time, off the loop
+            await asyncio.to_thread(self.tracer.shutdown)
         await self.providers.aclose()
         await self.storage.dispose()

@@ -18,6 +18,16 @@ from core.usage.budgets import Budget, parse_budgets
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./slack-agent.db"
 
+# The share of TURN_LOCK_STALENESS_SECONDS a turn may go without a confirmed heartbeat before it
+# stops itself (§6.12): another replica may claim the lock only after the whole window, measured
+# from a heartbeat the database stamped after the turn sent it, so the turn stops a fifth of the
+# window before anyone can take it over.
+TURN_SAFE_SHARE = 0.8
+# The least a derived database timeout is: a short staleness window (as tests and the soak use)
+# would give timeouts that a loaded machine's ordinary connection set-up or commit exceeds.
+DATABASE_CONNECT_FLOOR_SECONDS = 3.0
+DATABASE_STATEMENT_FLOOR_SECONDS = 5.0
+
 _SCHEME_ALIASES = {
     "sqlite+aiosqlite": "sqlite+aiosqlite",
     "sqlite": "sqlite+aiosqlite",
@@ -52,6 +62,9 @@ def _split_csv(value: object) -> object:
 
 
 CsvList = Annotated[list[str], NoDecode]
+# bashkit's limit on one file (``core.sandbox.shell.BASHKIT_MAX_FILE_BYTES``, which a test keeps
+# equal to this): a larger MAX_FILE_BYTES would let every upload above it fail in the sandbox.
+SANDBOX_MAX_FILE_BYTES = 10_000_000
 _ADMIN = re.compile(r"(?:[TE][A-Z0-9]+:)?[UW][A-Z0-9]+")
 
 
@@ -87,6 +100,9 @@ class Settings(BaseSettings):
 
     turn_lock_staleness_seconds: float = Field(default=60, gt=0)
     turn_heartbeat_seconds: float = Field(default=15, gt=0)
+    # Bounded database calls (§6.12). Unset: chosen from the window (``database_timeouts``).
+    database_connect_timeout_seconds: float | None = Field(default=None, gt=0)
+    database_statement_timeout_seconds: float | None = Field(default=None, gt=0)
     busy_poll_seconds: float = Field(default=3, gt=0)
     busy_poll_timeout_seconds: float = Field(default=600, gt=0)
     busy_mode: Literal["ask", "queue"] = "ask"
@@ -105,8 +121,9 @@ class Settings(BaseSettings):
     # Delivery records one replica holds at most (running, in line, waiting); past it a new
     # message is recorded for any replica with room (core.conversation.intake).
     max_held_messages: int = Field(default=256, gt=0)
-    # A file shared in a session's thread is copied into the sandbox up to this size.
-    max_file_bytes: int = Field(default=10_000_000, gt=0)
+    # A file shared in a session's thread is copied into the sandbox up to this size, which
+    # the sandbox must be able to hold (``SANDBOX_MAX_FILE_BYTES``).
+    max_file_bytes: int = Field(default=SANDBOX_MAX_FILE_BYTES, gt=0)
     shutdown_grace_seconds: float = Field(default=30, ge=0)
     session_poll_seconds: float = Field(default=10, gt=0)
     # The MCP servers' file (core.tools.config reads it): unset means ./mcp.json if it exists,
@@ -167,6 +184,42 @@ class Settings(BaseSettings):
                 raise ValueError(f"{entry!r} is neither TEAM:USER (T…:U…) nor a user id (U…)")
         return value
 
+    @property
+    def database_budget_seconds(self) -> float:
+        """How long one database call may take at most: the lease loops renew every heartbeat
+        period, so a renewal that hangs to its limit must end early enough for the next one to
+        land before the safe share of the window runs out."""
+        return TURN_SAFE_SHARE * self.turn_lock_staleness_seconds - self.turn_heartbeat_seconds
+
+    @property
+    def database_timeouts(self) -> tuple[float, float]:
+        """(connect, statement) seconds: what is set, or a quarter and a half of the budget
+        (at least the floors above)."""
+        budget = self.database_budget_seconds
+        connect = self.database_connect_timeout_seconds or max(
+            budget / 4, DATABASE_CONNECT_FLOOR_SECONDS
+        )
+        statement = self.database_statement_timeout_seconds or max(
+            budget / 2, DATABASE_STATEMENT_FLOOR_SECONDS
+        )
+        return connect, statement
+
+    def database_timeout_warning(self) -> str | None:
+        """One line when the derived timeouts (their floors) do not fit the window: a very
+        short TURN_LOCK_STALENESS_SECONDS. Turns still stop themselves in time; a lease loop
+        or the stop-button poll may wait longer on a dead connection than the window."""
+        if self.database_connect_timeout_seconds or self.database_statement_timeout_seconds:
+            return None  # set by the operator: checked in ``_workable``
+        connect, statement = self.database_timeouts
+        if connect + statement <= self.database_budget_seconds:
+            return None
+        return (
+            f"database timeouts (connect {connect:g}s, statement {statement:g}s) are longer "
+            f"than {self.database_budget_seconds:g}s ({TURN_SAFE_SHARE:g} x "
+            "TURN_LOCK_STALENESS_SECONDS - TURN_HEARTBEAT_SECONDS): a window this short leaves "
+            "no room for a database call that hangs"
+        )
+
     def is_admin(self, team: str, user: str) -> bool:
         """``T…:U…`` entries name a user of one workspace; a bare ``U…`` (one workspace only)
         any workspace's user of that id."""
@@ -193,6 +246,16 @@ class Settings(BaseSettings):
             raise ValueError(exc.message) from exc
         return value
 
+    @field_validator("max_file_bytes")
+    @classmethod
+    def _max_file_bytes(cls, value: int) -> int:
+        if value > SANDBOX_MAX_FILE_BYTES:
+            raise ValueError(
+                f"{value} is more than the sandbox holds in one file "
+                f"({SANDBOX_MAX_FILE_BYTES}); use at most that"
+            )
+        return value
+
     @field_validator("log_level")
     @classmethod
     def _log_level(cls, value: str) -> str:
@@ -211,6 +274,22 @@ class Settings(BaseSettings):
                 f"TURN_LOCK_STALENESS_SECONDS ({self.turn_lock_staleness_seconds:g}); "
                 "use at most half of it"
             )
+        if self.database_connect_timeout_seconds or self.database_statement_timeout_seconds:
+            connect, statement = self.database_timeouts
+            budget = self.database_budget_seconds
+            if connect + statement > budget:
+                name = (
+                    "DATABASE_STATEMENT_TIMEOUT_SECONDS"
+                    if self.database_statement_timeout_seconds
+                    else "DATABASE_CONNECT_TIMEOUT_SECONDS"
+                )
+                raise ValueError(
+                    f"{name}: connect ({connect:g}s) and statement ({statement:g}s) timeouts "
+                    f"together exceed {budget:g}s ({TURN_SAFE_SHARE:g} x "
+                    "TURN_LOCK_STALENESS_SECONDS - TURN_HEARTBEAT_SECONDS): a lease renewal "
+                    "that hangs to its limit would leave no time for the next before another "
+                    "replica may take the work over"
+                )
         bare = [a for a in self.admin_user_ids if ":" not in a]
         if bare and (self.slack_client_id or self.slack_client_secret):
             # With OAuth several workspaces install the app, and a user id is only unique

@@ -13,6 +13,8 @@ import logging
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Sequence
+from datetime import date
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from core.messages import message_text
 from core.operator import Operator
 from core.records import SessionInfo
 from core.settings import Settings, load_settings
+from core.usage.totals import MessageUsage
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,6 +51,23 @@ def _parser() -> argparse.ArgumentParser:
     setter = retention_cmds.add_parser("set", help="0 turns a rule off")
     setter.add_argument("--max-idle-days", type=float)
     setter.add_argument("--max-per-user", type=int)
+
+    usage = commands.add_parser("usage", help="what the model requests used and cost")
+    usage.add_argument("--by", choices=("user", "workspace", "model", "day"), default="user")
+    usage.add_argument("--since", metavar="DATE", help="YYYY-MM-DD (UTC); default: all time")
+    usage.add_argument("--json", action="store_true", help="one JSON object")
+
+    budget = commands.add_parser("budget", help="show or change spending limits at run time")
+    budget_cmds = budget.add_subparsers(dest="action", required=True, metavar="ACTION")
+    budget_cmds.add_parser("show")
+    budget_set = budget_cmds.add_parser(
+        "set", help="add or replace limits, e.g. user:day:200000tokens,all:month:500usd"
+    )
+    budget_set.add_argument("value", metavar="ENTRIES")
+    budget_clear = budget_cmds.add_parser(
+        "clear", help="remove SCOPE:PERIOD[:UNIT]; with none, back to the environment's BUDGETS"
+    )
+    budget_clear.add_argument("value", metavar="SCOPE:PERIOD[:UNIT]", nargs="?")
 
     bench = commands.add_parser("bench", help="measure the core (no model)")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
@@ -151,6 +171,67 @@ async def _dispatch(op: Operator, args: argparse.Namespace) -> None:
         print(f"max per user:  {policy.max_per_user} (0 = off)")
     elif args.command == "sessions":
         await _sessions(op, args)
+    elif args.command == "usage":
+        await _usage(op, args)
+    elif args.command == "budget":
+        await _budget(op, args)
+
+
+def _since(value: str | None) -> date | None:
+    if value is None:
+        return None
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise UsageError(f"usage --since: {value!r} is not a date (YYYY-MM-DD)") from None
+
+
+async def _usage(op: Operator, args: argparse.Namespace) -> None:
+    lines = await op.usage(args.by, since=_since(args.since))
+    if args.json:
+        print(
+            json.dumps({"by": args.by, "since": args.since, "lines": [x.to_json() for x in lines]})
+        )
+        return
+    if not lines:
+        print("no model requests recorded" + (f" since {args.since}" if args.since else ""))
+        return
+    print(f"{args.by:<32} {'requests':>8} {'input':>12} {'output':>10} {'cached':>10} {'cost':>12}")
+    for line in lines:
+        notes = []
+        if line.estimated:
+            notes.append(f"{line.estimated} estimated")
+        if line.unreported:
+            notes.append(f"{line.unreported} with counts not reported (budgets count estimates)")
+        if line.unpriced:
+            notes.append(f"{line.unpriced} unpriced (not in the cost)")
+        print(
+            f"{line.key[:32]:<32} {line.requests:>8} {line.input_tokens:>12,} "
+            f"{line.output_tokens:>10,} {line.cached_tokens:>10,} {_usd(line.cost_usd):>12}"
+            + (f"  ({'; '.join(notes)})" if notes else "")
+        )
+
+
+def _usd(amount: Decimal) -> str:
+    return f"${amount:,.4f}" if amount < 1 else f"${amount:,.2f}"
+
+
+async def _budget(op: Operator, args: argparse.Namespace) -> None:
+    if args.action == "set":
+        await op.set_budgets(args.value)
+    elif args.action == "clear":
+        await op.clear_budgets(args.value)
+    shown = await op.budgets()
+    if not shown:
+        print("no budgets: nothing limits spending")
+    for budget, source, account in shown:
+        used = ""
+        if account is not None:
+            spent = (
+                _usd(account.spent) if budget.unit == "usd" else f"{int(account.spent):,} tokens"
+            )
+            used = f"; used {spent} this {budget.period}"
+        print(f"{budget!s:<32} {budget.describe()} (set in the {source}){used}")
 
 
 async def _sessions(op: Operator, args: argparse.Namespace) -> None:
@@ -171,12 +252,31 @@ async def _sessions(op: Operator, args: argparse.Namespace) -> None:
             voted = feedback.get(m.message_id, {})
             tally = f"  [+{voted.get('good', 0)} -{voted.get('bad', 0)}]" if voted else ""
             print(f"  {m.position:>5} {marker:<10} {text[:100]}{tally}")
+            used = MessageUsage.from_json((m.message.get("metadata") or {}).get("usage"))
+            if used is not None:
+                print(f"  {'':>5} {'':<10} {_message_usage(used)}")
     elif args.action == "delete":
         session = await op.delete_session(args.session_id)
         print(
             f"deleted session {session.id} ({session.project_name}:{session.project_session_id})"
             " as the local operator"
         )
+
+
+def _count(value: int | None) -> str:
+    return "unknown" if value is None else f"{value:,}"
+
+
+def _message_usage(used: MessageUsage) -> str:
+    """``usage: openai/gpt-4.1-mini, 2 requests, 1,200 in (1,024 cached), 30 out, $0.0003``."""
+    cost = "cost unknown" if used.cost_usd is None else _usd(used.cost_usd)
+    cached = f" ({_count(used.cached_tokens)} cached)" if used.cached_tokens else ""
+    requests = f"{used.requests} request" + ("" if used.requests == 1 else "s")
+    text = (
+        f"usage: {used.provider or '?'}/{used.model or '?'}, {requests}, "
+        f"{_count(used.input_tokens)} in{cached}, {_count(used.output_tokens)} out, {cost}"
+    )
+    return text + (" (estimated)" if used.estimated else "")
 
 
 async def _serve(args: argparse.Namespace, settings: Settings) -> None:
@@ -217,10 +317,13 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> None:
         format_lines,
     )
     from bench.costs import format_table, run_bench
+    from bench.observability import bench_observability, format_observability
     from bench.slack import bench_slack
+    from bench.tools import bench_tools
 
     result = await run_bench(args.database_url, quick=args.quick)
     result.update(await bench_slack(args.database_url))
+    result.update(await bench_tools(args.database_url, quick=args.quick))
     result["concurrent_turns"] = await bench_concurrent_turns(
         args.database_url,
         sizes=(10, 100) if args.quick else (10, 100, 500),
@@ -229,10 +332,13 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> None:
     result["ack_during_fork_and_sweep"] = await bench_ack_during_fork_and_sweep(
         args.database_url, fork_messages=2000 if args.quick else 10_000
     )
+    result["observability"] = await bench_observability(args.database_url, quick=args.quick)
     if args.json:
         print(json.dumps(result))
     else:
-        print("\n".join([format_table(result), *format_lines(result)]))
+        print(
+            "\n".join([format_table(result), *format_lines(result), *format_observability(result)])
+        )
 
 
 async def _tools(args: argparse.Namespace, settings: Settings) -> None:

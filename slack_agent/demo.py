@@ -11,25 +11,21 @@ rewind, a compaction, and a restart that loses nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import sys
 import tempfile
-import time
-import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from bot.service import Bot
-from bot.standin import BOT_USER, TEAM, Posted, SlackStandIn, signed
 from core.messages import assistant_message, user_message
 from core.records import TurnLease
 from core.settings import load_settings
+from core.testing.server import serve_app
+from core.testing.slack import TEAM, Message, SlackClient, SlackStandIn
 
 SECRET = "demo-signing-secret"
 CHANNEL = "C0GENERAL"
@@ -39,8 +35,8 @@ NAMES = {"U0ALICE": "alice", "U0BOB": "bob"}
 class Replica:
     """One ``serve`` replica, in this process: the real app on its own port and engine."""
 
-    def __init__(self, name: str, bot: Bot, runner: web.AppRunner, url: str) -> None:
-        self.name, self.bot, self.runner, self.url = name, bot, runner, url
+    def __init__(self, name: str, bot: Bot, runner: web.AppRunner, slack: SlackClient) -> None:
+        self.name, self.bot, self.runner, self.slack = name, bot, runner, slack
 
     @classmethod
     async def start(cls, name: str, database_url: str, standin: SlackStandIn) -> Replica:
@@ -57,32 +53,27 @@ class Replica:
         bot = await Bot.open(settings)
         bot.answers.pacer.base = 0.2
         bot.start()
-        runner = web.AppRunner(bot.web_app(), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert server is not None
-        port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        return cls(name, bot, runner, f"http://127.0.0.1:{port}/slack/events")
+        runner, url = await serve_app(bot.web_app())
+        slack = await SlackClient(url, team=TEAM, secret=SECRET).__aenter__()
+        return cls(name, bot, runner, slack)
 
     async def stop(self) -> None:
+        await self.slack.__aexit__()
         await self.runner.cleanup()
         await self.bot.close()
 
 
 class Slack:
-    """What Slack does for the people in the demo: store their post, send the signed event."""
+    """What Slack does for the people in the demo: keep their post, send the signed request
+    to the replica it reaches."""
 
-    def __init__(self, standin: SlackStandIn, http: aiohttp.ClientSession) -> None:
+    def __init__(self, standin: SlackStandIn) -> None:
         self.standin = standin
-        self.http = http
 
-    async def _send(self, replica: Replica, body: str, content_type: str) -> None:
-        headers = {**signed(body, SECRET), "Content-Type": content_type}
-        async with self.http.post(replica.url, data=body.encode(), headers=headers) as r:
-            if r.status != 200:
-                raise RuntimeError(f"{replica.name} answered {r.status}")
+    @staticmethod
+    def _ok(replica: Replica, status: int) -> None:
+        if status != 200:
+            raise RuntimeError(f"{replica.name} answered {status}")
 
     async def say(
         self, replica: Replica, user: str, text: str, thread_ts: str | None = None
@@ -90,89 +81,39 @@ class Slack:
         mention = thread_ts is None
         shown = (f"@agent {text}" if mention else text).strip()
         ts = self.standin.user_post(CHANNEL, user, shown, thread_ts)
-        event: dict[str, Any] = {
-            "type": "app_mention" if mention else "message",
-            "user": user,
-            "text": f"<@{BOT_USER}> {text}" if mention else text,
-            "ts": ts,
-            "channel": CHANNEL,
-            "event_ts": ts,
-            "channel_type": "channel",
-        }
-        if thread_ts:
-            event["thread_ts"] = thread_ts
-        payload = {
-            "team_id": TEAM,
-            "api_app_id": "A0DEMO",
-            "type": "event_callback",
-            "event_id": f"Ev{ts.replace('.', '')}",
-            "event_time": int(time.time()),
-            "event": event,
-        }
-        await self._send(replica, json.dumps(payload), "application/json")
-        return ts
-
-    async def interact(self, replica: Replica, payload: dict[str, Any]) -> None:
-        body = urllib.parse.urlencode({"payload": json.dumps(payload)})
-        await self._send(replica, body, "application/x-www-form-urlencoded")
+        kind = "app_mention" if mention else "message"
+        return await replica.slack.message(
+            text, user=user, channel=CHANNEL, ts=ts, thread_ts=thread_ts, mention=mention, kind=kind
+        )
 
     async def shortcut(
-        self, replica: Replica, user: str, callback_id: str, message: Posted
+        self, replica: Replica, user: str, callback_id: str, message: Message
     ) -> None:
-        await self.interact(
-            replica,
-            {
-                "type": "message_action",
-                "callback_id": callback_id,
-                "trigger_id": "demo",
-                "team": {"id": TEAM, "domain": "demo"},
-                "user": {"id": user, "team_id": TEAM},
-                "channel": {"id": CHANNEL, "name": "general"},
-                "message": {"type": "message", "ts": message.ts, "thread_ts": message.thread_ts},
-                "response_url": "http://127.0.0.1:9/unused",
-            },
+        status = await replica.slack.shortcut(
+            callback_id,
+            message_ts=message.ts,
+            thread_ts=message.thread_ts,
+            user=user,
+            channel=CHANNEL,
         )
+        self._ok(replica, status)
 
     async def submit(self, replica: Replica, user: str, view: dict[str, Any]) -> None:
         """A person pressing a modal's submit button."""
-        await self.interact(
-            replica,
-            {
-                "type": "view_submission",
-                "team": {"id": TEAM, "domain": "demo"},
-                "user": {"id": user, "team_id": TEAM},
-                "trigger_id": "demo",
-                "view": {**view, "id": "V1", "state": {"values": {}}},
-            },
-        )
+        self._ok(replica, await replica.slack.submit_view(view, user=user))
 
-    async def click(self, replica: Replica, user: str, ephemeral: Posted, label: str) -> None:
+    async def click(self, replica: Replica, user: str, ephemeral: Message, label: str) -> None:
         action_id, value = ephemeral.values[ephemeral.buttons.index(label)].split("\x00", 1)
-        await self.interact(
-            replica,
-            {
-                "type": "block_actions",
-                "team": {"id": TEAM, "domain": "demo"},
-                "user": {"id": user, "team_id": TEAM},
-                "channel": {"id": CHANNEL},
-                "trigger_id": "demo",
-                "actions": [{"type": "button", "action_id": action_id, "value": value}],
-                "response_url": "http://127.0.0.1:9/unused",
-            },
-        )
+        self._ok(replica, await replica.slack.button(action_id, value, user=user, channel=CHANNEL))
 
     async def until(self, condition: Callable[[], Any], within: float = 30.0) -> Any:
-        deadline = time.monotonic() + within
-        while not (found := condition()):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the demo timed out waiting for the app")
-            self.standin.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.standin.changed.wait(), 0.2)
-        return found
+        try:
+            return await self.standin.wait_for(condition, within)
+        except AssertionError:
+            raise RuntimeError("the demo timed out waiting for the app") from None
 
 
-def _replies(standin: SlackStandIn, root: str) -> list[Posted]:
+def _replies(standin: SlackStandIn, root: str) -> list[Message]:
     return [p for p in standin.thread(CHANNEL, root) if p.author == "agent" and p.ts != root]
 
 
@@ -181,7 +122,7 @@ def _settled(standin: SlackStandIn, root: str, count: int) -> Callable[[], bool]
 
     def check() -> bool:
         replies = [p for p in _replies(standin, root) if "Thinking" not in p.text]
-        stopped = [c for c in standin.calls if c[0] in ("chat.stopStream", "chat.update")]
+        stopped = standin.named("chat.stopStream", "chat.update")
         return len(replies) >= count and bool(stopped)
 
     return check
@@ -205,21 +146,10 @@ def print_thread(standin: SlackStandIn, root: str, viewer: str, title: str) -> N
             print(f"  {' ' * len(who)}  [{'] ['.join(p.buttons)}]")
 
 
-@contextlib.asynccontextmanager
-async def _world(path: Path) -> AsyncIterator[tuple[SlackStandIn, aiohttp.ClientSession, str]]:
-    standin = SlackStandIn(TEAM)
-    await standin.start()
-    try:
-        async with aiohttp.ClientSession() as http:
-            yield standin, http, f"sqlite+aiosqlite:///{path}"
-    finally:
-        await standin.stop()
-
-
 async def run_demo() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        async with _world(Path(tmp) / "demo.db") as (standin, http, url):
-            await _play(standin, Slack(standin, http), url)
+        async with SlackStandIn(TEAM, history=True) as standin:
+            await _play(standin, Slack(standin), f"sqlite+aiosqlite:///{Path(tmp) / 'demo.db'}")
 
 
 async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
@@ -252,7 +182,7 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
     terminal = await _terminal_turn(a.bot, root, "(from the terminal) summarise the thread")
     await slack.say(b, bob, "and the tests?", thread_ts=root)
 
-    def offer() -> Posted | None:
+    def offer() -> Message | None:
         return next((p for p in standin.thread(CHANNEL, root, bob) if p.buttons), None)
 
     await slack.until(
@@ -275,7 +205,7 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
     )
     await slack.say(a, alice, "what did the terminal do?", thread_ts=root)
 
-    def send_anyway() -> Posted | None:
+    def send_anyway() -> Message | None:
         return next(
             (p for p in standin.thread(CHANNEL, root, alice) if "Send anyway" in p.buttons), None
         )
@@ -290,9 +220,9 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
     notes_reply = replies[1]
     await slack.shortcut(b, bob, "fork_session", notes_reply)
     await slack.until(
-        lambda: any("Forked." in p.text for p in standin.posted.values() if p.visible_to == bob)
+        lambda: any("Forked." in p.text for p in standin.messages.values() if p.visible_to == bob)
     )
-    fork_head = next(p for p in standin.posted.values() if "Forked from" in p.text)
+    fork_head = next(p for p in standin.messages.values() if "Forked from" in p.text)
     await slack.say(b, bob, "$ cat notes.txt", thread_ts=fork_head.ts)
     await slack.until(lambda: len(_replies(standin, fork_head.ts)) >= 2 and _done(standin, 6))
     print_thread(standin, fork_head.ts, bob, "#general, Bob's fork")
@@ -370,7 +300,7 @@ async def _terminal_client(url: str, link: str, lines: list[str]) -> None:
 
 
 def _done(standin: SlackStandIn, streams: int) -> bool:
-    return len([c for c in standin.calls if c[0] == "chat.stopStream"]) >= streams
+    return len(standin.named("chat.stopStream")) >= streams
 
 
 async def _transcript(bot: Bot, root: str) -> list[str]:

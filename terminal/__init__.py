@@ -15,12 +15,11 @@ from __future__ import annotations
 import logging
 import sys
 
-from rich.console import Console
-
 from core.settings import Settings
 from terminal.chat import ChatSession
 from terminal.client import Terminal
 from terminal.lines import line_source
+from terminal.render import PlainConsole
 
 __all__ = ["run_chat"]
 
@@ -35,7 +34,7 @@ async def run_chat(settings: Settings, target: str | None) -> int:
     chat = await ChatSession.open(settings, target)
     try:
         interactive = sys.stdout.isatty()
-        console = Console(highlight=False, width=None if interactive else 100)
+        console = PlainConsole(highlight=False, width=None if interactive else 100)
         return await Terminal(chat, line_source(), console).run()
     finally:
         await chat.close()

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import uuid
 
+from core.agent.accounting import Payer
 from core.conversation import (
     Answered,
     Conversation,
     Conversations,
+    Decided,
     Forked,
     OnConversationEvent,
+    Refused,
     Rewound,
     TurnOutcome,
     TurnRequest,
@@ -26,6 +29,7 @@ from core.operator import operator_external_id
 from core.records import Actor, SessionInfo, StoredMessage
 from core.runtime import Runtime
 from core.settings import Settings
+from core.storage.approvals import ApprovalRecord
 from terminal.permalinks import (
     SLACK_PROJECT,
     SLACK_SURFACE,
@@ -123,7 +127,11 @@ class ChatSession:
             self.conversation = await self.conversations.open(
                 self._new_key(), owner=self.actor, title=text
             )
-        request = TurnRequest(text, metadata={"surface": "terminal", "author": self.operator})
+        request = TurnRequest(
+            text,
+            metadata={"surface": "terminal", "author": self.operator},
+            payer=Payer(self.operator),
+        )
         outcome = await self.conversation.take_turn(request, on_event)
         if isinstance(outcome, Answered) and outcome.result.answer is not None:
             await self.conversation.showed(outcome.result.answer.message_id)
@@ -134,11 +142,40 @@ class ChatSession:
         if self.conversation is not None:
             await self.conversation.after_interruption()
 
+    # -- tool calls waiting for a person -------------------------------------------------------
+
+    async def pending_approval(self) -> ApprovalRecord | None:
+        """The call the session waits on a person for (posted here or in Slack)."""
+        return None if self.conversation is None else await self.conversation.pending_approval()
+
+    async def decide(self, approve: bool, on_event: OnConversationEvent) -> TurnOutcome | Refused:
+        """``/approve`` or ``/deny`` the waiting call (the terminal is the local operator, an
+        admin): the decision is recorded (one decision wins, wherever it is made) and carried
+        out here, as a turn."""
+        desk = self.conversations.approvals
+        waiting = await self.pending_approval()
+        if self.conversation is None or desk is None or waiting is None:
+            return Refused("unknown")
+        decision = await desk.decide(
+            waiting.id, self.actor, approver_id=None, approve=approve, by=self.operator
+        )
+        if not isinstance(decision, Decided):
+            return decision
+        outcome = await self.conversation.carry_out(
+            waiting.id, on_event, payer=Payer(self.operator)
+        )
+        if isinstance(outcome, Answered) and outcome.result.answer is not None:
+            await self.conversation.showed(outcome.result.answer.message_id)
+        return outcome
+
     # -- transcript operations ----------------------------------------------------------------
 
-    async def rewind(self, position: int) -> Rewound:
+    async def rewind(self, position: int) -> tuple[Rewound, tuple[str, ...]]:
+        """The rewind, and the MCP calls in what left that it could not undo."""
         conversation, target = await self._at(position)
-        return await conversation.rewind(target.message_id, self.actor)
+        plan = await conversation.rewind_plan(target.message_id)
+        done = await conversation.rewind(target.message_id, self.actor)
+        return done, () if plan is None else plan.outside
 
     async def fork(self, position: int) -> Forked:
         conversation, target = await self._at(position)

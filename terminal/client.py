@@ -25,10 +25,28 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from core.agent.loop import Notice, TextChunk, ToolFinished, ToolStarted, TurnStarted
-from core.conversation import Answered, Busy, ConversationEvent, Stale, Unseen
+from core.agent.loop import (
+    McpCallFinished,
+    McpCallStarted,
+    Notice,
+    TextChunk,
+    ToolFinished,
+    ToolStarted,
+    TurnStarted,
+)
+from core.conversation import (
+    Answered,
+    Busy,
+    ConversationEvent,
+    OverBudget,
+    Stale,
+    TurnOutcome,
+    Unseen,
+)
+from core.conversation import Refused as DecisionRefused
 from core.errors import (
     AgentSessionAlreadyCompact,
+    AgentSessionBudgetExceeded,
     AgentSessionBusy,
     AgentSessionLockLost,
     MessageNotFound,
@@ -36,6 +54,7 @@ from core.errors import (
     TurnInterrupted,
 )
 from core.messages import message_text
+from core.usage.budgets import refused_budget, resets_text
 from terminal import texts as say
 from terminal.chat import ChatSession
 from terminal.lines import LineSource, on_sigint
@@ -63,6 +82,7 @@ class Terminal:
         self.draft: str | None = None  # the waiting message
         self.busy_since: float | None = None  # when a busy refusal started the waiting
         self.prefill = ""  # a line given back to the editor
+        self.asking: str | None = None  # the waiting call this terminal printed (its id)
 
     # -- printing -------------------------------------------------------------------------------
 
@@ -121,16 +141,29 @@ class Terminal:
             self.show(history)
             if not history:
                 self.say(say.EMPTY, style="dim")
+            await self._show_approval()
         self.say(say.HELP, style="dim")
 
+    async def _show_approval(self) -> None:
+        """A call waiting for a decision is printed once; when it is decided anywhere (here,
+        in Slack), the terminal says so and stops asking."""
+        waiting = await self.chat.pending_approval()
+        if waiting is not None and waiting.id != self.asking:
+            self.say(say.approval_waiting(waiting.tool_name, waiting.server, waiting.arguments))
+        elif waiting is None and self.asking is not None:
+            self.say(say.APPROVAL_SETTLED, style="dim")
+        self.asking = None if waiting is None else waiting.id
+
     async def _watch(self) -> None:
-        """While the prompt waits: others' additions, and whether a busy session freed."""
+        """While the prompt waits: others' additions, whether a busy session freed, and the
+        call waiting for a decision."""
         while True:
             waiting = self.busy_since is not None
             await asyncio.sleep(self.busy_poll if waiting else self.session_poll)
             try:
                 busy = await self.chat.is_busy() if waiting else True
                 self.show_unseen(await self.chat.unseen())
+                await self._show_approval()
             except SlackAgentError as exc:  # a database blip: the next tick tries again
                 log.debug("could not check the session: %s", exc)
                 continue
@@ -173,7 +206,9 @@ class Terminal:
             await asyncio.wait({task})
         return task
 
-    async def _send(self, body: str) -> None:
+    async def _send(self, body: str, *, decide: bool | None = None) -> None:
+        """Send ``body`` as a turn; or, with ``decide``, approve (True) or deny the waiting
+        call and carry the decision out as a turn."""
         reply = LiveReply(self.console)
         started = False
 
@@ -195,12 +230,24 @@ class Terminal:
                         "exit_code": result.exit_code,
                     }
                 )
+            elif isinstance(event, McpCallStarted):
+                reply.tool_started(event.name)
+            elif isinstance(event, McpCallFinished):
+                done = event.outcome
+                reply.tool_finished(
+                    {"stdout": done.text, "stderr": "", "exit_code": 0 if done.ok else 1}
+                )
             elif isinstance(event, Notice):
                 reply.notice(event.text)
 
-        self.draft = body  # until the core has it, the message is the person's only copy
         self.busy_since = None
-        task = await self._interruptible(self.chat.send(body, on_event))
+        work: Awaitable[TurnOutcome | DecisionRefused]
+        if decide is None:
+            self.draft = body  # until the core has it, the message is the person's only copy
+            work = self.chat.send(body, on_event)
+        else:
+            work = self.chat.decide(decide, on_event)
+        task = await self._interruptible(work)
         reply.stop()
         if task.cancelled():
             if started:
@@ -213,16 +260,29 @@ class Terminal:
         exc = task.exception()
         if exc is None:
             outcome = task.result()
-            if isinstance(outcome, Busy):
+            if isinstance(outcome, DecisionRefused):
+                self.say(say.approval_refused(outcome.reason))
+            elif isinstance(outcome, Busy):
                 self.busy_since = time.monotonic()
                 self.say(say.busy())
             elif isinstance(outcome, Stale):
                 self.show(outcome.unseen.messages)
                 self.say(say.stale(len(outcome.unseen.messages), outcome.unseen.rewound))
+            elif isinstance(outcome, OverBudget):
+                refusal = outcome.refusal
+                self.say(say.over_budget(refused_budget(refusal).describe(), resets_text(refusal)))
             elif isinstance(outcome, Answered):
-                self.draft = None
-                if outcome.result.error is not None:
-                    self.say(say.turn_failed(outcome.result.error.code))
+                if decide is None:
+                    self.draft = None
+                error = outcome.result.error
+                if isinstance(error, AgentSessionBudgetExceeded):
+                    limit = refused_budget(error).describe()
+                    self.say(say.budget_ran_out(limit, resets_text(error)))
+                elif error is not None:
+                    self.say(say.turn_failed(error.code))
+                if outcome.result.trace_url is not None:
+                    self.say(say.trace_link(outcome.result.trace_url))
+                await self._show_approval()
             return
         if started:
             # The message is in the transcript; only its answer was cut short.
@@ -248,6 +308,8 @@ class Terminal:
             "/fork": self._fork,
             "/compact": self._compact,
             "/discard": self._discard,
+            "/approve": self._approve,
+            "/deny": self._deny,
         }
         if name == "/quit":
             return False
@@ -267,6 +329,12 @@ class Terminal:
         except SlackAgentError as exc:
             self.say(say.refused(_reason(exc)))
         return True
+
+    async def _approve(self, _rest: str) -> None:
+        await self._send("", decide=True)
+
+    async def _deny(self, _rest: str) -> None:
+        await self._send("", decide=False)
 
     async def _discard(self, _rest: str) -> None:
         if self.draft is None:
@@ -300,8 +368,10 @@ class Terminal:
     async def _rewind(self, rest: str) -> None:
         position = _position("/rewind", rest)
         self.show_unseen(await self.chat.unseen())
-        result = await self.chat.rewind(position)
+        result, outside = await self.chat.rewind(position)
         self.say(say.rewound(result.deleted))
+        if outside:
+            self.say(say.not_undone(outside))
         if result.draft:
             self.say(say.draft_back(result.draft))
             if self.draft is None:

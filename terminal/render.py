@@ -2,16 +2,26 @@
 
 Text parts are Markdown (rendered by rich); a shell tool call is its command and its output,
 shortened; a checkpoint is its sections as a list, never the XML the model reads.
+
+What is printed comes from other people (Slack users), the model and sandbox output, so it may
+hold control sequences: an ESC sequence that clears the screen, an OSC 52 that writes the
+operator's clipboard, a carriage return that overwrites what was printed. ``PlainConsole``
+removes C0 and C1 control characters (but newline and tab) from every piece of text it writes,
+whichever renderable it came from, while rich's own styling and cursor movement (which it adds
+around the text) still reach the terminal.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.markdown import Markdown
+from rich.segment import Segment
 from rich.text import Text
 
 from core.checkpoint import SECTIONS, parse_checkpoint
@@ -20,6 +30,29 @@ from core.records import StoredMessage
 from terminal import texts as say
 
 TOOL_OUTPUT_LINES = 12
+# C0 controls but tab and newline, DEL, and C1 controls (ESC's 8-bit forms, CSI 0x9b, OSC 0x9d).
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(text: str) -> str:
+    """``text`` without the control characters a terminal would act on."""
+    return _CONTROLS.sub("", text)
+
+
+class PlainConsole(Console):
+    """A rich console that never writes a control character it was given as text.
+
+    rich keeps ESC and most other controls in text (it strips only bell, backspace, vertical
+    tab, form feed and carriage return). The text segments are cleaned where rich turns
+    segments into output (``_render_buffer``, the one place every print and live refresh goes
+    through); control segments, rich's own cursor movements, pass unchanged.
+    """
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            segment if segment.control else Segment(plain(segment.text), segment.style)
+            for segment in buffer
+        )
 
 
 def author(message: StoredMessage, operator: str) -> str:

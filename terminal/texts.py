@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 PROMPT = "> "
 WAITING_PROMPT = "(waiting) > "
 
 HELP = (
     "Type a message and Enter to send it. Commands: /history, /rewind N, /fork N, "
-    "/compact [focus], /discard, /quit. Ctrl-C stops a reply; Ctrl-C or Ctrl-D here quits."
+    "/compact [focus], /discard, /approve, /deny, /quit. Ctrl-C stops a reply; Ctrl-C or "
+    "Ctrl-D here quits."
 )
 
 
@@ -98,6 +101,18 @@ def turn_failed(reason: str) -> str:
     return f"The reply stopped early ({reason}); what it wrote is kept, marked interrupted."
 
 
+def over_budget(limit: str, resets: str) -> str:
+    return f"Not sent: {limit} is used up; it resets {resets}. Your message was not added."
+
+
+def budget_ran_out(limit: str, resets: str) -> str:
+    return f"The reply stopped: {limit} ran out while it was written (it resets {resets})."
+
+
+def trace_link(url: str) -> str:
+    return f"Trace: {url}"
+
+
 INTERRUPTED = (
     "Interrupted: the partial answer is kept, marked interrupted, and the session is free."
 )
@@ -169,3 +184,37 @@ def tool_output_cut() -> str:
 def shorten(text: str, limit: int = 60) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+# -- tool calls waiting for a decision -----------------------------------------------------------
+
+APPROVAL_SETTLED = (
+    "The waiting tool call was decided or moved on elsewhere; nothing to approve now."
+)
+APPROVAL_ARGUMENTS_SHOWN = 600
+
+
+def approval_waiting(tool: str, server: str, arguments: dict[str, object]) -> str:
+    shown = json.dumps(arguments, ensure_ascii=False, sort_keys=True)
+    if len(shown) > APPROVAL_ARGUMENTS_SHOWN:
+        shown = shown[: APPROVAL_ARGUMENTS_SHOWN - 1] + "…"
+    return (
+        f"The agent wants to use {tool} (MCP server {server}) with {shown}. "
+        "It runs only once approved: /approve or /deny."
+    )
+
+
+def approval_refused(reason: str) -> str:
+    return {
+        "unknown": "Nothing waits for a decision in this session.",
+        "expired": "That request has expired: nobody decided in time, so nothing was run.",
+        "superseded": "That request was superseded by a newer message, so nothing was run.",
+        "rewound": "The conversation was rewound past that request, so nothing was run.",
+        "decided": "That request was already decided elsewhere.",
+        "not_allowed": "You may not decide that request.",
+    }.get(reason, "That request can no longer be decided.")
+
+
+def not_undone(calls: tuple[str, ...]) -> str:
+    plural = "action" if len(calls) == 1 else "actions"
+    return f"{len(calls)} {plural} outside the sandbox are not undone: " + "; ".join(calls) + "."

@@ -26,7 +26,8 @@ import pytest
 from core.storage.engine import Database, create_database
 from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
-from tests.fake_slack import FakeSlack, GatedModel
+from core.testing.openai import GatedModel
+from core.testing.slack import SlackStandIn
 
 PG_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", "postgresql"]
@@ -234,9 +235,9 @@ async def replica(database_url: str) -> AsyncIterator[SessionStore]:
 
 
 @pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
+async def slack() -> AsyncIterator[SlackStandIn]:
     """A stand-in for the Slack Web API on 127.0.0.1 (records calls, answers like Slack)."""
-    async with FakeSlack() as fake:
+    async with SlackStandIn() as fake:
         yield fake
 
 

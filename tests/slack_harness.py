@@ -13,15 +13,16 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from bot.intake import IntakeThread
 from bot.service import Bot
 from core.settings import load_settings
-from tests.fake_slack import SIGNING_SECRET, FakeSlack
+from core.testing.server import serve_app
+from core.testing.slack import SIGNING_SECRET, SlackClient, SlackStandIn
 from tests.helpers import ROOT
 
 
@@ -31,7 +32,7 @@ class RunningBot:
     bot: Bot
 
 
-def bot_settings(database_url: str, slack: FakeSlack, **overrides: Any) -> dict[str, Any]:
+def bot_settings(database_url: str, slack: SlackStandIn, **overrides: Any) -> dict[str, Any]:
     values: dict[str, Any] = {
         "database_url": database_url,
         "slack_bot_token": "xoxb-test",
@@ -49,7 +50,7 @@ def bot_settings(database_url: str, slack: FakeSlack, **overrides: Any) -> dict[
 
 @contextlib.asynccontextmanager
 async def running_bot(
-    database_url: str, slack: FakeSlack, *, intake: bool = False, **overrides: Any
+    database_url: str, slack: SlackStandIn, *, intake: bool = False, **overrides: Any
 ) -> AsyncIterator[RunningBot]:
     """``intake``: Slack's requests served from the intake's own thread and loop, as ``serve``
     does (``bot.intake``); otherwise on this loop (the test's), as the demo does."""
@@ -66,13 +67,9 @@ async def running_bot(
             await thread.stop()
             await bot.close()
         return
-    runner = web.AppRunner(bot.web_app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, url = await serve_app(bot.web_app())
     try:
-        yield RunningBot(f"http://127.0.0.1:{port}", bot)
+        yield RunningBot(url, bot)
     finally:
         await runner.cleanup()
         await bot.close()
@@ -87,8 +84,13 @@ def free_port() -> int:
 class ServeProcess:
     """``python -m bot serve`` as a child process with the given environment."""
 
-    def __init__(self, database_url: str, slack: FakeSlack, **env: Any) -> None:
+    def __init__(
+        self, database_url: str, slack: SlackStandIn, *, log: Path | None = None, **env: Any
+    ) -> None:
+        """``log``: its output goes to that file (read any time with ``logged``) instead of
+        a pipe read at the end (a process that logs much while a test waits would fill it)."""
         self.port = free_port()
+        self.log = log
         self.url = f"http://127.0.0.1:{self.port}"
         values = {
             "DATABASE_URL": database_url,
@@ -107,13 +109,19 @@ class ServeProcess:
             for k, v in os.environ.items()
             if not k.startswith(("SLACK_", "OPENAI_", "ANTHROPIC_", "MODEL_"))
         }
+        sink = None if log is None else log.open("a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bot", "serve"],
             env={**clean, **values, "PYTHONPATH": str(ROOT)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE if log is None else subprocess.DEVNULL,
+            stderr=subprocess.PIPE if sink is None else sink,
             text=True,
         )
+        if sink is not None:
+            sink.close()  # the child has its own
+
+    def logged(self) -> str:
+        return "" if self.log is None else self.log.read_text()
 
     async def ready(self, within: float = 120.0) -> None:
         deadline = time.monotonic() + within
@@ -132,7 +140,7 @@ class ServeProcess:
         if self.proc.poll() is None:
             return ""
         out, err = self.proc.communicate()
-        return out + err
+        return (out or "") + (err or "") + self.logged()
 
     def terminate(self) -> None:
         if self.proc.poll() is None:
@@ -157,7 +165,7 @@ class ServeProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         out, err = self.proc.communicate()
-        return out + err
+        return (out or "") + (err or "") + self.logged()
 
 
 OAUTH = {
@@ -183,3 +191,21 @@ async def oauth_install(bot_url: str) -> None:
         callback = f"{bot_url}/slack/oauth_redirect?code=the-code&state={found[1]}"
         async with http.get(callback, allow_redirects=False, headers={"Cookie": cookie}) as r:
             assert r.status in (200, 302), await r.text()
+
+
+async def rewind(
+    client: SlackClient, slack: SlackStandIn, *, message_ts: str, thread_ts: str, user: str = "U1"
+) -> dict[str, Any]:
+    """*Rewind to here* as a person does it: the shortcut, then the confirmation's submit.
+    Returns the confirmation modal the app opened."""
+    opened = len(slack.named("views.open"))
+    assert (
+        await client.shortcut(
+            "rewind_session", message_ts=message_ts, thread_ts=thread_ts, user=user
+        )
+        == 200
+    )
+    await slack.wait_for(lambda: len(slack.named("views.open")) > opened)
+    view: dict[str, Any] = slack.named("views.open")[-1].args["view"]
+    assert await client.submit_view(view, user=user) == 200
+    return view

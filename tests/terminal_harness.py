@@ -63,6 +63,7 @@ class ChatProcess:
         self.screen = pyte.Screen(COLUMNS, ROWS)
         self.stream = pyte.Stream(self.screen)
         self.log = ""
+        self.raw = ""  # everything printed, escape sequences and all
         self.mark = 0  # ``expect`` looks at the log from here on
 
     # -- reading --------------------------------------------------------------------------------
@@ -76,6 +77,7 @@ class ChatProcess:
         except pexpect.EOF:
             return False
         self.stream.feed(data)
+        self.raw += data
         self.log += _ESCAPES.sub("", data).replace("\r", "")
         return True
 

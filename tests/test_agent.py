@@ -18,22 +18,23 @@ from core.records import Actor
 from core.settings import Settings
 from core.storage.custom_providers import add_custom_provider, delete_custom_provider
 from core.storage.sessions import SessionStore
-from tests import fake_anthropic, fake_openai
-from tests.fake_anthropic import FakeAnthropic
-from tests.fake_openai import FakeOpenAI
+from core.testing import anthropic, openai
+from core.testing.anthropic import AnthropicStandIn
+from core.testing.openai import OpenAIStandIn
+from core.testing.scripted import SseReply
 from tests.helpers import new_session
-from tests.providers_fixtures import RecordingSleep, SseReply
+from tests.providers_fixtures import RecordingSleep
 
 
 @pytest.fixture
-async def openai_server() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
+async def openai_server() -> AsyncIterator[OpenAIStandIn]:
+    async with OpenAIStandIn() as server:
         yield server
 
 
 @pytest.fixture
-async def anthropic_server() -> AsyncIterator[FakeAnthropic]:
-    async with FakeAnthropic() as server:
+async def anthropic_server() -> AsyncIterator[AnthropicStandIn]:
+    async with AnthropicStandIn() as server:
         yield server
 
 
@@ -58,7 +59,7 @@ async def agent_for() -> AsyncIterator[AgentFactory]:
         await cache.aclose()
 
 
-def openai_settings(server: FakeOpenAI, **extra: Any) -> Settings:
+def openai_settings(server: OpenAIStandIn, **extra: Any) -> Settings:
     return Settings(
         model_provider="openai",
         openai_api_key="sk-test",
@@ -90,14 +91,14 @@ async def turn(agent: Agent, session_id: int, text: str, events: Events | None =
 
 
 async def test_turn__tool_call_runs_in_the_sandbox_and_streams(
-    store: SessionStore, openai_server: FakeOpenAI, agent_for: AgentFactory
+    store: SessionStore, openai_server: OpenAIStandIn, agent_for: AgentFactory
 ) -> None:
     _, session = await new_session(store)
     openai_server.push(
-        fake_openai.tool_call_reply(
+        openai.tool_call_reply(
             [("call_1", "shell", {"command": "echo hello > note.txt && cat note.txt"})]
         ),
-        fake_openai.text_reply("The file ", "says hello."),
+        openai.text_reply("The file ", "says hello."),
     )
     agent = agent_for(store, openai_settings(openai_server))
     events = Events()
@@ -124,12 +125,12 @@ async def test_turn__tool_call_runs_in_the_sandbox_and_streams(
 
 
 async def test_turn__anthropic_tool_use_end_to_end(
-    store: SessionStore, anthropic_server: FakeAnthropic, agent_for: AgentFactory
+    store: SessionStore, anthropic_server: AnthropicStandIn, agent_for: AgentFactory
 ) -> None:
     _, session = await new_session(store)
     anthropic_server.push(
-        fake_anthropic.tool_use_reply([("toolu_1", "shell", {"command": "printf 42"})]),
-        fake_anthropic.text_reply("It printed 42."),
+        anthropic.tool_use_reply([("toolu_1", "shell", {"command": "printf 42"})]),
+        anthropic.text_reply("It printed 42."),
     )
     settings = Settings(
         model_provider="anthropic",
@@ -145,7 +146,7 @@ async def test_turn__anthropic_tool_use_end_to_end(
 
 
 async def test_refused_turns__never_reach_the_provider(
-    store: SessionStore, openai_server: FakeOpenAI, agent_for: AgentFactory
+    store: SessionStore, openai_server: OpenAIStandIn, agent_for: AgentFactory
 ) -> None:
     _, session = await new_session(store)
     agent = agent_for(store, openai_settings(openai_server))
@@ -161,10 +162,10 @@ async def test_refused_turns__never_reach_the_provider(
 
 
 async def test_provider_failure__partial_output_kept_interrupted_and_lock_released(
-    store: SessionStore, openai_server: FakeOpenAI, agent_for: AgentFactory
+    store: SessionStore, openai_server: OpenAIStandIn, agent_for: AgentFactory
 ) -> None:
     _, session = await new_session(store)
-    openai_server.push(SseReply(fake_openai.text_frames("Half of an ans"), cut=True))
+    openai_server.push(SseReply(openai.text_frames("Half of an ans"), cut=True))
     result = await turn(agent_for(store, openai_settings(openai_server)), session.id, "go")
     assert result.error is not None
     assert result.error.code.startswith("model_provider")
@@ -176,10 +177,10 @@ async def test_provider_failure__partial_output_kept_interrupted_and_lock_releas
 
 
 async def test_provider_failure__server_errors_are_retried_then_reported(
-    store: SessionStore, openai_server: FakeOpenAI, agent_for: AgentFactory
+    store: SessionStore, openai_server: OpenAIStandIn, agent_for: AgentFactory
 ) -> None:
     _, session = await new_session(store)
-    openai_server.push(*(fake_openai.error_reply(503) for _ in range(5)))
+    openai_server.push(*(openai.error_reply(503) for _ in range(5)))
     result = await turn(agent_for(store, openai_settings(openai_server)), session.id, "go")
     assert result.error is not None
     assert len(openai_server.requests) == RetryPolicy().max_attempts
@@ -188,14 +189,14 @@ async def test_provider_failure__server_errors_are_retried_then_reported(
 
 
 async def test_tool_rounds__are_capped_and_the_last_round_offers_no_tools(
-    store: SessionStore, openai_server: FakeOpenAI, agent_for: AgentFactory
+    store: SessionStore, openai_server: OpenAIStandIn, agent_for: AgentFactory
 ) -> None:
     _, session = await new_session(store)
     call = [("c", "shell", {"command": "true"})]
     openai_server.push(
-        fake_openai.tool_call_reply(call),
-        fake_openai.tool_call_reply(call),
-        fake_openai.text_reply("Giving up on tools."),
+        openai.tool_call_reply(call),
+        openai.tool_call_reply(call),
+        openai.text_reply("Giving up on tools."),
     )
     agent = agent_for(store, openai_settings(openai_server), max_tool_rounds=2)
     result = await turn(agent, session.id, "loop")
@@ -205,7 +206,7 @@ async def test_tool_rounds__are_capped_and_the_last_round_offers_no_tools(
 
 async def test_custom_provider__used_then_fallback_after_deletion_said_once(
     store: SessionStore,
-    openai_server: FakeOpenAI,
+    openai_server: OpenAIStandIn,
     monkeypatch: pytest.MonkeyPatch,
     agent_for: AgentFactory,
 ) -> None:
@@ -218,7 +219,7 @@ async def test_custom_provider__used_then_fallback_after_deletion_said_once(
         ),
     )
     agent = agent_for(store, Settings(model_provider="team-llm"))
-    openai_server.push(fake_openai.text_reply("from the team model"))
+    openai_server.push(openai.text_reply("from the team model"))
     first = await turn(agent, session.id, "hi")
     assert first.text == "from the team model"
     assert openai_server.requests[0].headers["authorization"] == "Bearer sk-team"
@@ -239,10 +240,10 @@ async def test_custom_provider__used_then_fallback_after_deletion_said_once(
 
 
 async def test_compact__model_writes_the_checkpoint_with_a_forced_tool_call(
-    store: SessionStore, openai_server: FakeOpenAI, agent_for: AgentFactory
+    store: SessionStore, openai_server: OpenAIStandIn, agent_for: AgentFactory
 ) -> None:
     owner, session = await new_session(store)
-    openai_server.push(fake_openai.text_reply("Deployed build 4812 to staging."))
+    openai_server.push(openai.text_reply("Deployed build 4812 to staging."))
     agent = agent_for(store, openai_settings(openai_server))
     await turn(agent, session.id, "deploy 4812 to staging, never to prod")
     sections = {
@@ -255,7 +256,7 @@ async def test_compact__model_writes_the_checkpoint_with_a_forced_tool_call(
         "next_steps": ["watch staging"],
         "important_details": ["build 4812"],
     }
-    openai_server.push(fake_openai.tool_call_reply([("cp", "write_checkpoint", sections)]))
+    openai_server.push(openai.tool_call_reply([("cp", "write_checkpoint", sections)]))
     stored = await agent.compact(session.id, Actor(owner), focus="the deploy")
     request = openai_server.requests[-1].body
     assert request["tool_choice"] == {"type": "function", "function": {"name": "write_checkpoint"}}

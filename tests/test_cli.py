@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from core.messages import user_message
+from core.providers.registry import CustomProviderSpec
 from core.storage.engine import MIN_SQLITE
 from core.storage.migrate import head_revision
 from core.storage.sessions import SessionStore
@@ -19,6 +21,7 @@ from tests.helpers import ROOT, add_exchange, new_session
 pytestmark = pytest.mark.slow
 
 EXE = Path(sys.executable).with_name("slack-agent")
+MODEL_VARIABLES = ("OPENAI_", "ANTHROPIC_", "MODEL_", "TEAM_LLM_")
 
 
 def cli(
@@ -161,3 +164,43 @@ def test_serve_without_slack_settings_names_the_variable_and_python_dash_m_works
     )
     assert module.returncode == 0
     assert "migrate" in module.stdout
+
+
+MODEL_MISCONFIGURED = [
+    ({"MODEL_PROVIDER": "openai"}, "OPENAI_API_KEY: required when the model provider is openai"),
+    (
+        {"MODEL_PROVIDER": "anthropic"},
+        "ANTHROPIC_API_KEY: required when the model provider is anthropic",
+    ),
+    ({"MODEL_PROVIDER": "opnai"}, "MODEL_PROVIDER: 'opnai' is neither auto, openai, anthropic"),
+    ({"MODEL_PROVIDER": "team-llm"}, "TEAM_LLM_KEY: not set; custom provider 'team-llm'"),
+]
+
+
+@pytest.mark.parametrize(("env", "line"), MODEL_MISCONFIGURED)
+async def test_serve__a_model_configuration_no_turn_could_use_stops_start_up_in_one_line(
+    store: SessionStore, database_url: str, env: dict[str, str], line: str
+) -> None:
+    # A custom provider registered in the database, whose key variable is not set.
+    await store.custom_providers.add(
+        CustomProviderSpec("team-llm", "openai", "http://127.0.0.1:1/v1", "TEAM_LLM_KEY")
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(MODEL_VARIABLES)}
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [str(EXE), "serve"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={
+            **clean,
+            "DATABASE_URL": database_url,
+            "SLACK_BOT_TOKEN": "xoxb-test",
+            "SLACK_SIGNING_SECRET": "secret",
+            "SLACK_API_URL": "http://127.0.0.1:1/api/",
+            "PORT": "0",
+            **env,
+        },
+    )
+    assert one_line_error(result).startswith(f"slack-agent: config_invalid: {line}")

@@ -20,7 +20,8 @@ from core.storage.deliveries import DELIVERIES
 from core.storage.dialect import ago
 from core.storage.models import Delivery
 from core.storage.sessions import SessionStore
-from tests.fake_slack import BOT_ID, BOT_USER, FakeSlack, GatedModel, SlackClient
+from core.testing.openai import GatedModel
+from core.testing.slack import BOT_ID, BOT_USER, SlackClient, SlackStandIn
 from tests.helpers import read_json_line, start_worker, stop_workers
 from tests.slack_harness import ServeProcess
 
@@ -93,7 +94,7 @@ class TerminalTurn:
 
 
 async def test_sigkill_after_acknowledging_a_burst__the_other_replica_answers_each_once(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with GatedModel() as model:
         a = ServeProcess(database_url, slack, MAX_CONCURRENT_TURNS="2", **model_env(model, **LOCK))
@@ -104,10 +105,10 @@ async def test_sigkill_after_acknowledging_a_burst__the_other_replica_answers_ea
                 # Every one of these got its 200: Slack will never send them again.
                 roots = [await to_a.message(f"burst {i}", mention=True) for i in range(6)]
             for _ in range(400):  # two turns running (the slots), four only recorded
-                if model.requests == 2:
+                if model.count == 2:
                     break
                 await asyncio.sleep(0.05)
-            assert model.requests == 2
+            assert model.count == 2
             a.kill()
             await a.wait()
             model.gate.set()
@@ -124,7 +125,7 @@ async def test_sigkill_after_acknowledging_a_burst__the_other_replica_answers_ea
 
 @pytest.mark.parametrize("mode", ["queue", "ask"])
 async def test_sigkill_while_a_message_waits_on_a_busy_session__another_replica_carries_on(
-    database_url: str, slack: FakeSlack, store: SessionStore, mode: str
+    database_url: str, slack: SlackStandIn, store: SessionStore, mode: str
 ) -> None:
     env = {**LOCK, "BUSY_MODE": mode}
     a = ServeProcess(database_url, slack, **env)
@@ -165,7 +166,7 @@ async def test_sigkill_while_a_message_waits_on_a_busy_session__another_replica_
 
 
 async def test_sigterm__a_turn_within_the_grace_finishes_and_waiting_messages_are_handed_over(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     # The sweeper thread is on (the default), and the staleness window is the default minute:
     # a clean stop hands its waiting messages over at once, with no window to wait out.
@@ -208,7 +209,7 @@ async def test_sigterm__a_turn_within_the_grace_finishes_and_waiting_messages_ar
 
 
 async def test_sigterm__a_turn_past_the_grace_is_interrupted_keeping_partial_answer_and_sandbox(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     env = {"SWEEPER_INTERVAL_SECONDS": "3600", "SHUTDOWN_GRACE_SECONDS": "0.5"}
     async with GatedModel(early="partial words", command="echo kept > kept.txt") as model:
@@ -281,7 +282,7 @@ async def test_take_over__two_replicas_racing_never_take_the_same_record(
 
 
 async def test_follow_up__waits_for_its_threads_first_message_taken_over_from_a_dead_replica(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with GatedModel() as model:
         a = ServeProcess(database_url, slack, MAX_CONCURRENT_TURNS="1", **model_env(model, **LOCK))
@@ -308,7 +309,7 @@ async def test_follow_up__waits_for_its_threads_first_message_taken_over_from_a_
 
 
 async def test_sigkill_before_the_reply_is_recorded__the_stream_slack_started_is_stopped(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     """Slack started the reply's stream, the replica died before it heard the answer (so the
     record names no reply): the replica that takes over finds the stream in the thread and

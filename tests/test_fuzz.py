@@ -32,8 +32,8 @@ from sqlalchemy import func, select
 
 from core.storage.engine import create_database
 from core.storage.models import Base
+from core.testing.slack import BOT_USER, SIGNING_SECRET, SlackStandIn, signed_headers
 from tests.conftest import run_isolated
-from tests.fake_slack import BOT_USER, SIGNING_SECRET, FakeSlack, signed_headers
 from tests.slack_harness import running_bot
 
 # Hypothesis warns when the global ``random`` state changes while it draws an example, taking
@@ -57,7 +57,7 @@ FUZZ = settings(
 @dataclass
 class LiveBot:
     url: str
-    slack: FakeSlack
+    slack: SlackStandIn
     loop: asyncio.AbstractEventLoop
 
     def calls(self, method: str) -> int:
@@ -72,7 +72,7 @@ def live_bot(database_url: str) -> Iterator[LiveBot]:
     async def serve() -> None:
         nonlocal stopping
         stopping = asyncio.Event()
-        async with FakeSlack() as slack, running_bot(database_url, slack) as bot:
+        async with SlackStandIn() as slack, running_bot(database_url, slack) as bot:
             ready["bot"] = LiveBot(bot.url, slack, asyncio.get_running_loop())
             started.set()
             await stopping.wait()

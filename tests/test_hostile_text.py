@@ -8,7 +8,7 @@ import pytest
 
 from core.messages import message_text
 from core.storage.sessions import SessionStore
-from tests.fake_slack import FakeSlack, SlackClient
+from core.testing.slack import SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
 
 MARKUP = "<!channel> <!here> <@U999> <#C999|secret> <https://evil.example|click me> &amp; &lt;b&gt;"
@@ -26,7 +26,7 @@ async def texts(store: SessionStore, root: str) -> list[str]:
     [("markup", MARKUP), ("control", CONTROL), ("huge", "0123456789abcdef" * 6400)],
 )
 async def test_hostile_message__recorded_once_answered_and_stored_as_written(
-    database_url: str, slack: FakeSlack, store: SessionStore, name: str, body: str
+    database_url: str, slack: SlackStandIn, store: SessionStore, name: str, body: str
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message(body, mention=True)  # asserts the 200
@@ -50,7 +50,7 @@ async def test_hostile_message__recorded_once_answered_and_stored_as_written(
     ],
 )
 async def test_slash_compact__arguments_that_are_not_thread_links_change_nothing(
-    database_url: str, slack: FakeSlack, store: SessionStore, argument: str
+    database_url: str, slack: SlackStandIn, store: SessionStore, argument: str
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("a conversation", mention=True)

@@ -16,7 +16,8 @@ from sqlalchemy import select
 from core import metrics
 from core.storage.deliveries import DELIVERIES
 from core.storage.engine import create_database
-from tests.fake_slack import FakeSlack, GatedModel, SlackClient
+from core.testing.openai import GatedModel
+from core.testing.slack import SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
 
 # A short lease window so a replica with room takes a shed message over within the test.
@@ -32,7 +33,7 @@ def gated(model: GatedModel) -> dict[str, object]:
 
 
 async def test_an_acknowledgement_does_not_wait_for_the_turns_loop(
-    database_url: str, slack: FakeSlack
+    database_url: str, slack: SlackStandIn
 ) -> None:
     """The turns' loop (this test's) is held still until the acknowledgement arrives: with
     the intake on that loop it never could."""
@@ -61,7 +62,7 @@ async def test_an_acknowledgement_does_not_wait_for_the_turns_loop(
 
 
 async def test_a_saturated_replica_leaves_recorded_messages_to_a_replica_with_room(
-    database_url: str, slack: FakeSlack, caplog: pytest.LogCaptureFixture
+    database_url: str, slack: SlackStandIn, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="core.conversation.intake")
     shed_before = metrics.MESSAGES_SHED._value.get()
@@ -103,7 +104,7 @@ async def test_a_saturated_replica_leaves_recorded_messages_to_a_replica_with_ro
 
 
 async def test_metrics__the_intake_queue_and_acknowledgement_latency(
-    database_url: str, slack: FakeSlack
+    database_url: str, slack: SlackStandIn
 ) -> None:
     async with (
         running_bot(database_url, slack, intake=True) as running,

@@ -20,7 +20,7 @@ from core.settings import Settings
 from core.storage.engine import Database
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import load_state
-from tests.fake_slack import GatedModel
+from core.testing.openai import GatedModel
 from tests.helpers import age_lock, new_session, take_over
 from tests.providers_fixtures import RecordingSleep
 

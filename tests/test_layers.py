@@ -10,6 +10,9 @@ arrow that runs the wrong way fails here before a reviewer has to spot it:
     bot, terminal  (the surfaces: Slack, the terminal; neither imports the other)
         │
     core         (knows nothing of Slack or a terminal; SQL only in core/storage)
+
+``core.testing`` (the stand-ins) ships in the package for the tests, the demo and the benchmark;
+the product itself (the rest of ``core``, ``bot``, ``terminal``) never imports it.
 """
 
 from __future__ import annotations
@@ -91,6 +94,25 @@ def test_layers__core_knows_nothing_of_slack() -> None:
         if name.split(".")[0] == "core"
     }
     assert not {name: m for name, m in found.items() if m}
+
+
+PRODUCT = ("core", "bot", "terminal")
+STAND_INS = "core.testing"
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        n
+        for n in MODULES
+        if n.split(".")[0] in PRODUCT and not (n == STAND_INS or n.startswith(STAND_INS + "."))
+    ),
+)
+def test_layers__the_product_never_imports_the_stand_ins(name: str) -> None:
+    """A stand-in reached from product code would run in production (or hide a missing real
+    part in a test): only the tests, the demo and the benchmark use ``core.testing``."""
+    found = sorted(m for m in EXTERNAL[name] if m == STAND_INS or m.startswith(STAND_INS + "."))
+    assert not found, f"{name} imports {found}"
 
 
 def test_layers__sql_only_in_the_storage_layer() -> None:

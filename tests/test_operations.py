@@ -16,13 +16,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text as sql
 
-from bench.tcp_proxy import TcpProxy
 from bot.gc_tuning import FULL_COLLECTION_AFTER, tune_garbage_collection
 from core.errors import DatabaseError
 from core.messages import message_text
 from core.storage.engine import create_database
 from core.storage.sessions import SessionStore
-from tests.fake_slack import FakeSlack, GatedModel, SlackClient
+from core.testing.openai import GatedModel
+from core.testing.slack import SlackClient, SlackStandIn
+from core.testing.tcp_proxy import TcpProxy
 from tests.helpers import ROOT
 from tests.slack_harness import ServeProcess, running_bot
 from tests.test_delivery import TerminalTurn, transcript
@@ -70,7 +71,7 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float:
 
 
 async def test_metrics__parse_as_prometheus_and_move_with_turns_refusals_and_slack(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         before = await scrape(bot.url)
@@ -100,8 +101,28 @@ async def test_metrics__parse_as_prometheus_and_move_with_turns_refusals_and_sla
     assert value(after, "slack_agent_delivery_oldest_age_seconds", state="waiting") >= 0
 
 
+async def test_metrics__slack_errors_on_a_request_are_counted_by_method_and_error(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    # A message's answer is made with the client Bolt built for its request: its failed calls
+    # count like those of every other client.
+    slack.errors["agents.sessions.setStatus"] = "not_allowed_token_type"
+    labels = {"method": "agents.sessions.setStatus", "error": "not_allowed_token_type"}
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        before = await scrape(bot.url)
+        await client.message("count my errors", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        after = await scrape(bot.url)
+    failed = len(slack.named("agents.sessions.setStatus"))
+    assert failed >= 1
+    moved = value(after, "slack_agent_slack_api_errors_total", **labels) - value(
+        before, "slack_agent_slack_api_errors_total", **labels
+    )
+    assert moved == failed
+
+
 async def test_healthz__503_while_the_database_is_gone_then_200_and_working_again(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     parts = urlsplit(database_url)
     async with TcpProxy("127.0.0.1", parts.port or 5432) as proxy:
@@ -159,7 +180,7 @@ async def test_sqlite__a_connection_opened_while_the_file_is_away_never_makes_an
 
 
 async def test_socket_mode__healthz_and_metrics_on_the_small_http_listener(
-    database_url: str, slack: FakeSlack
+    database_url: str, slack: SlackStandIn
 ) -> None:
     a = ServeProcess(database_url, slack, SLACK_APP_TOKEN="xapp-test", SLACK_SIGNING_SECRET="")
     try:
@@ -207,7 +228,7 @@ def test_serve__settings_that_cannot_work_stop_start_up_with_one_line(
 
 
 async def test_slack_5xx_and_dropped_connections__retried_and_the_reply_posted_once(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     slack.fail_next["chat.startStream"] = [500]
     slack.fail_next["chat.stopStream"] = [0]  # the connection drops without an answer
@@ -221,7 +242,7 @@ async def test_slack_5xx_and_dropped_connections__retried_and_the_reply_posted_o
 
 
 async def test_stream_that_breaks_midway__the_rest_is_posted_never_cut_off(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with GatedModel(early="the first half, ") as model:
         env = {
@@ -243,7 +264,7 @@ async def test_stream_that_breaks_midway__the_rest_is_posted_never_cut_off(
 
 
 async def test_busy_notice_that_cannot_be_posted__the_message_is_still_answered(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with (
         running_bot(database_url, slack, busy_mode="queue") as bot,
@@ -291,7 +312,7 @@ async def fail_delivery_writes(store: SessionStore, on: bool) -> None:
 
 
 async def test_message_that_cannot_be_recorded__is_not_acknowledged_so_slack_sends_it_again(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         await fail_delivery_writes(store, True)
@@ -322,23 +343,20 @@ async def test_slack_answering_a_page_not_json__is_a_slack_error_the_callers_han
 
     from bot.web import web_client
     from core.settings import Settings
+    from core.testing.server import serve_app
 
     async def not_json(_: web.Request) -> web.Response:
         return web.Response(status=405, text="405: Method Not Allowed")
 
     app = web.Application()
     app.router.add_route("*", "/api/{method}", not_json)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, url = await serve_app(app)
     try:
         settings = Settings(
             _env_file=None,  # type: ignore[call-arg]
             SLACK_BOT_TOKEN="xoxb-test",
             SLACK_SIGNING_SECRET="s",
-            SLACK_API_URL=f"http://127.0.0.1:{port}/api/",
+            SLACK_API_URL=f"{url}/api/",
         )
         with pytest.raises(SlackApiError):
             await web_client(settings, "xoxb-test").conversations_replies(channel="C1", ts="1.0")

@@ -21,8 +21,8 @@ from core.providers import (
     Usage,
     UserMessage,
 )
-from tests.fake_anthropic import (
-    FakeAnthropic,
+from core.testing.anthropic import (
+    AnthropicStandIn,
     event,
     message_end,
     message_start,
@@ -31,7 +31,8 @@ from tests.fake_anthropic import (
     tool_block,
     tool_use_reply,
 )
-from tests.providers_fixtures import RecordingSleep, SseReply, collect, text_of
+from core.testing.scripted import SseReply
+from tests.providers_fixtures import RecordingSleep, collect, text_of
 
 SHELL = ToolSpec(
     "shell",
@@ -47,14 +48,14 @@ def sleep() -> RecordingSleep:
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[FakeAnthropic]:
-    async with FakeAnthropic() as fake:
+async def server() -> AsyncIterator[AnthropicStandIn]:
+    async with AnthropicStandIn() as fake:
         yield fake
 
 
 @pytest.fixture
 async def provider(
-    server: FakeAnthropic, sleep: RecordingSleep
+    server: AnthropicStandIn, sleep: RecordingSleep
 ) -> AsyncIterator[AnthropicProvider]:
     http = HttpOptions(retry=RetryPolicy(sleep=sleep))
     client = AnthropicProvider(api_key="sk-ant-test", base_url=server.base_url, http=http)
@@ -63,7 +64,7 @@ async def provider(
 
 
 async def test_stream__text_arrives_in_deltas_and_ends_with_usage(
-    server: FakeAnthropic, provider: AnthropicProvider
+    server: AnthropicStandIn, provider: AnthropicProvider
 ) -> None:
     server.push(text_reply("Hel", "lo, ", "world"))
 
@@ -92,7 +93,7 @@ async def test_stream__text_arrives_in_deltas_and_ends_with_usage(
 
 
 async def test_stream__tool_use_blocks_are_assembled_from_json_deltas(
-    server: FakeAnthropic, provider: AnthropicProvider
+    server: AnthropicStandIn, provider: AnthropicProvider
 ) -> None:
     server.push(
         tool_use_reply(
@@ -125,7 +126,7 @@ async def test_stream__tool_use_blocks_are_assembled_from_json_deltas(
 
 
 async def test_stream__forced_tool_choice_is_sent_as_a_tool_choice_of_type_tool(
-    server: FakeAnthropic, provider: AnthropicProvider
+    server: AnthropicStandIn, provider: AnthropicProvider
 ) -> None:
     server.push(tool_use_reply([("toolu_c", "write_checkpoint", {"objectives": ["ship it"]})]))
 
@@ -138,7 +139,7 @@ async def test_stream__forced_tool_choice_is_sent_as_a_tool_choice_of_type_tool(
 
 
 async def test_request__tool_results_and_the_next_user_text_share_one_user_turn(
-    server: FakeAnthropic, provider: AnthropicProvider
+    server: AnthropicStandIn, provider: AnthropicProvider
 ) -> None:
     server.push(text_reply("ok"))
     calls = (
@@ -191,7 +192,7 @@ async def test_request__tool_results_and_the_next_user_text_share_one_user_turn(
 
 
 async def test_stream__unknown_events_and_blocks_are_skipped(
-    server: FakeAnthropic, provider: AnthropicProvider
+    server: AnthropicStandIn, provider: AnthropicProvider
 ) -> None:
     thinking = {"type": "thinking", "thinking": ""}
     server.push(
@@ -218,7 +219,7 @@ async def test_stream__unknown_events_and_blocks_are_skipped(
 
 
 async def test_stream__overloaded_error_event_before_output_is_retried(
-    server: FakeAnthropic, provider: AnthropicProvider, sleep: RecordingSleep
+    server: AnthropicStandIn, provider: AnthropicProvider, sleep: RecordingSleep
 ) -> None:
     overloaded = {"type": "overloaded_error", "message": "Overloaded"}
     server.push(SseReply([message_start(), event("error", error=overloaded)]), text_reply("fine"))
@@ -231,7 +232,7 @@ async def test_stream__overloaded_error_event_before_output_is_retried(
 
 
 async def test_stream__error_event_after_text_is_not_retried_and_keeps_the_text(
-    server: FakeAnthropic, provider: AnthropicProvider, sleep: RecordingSleep
+    server: AnthropicStandIn, provider: AnthropicProvider, sleep: RecordingSleep
 ) -> None:
     overloaded = {"type": "overloaded_error", "message": "Overloaded"}
     server.push(
@@ -254,7 +255,7 @@ async def test_stream__error_event_after_text_is_not_retried_and_keeps_the_text(
 
 
 async def test_stream__tool_input_that_is_not_json_is_a_bad_response(
-    server: FakeAnthropic, provider: AnthropicProvider
+    server: AnthropicStandIn, provider: AnthropicProvider
 ) -> None:
     broken = tool_block(0, "toolu_x", "shell", {"command": "ls"})
     broken[-2] = event(
@@ -267,7 +268,7 @@ async def test_stream__tool_input_that_is_not_json_is_a_bad_response(
 
 
 async def test_usage__cache_reads_and_writes_are_added_to_the_input_and_named_apart(
-    server: FakeAnthropic, provider: AnthropicProvider
+    server: AnthropicStandIn, provider: AnthropicProvider
 ) -> None:
     # The API's input_tokens is only the uncached part; ours is everything the model read.
     server.push(
@@ -290,7 +291,7 @@ async def test_usage__cache_reads_and_writes_are_added_to_the_input_and_named_ap
 
 
 async def test_usage__message_delta_counts_are_cumulative_and_win_over_message_start(
-    server: FakeAnthropic, provider: AnthropicProvider
+    server: AnthropicStandIn, provider: AnthropicProvider
 ) -> None:
     # Newer API versions repeat the input fields in message_delta, as running totals.
     server.push(
@@ -313,7 +314,7 @@ async def test_usage__message_delta_counts_are_cumulative_and_win_over_message_s
 
 
 async def test_usage__a_stream_without_any_usage_reports_unknown_counts(
-    server: FakeAnthropic, provider: AnthropicProvider
+    server: AnthropicStandIn, provider: AnthropicProvider
 ) -> None:
     start = event("message_start", message={"id": "m", "type": "message", "content": []})
     stop = event("message_delta", delta={"stop_reason": "end_turn"})
@@ -325,7 +326,7 @@ async def test_usage__a_stream_without_any_usage_reports_unknown_counts(
 
 
 async def test_usage__a_failed_stream_yields_no_usage(
-    server: FakeAnthropic, provider: AnthropicProvider
+    server: AnthropicStandIn, provider: AnthropicProvider
 ) -> None:
     failure = {"type": "api_error", "message": "boom"}
     server.push(SseReply([message_start(), *text_block(0, "par"), event("error", error=failure)]))

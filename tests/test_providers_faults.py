@@ -31,17 +31,9 @@ from core.providers import (
     UserMessage,
 )
 from core.providers.streaming import parse_retry_after
-from tests import fake_anthropic, fake_openai
-from tests.providers_fixtures import (
-    JsonReply,
-    RecordingSleep,
-    ScriptedServer,
-    Silence,
-    SseReply,
-    collect,
-    sse_frame,
-    text_of,
-)
+from core.testing import anthropic, openai
+from core.testing.scripted import JsonReply, ScriptedServer, Silence, SseReply, sse_frame
+from tests.providers_fixtures import RecordingSleep, collect, text_of
 
 HELLO = [UserMessage("hello")]
 RETRY = RetryPolicy(max_attempts=3, base_delay=0.5, max_delay=0.75, max_retry_after=30)
@@ -61,27 +53,27 @@ class Wire:
     unfinished: Callable[..., list[str]]
 
 
-def _openai(server: fake_openai.FakeOpenAI) -> Wire:
+def _openai(server: openai.OpenAIStandIn) -> Wire:
     return Wire(
         server,
         server.base_url,
         lambda url, http: OpenAIProvider(api_key="sk-test", base_url=url, http=http),
-        fake_openai.text_reply,
-        lambda status, headers: fake_openai.error_reply(status, "fake failure", headers),
-        lambda *pieces: fake_openai.text_frames(*pieces)[:-1],
+        openai.text_reply,
+        lambda status, headers: openai.error_reply(status, "fake failure", headers),
+        lambda *pieces: openai.text_frames(*pieces)[:-1],
     )
 
 
-def _anthropic(server: fake_anthropic.FakeAnthropic) -> Wire:
+def _anthropic(server: anthropic.AnthropicStandIn) -> Wire:
     return Wire(
         server,
         server.base_url,
         lambda url, http: AnthropicProvider(api_key="sk-ant-test", base_url=url, http=http),
-        fake_anthropic.text_reply,
-        lambda status, headers: fake_anthropic.error_reply(status, "api_error", "fake", headers),
+        anthropic.text_reply,
+        lambda status, headers: anthropic.error_reply(status, "api_error", "fake", headers),
         lambda *pieces: [
-            fake_anthropic.message_start(),
-            *fake_anthropic.text_block(0, *pieces)[:-1],
+            anthropic.message_start(),
+            *anthropic.text_block(0, *pieces)[:-1],
         ],
     )
 
@@ -89,10 +81,10 @@ def _anthropic(server: fake_anthropic.FakeAnthropic) -> Wire:
 @pytest.fixture(params=["openai", "anthropic"])
 async def wire(request: pytest.FixtureRequest) -> AsyncIterator[Wire]:
     if request.param == "openai":
-        async with fake_openai.FakeOpenAI() as openai_server:
+        async with openai.OpenAIStandIn() as openai_server:
             yield _openai(openai_server)
     else:
-        async with fake_anthropic.FakeAnthropic() as anthropic_server:
+        async with anthropic.AnthropicStandIn() as anthropic_server:
             yield _anthropic(anthropic_server)
 
 

@@ -22,16 +22,17 @@ from core.providers import (
     Usage,
     UserMessage,
 )
-from tests.fake_openai import (
+from core.testing.openai import (
     DONE,
-    FakeOpenAI,
+    OpenAIStandIn,
     chunk,
     text_frames,
     text_reply,
     tool_call_reply,
     usage_chunk,
 )
-from tests.providers_fixtures import RecordingSleep, SseReply, collect, sse_frame, text_of
+from core.testing.scripted import SseReply, sse_frame
+from tests.providers_fixtures import RecordingSleep, collect, text_of
 
 SHELL = ToolSpec(
     "shell",
@@ -42,13 +43,13 @@ CHECKPOINT = ToolSpec("write_checkpoint", "Write the checkpoint.")
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as fake:
+async def server() -> AsyncIterator[OpenAIStandIn]:
+    async with OpenAIStandIn() as fake:
         yield fake
 
 
 @pytest.fixture
-async def provider(server: FakeOpenAI) -> AsyncIterator[OpenAIProvider]:
+async def provider(server: OpenAIStandIn) -> AsyncIterator[OpenAIProvider]:
     http = HttpOptions(retry=RetryPolicy(sleep=RecordingSleep()))
     client = OpenAIProvider(api_key="sk-test", base_url=server.base_url, http=http)
     yield client
@@ -56,7 +57,7 @@ async def provider(server: FakeOpenAI) -> AsyncIterator[OpenAIProvider]:
 
 
 async def test_stream__text_arrives_in_deltas_and_ends_with_usage(
-    server: FakeOpenAI, provider: OpenAIProvider
+    server: OpenAIStandIn, provider: OpenAIProvider
 ) -> None:
     server.push(text_reply("Hel", "lo, ", "world"))
 
@@ -84,7 +85,7 @@ async def test_stream__text_arrives_in_deltas_and_ends_with_usage(
 
 
 async def test_stream__tool_call_fragments_are_assembled_by_index(
-    server: FakeOpenAI, provider: OpenAIProvider
+    server: OpenAIStandIn, provider: OpenAIProvider
 ) -> None:
     server.push(
         tool_call_reply(
@@ -120,7 +121,7 @@ async def test_stream__tool_call_fragments_are_assembled_by_index(
 
 
 async def test_stream__forced_tool_is_sent_and_reported_as_a_tool_call(
-    server: FakeOpenAI, provider: OpenAIProvider
+    server: OpenAIStandIn, provider: OpenAIProvider
 ) -> None:
     # OpenAI finishes a forced call with "stop"; callers must still see a tool-call stop.
     server.push(
@@ -145,7 +146,7 @@ async def test_stream__forced_tool_is_sent_and_reported_as_a_tool_call(
 
 
 async def test_stream__forcing_a_tool_not_offered_is_refused_before_any_request(
-    server: FakeOpenAI, provider: OpenAIProvider
+    server: OpenAIStandIn, provider: OpenAIProvider
 ) -> None:
     with pytest.raises(ValueError, match="write_checkpoint"):
         await collect(provider, [UserMessage("x")], [SHELL], tool_choice="write_checkpoint")
@@ -153,7 +154,7 @@ async def test_stream__forcing_a_tool_not_offered_is_refused_before_any_request(
 
 
 async def test_request__tool_history_is_sent_in_chat_completions_shape(
-    server: FakeOpenAI, provider: OpenAIProvider
+    server: OpenAIStandIn, provider: OpenAIProvider
 ) -> None:
     server.push(text_reply("done"))
     call = ToolCall("call_1", "shell", {"command": "false"})
@@ -187,7 +188,7 @@ async def test_request__tool_history_is_sent_in_chat_completions_shape(
 
 
 async def test_stream__tool_arguments_that_are_not_json_are_a_bad_response(
-    server: FakeOpenAI, provider: OpenAIProvider
+    server: OpenAIStandIn, provider: OpenAIProvider
 ) -> None:
     head = {"index": 0, "id": "call_x", "type": "function"}
     head["function"] = {"name": "shell", "arguments": '{"command": "ls'}
@@ -209,7 +210,7 @@ async def test_stream__tool_arguments_that_are_not_json_are_a_bad_response(
 
 
 async def test_usage__cached_prompt_tokens_are_part_of_the_input_count(
-    server: FakeOpenAI, provider: OpenAIProvider
+    server: OpenAIStandIn, provider: OpenAIProvider
 ) -> None:
     # OpenAI's prompt_tokens already includes the cached tokens its details name.
     server.push(
@@ -225,7 +226,7 @@ async def test_usage__cached_prompt_tokens_are_part_of_the_input_count(
 
 
 async def test_usage__a_server_without_prompt_details_leaves_the_cached_count_unknown(
-    server: FakeOpenAI, provider: OpenAIProvider
+    server: OpenAIStandIn, provider: OpenAIProvider
 ) -> None:
     server.push(
         SseReply([*text_frames("hi"), sse_frame(usage_chunk(40, 5, cached_tokens=None)), DONE])
@@ -237,7 +238,7 @@ async def test_usage__a_server_without_prompt_details_leaves_the_cached_count_un
 
 
 async def test_usage__a_server_that_ignores_include_usage_reports_unknown_counts_not_zero(
-    server: FakeOpenAI, provider: OpenAIProvider
+    server: OpenAIStandIn, provider: OpenAIProvider
 ) -> None:
     # vLLM before include_usage, some proxies: no usage chunk at all. One Usage still comes,
     # so the request is counted, with every count unknown.
@@ -250,7 +251,7 @@ async def test_usage__a_server_that_ignores_include_usage_reports_unknown_counts
 
 
 async def test_usage__running_totals_in_every_chunk_count_once_with_the_last_values(
-    server: FakeOpenAI, provider: OpenAIProvider
+    server: OpenAIStandIn, provider: OpenAIProvider
 ) -> None:
     # vLLM's continuous usage stats put a running usage on every chunk.
     def running(delta: dict[str, str], done: int, finish: str | None = None) -> str:

@@ -18,7 +18,7 @@ from core.providers import (
 )
 from core.providers.anthropic import DEFAULT_MODEL as ANTHROPIC_DEFAULT
 from core.settings import load_settings
-from tests import fake_anthropic, fake_openai
+from core.testing import anthropic, openai
 from tests.providers_fixtures import collect, text_of
 
 
@@ -82,11 +82,11 @@ def test_custom_provider_name__only_for_names_that_are_not_builtin(
 async def test_build_builtin__openai_uses_base_url_key_and_model_name(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async with fake_openai.FakeOpenAI() as server:
+    async with openai.OpenAIStandIn() as server:
         monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         monkeypatch.setenv("MODEL_NAME", "gpt-local")
-        server.push(fake_openai.text_reply("hi"))
+        server.push(openai.text_reply("hi"))
         provider = build_builtin(load_settings())
         try:
             events = await collect(provider, [UserMessage("hello")])
@@ -103,7 +103,7 @@ async def test_build_builtin__openai_uses_base_url_key_and_model_name(
 async def test_build_custom__reads_the_key_from_the_named_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async with fake_anthropic.FakeAnthropic() as server:
+    async with anthropic.AnthropicStandIn() as server:
         monkeypatch.setenv("TEAM_CLAUDE_KEY", "sk-ant-team")
         spec = CustomProviderSpec(
             name="team-claude",
@@ -112,7 +112,7 @@ async def test_build_custom__reads_the_key_from_the_named_variable(
             api_key_env="TEAM_CLAUDE_KEY",
             default_model="claude-team",
         )
-        server.push(fake_anthropic.text_reply("hi"))
+        server.push(anthropic.text_reply("hi"))
         provider = build_custom(spec)
         try:
             events = await collect(provider, [UserMessage("hello")])

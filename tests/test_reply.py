@@ -8,17 +8,17 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.render import ZWJ, open_fence
 from bot.reply import ReplyStream, StreamPacer
-from tests.fake_slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, FakeSlack
+from core.testing.slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, SlackStandIn
 
 THREAD = "1700000000.000001"
 
 
-def stream(slack: FakeSlack) -> ReplyStream:
+def stream(slack: SlackStandIn) -> ReplyStream:
     client = AsyncWebClient(token="xoxb-test", base_url=slack.api_url)
     return ReplyStream(client, channel="C1", thread_ts=THREAD, team="T1", user="U1", interval=0)
 
 
-def read(slack: FakeSlack) -> str:
+def read(slack: SlackStandIn) -> str:
     return "".join(m.text for m in slack.thread_messages(THREAD)).replace(ZWJ, "")
 
 
@@ -35,7 +35,7 @@ def long_markdown() -> str:
 async def test_small_pieces__a_long_reply_arrives_whole_within_every_limit(size: int) -> None:
     body = long_markdown()
     assert len(body) > 2 * MESSAGE_LIMIT
-    async with FakeSlack() as slack:
+    async with SlackStandIn() as slack:
         reply = stream(slack)
         for start in range(0, len(body), size):
             await reply.append(body[start : start + size])
@@ -53,7 +53,7 @@ async def test_small_pieces__a_long_reply_arrives_whole_within_every_limit(size:
 
 
 async def test_a_control_sequence_split_across_pieces_is_still_neutralised() -> None:
-    async with FakeSlack() as slack:
+    async with SlackStandIn() as slack:
         reply = stream(slack)
         for piece in ("Tell everyone: <", "!chan", "nel> and <", "@U", "999> @ev", "eryone"):
             await reply.append(piece)
@@ -64,7 +64,7 @@ async def test_a_control_sequence_split_across_pieces_is_still_neutralised() -> 
 
 
 async def test_a_stream_slack_ended_midway__the_rest_goes_on_in_a_new_message() -> None:
-    async with FakeSlack() as slack:
+    async with SlackStandIn() as slack:
         reply = stream(slack)
         await reply.append("Before the end.\n\n")
         slack.stopped_streams.add(str(reply.ts))
@@ -80,7 +80,7 @@ async def test_a_stream_slack_ended_midway__the_rest_goes_on_in_a_new_message() 
 
 async def test_without_streaming__messages_of_one_edit_each_and_buttons_in_blocks() -> None:
     body = long_markdown()[:30_000]
-    async with FakeSlack(streaming=False) as slack:
+    async with SlackStandIn(streaming=False) as slack:
         reply = stream(slack)
         for start in range(0, len(body), 4_000):
             await reply.append(body[start : start + 4_000])
@@ -93,7 +93,7 @@ async def test_without_streaming__messages_of_one_edit_each_and_buttons_in_block
 
 
 async def test_task_cards__in_order_with_the_text_around_them() -> None:
-    async with FakeSlack() as slack:
+    async with SlackStandIn() as slack:
         reply = stream(slack)
         await reply.append("Let me look.")
         await reply.task_started("ls -la")
@@ -119,7 +119,7 @@ async def test_pacer__replies_streaming_at_once_share_the_budget_of_updates() ->
     # Four replies on a budget of two updates a second: each may update every two seconds;
     # as they finish, the interval comes back to the base.
     pacer = StreamPacer(0.5, budget=2.0)
-    async with FakeSlack() as slack:
+    async with SlackStandIn() as slack:
         client = AsyncWebClient(token="xoxb-test", base_url=slack.api_url)
         replies = [
             ReplyStream(

@@ -46,8 +46,8 @@ from core.settings import Settings
 from core.storage import snapshots
 from core.storage.engine import Database
 from core.storage.sessions import SessionStore
-from tests import fake_openai
-from tests.fake_openai import FakeOpenAI
+from core.testing import openai
+from core.testing.openai import OpenAIStandIn
 from tests.helpers import ROOT, new_session
 from tests.providers_fixtures import RecordingSleep
 
@@ -356,7 +356,7 @@ async def tool_outputs(store: SessionStore, session_id: int) -> list[dict[str, A
     ]
 
 
-def fake_model(server: FakeOpenAI) -> Settings:
+def fake_model(server: OpenAIStandIn) -> Settings:
     """Settings for a scripted model: several tool calls in one turn, as a real model makes."""
     return Settings(
         model_provider="openai",
@@ -501,14 +501,14 @@ async def test_a_shell_stuck_on_a_background_job_recovers_within_the_turn(
     sandbox now rebuilds its shell from its own state after a time-out: the model's next command
     in the same turn runs, with the files and variables it had."""
     _, session = await new_session(store)
-    async with FakeOpenAI() as server:
+    async with OpenAIStandIn() as server:
         server.push(
-            fake_openai.tool_call_reply(
+            openai.tool_call_reply(
                 [("c1", "shell", {"command": "echo kept > /tmp/k; export V=v; sleep 1000 &"})]
             ),
-            fake_openai.tool_call_reply([("c2", "shell", {"command": "echo alive; cat /tmp/k"})]),
-            fake_openai.tool_call_reply([("c3", "shell", {"command": 'echo "$V"'})]),
-            fake_openai.text_reply("done"),
+            openai.tool_call_reply([("c2", "shell", {"command": "echo alive; cat /tmp/k"})]),
+            openai.tool_call_reply([("c3", "shell", {"command": 'echo "$V"'})]),
+            openai.text_reply("done"),
         )
         cache = ProviderCache(fake_model(server), http=no_retry_sleep())
         try:
@@ -534,16 +534,16 @@ async def test_a_state_over_its_limit_is_not_kept_unless_cleaned_up_in_the_turn(
     _, session = await new_session(store)
     limits = SandboxLimits(max_state_bytes=4 * 1024 * 1024)
     fill = "for i in 1 2 3 4 5; do head -c 1048576 /dev/zero > /big$i; done; echo kept > /k"
-    async with FakeOpenAI() as server:
+    async with OpenAIStandIn() as server:
         server.push(
-            fake_openai.tool_call_reply([("c1", "shell", {"command": fill})]),
-            fake_openai.text_reply("left it full"),
-            fake_openai.tool_call_reply([("c2", "shell", {"command": "cat /k"})]),
-            fake_openai.tool_call_reply([("c3", "shell", {"command": fill})]),
-            fake_openai.tool_call_reply([("c4", "shell", {"command": "rm /big1 /big2"})]),
-            fake_openai.text_reply("cleaned up"),
-            fake_openai.tool_call_reply([("c5", "shell", {"command": "cat /k; ls /"})]),
-            fake_openai.text_reply("checked"),
+            openai.tool_call_reply([("c1", "shell", {"command": fill})]),
+            openai.text_reply("left it full"),
+            openai.tool_call_reply([("c2", "shell", {"command": "cat /k"})]),
+            openai.tool_call_reply([("c3", "shell", {"command": fill})]),
+            openai.tool_call_reply([("c4", "shell", {"command": "rm /big1 /big2"})]),
+            openai.text_reply("cleaned up"),
+            openai.tool_call_reply([("c5", "shell", {"command": "cat /k; ls /"})]),
+            openai.text_reply("checked"),
         )
         cache = ProviderCache(fake_model(server), http=no_retry_sleep())
         try:

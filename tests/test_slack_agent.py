@@ -4,15 +4,21 @@ button (whichever replica runs the turn), renames, and uninstalling."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from typing import Any
 
 import pytest
+from slack_sdk.oauth.installation_store import Installation
+from sqlalchemy import select
 
 from bot import texts as text
-from core.messages import message_text
+from core.messages import message_text, slack_message_id
+from core.storage.deliveries import DELIVERIES, Deliveries
 from core.storage.feedback import votes
 from core.storage.sessions import SessionStore
-from tests.fake_slack import FakeSlack, GatedModel, SlackClient
+from core.testing.openai import GatedModel
+from core.testing.slack import BOT_ID, BOT_USER, SlackClient, SlackStandIn, signed_headers
 from tests.slack_harness import OAUTH, oauth_install, running_bot
 
 
@@ -26,7 +32,7 @@ def gated(model: GatedModel, **extra: Any) -> dict[str, Any]:
 
 
 async def test_agent_session__processing_while_the_turn_runs_then_active_with_the_stop(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("plan the offsite", mention=True)
@@ -40,7 +46,7 @@ async def test_agent_session__processing_while_the_turn_runs_then_active_with_th
 
 
 async def test_stop_button__on_the_replica_not_running_the_turn_stops_it(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with (
         GatedModel(early="the start of a long answer", command="echo begun > begun.txt") as model,
@@ -69,7 +75,7 @@ async def test_stop_button__on_the_replica_not_running_the_turn_stops_it(
 
 
 async def test_stop_button__for_a_thread_with_nothing_running_changes_nothing(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("hello", mention=True)
@@ -86,7 +92,7 @@ async def test_stop_button__for_a_thread_with_nothing_running_changes_nothing(
 
 
 async def test_rename_in_slack__becomes_the_sessions_title(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("first words", mention=True)
@@ -113,7 +119,7 @@ async def test_rename_in_slack__becomes_the_sessions_title(
     "order", [("app_uninstalled", "tokens_revoked"), ("tokens_revoked", "app_uninstalled")]
 )
 async def test_uninstall__in_either_order_twice_removes_the_install_and_stops_turns(
-    database_url: str, slack: FakeSlack, store: SessionStore, order: tuple[str, str]
+    database_url: str, slack: SlackStandIn, store: SessionStore, order: tuple[str, str]
 ) -> None:
     async with (
         GatedModel(early="half") as model,
@@ -169,7 +175,7 @@ async def feedback_click(
 
 
 async def test_feedback__a_vote_is_stored_against_the_answer_and_acknowledged(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("rate me", mention=True)
@@ -188,3 +194,86 @@ async def test_feedback__a_vote_is_stored_against_the_answer_and_acknowledged(
         await feedback_click(client, "good:00000000-0000-4000-8000-000000000000", root)
         await slack.wait_for(lambda: len(slack.ephemerals()) == 5)
     assert await votes(store.db, session.id) == {answer.message_id: {"good": 2}}
+
+
+async def test_enterprise_grid__an_org_wide_install_answers_and_its_records_are_taken_over(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    # slack_sdk stores an org-wide install with the org's id and no team.
+    org_wide = Installation(
+        app_id="A1",
+        enterprise_id="E1",
+        team_id=None,
+        is_enterprise_install=True,
+        bot_token="xoxb-org",
+        bot_id=BOT_ID,
+        bot_user_id=BOT_USER,
+        user_id="U1",
+    )
+    fast = {"turn_heartbeat_seconds": 0.2, "turn_lock_staleness_seconds": 1}
+    async with (
+        running_bot(database_url, slack, **OAUTH, **fast) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        installs = bot.bot.installs
+        assert installs is not None
+        await installs.installations.async_save(org_wide)
+        ts = client.new_ts()
+        event = {
+            "type": "app_mention",
+            "user": "U1",
+            "text": f"<@{BOT_USER}> hello from the org",
+            "ts": ts,
+            "channel": "C1",
+            "event_ts": ts,
+            "channel_type": "channel",
+            "team": "T1",
+        }
+        body = json.dumps(
+            {
+                "team_id": "T1",
+                "enterprise_id": "E1",
+                "is_enterprise_install": True,
+                "api_app_id": "A1",
+                "type": "event_callback",
+                "event_id": "EvORG1",
+                "event_time": int(time.time()),
+                "authorizations": [
+                    {
+                        "enterprise_id": "E1",
+                        "team_id": None,
+                        "user_id": BOT_USER,
+                        "is_bot": True,
+                        "is_enterprise_install": True,
+                    }
+                ],
+                "event": event,
+            }
+        )
+        status, _ = await client.raw(body, signed_headers(body))
+        assert status == 200
+        await slack.wait_for(lambda: slack.replies(ts))
+        (record,) = [r for r in await records(store) if r.event_key == f"T1/C1/{ts}"]
+        assert record.context["enterprise"] == "E1"
+        # A record no replica holds (its replica stopped): taken over with the org's token.
+        later = client.new_ts()
+        left = await bot.bot.deliveries.record(
+            event_key=f"T1/C1/{later}",
+            thread_key=f"T1/C1/{later}",
+            author="U1",
+            message_id=slack_message_id("T1", "C1", later),
+            text="left behind",
+            context={**dict(record.context), "ts": later, "thread_ts": later},
+            owned=False,
+        )
+        assert left is not None
+        await slack.wait_for(lambda: slack.replies(later))
+    assert [r.state for r in await records(store) if r.event_key == f"T1/C1/{later}"] == ["done"]
+
+
+async def records(store: SessionStore) -> list[Any]:
+    deliveries = Deliveries(store.db, "slack")
+    async with store.db.read() as conn:
+        keys = list((await conn.execute(select(DELIVERIES.c.id))).scalars())
+    found = [await deliveries.get(key) for key in keys]
+    return [r for r in found if r is not None]

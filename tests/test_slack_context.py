@@ -4,19 +4,27 @@ readable), the thread before the agent was mentioned, and what the person is loo
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+import pytest
+from aiohttp import web
+
 from bot import texts as text
+from bot.files import slack_hosted
+from core.errors import ConfigError
 from core.messages import message_text
 from core.providers.base import UserMessage
 from core.providers.uimessages import ui_to_chat
+from core.sandbox.shell import BASHKIT_MAX_FILE_BYTES, Sandbox, SandboxLimits
+from core.settings import SANDBOX_MAX_FILE_BYTES, load_settings
 from core.storage.sessions import SessionStore
-from tests.fake_slack import FakeSlack, SlackClient, rewind
-from tests.slack_harness import running_bot
+from core.testing.slack import SlackClient, SlackStandIn
+from tests.slack_harness import rewind, running_bot
 
 
 def shared(
-    slack: FakeSlack, name: str, data: bytes, mimetype: str = "text/plain"
+    slack: SlackStandIn, name: str, data: bytes, mimetype: str = "text/plain"
 ) -> dict[str, Any]:
     slack.files[name] = (data, mimetype)
     return {
@@ -37,7 +45,7 @@ async def answers(store: SessionStore, root: str) -> list[str]:
 
 
 async def test_file__copied_into_the_sandbox_then_gone_after_a_rewind_to_before_it(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("hello", mention=True)
@@ -62,7 +70,7 @@ async def test_file__copied_into_the_sandbox_then_gone_after_a_rewind_to_before_
 
 
 async def test_file__too_big_is_refused_and_the_message_still_answered(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with (
         running_bot(database_url, slack, max_file_bytes=1000) as bot,
@@ -80,7 +88,7 @@ async def test_file__too_big_is_refused_and_the_message_still_answered(
 
 
 async def test_file__slacks_sign_in_page_is_never_taken_for_the_file(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     # A token without files:read gets Slack's HTML sign-in page (with a 200).
     async with (
@@ -97,7 +105,7 @@ async def test_file__slacks_sign_in_page_is_never_taken_for_the_file(
 
 
 async def test_thread_context__earlier_messages_go_with_the_first_turn(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root = "1700000100.000001"
     slack.threads[root] = [
@@ -127,7 +135,7 @@ async def test_thread_context__earlier_messages_go_with_the_first_turn(
 
 
 async def test_app_context__the_channel_the_person_looks_at_goes_with_their_message(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         event = {
@@ -143,3 +151,114 @@ async def test_app_context__the_channel_the_person_looks_at_goes_with_their_mess
     assert session is not None
     (first, _) = await store.messages(session.id)
     assert "<#C0LOOK>" in first.message["metadata"]["context"]
+
+
+async def test_file__on_a_host_that_is_not_slacks_gets_no_token_and_no_request(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    # A payload's file object can name any URL: the bot token goes to Slack's hosts only.
+    asked: list[dict[str, str]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        asked.append(dict(request.headers))
+        return web.Response(body=b"elsewhere", content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/{name}", record)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+            foreign = shared(slack, "leak.txt", b"from slack")
+            foreign["url_private_download"] = f"http://127.0.0.1:{port}/leak.txt"
+            root = await client.message("$ cat files/leak.txt", mention=True, files=[foreign])
+            await slack.wait_for(lambda: slack.named("chat.stopStream"))
+    finally:
+        await runner.cleanup()
+    assert asked == []
+    assert [c.text for c in slack.ephemerals()] == [
+        text.file_refused("leak.txt", "not_slack", 10_000_000)
+    ]
+    assert "elsewhere" not in (await answers(store, root))[0]
+
+
+def test_file__slacks_own_hosts_and_the_configured_api_host_are_trusted() -> None:
+    api = "http://127.0.0.1:9000/api/"
+    assert slack_hosted("https://files.slack.com/files-pri/T1-F1/a.txt", api)
+    assert slack_hosted("https://files.slack-gov.com/files-pri/T1-F1/a.txt", api)
+    assert slack_hosted("http://127.0.0.1:9000/files/a.txt", api)
+    for url in (
+        "http://files.slack.com/files-pri/T1-F1/a.txt",  # not over HTTPS
+        "https://files.slack.com.evil.example/a.txt",
+        "https://files.slack.com:8443/a.txt",
+        "https://evil.example/files.slack.com/a.txt",
+        "http://127.0.0.1:9001/files/a.txt",
+        "not a url",
+        "",
+    ):
+        assert not slack_hosted(url, api), url
+
+
+async def test_file__more_than_the_sandbox_holds_is_refused_with_a_note_and_the_rest_kept(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        # A session near its state cap: room for the small file, not for both.
+        agent = bot.bot.runtime.agent
+        room = Sandbox.new().state_bytes() + 4000
+        agent.config = replace(agent.config, sandbox_limits=SandboxLimits(max_state_bytes=room))
+        small = shared(slack, "small.txt", b"kept words\n")
+        big = shared(slack, "big.bin", b"x" * 8000, "application/octet-stream")
+        root = await client.message("$ ls files", mention=True, files=[small, big])
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        await client.message("$ cat files/small.txt", thread_ts=root)
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    first, second = await answers(store, root)
+    assert "small.txt" in first
+    assert "big.bin" not in first.replace("/home/user/files/big.bin was not copied", "")
+    assert "/home/user/files/big.bin was not copied into the sandbox" in slack.shown(root)
+    assert "kept words" in second  # the message's snapshot was kept, small file and all
+
+
+def test_max_file_bytes__bounded_by_what_the_sandbox_holds_in_one_file() -> None:
+    assert SANDBOX_MAX_FILE_BYTES == BASHKIT_MAX_FILE_BYTES
+    with pytest.raises(ConfigError) as refused:
+        load_settings(max_file_bytes=25_000_000)
+    assert refused.value.message == (
+        "MAX_FILE_BYTES: 25000000 is more than the sandbox holds in one file (10000000); "
+        "use at most that"
+    )
+
+
+async def test_thread_context__a_long_thread_gives_its_latest_messages_and_earlier_files(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    # 450 replies before the mention (Slack pages them oldest first): the agent gets the ones
+    # just before it, and the file shared among them.
+    root = "1700000200.000001"
+    said = [
+        {"ts": f"1700000200.{i + 2:06d}", "user": "U2", "text": f"chatter number {i}"}
+        for i in range(450)
+    ]
+    note = shared(slack, "early.txt", b"shared before the mention\n")
+    said[440].update(subtype="file_share", files=[note])
+    slack.threads[root] = [{"ts": root, "user": "U2", "text": "the thread starts"}, *said]
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        await client.message(
+            "$ cat files/early.txt", mention=True, thread_ts=root, ts="1700000200.999999"
+        )
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+    session = await store.find_session("slack", f"T1/C1/{root}")
+    assert session is not None
+    first, answer = await store.messages(session.id)
+    context = first.message["metadata"]["context"]
+    assert "chatter number 449" in context  # what was said just before the mention
+    assert "chatter number 400" in context
+    assert "chatter number 399" not in context  # the latest 50 only
+    assert "the thread starts" not in context
+    assert "shared before the mention" in message_text(answer.message)
+    pages = slack.named("conversations.replies")
+    assert len(pages) == 3  # 200 at a time

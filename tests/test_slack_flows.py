@@ -14,7 +14,8 @@ from core.messages import assistant_message, message_text, user_message
 from core.records import ANY_TAIL, Actor, StoredMessage, TurnLease
 from core.storage.deliveries import DELIVERIES
 from core.storage.sessions import SessionStore
-from tests.fake_slack import Call, FakeSlack, GatedModel, SlackClient
+from core.testing.openai import GatedModel
+from core.testing.slack import Call, SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
 
 
@@ -33,7 +34,7 @@ async def transcript(store: SessionStore, thread_ts: str) -> list[StoredMessage]
     return await store.messages(session.id)
 
 
-def with_blocks(slack: FakeSlack, user: str = "U1") -> list[Any]:
+def with_blocks(slack: SlackStandIn, user: str = "U1") -> list[Any]:
     return [c for c in slack.ephemerals(user) if c.args.get("blocks")]
 
 
@@ -43,7 +44,7 @@ def draft_id(call: Any) -> str:
 
 
 async def test_retries_and_double_delivery__one_turn_one_reply(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         ts = client.new_ts()
@@ -66,7 +67,7 @@ async def test_retries_and_double_delivery__one_turn_one_reply(
 
 
 async def test_retry_storm__across_two_replicas_still_one_turn_each(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with (
         running_bot(database_url, slack) as one,
@@ -104,7 +105,7 @@ async def terminal_turn(store: SessionStore, root: str) -> TurnLease:
 
 
 async def busy_elsewhere(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> tuple[str, TurnLease]:
     """A session whose turn runs in the terminal, and a Slack message meeting it busy."""
     root = await client.message("first", mention=True)
@@ -116,7 +117,7 @@ async def busy_elsewhere(
 
 
 async def test_follow_up__in_the_same_thread_waits_and_is_answered_right_after(
-    database_url: str, slack: FakeSlack, model: GatedModel, store: SessionStore
+    database_url: str, slack: SlackStandIn, model: GatedModel, store: SessionStore
 ) -> None:
     async with (
         running_bot(database_url, slack, **gated(model)) as bot,
@@ -140,7 +141,7 @@ async def test_follow_up__in_the_same_thread_waits_and_is_answered_right_after(
 
 
 async def test_busy_ask__notice_then_send_offered_when_free(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root, lease = await busy_elsewhere(client, slack, store)
@@ -163,7 +164,7 @@ async def test_busy_ask__notice_then_send_offered_when_free(
 
 
 async def test_busy_ask__discard_adds_nothing(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root, lease = await busy_elsewhere(client, slack, store)
@@ -181,7 +182,7 @@ async def test_busy_ask__discard_adds_nothing(
 
 
 async def test_busy_ask__the_click_can_land_on_another_replica(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with (
         running_bot(database_url, slack) as one,
@@ -200,7 +201,7 @@ async def test_busy_ask__the_click_can_land_on_another_replica(
 
 
 async def test_busy_queue__waiting_messages_are_answered_in_order(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with (
         running_bot(database_url, slack, busy_mode="queue") as bot,
@@ -225,7 +226,7 @@ async def test_busy_queue__waiting_messages_are_answered_in_order(
 
 
 async def test_busy__gives_up_after_the_poll_timeout(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with (
         running_bot(database_url, slack, busy_poll_timeout_seconds=0.2) as bot,
@@ -240,7 +241,7 @@ async def test_busy__gives_up_after_the_poll_timeout(
 
 
 async def test_stale__refresh_once_then_send_anyway(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("from slack", mention=True)
@@ -278,7 +279,7 @@ async def test_stale__refresh_once_then_send_anyway(
 
 
 async def test_stale__a_rewind_elsewhere_is_shown_as_such(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("one", mention=True)
@@ -297,7 +298,7 @@ async def test_stale__a_rewind_elsewhere_is_shown_as_such(
 
 
 async def test_busy__an_operation_started_outside_the_thread_says_elsewhere_too(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("first", mention=True)
@@ -318,7 +319,7 @@ async def test_busy__an_operation_started_outside_the_thread_says_elsewhere_too(
 
 
 async def test_offers__are_replaced_once_clicked_so_they_cannot_be_clicked_twice(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with (
         running_bot(database_url, slack) as bot,
@@ -341,7 +342,7 @@ class OfferHeld:
     """Holds the call that posts an offer until the test has clicked it: the quickest a person
     could ever be."""
 
-    def __init__(self, slack: FakeSlack) -> None:
+    def __init__(self, slack: SlackStandIn) -> None:
         self.posting: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.clicked = asyncio.Event()
         slack.intercept = self._intercept
@@ -351,7 +352,7 @@ class OfferHeld:
             self.posting.set_result(args)
             await self.clicked.wait()
 
-    async def click(self, client: SlackClient, slack: FakeSlack) -> dict[str, Any]:
+    async def click(self, client: SlackClient, slack: SlackStandIn) -> dict[str, Any]:
         """Send, while the offer is still being posted; what its ``response_url`` got."""
         args = await asyncio.wait_for(self.posting, 20)
         try:
@@ -363,7 +364,7 @@ class OfferHeld:
 
 
 async def test_busy_ask__a_click_before_the_offer_is_even_posted_sends(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with (
         running_bot(database_url, slack) as bot,
@@ -379,7 +380,7 @@ async def test_busy_ask__a_click_before_the_offer_is_even_posted_sends(
 
 
 async def test_stale__a_click_before_the_offer_is_even_posted_sends(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with (
         running_bot(database_url, slack) as bot,
@@ -406,7 +407,7 @@ async def test_stale__a_click_before_the_offer_is_even_posted_sends(
 
 
 async def test_busy_ask__an_offer_slack_refused_is_offered_again_and_still_sends(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     fast = {"turn_lock_staleness_seconds": 1, "turn_heartbeat_seconds": 0.2}
     async with (
@@ -436,7 +437,7 @@ async def delivery_states(store: SessionStore) -> dict[str, str]:
 
 
 async def test_follow_up_arriving_before_its_threads_first_message__is_answered_after_it(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     """Slack delivers events concurrently and retries a failed one a minute later, so a
     follow-up can reach the app before the mention that started its thread. It was
@@ -458,7 +459,7 @@ async def test_follow_up_arriving_before_its_threads_first_message__is_answered_
 
 
 async def test_chatter_before_the_agent_is_called_into_a_thread__is_context_not_answered(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("a thread without the agent")
@@ -477,7 +478,7 @@ async def test_chatter_before_the_agent_is_called_into_a_thread__is_context_not_
 
 
 async def test_turns_at_work__waiting_on_the_model_frees_a_place_and_every_turn_finishes(
-    database_url: str, slack: FakeSlack, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+    database_url: str, slack: SlackStandIn, store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Two places for turns doing their own work (before and after the model call): six turns
     # must still all reach their model at once, as a turn waiting on it holds no place, and

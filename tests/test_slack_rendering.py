@@ -16,7 +16,8 @@ from bot.render import ZWJ, open_fence
 from core.messages import assistant_message, user_message
 from core.storage.feedback import votes
 from core.storage.sessions import SessionStore
-from tests.fake_slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, FakeSlack, GatedModel, SlackClient
+from core.testing.openai import GatedModel
+from core.testing.slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
 from tests.test_slack_agent import feedback_click
 
@@ -35,23 +36,23 @@ def gated(model: GatedModel) -> dict[str, Any]:
 
 
 @pytest.fixture(params=["streaming", "no_streaming"])
-async def any_slack(request: pytest.FixtureRequest) -> AsyncIterator[FakeSlack]:
+async def any_slack(request: pytest.FixtureRequest) -> AsyncIterator[SlackStandIn]:
     """Slack with its streaming methods, and a workspace without them (post and edit)."""
-    async with FakeSlack(streaming=request.param == "streaming") as fake:
+    async with SlackStandIn(streaming=request.param == "streaming") as fake:
         yield fake
 
 
-def read(slack: FakeSlack, thread_ts: str) -> str:
+def read(slack: SlackStandIn, thread_ts: str) -> str:
     """The reply as a person reads it (the joiners are invisible)."""
     return "".join(m.text for m in slack.thread_messages(thread_ts)).replace(ZWJ, "")
 
 
-def finished(slack: FakeSlack, thread_ts: str) -> bool:
+def finished(slack: SlackStandIn, thread_ts: str) -> bool:
     shown = slack.thread_messages(thread_ts)
     return bool(shown) and any(m.blocks for m in shown)
 
 
-def feedback_values(slack: FakeSlack, thread_ts: str) -> list[str]:
+def feedback_values(slack: SlackStandIn, thread_ts: str) -> list[str]:
     values = []
     for shown in slack.thread_messages(thread_ts):
         for block in shown.blocks:
@@ -61,7 +62,7 @@ def feedback_values(slack: FakeSlack, thread_ts: str) -> list[str]:
     return values
 
 
-async def answer(slack: FakeSlack, database_url: str, body: str) -> str:
+async def answer(slack: SlackStandIn, database_url: str, body: str) -> str:
     """One reply whose model writes ``body``; returns the thread."""
     async with (
         GatedModel(early=body) as model,
@@ -75,7 +76,7 @@ async def answer(slack: FakeSlack, database_url: str, body: str) -> str:
 
 
 async def test_reply__slack_control_sequences_arrive_neutralised_and_read_as_written(
-    database_url: str, any_slack: FakeSlack
+    database_url: str, any_slack: SlackStandIn
 ) -> None:
     root = await answer(any_slack, database_url, HOSTILE + "\n\n")
     assert HOSTILE in read(any_slack, root)
@@ -86,7 +87,7 @@ async def test_reply__slack_control_sequences_arrive_neutralised_and_read_as_wri
 
 
 async def test_reply__sixty_thousand_characters_arrive_whole_in_several_messages(
-    database_url: str, any_slack: FakeSlack
+    database_url: str, any_slack: SlackStandIn
 ) -> None:
     paragraph = "Lorem ipsum dolor sit amet, <@U1> consectetur && adipiscing elit. " * 20
     code = "```python\n" + "print('x < y')\n" * 300 + "```\n\n"
@@ -108,7 +109,7 @@ async def test_reply__sixty_thousand_characters_arrive_whole_in_several_messages
 
 
 async def test_reply__a_stream_slack_ended_continues_in_a_new_message(
-    database_url: str, slack: FakeSlack
+    database_url: str, slack: SlackStandIn
 ) -> None:
     async with (
         GatedModel(early="The first part. ") as model,
@@ -129,7 +130,7 @@ async def test_reply__a_stream_slack_ended_continues_in_a_new_message(
 
 
 async def test_sandbox_command__shown_as_a_task_card_in_progress_then_done_or_error(
-    database_url: str, slack: FakeSlack
+    database_url: str, slack: SlackStandIn
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("$ echo hello from the sandbox", mention=True)
@@ -153,7 +154,7 @@ async def test_sandbox_command__shown_as_a_task_card_in_progress_then_done_or_er
 
 
 async def test_feedback__a_vote_from_a_finished_replys_own_buttons_is_stored(
-    database_url: str, any_slack: FakeSlack, store: SessionStore
+    database_url: str, any_slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, any_slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("rate me", mention=True)
@@ -171,7 +172,7 @@ async def test_feedback__a_vote_from_a_finished_replys_own_buttons_is_stored(
 
 
 async def test_mrkdwn__a_quoted_message_is_escaped_in_the_offer(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("first", mention=True)

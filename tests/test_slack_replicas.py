@@ -17,7 +17,8 @@ from core.records import StoredMessage
 from core.storage.dialect import ago
 from core.storage.models import Delivery
 from core.storage.sessions import SessionStore
-from tests.fake_slack import FakeSlack, GatedModel, SlackClient
+from core.testing.openai import GatedModel
+from core.testing.slack import SlackClient, SlackStandIn
 from tests.helpers import ROOT
 from tests.slack_harness import ServeProcess
 
@@ -50,7 +51,7 @@ def assert_positions(messages: list[StoredMessage]) -> None:
 
 
 async def test_two_replicas__a_follow_up_on_the_other_waits_and_never_two_model_calls(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     async with GatedModel() as model:
         a = ServeProcess(database_url, slack, **model_env(model))
@@ -82,7 +83,7 @@ async def test_two_replicas__a_follow_up_on_the_other_waits_and_never_two_model_
 
 
 async def test_retry_storm__two_processes_one_turn_per_message(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     a = ServeProcess(database_url, slack)
     b = ServeProcess(database_url, slack)
@@ -109,7 +110,7 @@ async def test_retry_storm__two_processes_one_turn_per_message(
 
 
 async def test_replica_killed_mid_turn__another_resumes_the_turn_then_answers_the_next(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     lock = {"TURN_LOCK_STALENESS_SECONDS": "1", "TURN_HEARTBEAT_SECONDS": "0.2"}
     async with GatedModel() as model:
@@ -138,11 +139,11 @@ async def test_replica_killed_mid_turn__another_resumes_the_turn_then_answers_th
     ]
     assert any(text.resumed() in c.text for c in slack.named("chat.startStream"))
     assert_positions(messages)
-    assert model.requests == 3
+    assert model.count == 3
 
 
 async def test_sweeper_thread__deletes_old_finished_delivery_records(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     table = Delivery.__table__
     row = {
@@ -199,7 +200,7 @@ def test_serve__incomplete_oauth_settings_name_the_variable() -> None:
 
 
 async def test_socket_mode__events_arrive_over_the_websocket_and_are_acknowledged(
-    database_url: str, slack: FakeSlack, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     a = ServeProcess(database_url, slack, SLACK_APP_TOKEN="xapp-test", SLACK_SIGNING_SECRET="")
     try:

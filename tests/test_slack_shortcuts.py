@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from bot import texts as text
 from core.messages import message_text
 from core.storage.sessions import SessionStore
-from tests.fake_slack import FakeSlack, SlackClient, rewind
-from tests.slack_harness import RunningBot, running_bot
+from core.testing.openai import OpenAIStandIn, text_reply
+from core.testing.slack import SlackClient, SlackStandIn
+from tests.slack_harness import RunningBot, rewind, running_bot
 
 
 @pytest.fixture
-async def running(database_url: str, slack: FakeSlack) -> AsyncIterator[RunningBot]:
+async def running(database_url: str, slack: SlackStandIn) -> AsyncIterator[RunningBot]:
     async with running_bot(database_url, slack, admin_user_ids="UADMIN") as bot:
         yield bot
 
@@ -27,7 +30,7 @@ async def client(running: RunningBot) -> AsyncIterator[SlackClient]:
 
 
 async def conversation(
-    client: SlackClient, slack: FakeSlack, turns: int = 2
+    client: SlackClient, slack: SlackStandIn, turns: int = 2
 ) -> tuple[str, list[str], list[str]]:
     """A session thread with ``turns`` exchanges; returns root ts, user ts's, reply ts's."""
     users: list[str] = []
@@ -48,12 +51,12 @@ async def texts(store: SessionStore, root: str, team: str = "T1", channel: str =
     return [message_text(m.message) for m in await store.messages(session.id)]
 
 
-def ephemeral_texts(slack: FakeSlack, user: str | None = None) -> list[str]:
+def ephemeral_texts(slack: SlackStandIn, user: str | None = None) -> list[str]:
     return [c.text for c in slack.ephemerals(user)]
 
 
 async def test_rewind__to_a_reply_keeps_it_and_marks_the_later_replies(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, _, replies = await conversation(client, slack, turns=3)
     modal = await rewind(client, slack, message_ts=replies[0], thread_ts=root)
@@ -69,7 +72,7 @@ async def test_rewind__to_a_reply_keeps_it_and_marks_the_later_replies(
 
 
 async def test_rewind__to_a_user_message_returns_it_as_a_draft(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, users, _ = await conversation(client, slack, turns=2)
     modal = await rewind(client, slack, message_ts=users[1], thread_ts=root)
@@ -78,8 +81,46 @@ async def test_rewind__to_a_user_message_returns_it_as_a_draft(
     assert await texts(store, root) == ["question 0", (await texts(store, root))[1]]
 
 
+async def test_rewind__a_reply_slack_will_not_update_still_returns_the_draft(
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
+) -> None:
+    root, users, replies = await conversation(client, slack, turns=3)
+    # The first withdrawn reply cannot be edited (the connection drops on every retry).
+    slack.fail_next["chat.update"] = [0, 0, 0, 0]
+    await rewind(client, slack, message_ts=users[1], thread_ts=root)
+    await slack.wait_for(lambda: any("question 1" in t for t in ephemeral_texts(slack, "U1")))
+    marked = [c for c in slack.named("chat.update") if "rewound" in c.text and c.result["ok"]]
+    assert {c.args["ts"] for c in marked} == {replies[2]}  # the next one was still marked
+    assert await texts(store, root) == ["question 0", (await texts(store, root))[1]]
+
+
+async def test_rewind__reads_the_messages_that_leave_once_confirmation_and_all(
+    running: RunningBot, client: SlackClient, slack: SlackStandIn
+) -> None:
+    root, _, replies = await conversation(client, slack, turns=3)
+    reads: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        flat = " ".join(statement.split())
+        if "agent_session_messages.message," in flat and flat.startswith("SELECT"):
+            reads.append(flat)
+
+    engine = running.bot.runtime.storage.sessions.db.sync_engine
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        modal = await rewind(client, slack, message_ts=replies[0], thread_ts=root)
+        await slack.wait_for(
+            lambda: len([c for c in slack.named("chat.update") if "rewound" in c.text]) == 2
+        )
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert "4 messages will leave the conversation" in json.dumps(modal)
+    # The target's row, then what leaves (for the replies to mark), once: never to count it.
+    assert len([s for s in reads if "position >" in s]) == 1, reads
+
+
 async def test_rewind__by_someone_else_is_refused_and_changes_nothing(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, _, replies = await conversation(client, slack, turns=2)
     await client.shortcut("rewind_session", message_ts=replies[0], thread_ts=root, user="U2")
@@ -88,7 +129,7 @@ async def test_rewind__by_someone_else_is_refused_and_changes_nothing(
 
 
 async def test_rewind__an_admin_may_rewind_anyones_session(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, _, replies = await conversation(client, slack, turns=2)
     await rewind(client, slack, message_ts=replies[0], thread_ts=root, user="UADMIN")
@@ -97,7 +138,7 @@ async def test_rewind__an_admin_may_rewind_anyones_session(
 
 
 async def test_shortcut__on_a_message_of_no_session_gets_a_friendly_ephemeral(
-    client: SlackClient, slack: FakeSlack
+    client: SlackClient, slack: SlackStandIn
 ) -> None:
     stray = client.new_ts()
     await client.shortcut("rewind_session", message_ts=stray, thread_ts=None)
@@ -105,7 +146,7 @@ async def test_shortcut__on_a_message_of_no_session_gets_a_friendly_ephemeral(
 
 
 async def test_fork__anyone_may_fork_into_a_new_thread_they_own(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, _, replies = await conversation(client, slack, turns=2)
     await client.shortcut("fork_session", message_ts=replies[0], thread_ts=root, user="U2")
@@ -127,7 +168,7 @@ async def test_fork__anyone_may_fork_into_a_new_thread_they_own(
 
 
 async def test_compact__shortcut_posts_the_checkpoint_and_refuses_twice(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, users, _ = await conversation(client, slack, turns=2)
     await client.shortcut("compact_session", message_ts=users[0], thread_ts=root)
@@ -149,7 +190,7 @@ async def test_compact__shortcut_posts_the_checkpoint_and_refuses_twice(
 
 
 async def test_rewind__to_a_checkpoint_keeps_it_and_returns_no_draft(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, users, _ = await conversation(client, slack, turns=1)
     await client.shortcut("compact_session", message_ts=users[0], thread_ts=root)
@@ -176,16 +217,33 @@ async def test_rewind__to_a_checkpoint_keeps_it_and_returns_no_draft(
 
 
 async def test_compact__by_someone_else_is_refused(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, users, _ = await conversation(client, slack, turns=1)
     await client.shortcut("compact_session", message_ts=users[0], thread_ts=root, user="U2")
     await slack.wait_for(lambda: text.forbidden("compact") in ephemeral_texts(slack, "U2"))
     assert len(await texts(store, root)) == 2
+    # The thread never heard of it: the owner check comes before the notice.
+    assert not [c for c in slack.named("chat.postMessage") if "started compacting" in c.text]
+
+
+async def test_slash_compact__someone_elses_session_and_no_session_get_the_same_answer(
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
+) -> None:
+    root, _, _ = await conversation(client, slack, turns=1)
+    theirs = f"https://test.slack.com/archives/C1/p{root.replace('.', '')}"
+    nothing = "https://test.slack.com/archives/C1/p1700000999000001"
+    assert await client.command("/compact", theirs, user="U2") == 200
+    assert await client.command("/compact", nothing, user="U2") == 200
+    await slack.wait_for(lambda: len(ephemeral_texts(slack, "U2")) == 2)
+    first, second = ephemeral_texts(slack, "U2")
+    assert first == second == text.compact_nothing_of_yours()
+    assert not [c for c in slack.named("chat.postMessage") if "started compacting" in c.text]
+    assert len(await texts(store, root)) == 2
 
 
 async def test_slash_compact__with_a_thread_link_and_focus(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, _, _ = await conversation(client, slack, turns=1)
     link = f"https://test.slack.com/archives/C1/p{root.replace('.', '')}"
@@ -201,7 +259,7 @@ async def test_slash_compact__with_a_thread_link_and_focus(
 
 
 async def test_slash_compact__without_a_link_offers_a_picker(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, _, _ = await conversation(client, slack, turns=1)
     focus = "the deployment plan, " * 40  # longer than Slack lets a button carry
@@ -234,7 +292,7 @@ async def test_slash_compact__without_a_link_offers_a_picker(
 
 
 async def test_foreign_workspace__payloads_change_nothing(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, _, replies = await conversation(client, slack, turns=2)
     calls = len(slack.calls)
@@ -250,7 +308,7 @@ async def test_foreign_workspace__payloads_change_nothing(
 
 
 async def test_fork__at_a_user_message_hands_it_to_the_forker_as_a_draft(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, users, _ = await conversation(client, slack, turns=2)
     await client.shortcut("fork_session", message_ts=users[1], thread_ts=root, user="U2")
@@ -260,7 +318,7 @@ async def test_fork__at_a_user_message_hands_it_to_the_forker_as_a_draft(
 
 
 async def test_compact__an_admin_may_compact_anyones_session(
-    client: SlackClient, slack: FakeSlack, store: SessionStore
+    client: SlackClient, slack: SlackStandIn, store: SessionStore
 ) -> None:
     root, users, _ = await conversation(client, slack, turns=1)
     await client.shortcut("compact_session", message_ts=users[0], thread_ts=root, user="UADMIN")
@@ -268,3 +326,27 @@ async def test_compact__an_admin_may_compact_anyones_session(
         lambda: [c for c in slack.named("chat.postMessage") if "compacted" in c.text]
     )
     assert len(await texts(store, root)) == 3
+
+
+async def test_compact__a_model_error_takes_the_notice_back_and_tells_the_person(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    async with OpenAIStandIn() as model:
+        model.push(text_reply("the only answer"))  # then every request fails (500)
+        openai = {
+            "model_provider": "openai",
+            "openai_api_key": "sk-test",
+            "openai_base_url": model.base_url,
+        }
+        async with running_bot(database_url, slack, **openai) as bot, SlackClient(bot.url) as c:
+            root, users, _ = await conversation(c, slack, turns=1)
+            await c.shortcut("compact_session", message_ts=users[0], thread_ts=root)
+            await slack.wait_for(
+                lambda: any("couldn't compact" in t for t in ephemeral_texts(slack, "U1"))
+            )
+    (started,) = [c for c in slack.named("chat.postMessage") if "started compacting" in c.text]
+    deleted = [c.args.get("ts") for c in slack.named("chat.delete")]
+    assert deleted == [started.result["ts"]]
+    (told,) = [t for t in ephemeral_texts(slack, "U1") if "couldn't compact" in t]
+    assert told.startswith(":warning: I couldn't compact this conversation (model_provider")
+    assert len(await texts(store, root)) == 2  # nothing was compacted

@@ -13,7 +13,7 @@ import pytest
 
 from bench.soak import FAULTS, SoakConfig, parse_faults, run_soak
 from bench.soak_profile import summary
-from bot.standin import FaultSchedule
+from core.testing.faults import FaultSchedule
 from tests.test_cli import cli, one_line_error
 
 # Real processes or long runs: outside the developer's quick subset (README, *The tests*).

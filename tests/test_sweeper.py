@@ -15,6 +15,7 @@ from core.storage import batched
 from core.storage.deliveries import (
     DELIVERIES,
     FINISHED_TTL_SECONDS,
+    OFFER_TTL_SECONDS,
     STRAY_SECONDS,
     D,
     Deliveries,
@@ -333,3 +334,35 @@ async def test_deliveries_pass__finished_after_a_day_strays_after_ten_minutes_ac
     assert [r.event_key for r in adopted] == ["T1/C1/4.0"]
     assert adopted[0].state == "received"
     assert adopted[0].owner == deliveries.owner
+
+
+async def test_deliveries_pass__offers_nobody_answered_go_after_their_lifetime(
+    db: Database,
+) -> None:
+    """An ignored Send/Discard (``offered``) or Send anyway (``stale``) is nobody's record: it
+    is swept with the person's words once its lifetime is over, and the oldest-record gauge
+    stops growing with it."""
+    deliveries = Deliveries(db, "slack")
+    ages = {"1.0": 60.0, "2.0": OFFER_TTL_SECONDS + 60, "3.0": 60.0, "4.0": OFFER_TTL_SECONDS + 60}
+    for key, state in (("1.0", "offered"), ("2.0", "offered"), ("3.0", "stale"), ("4.0", "stale")):
+        record = await deliveries.record(
+            event_key=f"T1/C1/{key}",
+            thread_key=f"T1/C1/{key}",
+            author="U1",
+            message_id=str(uuid.uuid4()),
+            text=f"words {key}",
+            context={},
+        )
+        assert record is not None
+        async with db.write() as conn:
+            await conn.execute(
+                update(DELIVERIES)
+                .where(D.id == record.id)
+                .values(state=state, owner=None, lease_at=None, updated_at=ago(ages[key]))
+            )
+    assert await sweep_finished_deliveries(db, batch_size=1) == 2
+    async with db.read() as conn:
+        left = set((await conn.execute(select(D.event_key, D.state))).all())
+    assert left == {("T1/C1/1.0", "offered"), ("T1/C1/3.0", "stale")}
+    assert {c.state for c in await deliveries.counts()} == {"offered", "stale"}
+    assert max(c.oldest_age_seconds for c in await deliveries.counts()) < OFFER_TTL_SECONDS

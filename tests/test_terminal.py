@@ -23,7 +23,8 @@ from core.messages import assistant_message, message_text, user_message
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import load_state, messages_with_snapshots
 from core.storage.surface_state import SurfaceState
-from tests.fake_slack import FakeSlack, GatedModel, SlackClient
+from core.testing.openai import GatedModel
+from core.testing.slack import SlackClient, SlackStandIn
 from tests.helpers import add_exchange, new_session
 from tests.slack_harness import ServeProcess
 from tests.terminal_harness import OPERATOR, ChatProcess, chat_env
@@ -387,7 +388,7 @@ async def test_chat__ctrl_c_mid_reply_keeps_the_partial_answer_and_frees_the_loc
 
 
 async def test_busy_race__terminal_meets_a_slack_turn_waits_and_enter_sends_when_free(
-    database_url: str, slack: FakeSlack, store: SessionStore, chats: list[ChatProcess]
+    database_url: str, slack: SlackStandIn, store: SessionStore, chats: list[ChatProcess]
 ) -> None:
     async with GatedModel() as model:
         serve = ServeProcess(database_url, slack, **openai_env(model))
@@ -428,7 +429,7 @@ async def test_busy_race__terminal_meets_a_slack_turn_waits_and_enter_sends_when
 
 
 async def test_busy_race__slack_meets_a_terminal_turn_and_is_offered_its_message_after(
-    database_url: str, slack: FakeSlack, store: SessionStore, chats: list[ChatProcess]
+    database_url: str, slack: SlackStandIn, store: SessionStore, chats: list[ChatProcess]
 ) -> None:
     async with GatedModel() as model:
         serve = ServeProcess(database_url, slack, **openai_env(model))
@@ -473,7 +474,7 @@ async def test_busy_race__slack_meets_a_terminal_turn_and_is_offered_its_message
 
 
 async def test_stale__slack_thread_shows_what_the_terminal_added_before_sending(
-    database_url: str, slack: FakeSlack, store: SessionStore, chats: list[ChatProcess]
+    database_url: str, slack: SlackStandIn, store: SessionStore, chats: list[ChatProcess]
 ) -> None:
     serve = ServeProcess(database_url, slack)
     try:
@@ -500,3 +501,37 @@ async def test_stale__slack_thread_shows_what_the_terminal_added_before_sending(
     finally:
         await serve.astop()
     assert "back in slack" not in await texts(store, session_id)
+
+
+# -- what others wrote never drives the operator's terminal ---------------------------------------
+
+# A screen clear, an OSC 52 clipboard write (BEL- and ST-terminated), a carriage return that
+# overwrites the line, and the 8-bit CSI.
+HOSTILE = "\x1b[2J\x1b]52;c;b3duZWQ=\x07\x1b]52;p;b3duZWQ=\x1b\\\rCLOBBER\x9b2J"
+
+
+@SQLITE_ONLY
+async def test_chat__control_sequences_from_slack_and_the_sandbox_never_reach_the_terminal(
+    database_url: str, store: SessionStore, chats: list[ChatProcess]
+) -> None:
+    _, session = await new_session(store, "slack:T1:U1")
+    await store.import_messages(
+        session.id,
+        [
+            (user_message(f"from slack {HOSTILE} end-of-user"), False),
+            (assistant_message(f"**answer** {HOSTILE} end-of-answer"), False),
+        ],
+    )
+    chat = ChatProcess(database_url, str(session.id))
+    chats.append(chat)
+    await chat.expect("end-of-answer")
+    await chat.prompt()
+    chat.line("$ printf 'out\\033]52;c;b3duZWQ=\\007\\033[2J\\rtail'; echo; echo done-printing")
+    await chat.expect("done-printing")
+    await chat.prompt()
+    chat.line("/quit")
+    assert await chat.exit_status() == 0
+    for sequence in ("\x1b[2J", "\x1b]52", "\x9b", "\rCLOBBER", "\rtail"):
+        assert sequence not in chat.raw, sequence
+    assert "CLOBBER" in chat.log  # the words themselves remain
+    assert "end-of-user" in chat.log

@@ -22,26 +22,26 @@ from core.providers import (
     Usage,
     UserMessage,
 )
+from core.testing import anthropic, openai
+from core.testing.anthropic import AnthropicStandIn
+from core.testing.openai import DONE, OpenAIStandIn, text_frames, tool_call_frames, usage_chunk
+from core.testing.scripted import SseReply, sse_frame
 from core.usage.prices import OwnPrices, PriceSource, request_cost
 from core.usage.totals import MessageUsage, RequestUsage
-from tests import fake_anthropic, fake_openai
-from tests.fake_anthropic import FakeAnthropic
-from tests.fake_openai import DONE, FakeOpenAI, text_frames, tool_call_frames, usage_chunk
-from tests.providers_fixtures import SseReply, sse_frame
 
 SHELL = ToolSpec("shell", "Run a command.")
 OWN = OwnPrices(Decimal("1"), Decimal("4"), cached_per_million=Decimal("0.25"))
 
 
 @pytest.fixture
-async def openai_server() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as fake:
+async def openai_server() -> AsyncIterator[OpenAIStandIn]:
+    async with OpenAIStandIn() as fake:
         yield fake
 
 
 @pytest.fixture
-async def anthropic_server() -> AsyncIterator[FakeAnthropic]:
-    async with FakeAnthropic() as fake:
+async def anthropic_server() -> AsyncIterator[AnthropicStandIn]:
+    async with AnthropicStandIn() as fake:
         yield fake
 
 
@@ -60,7 +60,7 @@ async def request(
 
 
 async def test_openai__a_tool_round_and_an_answer_add_up_to_the_message_usage(
-    openai_server: FakeOpenAI,
+    openai_server: OpenAIStandIn,
 ) -> None:
     call = ToolCall("call_1", "shell", {"command": "ls"})
     openai_server.push(
@@ -98,14 +98,14 @@ async def test_openai__a_tool_round_and_an_answer_add_up_to_the_message_usage(
 
 
 async def test_anthropic__cache_reads_are_in_the_input_and_the_cached_count(
-    anthropic_server: FakeAnthropic,
+    anthropic_server: AnthropicStandIn,
 ) -> None:
     anthropic_server.push(
         SseReply(
             [
-                fake_anthropic.message_start(30, cache_read=2000, cache_write=100),
-                *fake_anthropic.text_block(0, "hi"),
-                *fake_anthropic.message_end("end_turn", output_tokens=12),
+                anthropic.message_start(30, cache_read=2000, cache_write=100),
+                *anthropic.text_block(0, "hi"),
+                *anthropic.message_end("end_turn", output_tokens=12),
             ]
         )
     )
@@ -131,10 +131,10 @@ async def test_anthropic__cache_reads_are_in_the_input_and_the_cached_count(
 
 
 async def test_a_server_reporting_nothing__tokens_and_cost_unknown_not_zero(
-    openai_server: FakeOpenAI,
+    openai_server: OpenAIStandIn,
 ) -> None:
     openai_server.push(
-        fake_openai.text_reply("known", usage=(100, 10)), SseReply([*text_frames("?"), DONE])
+        openai.text_reply("known", usage=(100, 10)), SseReply([*text_frames("?"), DONE])
     )
     provider = OpenAIProvider(api_key="k", base_url=openai_server.base_url, default_model="m")
     source = PriceSource.stated(OWN)

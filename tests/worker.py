@@ -20,6 +20,9 @@ from core.storage.migrate import upgrade
 from core.storage.retention import RetentionPolicy
 from core.storage.sessions import SessionStore
 from core.storage.sweeper import sweep
+from core.storage.usage import UsageLedger
+from core.usage.budgets import Actor as BudgetActor
+from core.usage.budgets import parse_budgets
 
 
 def say(**payload: Any) -> None:
@@ -47,6 +50,29 @@ async def claim(db: Database, session_id: str, last: str, staleness: str = "60")
         say(result=f"unexpected {exc.__class__.__name__}: {exc}")
     else:
         say(result="won", message_id=lease.tail.message_id if lease.tail else None)
+
+
+async def budget_claim(db: Database, session_id: str, budgets: str, payer: str) -> None:
+    """Claim a turn under ``budgets`` for ``payer``: the budget check and reservation run in
+    the claim transaction, as a replica's turn runs them."""
+    store = SessionStore(db)
+    ledger = UsageLedger(db, staleness_seconds=60)
+    reservation = ledger.reservation(parse_budgets(budgets), BudgetActor(payer))
+    await store.is_turn_active(int(session_id))  # connect before the race starts
+    await wait_for_go()
+    try:
+        await store.start_turn(
+            int(session_id),
+            user_message=user_message("the last of the budget"),
+            last_message_id=None,
+            reservation=reservation,
+        )
+    except SlackAgentError as exc:
+        say(result=exc.code)
+    except Exception as exc:
+        say(result=f"unexpected {exc.__class__.__name__}: {exc}")
+    else:
+        say(result="won")
 
 
 async def hang(db: Database, session_id: str, last: str) -> None:
@@ -91,6 +117,7 @@ async def migrate(db: Database) -> None:
 
 COMMANDS = {
     "claim": claim,
+    "budget_claim": budget_claim,
     "hang": hang,
     "sweep": sweep_once,
     "migrate": migrate,

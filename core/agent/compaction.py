@@ -21,6 +21,7 @@ from core.checkpoint import (
 from core.errors import AgentSessionAlreadyCompact, AgentSessionForbidden
 from core.records import ANY_TAIL, Actor, StoredMessage
 from core.storage.sessions import SessionStore
+from core.storage.usage import Reservation
 
 
 async def write_checkpoint(
@@ -46,8 +47,10 @@ async def compact(
     *,
     focus: str | None = None,
     heartbeat_seconds: float = 15.0,
+    reservation: Reservation | None = None,
 ) -> StoredMessage:
-    """Compact a session on request (owner or admin), holding the turn lock throughout."""
+    """Compact a session on request (owner or admin), holding the turn lock throughout.
+    ``reservation``: the budget check the claim runs (compaction's model call counts)."""
     session = await store.get_session(session_id)
     if not actor.may_manage(session.user_id):
         raise AgentSessionForbidden(
@@ -59,6 +62,7 @@ async def compact(
         user_message=None,
         last_message_id=ANY_TAIL,
         heartbeat_seconds=heartbeat_seconds,
+        reservation=reservation,
     ) as turn:
         stored = await write_checkpoint(turn, summariser, focus=focus)
         await turn.finish()

@@ -20,17 +20,27 @@ tool output that dominates long sessions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.agent import mcp_calls
+from core.agent.accounting import Accounting, Attribution, TurnAccount
 from core.agent.compaction import Summariser, checkpoint_message, compact, parse_checkpoint
 from core.agent.model_choice import ProviderCache, ResolvedModel, resolve_model
 from core.agent.summariser import model_summariser
 from core.agent.turn import Turn, run_turn
-from core.errors import ModelProviderError, SlackAgentError
-from core.messages import Message, new_message_id
+from core.errors import (
+    AgentSessionBudgetExceeded,
+    DatabaseError,
+    MessageNotFound,
+    ModelProviderError,
+    SlackAgentError,
+)
+from core.messages import Message, message_text, new_message_id
 from core.providers.base import TextDelta, ToolCall, ToolSpec
 from core.providers.uimessages import (
     step_start_part,
@@ -42,8 +52,12 @@ from core.providers.uimessages import (
 )
 from core.records import Actor, AnyTail, StoredMessage
 from core.sandbox.shell import Sandbox, SandboxLimits, ShellResult
+from core.storage.approvals import Approvals
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import SnapshotRef
+from core.storage.usage import UsageLedger
+from core.tools import McpTools
+from core.tools.names import server_of
 
 SHELL = ToolSpec(
     name="shell",
@@ -62,12 +76,38 @@ SHELL = ToolSpec(
 
 SYSTEM_PROMPT = (
     "You are an AI agent that a team talks to in a Slack thread. Be concise and concrete. "
-    "You have one tool, a sandboxed bash shell with its own files; use it when running "
-    "something beats guessing. Say plainly when you do not know."
+    "You have a sandboxed bash shell with its own files; use it when running "
+    "something beats guessing. Tools named mcp__<server>__<tool>, when offered, reach the "
+    "team's own systems; a call that may change something there waits for a person's "
+    "approval. Say plainly when you do not know."
 )
 
 
 COMPACTED_NOTICE = "The conversation was long, so it was compacted into a checkpoint first."
+# A shared file the sandbox could not hold (``Sandbox.add_files``): the person sees it, and the
+# model reads it beside the message whose context said where the file would be.
+FILE_NOT_COPIED = (
+    "{path} was not copied into the sandbox: it does not fit (the sandbox's limit per file or "
+    "in total). Remove files to make room, or share a smaller one."
+)
+
+
+def _told(history: list[Message], notes: Sequence[str]) -> list[Message]:
+    """``history`` with ``notes`` added to the context of its last user message (this turn's),
+    for the model only: the stored message keeps what the surface wrote."""
+    if not notes:
+        return history
+    for i in range(len(history) - 1, -1, -1):
+        message = history[i]
+        if message.get("role") != "user":
+            continue
+        metadata = dict(message.get("metadata") or {})
+        context = metadata.get("context")
+        metadata["context"] = "\n\n".join(
+            [*([context] if isinstance(context, str) and context else []), *notes]
+        )
+        return [*history[:i], {**message, "metadata": metadata}, *history[i + 1 :]]
+    return history
 
 
 @dataclass(frozen=True)
@@ -122,8 +162,24 @@ class ModelDone:
     """The model has written its answer (or failed); what follows is storing it."""
 
 
-AgentEvent = TurnStarted | ModelCalled | ModelDone | TextChunk | ToolStarted | ToolFinished | Notice
+McpCallStarted = mcp_calls.McpCallStarted
+McpCallFinished = mcp_calls.McpCallFinished
+
+AgentEvent = (
+    TurnStarted
+    | ModelCalled
+    | ModelDone
+    | TextChunk
+    | ToolStarted
+    | ToolFinished
+    | McpCallStarted
+    | McpCallFinished
+    | Notice
+)
 OnEvent = Callable[[AgentEvent], Awaitable[None]]
+
+
+ApprovalRequest = mcp_calls.ApprovalRequest
 
 
 @dataclass(frozen=True)
@@ -134,10 +190,19 @@ class TurnResult:
     error: SlackAgentError | None = None
     notices: tuple[str, ...] = ()
     compacted: bool = False
+    trace_url: str | None = None  # TRACE_URL_TEMPLATE's link to this turn's trace
+    approval: ApprovalRequest | None = None  # the turn ended waiting for this decision
 
     @property
     def interrupted(self) -> bool:
         return self.error is not None
+
+
+def _tool_result(part: dict[str, Any]) -> tuple[str, bool]:
+    """A tool part's result as a trace records it: its output (JSON) or its error text."""
+    if part.get("state") == "output-error":
+        return str(part.get("errorText", "")), True
+    return json.dumps(part.get("output"), ensure_ascii=False), False
 
 
 def estimate_tokens(history: Sequence[StoredMessage]) -> int:
@@ -174,11 +239,26 @@ class Agent:
     """What a surface holds to run turns: the store, the providers and the configuration."""
 
     def __init__(
-        self, store: SessionStore, providers: ProviderCache, config: AgentConfig | None = None
+        self,
+        store: SessionStore,
+        providers: ProviderCache,
+        config: AgentConfig | None = None,
+        *,
+        accounting: Accounting | None = None,
+        tools: McpTools | None = None,
+        approvals: Approvals | None = None,
     ) -> None:
         self.store = store
         self.providers = providers
         self.config = config or AgentConfig()
+        # Usage is always recorded; budgets and traces when the runtime configures them.
+        self.accounting = accounting or Accounting(
+            UsageLedger(store.db, staleness_seconds=store.staleness_seconds)
+        )
+        self.tools = tools  # the MCP servers' tools, offered beside the shell
+        # Where calls that need a person's decision are recorded; without it such a call is
+        # refused as a tool result (it never runs unapproved either way).
+        self.approvals = approvals
 
     async def run_turn(
         self,
@@ -188,6 +268,7 @@ class Agent:
         last_message_id: str | AnyTail | None,
         on_event: OnEvent | None = None,
         files: Mapping[str, bytes] | None = None,
+        attribution: Attribution | None = None,
     ) -> TurnResult:
         """One turn.
 
@@ -195,9 +276,45 @@ class Agent:
         ``last_message_id``: a turn resumed after the process running it died; the stale guard
         makes sure nothing was added after it meanwhile. ``files`` (path -> bytes) are put into
         the sandbox before the model runs, so they are part of this turn's snapshot (a rewind
-        to before it removes them).
+        to before it removes them). ``attribution``: who pays (budgets, the usage ledger) and
+        the surface (traces); a payer over a budget is refused at the claim
+        (``AgentSessionBudgetExceeded``, nothing written, no model called).
         """
-        emit = on_event or _ignore
+        account = self.accounting.turn(session_id, attribution)
+        return await self._accounted(
+            account,
+            self._turn(
+                account, session_id, user_message, last_message_id, on_event or _ignore, files
+            ),
+        )
+
+    @staticmethod
+    async def _accounted(account: TurnAccount, turn: Awaitable[TurnResult]) -> TurnResult:
+        """``turn`` inside its trace: the root span ends with the turn's outcome (or the
+        error that ended it), and the result carries the trace's link."""
+        text = ""
+        outcome = "refused"
+        failure: BaseException | None = None
+        try:
+            result = await turn
+            text = result.text
+            outcome = "answered" if result.error is None else result.error.code
+            return dataclasses.replace(result, trace_url=account.trace_url)
+        except BaseException as exc:
+            failure, outcome = exc, str(getattr(exc, "code", type(exc).__name__))
+            raise
+        finally:
+            account.ended(text, outcome=outcome, error=failure)
+
+    async def _turn(
+        self,
+        account: TurnAccount,
+        session_id: int,
+        user_message: Message | None,
+        last_message_id: str | AnyTail | None,
+        emit: OnEvent,
+        files: Mapping[str, bytes] | None,
+    ) -> TurnResult:
         session = await self.store.get_session(session_id)
         model = await resolve_model(self.store.custom_providers, self.providers, session)
         notices: list[str] = []
@@ -208,34 +325,58 @@ class Agent:
             last_message_id=last_message_id,
             model=model.choice,
             heartbeat_seconds=self.config.heartbeat_seconds,
+            reservation=await account.reservation(),
         ) as turn:
+            tail = turn.lease.tail
+            account.started(message_text(tail.message) if tail is not None else None)
+            model = dataclasses.replace(
+                model, provider=account.provider(model.provider, model.prices)
+            )
             await emit(TurnStarted(turn.lease.tail))
             if model.notice:
                 notices.append(model.notice)
                 await emit(Notice(model.notice))
             answer = _Answer(model)
+            account.message_id = answer.id
             turn.partial = answer.message()
             sandbox = await Sandbox.open(
                 await self.store.snapshots.load(session_id), self.config.sandbox_limits
             )
-            if files:
-                sandbox.add_files(files)
+            refused = sandbox.add_files(files) if files else []
+            for path in refused:
+                notices.append(FILE_NOT_COPIED.format(path=path))
+                await emit(Notice(notices[-1]))
             compacted = False
-            error: ModelProviderError | None = None
+            error: ModelProviderError | AgentSessionBudgetExceeded | None = None
+            waiting: ApprovalRequest | None = None
             try:
-                compacted = await self._auto_compact(turn, model, emit)
+                compacted = await self._auto_compact(turn, model, emit, account)
                 if compacted:
                     notices.append(COMPACTED_NOTICE)
                     await emit(Notice(COMPACTED_NOTICE))
-                await self._loop(turn, model, sandbox, answer, emit)
+                waiting = await self._loop(
+                    turn,
+                    model,
+                    sandbox,
+                    answer,
+                    emit,
+                    account,
+                    notes=notices[-len(refused) :] if refused else [],
+                )
             except ModelProviderError as exc:
                 error = exc
                 turn.outcome = "model_error"
+            except AgentSessionBudgetExceeded as exc:
+                # The payer's budget ran out during the turn: the request in flight finished,
+                # no other is made; what was written is kept, and the surface says why.
+                error = exc
+                turn.outcome = "budget_exceeded"
             except asyncio.CancelledError:
                 # Stopped (a shutdown past its grace, a stop button, a lost lock): what the
                 # commands already did to the sandbox is kept with the partial answer.
-                turn.partial = answer.message()
-                turn.partial_snapshot = await self._snapshot(sandbox)
+                turn.partial = answer.message(**account.usage())
+                with contextlib.suppress(DatabaseError):  # maybe what stopped the turn
+                    turn.partial_snapshot = await self._snapshot(sandbox)
                 raise
             await emit(ModelDone())
             metadata: dict[str, Any] = {}
@@ -244,8 +385,12 @@ class Agent:
                     "interrupted": True,
                     "error": {"code": error.code, "message": str(error)},
                 }
+            if waiting is not None:
+                turn.outcome = "awaiting_approval"
             snapshot = await self._snapshot(sandbox)
-            (stored,) = await turn.finish([answer.message(**metadata)], snapshot=snapshot)
+            (stored,) = await turn.finish(
+                [answer.message(**metadata, **account.usage())], snapshot=snapshot
+            )
         return TurnResult(
             user=turn.lease.tail,
             answer=stored,
@@ -253,7 +398,107 @@ class Agent:
             error=error,
             notices=tuple(notices),
             compacted=compacted,
+            approval=waiting,
         )
+
+    async def carry_out(
+        self,
+        session_id: int,
+        approval_id: str,
+        *,
+        on_event: OnEvent | None = None,
+        attribution: Attribution | None = None,
+    ) -> TurnResult:
+        """The turn after a person's decision: the approved call runs (once; a call a dead
+        turn already sent is reported as such, never sent again), or the model is told it was
+        declined; then the model continues. The usual claim with the stale guard at the
+        message that asked (``AgentSessionStale`` if the conversation moved on), fencing and
+        release; the decided part is rewritten in place, the continuation appended. It is a
+        turn like any other for usage, budgets and traces (``attribution``: who decided)."""
+        assert self.approvals is not None, "carrying out a decision needs the approvals store"
+        account = self.accounting.turn(session_id, attribution)
+        return await self._accounted(
+            account, self._carry_out(account, session_id, approval_id, on_event or _ignore)
+        )
+
+    async def _carry_out(
+        self, account: TurnAccount, session_id: int, approval_id: str, emit: OnEvent
+    ) -> TurnResult:
+        assert self.approvals is not None
+        record = await self.approvals.get(approval_id)
+        if record is None:
+            raise MessageNotFound(f"no approval request {approval_id}")
+        session = await self.store.get_session(session_id)
+        model = await resolve_model(self.store.custom_providers, self.providers, session)
+        async with run_turn(
+            self.store,
+            session_id,
+            user_message=None,
+            last_message_id=record.message_id,
+            model=model.choice,
+            heartbeat_seconds=self.config.heartbeat_seconds,
+            reservation=await account.reservation(),
+        ) as turn:
+            account.started(None)
+            model = dataclasses.replace(
+                model, provider=account.provider(model.provider, model.prices)
+            )
+            await emit(TurnStarted(None))
+            asking = turn.lease.tail
+            assert asking is not None, "a claim at a message has that message as its tail"
+            call = ToolCall(record.tool_call_id, record.tool_name, record.arguments)
+            with account.tool(call, server=record.server) as span:
+                span.record_approval(
+                    "approved" if record.approved else record.state, record.decided_by
+                )
+                decided = await mcp_calls.decided_message(
+                    asking.message, record, self.approvals, self.tools, emit
+                )
+                done = next(
+                    (
+                        p
+                        for p in decided.get("parts") or []
+                        if isinstance(p, dict) and p.get("toolCallId") == record.tool_call_id
+                    ),
+                    None,
+                )
+                if done is not None:
+                    content, is_error = _tool_result(done)
+                    span.record_result(content, is_error=is_error)
+            await self.store.rewrite(turn.lease, decided)
+            answer = _Answer(model)
+            account.message_id = answer.id
+            turn.partial = answer.message()
+            sandbox = await Sandbox.open(
+                await self.store.snapshots.load(session_id), self.config.sandbox_limits
+            )
+            error: ModelProviderError | AgentSessionBudgetExceeded | None = None
+            waiting: ApprovalRequest | None = None
+            try:
+                waiting = await self._loop(turn, model, sandbox, answer, emit, account)
+            except ModelProviderError as exc:
+                error = exc
+                turn.outcome = "model_error"
+            except AgentSessionBudgetExceeded as exc:
+                error = exc
+                turn.outcome = "budget_exceeded"
+            except asyncio.CancelledError:
+                turn.partial = answer.message(**account.usage())
+                with contextlib.suppress(DatabaseError):  # maybe what stopped the turn
+                    turn.partial_snapshot = await self._snapshot(sandbox)
+                raise
+            await emit(ModelDone())
+            metadata: dict[str, Any] = {"after_approval": approval_id}
+            if error is not None:
+                metadata.update(interrupted=True, error={"code": error.code, "message": str(error)})
+            if waiting is not None:
+                turn.outcome = "awaiting_approval"
+            snapshot = await self._snapshot(sandbox)
+            (stored,) = await turn.finish(
+                [answer.message(**metadata, **account.usage())], snapshot=snapshot
+            )
+        await self.approvals.carried_out(approval_id)
+        return TurnResult(user=None, answer=stored, text=answer.text, error=error, approval=waiting)
 
     async def _loop(
         self,
@@ -262,14 +507,26 @@ class Agent:
         sandbox: Sandbox,
         answer: _Answer,
         emit: OnEvent,
-    ) -> None:
-        history = [m.message for m in await turn.history()]
+        account: TurnAccount,
+        *,
+        notes: Sequence[str] = (),
+    ) -> ApprovalRequest | None:
+        history = _told([m.message for m in await turn.history()], notes)
+        if self.approvals is not None:
+            # Requests still waiting when the conversation moves on are settled first.
+            history = await mcp_calls.settle_waiting(turn, history, self.approvals)
+        waiting: ApprovalRequest | None = None
         for round_ in range(self.config.max_tool_rounds + 1):
-            tools = [SHELL] if round_ < self.config.max_tool_rounds else []
+            tools = (
+                [SHELL, *mcp_calls.offered(self.tools)]
+                if round_ < self.config.max_tool_rounds
+                else []
+            )
             conversation = ui_to_chat(
                 [*history, answer.message()] if answer.parts else history,
                 system=self.config.system_prompt,
             )
+            await account.before_request()
             answer.parts.append(step_start_part())
             await emit(ModelCalled())
             calls: list[ToolCall] = []
@@ -285,10 +542,30 @@ class Agent:
                 elif isinstance(event, ToolCall):
                     calls.append(event)
             if not calls:
-                return
+                return None
             for call in calls:
-                await self._run_tool(call, sandbox, answer, emit)
+                mcp = mcp_calls.is_mcp_call(call)
+                with account.tool(call, server=server_of(call.name) if mcp else None) as span:
+                    if mcp:
+                        needed = mcp_calls.needs_approval(self.tools, call)
+                        if needed is not None and self.approvals is not None:
+                            part, request = await mcp_calls.ask(
+                                self.approvals, turn.session_id, answer.id, needed, waiting
+                            )
+                            waiting = waiting or request
+                            span.record_approval("requested")
+                        else:
+                            part, _ = await mcp_calls.run(self.tools, call, emit)
+                            span.record_approval("not_required")
+                        answer.parts.append(part)
+                    else:
+                        await self._run_tool(call, sandbox, answer, emit)
+                    content, is_error = _tool_result(answer.parts[-1])
+                    span.record_result(content, is_error=is_error)
                 turn.partial = answer.message()
+            if waiting is not None:
+                return waiting  # the turn ends here; a person's decision continues it
+        return None
 
     @staticmethod
     async def _run_tool(call: ToolCall, sandbox: Sandbox, answer: _Answer, emit: OnEvent) -> None:
@@ -318,7 +595,9 @@ class Agent:
         captured = await sandbox.capture()
         return None if captured is None else await self.store.snapshots.store(captured)
 
-    async def _auto_compact(self, turn: Turn, model: ResolvedModel, emit: OnEvent) -> bool:
+    async def _auto_compact(
+        self, turn: Turn, model: ResolvedModel, emit: OnEvent, account: TurnAccount
+    ) -> bool:
         limit = self.config.auto_compact_tokens
         if limit <= 0:
             return False
@@ -330,24 +609,47 @@ class Agent:
             return False
         summarise = model_summariser(model.provider, model=model.choice.name)
         await emit(ModelCalled())
-        checkpoint = await summarise(earlier, parse_checkpoint(earlier[0]), None)
-        await self.store.insert_checkpoint_before_tail(turn.lease, checkpoint_message(checkpoint))
+        with account.compaction() as span:
+            checkpoint = await summarise(earlier, parse_checkpoint(earlier[0]), None)
+            message = checkpoint_message(checkpoint)
+            span.record_output(message_text(message))
+        message["metadata"].update(account.compaction_usage())
+        await self.store.insert_checkpoint_before_tail(turn.lease, message)
         return True
 
     def summariser(self, model: ResolvedModel) -> Summariser:
         return model_summariser(model.provider, model=model.choice.name)
 
     async def compact(
-        self, session_id: int, actor: Actor, *, focus: str | None = None
+        self,
+        session_id: int,
+        actor: Actor,
+        *,
+        focus: str | None = None,
+        attribution: Attribution | None = None,
     ) -> StoredMessage:
-        """Compaction on request (a shortcut, ``/compact``): the model writes the checkpoint."""
+        """Compaction on request (a shortcut, ``/compact``): the model writes the checkpoint.
+        Its model request counts against the payer's budgets like a turn's, and is refused
+        the same way when they are used up."""
         session = await self.store.get_session(session_id)
         model = await resolve_model(self.store.custom_providers, self.providers, session)
-        return await compact(
-            self.store,
-            session_id,
-            actor,
-            self.summariser(model),
-            focus=focus,
-            heartbeat_seconds=self.config.heartbeat_seconds,
-        )
+        account = self.accounting.turn(session_id, attribution)
+        reservation = await account.reservation()
+        account.started_compaction()
+        model = dataclasses.replace(model, provider=account.provider(model.provider, model.prices))
+        failure: BaseException | None = None
+        try:
+            return await compact(
+                self.store,
+                session_id,
+                actor,
+                self.summariser(model),
+                focus=focus,
+                heartbeat_seconds=self.config.heartbeat_seconds,
+                reservation=reservation,
+            )
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            account.ended("", outcome="compacted" if failure is None else "failed", error=failure)

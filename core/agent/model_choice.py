@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from core.errors import ConfigError
 from core.metrics import ObservedProvider
 from core.providers.base import ModelProvider
 from core.providers.registry import (
@@ -28,6 +29,7 @@ from core.providers.streaming import DEFAULT_TIMEOUT, HttpOptions
 from core.records import ModelChoice, SessionInfo
 from core.settings import Settings
 from core.storage.custom_providers import CustomProviders
+from core.usage.prices import PriceSource
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,23 @@ class ResolvedModel:
     choice: ModelChoice
     provider: ModelProvider
     notice: str | None = None
+    prices: PriceSource = field(default_factory=PriceSource.unknown)
+
+
+def builtin_prices(settings: Settings, name: str) -> PriceSource:
+    """Where a builtin provider's prices come from: genai-prices' table, which recognises
+    the provider by its API URL (a local or compatible server it does not know: unknown); the
+    offline stand-in costs nothing."""
+    if name == "openai":
+        return PriceSource.table(settings.openai_base_url)
+    if name == "anthropic":
+        return PriceSource.table(settings.anthropic_base_url)
+    return PriceSource.no_cost()
+
+
+def custom_prices(spec: CustomProviderSpec) -> PriceSource:
+    """A custom provider's own prices when it states them, else the table by its URL."""
+    return PriceSource.stated(spec.prices) if spec.prices else PriceSource.table(spec.base_url)
 
 
 @dataclass
@@ -74,6 +93,25 @@ class ProviderCache:
             )
         return self._built[key]
 
+    async def check(self, custom: CustomProviders) -> None:
+        """Refuse, with one line naming the variable, a model configuration no turn could use:
+        a builtin provider without its key, a custom provider that is not registered (a typo
+        in MODEL_PROVIDER) or whose key variable is unset. Called at start-up, so a bad value
+        stops ``serve`` at once instead of every message ending in "gave up" minutes later.
+        Building the provider is all the check needs: the providers built are the ones turns
+        then reuse."""
+        self.builtin()
+        name = custom_provider_name(self.settings)
+        if name is None:
+            return
+        found = await custom.get(name)
+        if found is None:
+            raise ConfigError(
+                f"MODEL_PROVIDER: {name!r} is neither auto, openai, anthropic, offline nor a "
+                "custom provider registered in the custom_providers table"
+            )
+        self.custom(found[1])
+
     async def aclose(self) -> None:
         for provider in self._built.values():
             await provider.aclose()
@@ -103,7 +141,9 @@ async def resolve_model(
             provider_id, spec = found
             provider = cache.custom(spec)
             return ResolvedModel(
-                ModelChoice(spec.name, provider.default_model, provider_id, builtin), provider
+                ModelChoice(spec.name, provider.default_model, provider_id, builtin),
+                provider,
+                prices=custom_prices(spec),
             )
         if session.model_provider != builtin:
             notice = (
@@ -112,4 +152,4 @@ async def resolve_model(
             )
     provider = cache.builtin()
     choice = ModelChoice(builtin, provider.default_model, None, builtin)
-    return ResolvedModel(choice, provider, notice)
+    return ResolvedModel(choice, provider, notice, builtin_prices(settings, builtin))

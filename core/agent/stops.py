@@ -13,6 +13,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+from core.errors import DatabaseError
 from core.records import TurnLease
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,10 @@ class StopWatch:
             watched = list(self._watched.values())
             try:
                 stopped = await self.lookup([lease for lease, _ in watched])
-            except Exception:  # a database blip: the next poll tries again
+            except DatabaseError as exc:  # a database blip: the next poll tries again
+                log.warning("could not look for stop requests: %s", exc)
+                continue
+            except Exception:
                 log.warning("could not look for stop requests", exc_info=True)
                 continue
             for lease, on_stop in watched:

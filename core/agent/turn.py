@@ -15,7 +15,21 @@ it, so the model stream and any running command stop at once wherever they are:
   the task within one heartbeat period, and ``run_turn`` raises ``AgentSessionLockLost``
   instead (every write of the turn would fail with it anyway);
 - a surface calls ``Turn.interrupt(reason)`` (a stop button): ``run_turn`` raises
-  ``TurnInterrupted`` after keeping the partial output.
+  ``TurnInterrupted`` after keeping the partial output;
+- the database has not confirmed a heartbeat for ``TURN_SAFE_SHARE`` of the staleness window
+  (a network partition, a failover, a half-open connection, a process that was paused), by
+  this process's monotonic clock: ``Turn.interrupt("database_unreachable")``, and
+  ``run_turn`` raises ``DatabaseUnreachable`` (§6.12). Another replica may claim the lock
+  only once the whole window has passed since the database stamped the last heartbeat, which
+  it did after this process sent it; so the turn stops streaming, calling tools and calling
+  the model before anyone else can start. What it wrote is kept if the database answers
+  while the turn ends (fenced: never over a new owner's turn); otherwise whoever resumes the
+  message answers it again from the user message, which the claim stored.
+
+A turn that ends without the database confirming its release (the database went away
+mid-turn) leaves its lock to this process: ``SessionStore.abandon``, so this process's own
+retry of the message takes the lock back at once instead of being refused as busy until the
+window passes.
 
 The caller keeps ``Turn.partial`` up to date (the assistant message as streamed so far); that is
 what is persisted, marked interrupted, if the turn ends by an exception or a cancellation.
@@ -31,16 +45,19 @@ from collections.abc import AsyncIterator, Sequence
 
 from core import metrics
 from core.agent.stops import stops_for
-from core.errors import AgentSessionLockLost, TurnInterrupted
+from core.errors import AgentSessionLockLost, DatabaseError, DatabaseUnreachable, TurnInterrupted
 from core.messages import Message
 from core.records import AnyTail, ModelChoice, StoredMessage, TurnLease
+from core.settings import TURN_SAFE_SHARE
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import SnapshotRef
+from core.storage.usage import Reservation
 
 log = logging.getLogger(__name__)
 
 LOCK_LOST = "lock_lost"
 STOPPED = "stopped"
+UNREACHABLE = "database_unreachable"
 
 
 class Turn:
@@ -53,6 +70,9 @@ class Turn:
         self.finished = False
         self.outcome = "answered"  # what the metrics call a turn that returns normally
         self.interrupted_by: str | None = None
+        # When (monotonic) this process sent the last statement the database confirmed the
+        # lock with: the database stamped the heartbeat no earlier than that.
+        self.confirmed = time.monotonic()
         self._task = task
 
     @property
@@ -80,19 +100,43 @@ class Turn:
         self.finished = True
         return stored
 
-    async def _beat(self, every: float) -> None:
+    async def _beat(self, every: float, trusted: float) -> None:
+        """Heartbeat every ``every`` seconds; stop the turn when the lock was taken over, or
+        when no heartbeat was confirmed for ``trusted`` seconds (a heartbeat that hangs is
+        given up at that moment, not when the database call would time out)."""
         while True:
-            await asyncio.sleep(every)
+            left = self.confirmed + trusted - time.monotonic()
+            await asyncio.sleep(max(0.0, min(every, left)))
+            left = self.confirmed + trusted - time.monotonic()
+            if left <= 0:
+                self._unreachable(trusted)
+                return
+            sent = time.monotonic()
             try:
-                await self.store.heartbeat(self.lease)
+                async with asyncio.timeout(left):
+                    await self.store.heartbeat(self.lease)
+                self.confirmed = max(self.confirmed, sent)
             except AgentSessionLockLost:
                 log.warning("session %s: turn lost its lock; stopping", self.session_id)
                 metrics.LOCKS_LOST.inc()
                 self.lost.set()
                 self.interrupt(LOCK_LOST)
                 return
-            except Exception:  # a transient database error must not kill the turn
-                log.exception("session %s: heartbeat failed; will retry", self.session_id)
+            except TimeoutError:
+                self._unreachable(trusted)
+                return
+            except Exception as exc:  # a passing database error: the next beat may land
+                log.warning("session %s: heartbeat failed (%s); will retry", self.session_id, exc)
+
+    def _unreachable(self, trusted: float) -> None:
+        log.error(
+            "session %s: no heartbeat confirmed for %.1fs (the database does not answer); "
+            "the turn stops before another replica may take it over",
+            self.session_id,
+            time.monotonic() - self.confirmed,
+        )
+        metrics.TURNS_SELF_STOPPED.inc()
+        self.interrupt(UNREACHABLE)
 
     async def _keep_partial(self, reason: str) -> None:
         """Persist what the turn wrote so far, marked interrupted, with its sandbox state."""
@@ -101,11 +145,15 @@ class Turn:
         metadata = {**self.partial.get("metadata", {}), "interrupted": True}
         metadata.setdefault("interrupted_by", reason)
         partial = {**self.partial, "metadata": metadata}
-        with contextlib.suppress(AgentSessionLockLost):
+        try:
             await asyncio.shield(
                 self.store.finish(self.lease, [partial], snapshot=self.partial_snapshot)
             )
             self.finished = True
+        except AgentSessionLockLost:
+            pass
+        except DatabaseError as exc:  # the error that ends the turn is the one to report
+            log.warning("session %s: partial answer not kept: %s", self.session_id, exc)
 
 
 @contextlib.asynccontextmanager
@@ -117,16 +165,24 @@ async def run_turn(
     last_message_id: str | AnyTail | None,
     model: ModelChoice | None = None,
     heartbeat_seconds: float = 15.0,
+    reservation: Reservation | None = None,
 ) -> AsyncIterator[Turn]:
     task = asyncio.current_task()
     assert task is not None, "run_turn runs inside a task"
+    started = time.monotonic()
     lease = await store.start_turn(
-        session_id, user_message=user_message, last_message_id=last_message_id, model=model
+        session_id,
+        user_message=user_message,
+        last_message_id=last_message_id,
+        model=model,
+        reservation=reservation,
     )
     metrics.TURNS_STARTED.inc()
-    started = time.monotonic()
     turn = Turn(store, lease, task)
-    beat = asyncio.create_task(turn._beat(heartbeat_seconds))
+    turn.confirmed = started  # the claim stamped the lock after this
+    beat = asyncio.create_task(
+        turn._beat(heartbeat_seconds, TURN_SAFE_SHARE * store.staleness_seconds)
+    )
     stops = stops_for(store)
     stops.watch(lease, lambda: turn.interrupt(STOPPED))
     outcome = "failed"
@@ -135,13 +191,18 @@ async def run_turn(
         outcome = turn.outcome
     except asyncio.CancelledError as exc:
         reason = turn.interrupted_by or (str(exc.args[0]) if exc.args else "cancelled")
-        outcome = LOCK_LOST if reason == LOCK_LOST else "interrupted"
+        outcome = reason if reason in (LOCK_LOST, UNREACHABLE) else "interrupted"
         await turn._keep_partial(reason)
         if turn.interrupted_by is not None and task.uncancel() == 0:
             # Our own interruption, not one from outside: say what happened instead.
             if reason == LOCK_LOST:
                 raise AgentSessionLockLost(
                     f"session {session_id}: this turn's lock was taken over; it stopped"
+                ) from None
+            if reason == UNREACHABLE:
+                raise DatabaseUnreachable(
+                    f"session {session_id}: the database did not confirm this turn's lock in "
+                    "time; the turn stopped"
                 ) from None
             raise TurnInterrupted(f"session {session_id}: turn {reason}", reason=reason) from None
         raise
@@ -161,5 +222,14 @@ async def run_turn(
                 await asyncio.shield(store.release(lease))
             except AgentSessionLockLost:
                 log.warning("session %s: lock was already taken over at release", session_id)
+            except DatabaseError as exc:
+                # The turn is over; its lock stays set in the database until the window
+                # passes, or until this process claims the session again (its retry).
+                log.warning(
+                    "session %s: lock not released (%s); this process may take it back",
+                    session_id,
+                    exc,
+                )
+                store.abandon(lease)
         metrics.TURNS_FINISHED.labels(outcome).inc()
         metrics.TURN_SECONDS.labels(outcome).observe(time.monotonic() - started)

@@ -2,6 +2,7 @@
 of a session (``views``). A surface is a translation: its input to one of these calls, the
 result to its output; see docs/design.md for the calls a surface makes."""
 
+from core.conversation.approvals import ApprovalDesk, Decided, Decision, Refused
 from core.conversation.conversations import Conversation, Conversations, Forked
 from core.conversation.outcomes import (
     AlreadyAnswered,
@@ -9,6 +10,7 @@ from core.conversation.outcomes import (
     Busy,
     ConversationEvent,
     OnConversationEvent,
+    OverBudget,
     PickingUp,
     Refreshed,
     RewindPlan,
@@ -23,15 +25,20 @@ __all__ = [
     "REFRESH_LAST",
     "AlreadyAnswered",
     "Answered",
+    "ApprovalDesk",
     "Busy",
     "Conversation",
     "ConversationEvent",
     "Conversations",
+    "Decided",
+    "Decision",
     "Forked",
     "MemoryView",
     "OnConversationEvent",
+    "OverBudget",
     "PickingUp",
     "Refreshed",
+    "Refused",
     "RewindPlan",
     "Rewound",
     "Stale",

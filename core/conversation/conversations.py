@@ -23,13 +23,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core.agent.accounting import Attribution, Payer
 from core.agent.loop import Agent, AgentEvent, TurnStarted
+from core.conversation.approvals import ApprovalDesk, calls_outside
 from core.conversation.outcomes import (
     AlreadyAnswered,
     Answered,
     Busy,
     ConversationEvent,
     OnConversationEvent,
+    OverBudget,
     PickingUp,
     Refreshed,
     RewindPlan,
@@ -39,10 +42,17 @@ from core.conversation.outcomes import (
     TurnRequest,
 )
 from core.conversation.views import MemoryView, ThreadView, Unseen, View, unseen
-from core.errors import AgentSessionBusy, AgentSessionStale, DuplicateMessage, MessageNotFound
+from core.errors import (
+    AgentSessionBudgetExceeded,
+    AgentSessionBusy,
+    AgentSessionStale,
+    DuplicateMessage,
+    MessageNotFound,
+)
 from core.messages import message_text, user_message
 from core.records import Actor, SessionInfo, StoredMessage
-from core.storage import Feedback, SessionStore, SurfaceState
+from core.storage import Approvals, Feedback, SessionStore, SurfaceState
+from core.storage.approvals import ApprovalRecord
 
 
 @dataclass(frozen=True)
@@ -75,12 +85,15 @@ class Conversations:
         *,
         project: str,
         state: SurfaceState | None = None,
+        approvals: Approvals | None = None,
     ) -> None:
         self.store = store
         self.agent = agent
         self.project = project
         self._feedback = feedback
         self._state = state
+        # Tool calls waiting for a person: deciding them (``ApprovalDesk.decide``).
+        self.approvals = ApprovalDesk(store, approvals) if approvals is not None else None
 
     # -- people ---------------------------------------------------------------------------------
 
@@ -347,9 +360,12 @@ class Conversation:
                 last_message_id=request.message_id if resume else shown,
                 on_event=noted,
                 files=request.files,
+                attribution=Attribution(self._all.project, request.payer),
             )
         except AgentSessionBusy:
             return Busy()
+        except AgentSessionBudgetExceeded as exc:
+            return OverBudget(exc)
         except AgentSessionStale as exc:
             if resume:  # something was added after the message meanwhile: it was answered
                 return AlreadyAnswered(None)
@@ -412,6 +428,53 @@ class Conversation:
         ours = after[0] if after and after[0].role == "assistant" else None
         await self.view.show(ours.message_id if ours is not None else self._sent.message_id)
 
+    # -- tool calls waiting for a person ---------------------------------------------------------
+
+    async def pending_approval(self) -> ApprovalRecord | None:
+        """The tool call this conversation waits on a person for, if any (every surface shows
+        it; a decision anywhere makes this None for all of them)."""
+        desk = self._all.approvals
+        return None if desk is None else await desk.waiting_in(self.id)
+
+    async def carry_out(
+        self,
+        approval_id: str,
+        on_event: OnConversationEvent | None = None,
+        *,
+        payer: Payer | None = None,
+    ) -> TurnOutcome:
+        """The turn that carries out a recorded decision (``ApprovalDesk.decide``): the
+        approved call runs once, or the model hears it was declined, and the model continues.
+        ``Busy``: a turn runs elsewhere (try again later). ``AlreadyAnswered``: carried out
+        already, or the conversation moved on so the call never runs. ``OverBudget``: the
+        decider (``payer``) is over a budget; the decision stays recorded, not carried out."""
+        emit = on_event or _ignore
+        desk = self._all.approvals
+        assert desk is not None, "carrying out a decision needs the approvals store"
+        record = await desk.get(approval_id)
+        if record is None or record.carried_out:
+            return AlreadyAnswered(None)
+        try:
+            result = await self._all.agent.carry_out(
+                self.id,
+                approval_id,
+                on_event=emit,
+                attribution=Attribution(self._all.project, payer),
+            )
+        except AgentSessionBusy:
+            return Busy()
+        except AgentSessionBudgetExceeded as exc:
+            return OverBudget(exc)
+        except AgentSessionStale:
+            # The message that asked is no longer the last: carried out by a turn that died
+            # after storing its answer (finished now), or a new message came first (the next
+            # turn superseded the request; the call never ran).
+            await desk.approvals.carried_out(approval_id)
+            return AlreadyAnswered(None)
+        if result.answer is not None:
+            await self.view.show(result.answer.message_id)
+        return Answered(result)
+
     # -- transcript operations ------------------------------------------------------------------
 
     async def rewind_plan(self, message_id: str) -> RewindPlan | None:
@@ -422,7 +485,8 @@ class Conversation:
         target = located[1]
         later = await self.store.messages(self.id, after_position=target.position)
         leaving = len(later) + (1 if target.returns_as_draft else 0)
-        return RewindPlan(leaving, target.returns_as_draft)
+        outside = tuple(call for m in [target, *later] for call in calls_outside(m.message))
+        return RewindPlan(leaving, target.returns_as_draft, outside)
 
     async def rewind(self, message_id: str, actor: Actor) -> Rewound:
         """§7 truncate to ``message_id`` (owner or admin; refused while busy); the surface's
@@ -470,10 +534,16 @@ class Conversation:
             await fork.view.show(tail.message_id if tail else None)
         return Forked(fork, result.copied, result.draft)
 
-    async def compact(self, actor: Actor, *, focus: str | None = None) -> StoredMessage:
+    async def compact(
+        self, actor: Actor, *, focus: str | None = None, payer: Payer | None = None
+    ) -> StoredMessage:
         """§7 compaction on request (owner or admin). The view stays: the surface shows the
-        checkpoint (``showed``, or with what else it had not shown, ``unseen``)."""
-        return await self._all.agent.compact(self.id, actor, focus=focus)
+        checkpoint (``showed``, or with what else it had not shown, ``unseen``). Its model
+        request counts against ``payer``'s budgets (``AgentSessionBudgetExceeded`` when they
+        are used up)."""
+        return await self._all.agent.compact(
+            self.id, actor, focus=focus, attribution=Attribution(self._all.project, payer)
+        )
 
 
 async def _ignore(_event: ConversationEvent) -> None:

@@ -1,7 +1,8 @@
 """What goes into a turn and what comes out of the conversation API, as plain values.
 
 Refusals a surface renders as part of its normal flow are values here (``Busy``, ``Stale``,
-``AlreadyAnswered``), not exceptions: every surface branches on them the same way.
+``AlreadyAnswered``, ``OverBudget``), not exceptions: every surface branches on them the same
+way.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.agent.accounting import Payer
 from core.agent.loop import AgentEvent, TurnResult
 from core.conversation.views import Unseen
+from core.errors import AgentSessionBudgetExceeded
 from core.records import StoredMessage
 
 
@@ -27,6 +30,8 @@ class TurnRequest:
     transcript, or answered; the transcript decides. ``sent_anyway``: the person was told the
     session was in use elsewhere and chose to send, so a session that moved on meanwhile is
     shown to them (``Refreshed``) and the message goes, without a second question.
+    ``payer``: whose budgets the turn draws on (the person and their workspace); ``None``
+    only a deployment-wide budget applies.
     """
 
     text: str
@@ -37,6 +42,7 @@ class TurnRequest:
     files: Mapping[str, bytes] | None = None
     resume: bool = False
     sent_anyway: bool = False
+    payer: Payer | None = None
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,15 @@ class AlreadyAnswered:
     answer: StoredMessage | None
 
 
-TurnOutcome = Answered | Busy | Stale | AlreadyAnswered
+@dataclass(frozen=True)
+class OverBudget:
+    """The payer is over a spending limit: nothing was written and no model was called.
+    ``refusal`` names the limit (``limit``, ``describe``-able values) and ``resets_at``."""
+
+    refusal: AgentSessionBudgetExceeded
+
+
+TurnOutcome = Answered | Busy | Stale | AlreadyAnswered | OverBudget
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,9 @@ class RewindPlan:
 
     leaving: int  # messages that would leave the conversation
     to_a_question: bool  # the target itself goes and comes back as a draft
+    # MCP calls that went out in the leaving messages: a rewind cannot undo what they did
+    # outside the conversation (each as ``tool {arguments}``, shortened).
+    outside: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -237,8 +237,10 @@ class DeliveryWorker(Generic[C]):
     async def _retried(self, record: DeliveryRecord, client: C, resumed: bool) -> None:
         current: DeliveryRecord | None = record
         failure: BaseException | None = None
-        for pause in (*DATABASE_RETRIES, None):
+        pauses = iter(DATABASE_RETRIES)
+        while True:
             if current is None:
+                log.info("message %s: no longer ours; leaving it", record.event_key)
                 return
             try:
                 await self._carry(current, client, resumed)
@@ -246,19 +248,15 @@ class DeliveryWorker(Generic[C]):
             except asyncio.CancelledError:
                 raise
             except DatabaseError as exc:
-                failure = exc
-                if pause is None:
-                    break
-                # A database blip (a restart, a failover): the record stays ours and leased;
-                # carry on from what the transcript holds once the database answers again.
-                log.warning("message %s: %s; retrying in %gs", record.event_key, exc, pause)
-                await asyncio.sleep(pause)
+                # A database blip (a restart, a failover, a partition): the record stays ours
+                # and leased; carry on from what the transcript holds once the database
+                # answers again.
                 resumed = True
-                with contextlib.suppress(DatabaseError):
-                    current = await self._reload(current)
-                shown = self.replies.get(record.id)
-                if current is not None and current.reply_ref is None and shown is not None:
-                    current = replace(current, reply_ref=shown)
+                found = await self._reloaded(current, exc, pauses)
+                if isinstance(found, DatabaseError):
+                    failure = found
+                    break
+                current = found
             except Exception as exc:
                 failure = exc
                 break
@@ -269,6 +267,28 @@ class DeliveryWorker(Generic[C]):
             record.event_key,
             exc_info=failure,
         )
+
+    async def _reloaded(
+        self, record: DeliveryRecord, failure: DatabaseError, pauses: Iterator[float]
+    ) -> DeliveryRecord | DatabaseError | None:
+        """After a database failure: the record as the database has it once it answers again
+        (None: no longer ours), or the last failure when the pauses run out first. Never the
+        copy held here: while this process could not reach the database, another replica may
+        have taken the record over and answered it, and carrying on from the copy would show
+        that answer a second time."""
+        for pause in pauses:
+            log.warning("message %s: %s; retrying in %gs", record.event_key, failure, pause)
+            await asyncio.sleep(pause)
+            try:
+                current = await self._reload(record)
+            except DatabaseError as exc:
+                failure = exc
+                continue
+            shown = self.replies.get(record.id)
+            if current is not None and current.reply_ref is None and shown is not None:
+                current = replace(current, reply_ref=shown)
+            return current
+        return failure
 
     # -- one record, from received to finished --------------------------------------------------
 
@@ -527,7 +547,9 @@ class DeliveryWorker(Generic[C]):
                     await self._take_over()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a database blip: leases are renewed well within the window
+            except DatabaseError as exc:  # a blip: leases are renewed well within the window
+                log.warning("delivery upkeep failed (%s); will retry", exc)
+            except Exception:
                 log.exception("delivery upkeep failed; will retry")
             await asyncio.sleep(self.settings.turn_heartbeat_seconds)
 

@@ -7,6 +7,10 @@ is just enough to drive the whole agent through a turn:
   and once the result comes back, a reply showing the command's output;
 - a call forced to ``write_checkpoint`` (compaction) gets list-valued sections built from the
   conversation by fixed rules (``checkpoint_arguments``), carrying an earlier checkpoint forward;
+- a user message starting with the name of an offered MCP tool (``mcp__<server>__<tool>``)
+  followed by a JSON object becomes a call of that tool with those arguments (``mcp__notes__add_note
+  {"title": "plan", "text": "ship it"}``), and once the result (or a refusal) comes back, a reply
+  quoting it;
 - anything else is echoed back.
 
 The same conversation always gets the same reply, tool-call ids included, and the reply is
@@ -44,6 +48,7 @@ OFFLINE_MODEL = "offline-stand-in"
 SHELL_TOOL = "shell"
 CHECKPOINT_TOOL = "write_checkpoint"
 COMMAND_PREFIX = "$ "
+MCP_CALL = re.compile(r"\s*(mcp__[A-Za-z0-9_-]+)(?:\s+(.*))?\Z", re.DOTALL)
 CHECKPOINT_SECTIONS = SECTIONS  # the checkpoint's sections, in rendering order
 
 _OUTPUT_LIMIT = 1500
@@ -66,7 +71,27 @@ def _calls_by_id(messages: Sequence[ChatMessage]) -> dict[str, ToolCall]:
     }
 
 
+def _mcp_call(text: str, tools: Sequence[ToolSpec]) -> tuple[str, dict[str, object]] | str | None:
+    """``(tool, arguments)`` for a message naming an offered MCP tool, a reason it cannot be
+    called (unknown tool, arguments that are not a JSON object), or None (not such a message)."""
+    match = MCP_CALL.match(text)
+    if match is None:
+        return None
+    name, raw = match.group(1), (match.group(2) or "").strip()
+    if not any(tool.name == name for tool in tools):
+        return f"I was not offered a tool named `{name}`."
+    try:
+        arguments = json.loads(raw) if raw else {}
+    except ValueError:
+        return f"The arguments for `{name}` are not JSON."
+    if not isinstance(arguments, dict):
+        return f"The arguments for `{name}` must be a JSON object."
+    return name, arguments
+
+
 def _shown_command(call: ToolCall | None) -> str:
+    if call is not None and call.name != SHELL_TOOL:
+        return f"{call.name} {json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)}"
     command = call.arguments.get("command") if call else None
     return str(command) if command else "the command"
 
@@ -96,7 +121,10 @@ def _result_summary(result: ToolResult, call: ToolCall | None) -> str:
     output = _output_text(result.content).rstrip("\n")
     if len(output) > _OUTPUT_LIMIT:
         output = output[:_OUTPUT_LIMIT] + f"\n… ({len(output) - _OUTPUT_LIMIT} more characters)"
-    verb = "failed" if result.is_error else "ran in the sandbox"
+    if call is not None and call.name != SHELL_TOOL:
+        verb = "failed" if result.is_error else "answered"
+    else:
+        verb = "failed" if result.is_error else "ran in the sandbox"
     return f"`{command}` {verb}:\n```\n{output or '(no output)'}\n```"
 
 
@@ -170,6 +198,11 @@ def respond(
     if not isinstance(last, UserMessage):
         return AssistantMessage(f"{OFFLINE_LABEL} There is no message for me to answer.")
     words = person_words(last.text)
+    mcp = _mcp_call(words, tools)
+    if isinstance(mcp, tuple):
+        return AssistantMessage(tool_calls=(ToolCall(call_id, mcp[0], mcp[1]),))
+    if isinstance(mcp, str):
+        return AssistantMessage(f"{OFFLINE_LABEL} {mcp}")
     command = _command(words)
     if command is not None and any(tool.name == SHELL_TOOL for tool in tools):
         return AssistantMessage(tool_calls=(ToolCall(call_id, SHELL_TOOL, {"command": command}),))

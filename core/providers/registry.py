@@ -24,6 +24,7 @@ from core.providers.offline import OfflineProvider
 from core.providers.openai import OpenAIProvider
 from core.providers.streaming import HttpOptions
 from core.settings import Settings
+from core.usage.prices import OwnPrices
 
 BuiltinName = Literal["openai", "anthropic", "offline"]
 _BUILTINS: tuple[BuiltinName, ...] = ("openai", "anthropic", "offline")
@@ -38,6 +39,7 @@ class CustomProviderSpec:
     base_url: str
     api_key_env: str
     default_model: str | None = None
+    prices: OwnPrices | None = None  # the provider's own prices (win over genai-prices' table)
 
 
 def resolve_builtin(settings: Settings) -> BuiltinName:

@@ -12,6 +12,10 @@ model steps; each tool invocation is a single part that carries both the call an
      "input": {"command": "ls"}, "errorText": "..."}
     {"type": "tool-shell", "toolCallId": "call_1", "state": "input-available",
      "input": {"command": "ls"}}                             called, never answered (interrupted)
+    {"type": "tool-mcp__notes__add_note", "toolCallId": "call_2", "state": "approval-requested",
+     "input": {...}, "approval": {"id": "..."}}              waits for a person's decision
+    {..., "state": "output-denied", "approval": {"id": "...", "approved": false,
+     "reason": "..."}}                                       declined, superseded or expired
 
 The tool's name is the part type after ``tool-``; ``{"type": "dynamic-tool", "toolName": ...}``
 parts are read the same way. Reasoning, file, source and data parts are not sent to the model.
@@ -36,6 +40,8 @@ from core.providers.base import (
 # A stored call without an outcome (the turn died between call and result) still has to be
 # answered: both APIs reject a tool call that no result follows.
 INTERRUPTED_TOOL_RESULT = "The tool call was interrupted before it returned a result."
+NOT_RUN = "This call was not run:"
+NOT_DECIDED = "nobody decided on it."
 
 Part = dict[str, Any]
 
@@ -88,6 +94,13 @@ def _tool_result(part: Part, call: ToolCall) -> ToolResult:
         return ToolResult(call.id, call.name, _result_text(part.get("output")))
     if state == "output-error":
         return ToolResult(call.id, call.name, str(part.get("errorText", "")), is_error=True)
+    if state in ("output-denied", "approval-requested", "approval-responded"):
+        # A call that waited for a person's decision and was not run (declined, superseded,
+        # expired, or a copy in a fork): the model reads why.
+        approval = part.get("approval")
+        reason = approval.get("reason") if isinstance(approval, dict) else None
+        why = reason if isinstance(reason, str) and reason else NOT_DECIDED
+        return ToolResult(call.id, call.name, f"{NOT_RUN} {why}", is_error=True)
     return ToolResult(call.id, call.name, INTERRUPTED_TOOL_RESULT, is_error=True)
 
 

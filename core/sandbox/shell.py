@@ -317,16 +317,34 @@ class Sandbox:
                 self._bash.mkdir(parent, recursive=True)
             self._bash.write_file(path, content)
 
-    def add_files(self, files: Mapping[str, bytes]) -> None:
+    def add_files(self, files: Mapping[str, bytes]) -> list[str]:
         """Put files as bytes into the sandbox (a person's uploads), creating directories; they
-        are part of the next capture, so they rewind and fork with the session."""
+        are part of the next capture, so they rewind and fork with the session.
+
+        A file that does not fit is not written, and its path is returned: one over bashkit's
+        per-file limit, one that would take the state over ``max_state_bytes`` (the capture
+        would then be dropped, and with it every file of the message, after the model was
+        told where they are), or one bashkit's filesystem refuses (its own total limit). The
+        others are written; nothing raises, so an upload never fails the turn."""
         self._dirty = True
         fs = self._bash.fs()
+        room = self.limits.max_state_bytes - self.state_bytes()
+        refused: list[str] = []
         for path, content in files.items():
-            parent = path.rsplit("/", 1)[0]
-            if parent:
-                self._bash.mkdir(parent, recursive=True)
-            fs.write_file(path, content)
+            if len(content) > min(room, BASHKIT_MAX_FILE_BYTES):
+                refused.append(path)
+                continue
+            try:
+                parent = path.rsplit("/", 1)[0]
+                if parent:
+                    self._bash.mkdir(parent, recursive=True)
+                fs.write_file(path, content)
+            except (bashkit.BashError, RuntimeError, ValueError) as exc:
+                log.warning("sandbox: %s not written: %s", path, exc)
+                refused.append(path)
+                continue
+            room -= len(content)
+        return refused
 
     def read_file(self, path: str) -> str:
         return self._bash.read_file(path)

@@ -7,16 +7,21 @@ surface its surface state and delivery records. Inside, ``engine`` opens transac
 only module that makes engines, ``dialect`` holds what differs between SQLite and PostgreSQL,
 ``models`` the tables, ``queries`` the turn protocol's shared predicates and statements, and one
 module per concern holds that concern's statements (``sessions``, ``transcript``,
-``snapshots``, ``deliveries``, ``surface_state``, ``feedback``, ``retention``,
-``custom_providers``, ``sweeper``, ``migrate``).
+``snapshots``, ``deliveries``, ``approvals``, ``surface_state``, ``feedback``, ``retention``,
+``custom_providers``, ``sweeper``, ``migrate``, ``usage`` (the ledger of model requests and
+budget reservations), ``budgets`` (the limits set at run time)).
 """
 
 from __future__ import annotations
 
+import logging
+
 from core.settings import Settings
+from core.storage.approvals import ApprovalRecord, Approvals
+from core.storage.budgets import Budgets
 from core.storage.custom_providers import CustomProviders
 from core.storage.deliveries import Deliveries
-from core.storage.engine import Database, create_database
+from core.storage.engine import Database, DatabaseTimeouts, create_database
 from core.storage.feedback import Feedback
 from core.storage.migrate import upgrade
 from core.storage.retention import Retention, RetentionPolicy
@@ -24,6 +29,9 @@ from core.storage.sessions import SessionStore
 from core.storage.snapshots import Snapshots
 from core.storage.surface_state import SURFACE_SWEEPS, SurfaceState
 from core.storage.sweeper import SweepReport, sweep
+from core.storage.usage import UsageLedger
+
+log = logging.getLogger(__name__)
 
 
 class Storage:
@@ -41,14 +49,22 @@ class Storage:
         self.feedback = Feedback(db)
         self.custom_providers = self.sessions.custom_providers
         self.retention = Retention(db, RetentionPolicy.from_settings(settings))
+        self.usage = UsageLedger(db, staleness_seconds=settings.turn_lock_staleness_seconds)
+        self.budgets = Budgets(db, settings.budgets)
+        self.approvals = Approvals(db, timeout_seconds=settings.approval_timeout_seconds)
 
     @classmethod
     def open(cls, settings: Settings, *, pool_size: int = 10) -> Storage:
-        """The database ``DATABASE_URL`` names (nothing is connected until first used)."""
+        """The database ``DATABASE_URL`` names (nothing is connected until first used), every
+        call bounded by the timeouts the settings choose from the staleness window."""
+        warning = settings.database_timeout_warning()
+        if warning:
+            log.warning("%s", warning)
         db = create_database(
             settings.database_url,
             pool_size=pool_size,
             synchronous_commit=settings.postgres_synchronous_commit,
+            timeouts=timeouts_of(settings),
         )
         return cls(db, settings)
 
@@ -88,7 +104,15 @@ class Storage:
         await self._db.dispose()
 
 
+def timeouts_of(settings: Settings) -> DatabaseTimeouts:
+    connect, statement = settings.database_timeouts
+    return DatabaseTimeouts(connect=connect, statement=statement)
+
+
 __all__ = [
+    "ApprovalRecord",
+    "Approvals",
+    "Budgets",
     "CustomProviders",
     "Deliveries",
     "Feedback",
@@ -99,4 +123,5 @@ __all__ = [
     "Storage",
     "SurfaceState",
     "SweepReport",
+    "UsageLedger",
 ]

@@ -6,6 +6,7 @@ database can be read by anyone who may read transcripts without leaking credenti
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Final, cast
 
 from sqlalchemy import Table, delete, insert, select
@@ -15,6 +16,7 @@ from core.errors import ConfigError
 from core.providers.registry import CustomProviderSpec
 from core.storage.engine import Database
 from core.storage.models import CustomProvider
+from core.usage.prices import OwnPrices
 
 PROVIDERS: Final = cast(Table, CustomProvider.__table__)
 
@@ -22,12 +24,20 @@ PROVIDERS: Final = cast(Table, CustomProvider.__table__)
 async def add_custom_provider(db: Database, spec: CustomProviderSpec) -> int:
     if spec.kind not in ("openai", "anthropic"):
         raise ConfigError(f"custom provider {spec.name!r}: kind must be openai or anthropic")
+    prices = spec.prices
     statement = insert(PROVIDERS).values(
         name=spec.name,
         kind=spec.kind,
         base_url=spec.base_url,
         api_key_env=spec.api_key_env,
         default_model=spec.default_model,
+        input_usd_per_million=None if prices is None else str(prices.input_per_million),
+        output_usd_per_million=None if prices is None else str(prices.output_per_million),
+        cached_usd_per_million=(
+            None
+            if prices is None or prices.cached_per_million is None
+            else str(prices.cached_per_million)
+        ),
     )
     async with db.write() as conn:
         try:
@@ -43,7 +53,17 @@ async def get_custom_provider(db: Database, name: str) -> tuple[int, CustomProvi
         row = (await conn.execute(select(PROVIDERS).where(PROVIDERS.c.name == name))).first()
     if row is None:
         return None
-    spec = CustomProviderSpec(row.name, row.kind, row.base_url, row.api_key_env, row.default_model)
+    prices = None
+    if row.input_usd_per_million is not None and row.output_usd_per_million is not None:
+        cached = row.cached_usd_per_million
+        prices = OwnPrices(
+            Decimal(row.input_usd_per_million),
+            Decimal(row.output_usd_per_million),
+            None if cached is None else Decimal(cached),
+        )
+    spec = CustomProviderSpec(
+        row.name, row.kind, row.base_url, row.api_key_env, row.default_model, prices
+    )
     return int(row.id), spec
 
 

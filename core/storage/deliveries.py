@@ -14,7 +14,8 @@ the record, not a task in some process, is what guarantees an answer. Its life::
 its lease (``lease_at``, the database clock) while it works on it. A lease older than the
 staleness window means the owner died (or lost the database for that long); any replica may
 then take the record over and carry it on: start it, resume its turn, or go on waiting.
-``offered`` and ``stale`` are *passive*: nobody owns them; a click claims them.
+``offered`` and ``stale`` are *passive*: nobody owns them; a click claims them, within
+``OFFER_TTL_SECONDS`` (then the sweeper deletes them).
 
 What the statements guarantee:
 
@@ -82,6 +83,11 @@ IN_LINE: Final = ("thread", "queue")
 # A record taken over this many times has probably killed every replica that tried it.
 MAX_TAKEOVERS: Final = 3
 FINISHED_TTL_SECONDS: Final = 86400.0
+# How long an offer (``offered``, ``stale``) waits for its Send/Discard click: a day, after which
+# the record (the person's words with it) is swept; a late click finds the offer gone. A person
+# who has not decided in a day has moved on, and a record nobody owns would otherwise be kept
+# forever (surviving its session's deletion, and ageing the oldest-record gauge without end).
+OFFER_TTL_SECONDS: Final = 86400.0
 # How long a stray waits for its thread's first message: beyond Slack's last retry (about five
 # minutes after the first try), and no longer, as it may be chatter the agent was never in.
 STRAY_SECONDS: Final = 600.0
@@ -644,10 +650,12 @@ class Deliveries:
 
 async def sweep_finished_deliveries(db: Database, batch_size: int) -> int:
     """Sweeper pass: finished records older than a day (Slack retries within minutes, and a
-    finished record only answers "already taken" to a late retry), strays nobody adopted."""
+    finished record only answers "already taken" to a late retry), strays nobody adopted,
+    offers nobody answered within ``OFFER_TTL_SECONDS``."""
     finished = or_(
         and_(D.state.in_(FINISHED), D.updated_at < ago(FINISHED_TTL_SECONDS)),
         and_(D.state == "stray", D.created_at < ago(STRAY_SECONDS)),
+        and_(D.state.in_(PASSIVE), D.updated_at < ago(OFFER_TTL_SECONDS)),
     )
     return await delete_in_batches(
         db,

@@ -18,10 +18,12 @@ import collections
 import contextlib
 import functools
 import logging
+import socket
 import sqlite3
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
@@ -33,7 +35,14 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, CursorResult, Dialect, ScalarResult, make_url
+from sqlalchemy.engine import (
+    Connection,
+    CursorResult,
+    Dialect,
+    ExceptionContext,
+    ScalarResult,
+    make_url,
+)
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.sql.base import Executable
@@ -47,11 +56,52 @@ log = logging.getLogger(__name__)
 # below Ubuntu 22.04 (3.37.2) and Debian 12 (3.40.1). So no RETURNING or MATERIALIZED
 # (3.35), no HAVING without GROUP BY (3.39), no UPDATE … FROM on SQLite.
 MIN_SQLITE: tuple[int, int, int] = (3, 31, 0)
-# How long a writer waits for another process's write lock before giving up.
+# How long a migration waits for another process's write lock before giving up (replicas
+# starting together on a new file); other writers wait ``DatabaseTimeouts.statement``.
 SQLITE_WRITE_WAIT_SECONDS = 30.0
 # Readers in WAL mode wait only in rare cases (another connection recovering the WAL).
 SQLITE_READ_BUSY_MS = 1_000
 HEALTH_TIMEOUT_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class DatabaseTimeouts:
+    """How long a database call may take (§6.12): a half-open connection (a network partition,
+    a failover, a peer that stopped answering without closing) must not hold a turn, a lease
+    loop or the stop-button poll. Chosen from the staleness window by the settings
+    (``Settings.database_timeouts``); the defaults are those of the default window.
+
+    PostgreSQL: ``connect`` bounds a new connection (asyncpg's ``timeout``); ``statement`` every
+    statement on the client (asyncpg's ``command_timeout``: the only bound that notices a
+    server gone silent) and on the server (``statement_timeout``, so the server stops work its
+    client gave up on), and how long the server lets a session sit idle inside a transaction
+    (``idle_in_transaction_session_timeout``: the row locks of a partitioned replica's open
+    transaction are let go before another replica needs those rows). TCP keepalive on both
+    ends notices a peer that vanished while a connection idles. A statement that timed out
+    takes its connection with it (never back to the pool half-used).
+
+    SQLite: ``statement`` bounds a writer's wait for another process's write lock.
+    """
+
+    connect: float = 8.25
+    statement: float = 16.5
+
+    @property
+    def keepalive(self) -> tuple[int, int, int]:
+        """(idle, interval, probes) seconds: a silent peer is noticed within ``statement``."""
+        idle = max(1, int(self.statement / 2))
+        interval = max(1, int(self.statement / 6))
+        return idle, interval, 3
+
+    def server_settings(self) -> dict[str, str]:
+        idle, interval, probes = self.keepalive
+        return {
+            "statement_timeout": str(int(self.statement * 1000)),
+            "idle_in_transaction_session_timeout": str(int(self.statement * 1000)),
+            "tcp_keepalives_idle": str(idle),
+            "tcp_keepalives_interval": str(interval),
+            "tcp_keepalives_count": str(probes),
+        }
 
 
 class Conn(Protocol):
@@ -196,10 +246,13 @@ class Database:
         echo: bool = False,
         pool_size: int = 10,
         synchronous_commit: bool = True,
+        timeouts: DatabaseTimeouts | None = None,
     ) -> None:
         self.url = normalize_database_url(url)
+        self.timeouts = timeouts or DatabaseTimeouts()
         self._async: AsyncEngine | None = None
         self._urgent: AsyncEngine | None = None
+        self._schema: AsyncEngine | None = None  # PostgreSQL migrations: _schema_engine
         self._sqlite: Engine | None = None
         self._sqlite_uri = ""  # SQLite: see _sqlite_file
         self._writer: Connection | None = None  # SQLite's inline writes: _sqlite_writer_begin
@@ -222,15 +275,18 @@ class Database:
             # synchronous_commit=off: a commit returns before its WAL record is flushed. A
             # PostgreSQL crash may then lose the last fraction of a second of commits (never
             # consistency); a crash of this process loses nothing. Off only when asked for.
-            server_settings = {} if synchronous_commit else {"synchronous_commit": "off"}
+            server_settings = self.timeouts.server_settings()
+            if not synchronous_commit:
+                server_settings["synchronous_commit"] = "off"
 
             def engine(size: int) -> AsyncEngine:
-                return create_async_engine(
+                return bounded_engine(
                     self.url,
+                    self.timeouts,
                     echo=echo,
                     pool_size=size,
                     max_overflow=size,
-                    connect_args={"server_settings": server_settings},
+                    server_settings=server_settings,
                 )
 
             self._async = engine(pool_size)
@@ -294,7 +350,9 @@ class Database:
                         yield aconn
             elif self._sqlite is not None and large:
                 async with self._write_lock.hold(urgent=urgent):
-                    conn = await self._sqlite_begin_immediate(self._sqlite)
+                    conn = await self._sqlite_begin_immediate(
+                        self._sqlite, wait=self.timeouts.statement
+                    )
                     try:
                         yield ThreadedConnection(conn)
                         await asyncio.to_thread(conn.commit)
@@ -329,12 +387,17 @@ class Database:
         returns to the pool. PostgreSQL: an ordinary transaction (its DDL alters in place).
         """
         if self._sqlite is None:
-            async with self.write() as conn:
-                yield conn
+            try:
+                async with self._schema_engine().begin() as aconn:
+                    yield aconn
+            except (SQLAlchemyError, OSError) as exc:
+                raise database_error(exc) from exc
             return
         try:
             async with self._write_lock.hold():
-                locked = await self._sqlite_begin_immediate(self._sqlite, foreign_keys=False)
+                locked = await self._sqlite_begin_immediate(
+                    self._sqlite, wait=SQLITE_WRITE_WAIT_SECONDS, foreign_keys=False
+                )
                 raw = _raw(locked)
                 # A statement that reads the file, so the schema another replica's migration
                 # just committed is loaded: Alembic asks with PRAGMA table_info, which answers
@@ -357,6 +420,17 @@ class Database:
         except (SQLAlchemyError, OSError, sqlite3.Error) as exc:
             raise database_error(exc) from exc
 
+    def _schema_engine(self) -> AsyncEngine:
+        """PostgreSQL: connections for migrations and their lock, without a statement timeout
+        (a migration may rewrite a large table; a replica waits for another's migration as
+        long as it takes), made when first needed."""
+        if self._schema is None:
+            connect = self.timeouts.connect
+            self._schema = create_async_engine(
+                self.url, pool_size=2, max_overflow=0, connect_args={"timeout": connect}
+            )
+        return self._schema
+
     @contextlib.asynccontextmanager
     async def autocommit(self) -> AsyncIterator[Conn]:
         """PostgreSQL: a connection outside any transaction, for a one-statement write (no
@@ -372,7 +446,9 @@ class Database:
             raise database_error(exc) from exc
 
     @staticmethod
-    async def _sqlite_begin_immediate(engine: Engine, *, foreign_keys: bool = True) -> Connection:
+    async def _sqlite_begin_immediate(
+        engine: Engine, *, wait: float, foreign_keys: bool = True
+    ) -> Connection:
         """A pooled connection in a new ``BEGIN IMMEDIATE`` transaction (large writes, which
         run in a worker thread, and migrations)."""
         conn = engine.connect()
@@ -381,7 +457,7 @@ class Database:
             if not foreign_keys:  # only outside a transaction does this take effect
                 raw.execute("PRAGMA foreign_keys=OFF")
             raw.execute("PRAGMA busy_timeout = 0")
-            await _begin_immediate(raw)
+            await _begin_immediate(raw, wait)
             raw.execute(f"PRAGMA busy_timeout = {SQLITE_READ_BUSY_MS}")
             conn.begin()  # SQLAlchemy's view of the transaction BEGIN IMMEDIATE opened
         except BaseException:
@@ -409,7 +485,7 @@ class Database:
                 writer.close()
                 raise
             self._writer = writer
-        await _begin_immediate(_raw(writer))
+        await _begin_immediate(_raw(writer), self.timeouts.statement)
         writer.begin()  # SQLAlchemy's view of the transaction BEGIN IMMEDIATE opened
         return writer
 
@@ -438,7 +514,7 @@ class Database:
             yield
             return
         try:
-            async with self._async.connect() as aconn:
+            async with self._schema_engine().connect() as aconn:
                 await aconn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
                 await aconn.commit()
                 try:
@@ -485,6 +561,8 @@ class Database:
             await self._async.dispose()
         if self._urgent is not None:
             await self._urgent.dispose()
+        if self._schema is not None:
+            await self._schema.dispose()
 
 
 def check_sqlite_version() -> None:
@@ -497,7 +575,7 @@ def check_sqlite_version() -> None:
         )
 
 
-async def _begin_immediate(raw: Any) -> None:
+async def _begin_immediate(raw: Any, wait: float) -> None:
     """``BEGIN IMMEDIATE`` on a connection whose busy timeout is 0, retried with
     ``asyncio.sleep`` while another process holds the write lock (module docstring)."""
     delay, waited = 0.001, 0.0
@@ -508,7 +586,7 @@ async def _begin_immediate(raw: Any) -> None:
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) and "busy" not in str(exc):
                 raise
-            if waited >= SQLITE_WRITE_WAIT_SECONDS:
+            if waited >= wait:
                 raise
         await asyncio.sleep(delay)
         waited += delay
@@ -546,21 +624,88 @@ def database_error(exc: BaseException) -> DatabaseError:
     """One line naming the driver's complaint, without SQLAlchemy's SQL echo and links."""
     cause = getattr(exc, "orig", None) or exc
     detail = (str(cause).strip().splitlines() or [""])[0]
+    if not detail and isinstance(cause, TimeoutError):
+        detail = "the database did not answer within its time limit"
     return DatabaseError(f"{cause.__class__.__name__}: {detail}")
 
 
-def library_engine(url: str) -> Any:
+def library_engine(url: str, timeouts: DatabaseTimeouts | None = None) -> Any:
     """An async engine on ``url`` for a library that brings its own tables and statements
-    (slack_sdk's installation and OAuth state stores). ``Any`` on purpose: what is above the
-    storage layer hands it to that library and never uses it itself."""
-    return create_async_engine(normalize_database_url(url))
+    (slack_sdk's installation and OAuth state stores), its calls bounded like ours. ``Any`` on
+    purpose: what is above the storage layer hands it to that library and never uses it."""
+    url = normalize_database_url(url)
+    bounds = timeouts or DatabaseTimeouts()
+    if url.startswith("sqlite"):
+        return create_async_engine(url, connect_args={"timeout": bounds.statement})
+    return bounded_engine(url, bounds, server_settings=bounds.server_settings())
+
+
+def bounded_engine(
+    url: str, timeouts: DatabaseTimeouts, *, server_settings: dict[str, str], **kwargs: Any
+) -> AsyncEngine:
+    """A PostgreSQL engine whose every call is bounded (``DatabaseTimeouts``)."""
+    engine = create_async_engine(
+        url,
+        connect_args={
+            "timeout": timeouts.connect,
+            "command_timeout": timeouts.statement,
+            "server_settings": server_settings,
+        },
+        **kwargs,
+    )
+    keepalive = timeouts.keepalive
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        _keep_alive(dbapi_conn, *keepalive)
+
+    @event.listens_for(engine.sync_engine, "handle_error")
+    def _on_error(context: ExceptionContext) -> None:
+        # A statement that timed out left its connection mid-command (asyncpg would wait for
+        # the cancellation, on the same dead path, before the next one): drop it.
+        if isinstance(context.original_exception, TimeoutError):
+            context.is_disconnect = True
+
+    return engine
+
+
+def _keep_alive(dbapi_conn: Any, idle: int, interval: int, probes: int) -> None:
+    """TCP keepalive on the client's end of a PostgreSQL connection (Linux's options where
+    the platform has them): a connection whose peer vanished while it idled in the pool fails
+    at its next use instead of hanging."""
+    driver = getattr(dbapi_conn, "driver_connection", None)
+    transport = getattr(driver, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (
+            ("TCP_KEEPIDLE", idle),
+            ("TCP_KEEPINTVL", interval),
+            ("TCP_KEEPCNT", probes),
+        ):
+            option = getattr(socket, name, None)
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 def create_database(
-    url: str, *, echo: bool = False, pool_size: int = 10, synchronous_commit: bool = True
+    url: str,
+    *,
+    echo: bool = False,
+    pool_size: int = 10,
+    synchronous_commit: bool = True,
+    timeouts: DatabaseTimeouts | None = None,
 ) -> Database:
     """The database for ``url`` (normalised and checked, see ``normalize_database_url``)."""
-    return Database(url, echo=echo, pool_size=pool_size, synchronous_commit=synchronous_commit)
+    return Database(
+        url,
+        echo=echo,
+        pool_size=pool_size,
+        synchronous_commit=synchronous_commit,
+        timeouts=timeouts,
+    )
 
 
 def _use_wal(dbapi_conn: Any) -> None:

@@ -102,6 +102,11 @@ class CustomProvider(Base):
     base_url: Mapped[str] = mapped_column(String(2048), nullable=False)
     api_key_env: Mapped[str] = mapped_column(String(255), nullable=False)
     default_model: Mapped[str | None] = mapped_column(String(255))
+    # The provider's own prices in US dollars per million tokens, as decimal text (exact on
+    # both databases); null: priced from genai-prices' table by ``base_url``, if it knows it.
+    input_usd_per_million: Mapped[str | None] = mapped_column(String(40))
+    output_usd_per_million: Mapped[str | None] = mapped_column(String(40))
+    cached_usd_per_million: Mapped[str | None] = mapped_column(String(40))
     created_at: Mapped[datetime] = _created()
 
 
@@ -429,4 +434,105 @@ class Delivery(Base):
     # that takes the record over finishes a reply the dead one left half-written.
     reply_ref: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _created()
+
+
+# -- usage: what model requests used, and what running turns hold against a budget -----------------
+# The statements live in ``core.storage.usage``.
+
+
+class UsageRequest(Base):
+    """One model request, as its provider reported it: the ledger budgets and ``usage`` read.
+
+    Kept apart from the transcript on purpose: a rewind or the sweeper deletes messages and
+    sessions, never what was spent (``session_id`` and ``message_id`` are plain values, not
+    foreign keys). ``counted_tokens`` is what token budgets count: input + output as reported,
+    or an estimate when the provider reported none (``counts_estimated``). ``cost_nanousd`` is
+    the cost in billionths of a US dollar (integers add exactly on both databases), ``NULL``
+    when the price is unknown.
+    """
+
+    __tablename__ = "usage_requests"
+    __table_args__ = (
+        Index(None, "created_at"),
+        Index(None, "user_key", "created_at"),
+        Index(None, "workspace", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    session_id: Mapped[int | None] = mapped_column(Id)
+    message_id: Mapped[str | None] = mapped_column(String(36))
+    user_key: Mapped[str | None] = mapped_column(String(255))
+    workspace: Mapped[str | None] = mapped_column(String(255))
+    surface: Mapped[str | None] = mapped_column(String(50))
+    kind: Mapped[str] = mapped_column(String(20), nullable=False)
+    provider: Mapped[str] = mapped_column(String(100), nullable=False)
+    model: Mapped[str] = mapped_column(String(255), nullable=False)
+    input_tokens: Mapped[int | None] = mapped_column(Id)
+    output_tokens: Mapped[int | None] = mapped_column(Id)
+    cached_tokens: Mapped[int | None] = mapped_column(Id)
+    cache_write_tokens: Mapped[int | None] = mapped_column(Id)
+    counted_tokens: Mapped[int] = mapped_column(Id, nullable=False)
+    estimated: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=false())
+    counts_estimated: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=false())
+    cost_nanousd: Mapped[int | None] = mapped_column(Id)
+    created_at: Mapped[datetime] = _created()
+
+
+class UsageReservation(Base):
+    """What a running turn holds against one budget account, taken in its claim transaction.
+
+    It counts only while its turn holds the session's lock (same ``lock_token``, live
+    heartbeat): a turn that ends, dies or loses its lock stops holding it without a write.
+    ``amount`` is in the budget's unit (tokens, or billionths of a dollar).
+    """
+
+    __tablename__ = "usage_reservations"
+    __table_args__ = (Index(None, "account", "unit"),)
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    session_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    lock_token: Mapped[str] = mapped_column(String(36), nullable=False)
+    account: Mapped[str] = mapped_column(String(300), nullable=False)
+    unit: Mapped[str] = mapped_column(String(10), nullable=False)
+    amount: Mapped[int] = mapped_column(Id, nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
+class ToolApproval(Base):
+    """A tool call that waits for, or got, a person's decision (``core.storage.approvals``).
+
+    ``digest`` names the exact call (tool and arguments, ``core.tools.call_digest``): an approval
+    runs that call and nothing else. ``message_id`` is the assistant message whose tool part
+    (``tool_call_id``) is in ``approval-requested``; a rewind that takes it out makes the request
+    void. ``state``: ``pending`` -> ``approved`` | ``denied`` (a person; ``decided_by``) |
+    ``expired`` | ``superseded`` (a new message) | ``rewound``; ``approved`` -> ``running`` (the
+    call went to its server: it is never sent twice) -> ``done``; ``denied`` -> ``done``.
+    ``card_ref`` is where a surface showed the request (a Slack message), to show the outcome.
+    """
+
+    __tablename__ = "tool_approvals"
+    __table_args__ = (Index(None, "session_id", "state"), Index(None, "state", "requested_at"))
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    session_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False
+    )
+    message_id: Mapped[str] = mapped_column(String(36), nullable=False)
+    tool_call_id: Mapped[str] = mapped_column(String(255), nullable=False)
+    tool_name: Mapped[str] = mapped_column(String(255), nullable=False)
+    server: Mapped[str] = mapped_column(String(64), nullable=False)
+    arguments: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    digest: Mapped[str] = mapped_column(String(64), nullable=False)
+    approvers: Mapped[list[str]] = mapped_column(JsonDoc, nullable=False)
+    state: Mapped[str] = mapped_column(String(20), nullable=False)
+    decided_by: Mapped[str | None] = mapped_column(String(255))
+    decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    card_ref: Mapped[str | None] = mapped_column(String(255))
+    # The state the card last showed: a card whose request moved on elsewhere (the terminal
+    # decided, it expired) is brought up to date by whichever replica sees the difference.
+    card_state: Mapped[str | None] = mapped_column(String(20))
+    requested_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()

@@ -233,7 +233,7 @@ async def insert_messages(conn: Conn, rows: list[dict[str, Any]]) -> None:
 
 # -- the turn's hot path, built once with bind parameters ---------------------------------------
 # Building a statement costs more than SQLite takes to run it; these are built at import and
-# executed with parameters. Names: sid, token, staleness, title, provider, model_name,
+# executed with parameters. Names: sid, token, staleness, title, abandoned, provider, model_name,
 # custom_provider_id, builtin_provider; and for a fenced row p_position, p_message, p_message_id,
 # p_compaction.
 
@@ -263,7 +263,13 @@ def _claim(*, stamp: bool) -> Update:
         update(SESSIONS)
         .where(
             SESSIONS.c.id == bindparam("sid", type_=Id),
-            or_(SESSIONS.c.heartbeat_at.is_(None), SESSIONS.c.heartbeat_at < _LIVE_BOUNDARY),
+            or_(
+                SESSIONS.c.heartbeat_at.is_(None),
+                SESSIONS.c.heartbeat_at < _LIVE_BOUNDARY,
+                # A lock this process's own turn left set when the database went away
+                # (``SessionStore.abandon``); NULL, which matches nothing, otherwise.
+                SESSIONS.c.lock_token == bindparam("abandoned", type_=String()),
+            ),
         )
         .values(values)
     )

@@ -28,6 +28,7 @@ from sqlalchemy import Boolean, delete, select, type_coerce, update
 
 from core import metrics
 from core.errors import (
+    AgentSessionBudgetExceeded,
     AgentSessionBusy,
     AgentSessionLockLost,
     AgentSessionNotFound,
@@ -49,6 +50,7 @@ from core.storage.engine import Conn, Database
 from core.storage.models import validate_message
 from core.storage.snapshots import SnapshotRef, Snapshots, attach_snapshot
 from core.storage.transcript import TranscriptOperations
+from core.storage.usage import Reservation
 
 SESSIONS: Final = q.SESSIONS
 USERS: Final = q.USERS
@@ -78,6 +80,9 @@ class SessionStore(TranscriptOperations):
         self.staleness_seconds = float(staleness_seconds)
         self.temporary_ttl_hours = float(temporary_ttl_hours)
         self._held = _HeldLeases(self.staleness_seconds)
+        # Sessions whose turn here ended without the database confirming its release (it was
+        # unreachable): their token, which this process's next claim may take back at once.
+        self._abandoned: dict[int, str] = {}
         self._claiming = _KeyedLocks()
         self.snapshots = Snapshots(db)
         self.custom_providers = CustomProviders(db)
@@ -287,10 +292,13 @@ class SessionStore(TranscriptOperations):
         user_message: Message | None,
         last_message_id: str | AnyTail | None,
         model: ModelChoice | None = None,
+        reservation: Reservation | None = None,
     ) -> TurnLease:
         """Stale guard, claim, stamp and persist the user message, atomically.
 
         ``last_message_id=ANY_TAIL`` skips the stale guard (compaction, which adds no user text).
+        ``reservation``: the budget check and reservation (``core.storage.usage``), run last in
+        the same transaction, so a turn over its budget is refused with nothing written.
         Claims on one session from this process queue here, and while this process holds the
         session's live lease the answer is ``agent_session_busy`` without asking the database.
         """
@@ -298,13 +306,19 @@ class SessionStore(TranscriptOperations):
             self._held.refuse_if_live(session_id)
             async with self._claiming.hold(session_id):
                 self._held.refuse_if_live(session_id)
-                lease = await self._claim(session_id, user_message, last_message_id, model)
+                lease = await self._claim(
+                    session_id, user_message, last_message_id, model, reservation
+                )
                 self._held.confirm(lease)
+                self._abandoned.pop(session_id, None)
         except AgentSessionBusy:
             metrics.TURN_REFUSALS.labels("busy").inc()
             raise
         except AgentSessionStale:
             metrics.TURN_REFUSALS.labels("stale").inc()
+            raise
+        except AgentSessionBudgetExceeded:
+            metrics.TURN_REFUSALS.labels("budget").inc()
             raise
         if lease.token.startswith(TAKEOVER_MARK):
             metrics.LOCK_TAKEOVERS.inc()
@@ -316,6 +330,7 @@ class SessionStore(TranscriptOperations):
         user_message: Message | None,
         last_message_id: str | AnyTail | None,
         model: ModelChoice | None,
+        reservation: Reservation | None = None,
     ) -> TurnLease:
         token = uuid.uuid4().hex
         params: dict[str, Any] = {
@@ -324,6 +339,7 @@ class SessionStore(TranscriptOperations):
             "takeover_token": TAKEOVER_MARK + token[1:],
             "staleness": self.staleness_seconds,
             "title": None,
+            "abandoned": self._abandoned.get(session_id),
         }
         if user_message is not None:
             validate_message(user_message)
@@ -340,26 +356,38 @@ class SessionStore(TranscriptOperations):
             if claimed is None:
                 await q.raise_missing_or_busy(conn, session_id)
             token = claimed
-            if user_message is not None and not isinstance(last_message_id, AnyTail):
-                # The usual turn: the stale guard and the insert are one statement (a round
-                # trip less); it inserts nothing when the tail is not what the client saw.
-                row = q.message_row(session_id, 0, user_message)
-                inserted_at = await q.insert_if_tail_is(conn, row, last_message_id)
-                if inserted_at is None:
-                    await self._raise_stale(conn, session_id, last_message_id)
-                message = StoredMessage(row["message_id"], inserted_at, user_message, False)
-                return TurnLease(session_id, token, message, next_position=inserted_at + 1)
-            tail = await q.tail(conn, session_id)
-            if not isinstance(last_message_id, AnyTail):
-                actual = tail.message_id if tail else None
-                if actual != last_message_id:
-                    await self._raise_stale(conn, session_id, last_message_id)
-            position = tail.position + 1 if tail else 0
-            if user_message is not None:
-                (tail,) = await q.append_messages(
-                    conn, session_id, position, [(user_message, False)]
-                )
-                position += 1
+            lease = await self._claimed(conn, session_id, token, user_message, last_message_id)
+            if reservation is not None:
+                await reservation.take(conn, session_id, token)
+        return lease
+
+    async def _claimed(
+        self,
+        conn: Conn,
+        session_id: int,
+        token: str,
+        user_message: Message | None,
+        last_message_id: str | AnyTail | None,
+    ) -> TurnLease:
+        """The rest of the claim transaction: the stale guard and the user message."""
+        if user_message is not None and not isinstance(last_message_id, AnyTail):
+            # The usual turn: the stale guard and the insert are one statement (a round
+            # trip less); it inserts nothing when the tail is not what the client saw.
+            row = q.message_row(session_id, 0, user_message)
+            inserted_at = await q.insert_if_tail_is(conn, row, last_message_id)
+            if inserted_at is None:
+                await self._raise_stale(conn, session_id, last_message_id)
+            message = StoredMessage(row["message_id"], inserted_at, user_message, False)
+            return TurnLease(session_id, token, message, next_position=inserted_at + 1)
+        tail = await q.tail(conn, session_id)
+        if not isinstance(last_message_id, AnyTail):
+            actual = tail.message_id if tail else None
+            if actual != last_message_id:
+                await self._raise_stale(conn, session_id, last_message_id)
+        position = tail.position + 1 if tail else 0
+        if user_message is not None:
+            (tail,) = await q.append_messages(conn, session_id, position, [(user_message, False)])
+            position += 1
         return TurnLease(session_id=session_id, token=token, tail=tail, next_position=position)
 
     @staticmethod
@@ -371,6 +399,15 @@ class SessionStore(TranscriptOperations):
             f"not {last_message_id}",
             actual_last_message_id=actual,
         )
+
+    def abandon(self, lease: TurnLease) -> None:
+        """The lease's turn ended here but its release did not reach the database: its lock
+        stays set there until the window passes. The turn is over, so this process's next
+        claim of the session may take that lock back at once (its own retry of the message
+        must not be refused as busy by a turn that no longer runs). Another process still
+        waits for the window."""
+        self._held.forget(lease)
+        self._abandoned[lease.session_id] = lease.token
 
     async def heartbeat(self, lease: TurnLease) -> None:
         await self._fenced_write(lease, [], release=False)
@@ -403,6 +440,29 @@ class SessionStore(TranscriptOperations):
         return await self._fenced_write(
             lease, [(m, False) for m in messages], release=True, snapshot=snapshot
         )
+
+    async def rewrite(self, lease: TurnLease, message: Message) -> None:
+        """Replace a stored message's content (same id, same place) behind the turn's fence:
+        a tool part that waited for a person's decision takes its outcome. Only the message
+        JSON changes; its position, snapshot and references stay."""
+        row = q.message_row(lease.session_id, 0, message)
+        async with self.db.write() as conn:
+            if not await q.fence(
+                conn, {"sid": lease.session_id, "token": lease.token}, release=False
+            ):
+                self._held.forget(lease)
+                raise AgentSessionLockLost(
+                    f"session {lease.session_id}: this turn's lock was taken over or released"
+                )
+            await conn.execute(
+                update(q.MESSAGES)
+                .where(
+                    q.MESSAGES.c.session_id == lease.session_id,
+                    q.MESSAGES.c.message_id == row["message_id"],
+                )
+                .values(message=row["message"])
+            )
+        self._held.confirm(lease)
 
     async def insert_checkpoint_before_tail(
         self, lease: TurnLease, checkpoint: Message

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from sqlalchemy import Insert, delete, insert, literal, select, update
+from sqlalchemy import Insert, delete, func, insert, literal, select, update
 
 from core.errors import AgentSessionBusy, AgentSessionNotFound
 from core.messages import Message, message_text
@@ -45,6 +45,17 @@ class TranscriptOperations:
                 .order_by(MESSAGES.c.position)
             )
             return [q.stored(row) for row in rows]
+
+    async def count_after(self, session_id: int, position: int) -> int:
+        """How many messages come after ``position``, counted by the database (a rewind's
+        confirmation says it; no message needs reading for that)."""
+        async with self.db.read() as conn:
+            found = await conn.scalar(
+                select(func.count()).where(
+                    MESSAGES.c.session_id == session_id, MESSAGES.c.position > position
+                )
+            )
+        return int(found or 0)
 
     async def history(self, session_id: int) -> list[StoredMessage]:
         """The model's view: the latest checkpoint and everything after it."""

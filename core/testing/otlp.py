@@ -16,7 +16,6 @@ import asyncio
 import gzip
 import zlib
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Literal
 
 from aiohttp import web
@@ -25,6 +24,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from core.testing.server import LocalServer
 
 Mode = Literal["accept", "refuse", "hang"]
 KIND = "openinference.span.kind"
@@ -95,16 +96,17 @@ def decode(body: bytes) -> list[ReceivedSpan]:
     return spans
 
 
-class OtlpReceiver:
+class OtlpReceiver(LocalServer):
     """``async with OtlpReceiver() as collector:`` then point an exporter at ``endpoint``."""
+
+    shutdown_timeout = 0.5
 
     def __init__(self, mode: Mode = "accept") -> None:
         self.mode: Mode = mode
         self.spans: list[ReceivedSpan] = []
         self.requests = 0  # every POST, whatever the mode did with it
         self.hanging = 0  # requests held right now
-        self.url = ""
-        self._runner: web.AppRunner | None = None
+        super().__init__()
         self._release = asyncio.Event()
         self._changed = asyncio.Condition()
 
@@ -113,35 +115,8 @@ class OtlpReceiver:
         """The full traces URL (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``)."""
         return self.url + "/v1/traces"
 
-    async def __aenter__(self) -> OtlpReceiver:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
-        app = web.Application(client_max_size=64 << 20)
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/traces", self._traces)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert server is not None
-        port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        self.url = f"http://127.0.0.1:{port}"
-
-    async def stop(self) -> None:
-        self.release()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
     def release(self) -> None:
         """Let every held request go (answered 200, its spans kept); later ones hang again

@@ -29,7 +29,7 @@ import logging
 from types import TracebackType
 from typing import Any
 
-from core.metrics import MCP_TOOL_CALLS
+from core.metrics import MCP_SERVER_CONNECTED, MCP_TOOL_CALLS
 from core.providers.base import ToolSpec
 from core.tools.calls import call_digest
 from core.tools.config import McpConfig
@@ -111,6 +111,7 @@ class McpTools:
         for server in self._servers.values():
             known.update(server.known)
             offered.update({t.name: t for t in server.tools})
+            MCP_SERVER_CONNECTED.labels(server.name).set(1 if server.state == "connected" else 0)
         self._offered, self._known = offered, known
         self._change.set()
         self._change = asyncio.Event()

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import Literal
+from typing import Literal, cast
 
 from core.errors import AgentSessionBudgetExceeded, ConfigError
 
@@ -219,3 +219,15 @@ def refusal(account: Account, *, during_turn: bool = False) -> AgentSessionBudge
         resets_at=account.window.end,
         during_turn=during_turn,
     )
+
+
+def refused_budget(error: AgentSessionBudgetExceeded) -> Budget:
+    """The limit a refusal names, for a surface to describe (``describe``, ``amount_text``)."""
+    return Budget(
+        cast(Scope, error.scope), cast(Period, error.period), cast(Unit, error.unit), error.amount
+    )
+
+
+def resets_text(error: AgentSessionBudgetExceeded) -> str:
+    """When the refusing limit resets, as every surface writes it: ``2026-12-03 00:00 UTC``."""
+    return error.resets_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")

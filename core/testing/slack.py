@@ -1,22 +1,26 @@
-"""Stand-ins for what the bot talks to, as real HTTP servers on 127.0.0.1.
+"""A stand-in for Slack: its Web API as a server, and what Slack sends to an app, signed.
 
-``FakeSlack``: the Slack Web API (``SLACK_API_URL`` points at it). It records every call
-(method and decoded arguments) and answers like Slack: ``ok: true`` with fresh ``ts`` values.
-``streaming=False`` makes ``chat.startStream`` fail as in a workspace without streaming.
+``SlackStandIn`` is a real HTTP server on 127.0.0.1 (``SLACK_API_URL`` points at ``api_url``)
+that answers like Slack (``ok: true``, fresh ``ts`` values, the streaming methods, Socket
+Mode's WebSocket, file downloads, ``response_url`` posts) and records every call (``calls``:
+method, decoded arguments, answer). It keeps each message as a person would read it
+(``messages``: mrkdwn entities decoded, Markdown as written, task cards, blocks, buttons;
+ephemerals only for the person they were shown to) and every Slack control sequence that
+reached a field Slack would act on (``controls``). It is not a test double of all of Slack's
+rules; the ones it keeps: one ``markdown_text`` holds at most 12,000 characters and a message
+at most 40,000 (``msg_too_long``; a longer mrkdwn ``text`` is cut, as Slack does), a stopped
+stream answers ``message_not_in_streaming_state``, ``streaming=False`` answers
+``chat.startStream`` as a workspace without streaming does.
 
-``GatedModel``: an OpenAI-compatible Chat Completions server whose answers wait for the test to
-open a gate, counting requests in flight, so tests can hold a turn open (busy) and check that a
-session never has two model calls at once.
+Faults: ``SlackFaults`` answers a share of calls as an overloaded Slack does, 429 with
+``Retry-After`` or 500 (the call is then not carried out), spread evenly (``FaultSchedule``);
+per method, ``fail_next`` (HTTP statuses before answering normally; 0 drops the connection),
+``errors`` (``ok: false`` every time), ``rate_limit_once``, ``hold`` (the call is carried out
+but its answer waits for an event) and ``intercept`` (awaited before each call is answered).
 
-Slack's rules the stand-in keeps: one ``markdown_text`` holds at most 12,000 characters and a
-message at most 40,000 (``msg_too_long`` otherwise; a longer mrkdwn ``text`` is cut, as Slack
-does); a stopped stream answers ``message_not_in_streaming_state``. It keeps each message as a
-person would read it (``Shown``: mrkdwn entities decoded, Markdown as written, task cards,
-blocks) and every Slack control sequence that reached a field Slack would act on
-(``controls``).
-
-``SlackClient``: sends correctly signed requests (v0 signature, ``X-Slack-Request-Timestamp``)
-to a running bot, the way Slack does.
+``signed_headers`` is the one place that signs a request as Slack does (v0 HMAC-SHA256 over
+``v0:timestamp:body``); ``SlackClient`` sends events, interactions and commands with it.
+``python -m core.testing.slack`` runs the stand-in in a process of its own and prints its URL.
 """
 
 from __future__ import annotations
@@ -31,16 +35,16 @@ import json
 import re
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from tests.fake_openai import DONE, text_frames, tool_call_frames, usage_chunk
-from tests.providers_fixtures import sse_frame
+from core.testing.faults import FaultSchedule
+from core.testing.server import LocalServer, run_forever
 
 MARKDOWN_LIMIT = 12_000
 MESSAGE_LIMIT = 40_000
@@ -50,8 +54,18 @@ CONTROL = re.compile(r"<(?:[!@#][^>\s]*|[A-Za-z][A-Za-z0-9+.\-]*:[^>|\s]*\|[^>]*
 TEAM = "T1"
 BOT_USER = "UBOT"
 BOT_ID = "BBOT"
+BOT_TOKEN = "xoxb-test"
 SIGNING_SECRET = "test-signing-secret"
-_MESSAGE_TS = itertools.count(1)
+UNUSED_URL = "http://127.0.0.1:1/unused"  # a response_url nothing should call
+_POSTS = ("chat.postMessage", "chat.startStream", "chat.postEphemeral")
+_EDITS = ("chat.update", "chat.appendStream", "chat.stopStream")
+_PERSON_TS = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class SlackFaults:
+    rate_limited: float = 0.0  # share of calls answered 429 with Retry-After: 1
+    server_error: float = 0.0  # share of calls answered 500
 
 
 @dataclass(frozen=True)
@@ -66,66 +80,85 @@ class Call:
 
 
 @dataclass
-class Shown:
-    """One message of the app as a person reads it."""
+class Message:
+    """One message as a Slack client shows it (an ephemeral only to ``visible_to``)."""
 
     ts: str
+    channel: str
     thread_ts: str | None
     text: str = ""
-    streaming: bool = False
-    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # task cards by id
+    author: str = "agent"  # or the person's user id
+    visible_to: str | None = None
+    streaming: bool = False  # a stream that was started and not (yet) stopped
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # task cards, by id
     blocks: list[dict[str, Any]] = field(default_factory=list)
+    buttons: list[str] = field(default_factory=list)  # an ephemeral's buttons' labels
+    values: list[str] = field(default_factory=list)  # "action_id\0value", one per button
+
+    def as_slack(self) -> dict[str, Any]:
+        """The message as ``conversations.replies`` lists it."""
+        who = {"bot_id": BOT_ID, "user": BOT_USER} if self.author == "agent" else {}
+        return {"ts": self.ts, "text": self.text, "user": self.author, **who}
 
 
 def _unescape(mrkdwn: str) -> str:
     return mrkdwn.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
 
 
-class _Server:
-    def __init__(self) -> None:
-        self.url = ""
-        self._runner: web.AppRunner | None = None
+def _chunks(args: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in args.get("chunks") or [] if isinstance(c, dict)]
 
-    def routes(self, app: web.Application) -> None:
-        raise NotImplementedError
 
-    async def __aenter__(self) -> _Server:
-        app = web.Application()
-        self.routes(app)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
+def shown_text(args: dict[str, Any]) -> str:
+    """What a message's arguments show: ``markdown`` blocks if any, else Markdown as written
+    or mrkdwn decoded (cut at Slack's limit), then the text of ``markdown_text`` chunks."""
+    markdown = [b for b in args.get("blocks") or [] if b.get("type") == "markdown"]
+    if markdown:
+        return "".join(str(b.get("text", "")) for b in markdown)
+    text = str(args.get("markdown_text") or "")
+    if "text" in args and "markdown_text" not in args:
+        text = _unescape(str(args["text"]))[:MESSAGE_LIMIT]
+    return text + "".join(
+        str(c.get("text") or "") for c in _chunks(args) if c.get("type") == "markdown_text"
+    )
 
-    async def __aexit__(
+
+def _buttons(blocks: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    labels: list[str] = []
+    values: list[str] = []
+    for block in blocks:
+        for element in block.get("elements", []) if isinstance(block, dict) else []:
+            if element.get("type") == "button":
+                labels.append(str(element["text"]["text"]))
+                values.append(f"{element['action_id']}\x00{element.get('value', '')}")
+    return labels, values
+
+
+class SlackStandIn(LocalServer):
+    def __init__(
         self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        team: str = TEAM,
+        faults: SlackFaults | None = None,
+        *,
+        streaming: bool = True,
+        history: bool = False,
     ) -> None:
-        assert self._runner is not None
-        self.release()
-        for ws in getattr(self, "sockets", []):
-            await ws.close()
-        await self._runner.cleanup()
-
-    def release(self) -> None:
-        """Let anything the server holds back go (before it stops)."""
-        for held in getattr(self, "hold", {}).values():
-            held.set()
-
-
-class FakeSlack(_Server):
-    def __init__(self, *, streaming: bool = True, team: str = TEAM) -> None:
+        """``history``: ``conversations.replies`` lists the thread's messages as kept here
+        (the demo and the soak); without it, only what a test put in ``threads``."""
         super().__init__()
-        self.streaming = streaming
         self.team = team
+        self.streaming = streaming
+        self.history = history
+        self.faults = faults or SlackFaults()
+        self.injected: Counter[str] = Counter()  # faults answered, by status
+        self._schedule = FaultSchedule(
+            rate_limited=self.faults.rate_limited, server_error=self.faults.server_error
+        )
         self.calls: list[Call] = []
+        self.messages: dict[str, Message] = {}  # by ts
+        self.views: list[dict[str, Any]] = []  # modals the app opened (views.open)
         self.rate_limit_once: set[str] = set()  # methods answered 429 once, then normally
-        # Faults, per method: HTTP statuses to answer before answering normally (0 drops the
+        # Per method: HTTP statuses to answer before answering normally (0 drops the
         # connection without an answer), and Slack errors (``ok: false``) answered every time.
         self.fail_next: dict[str, list[int]] = {}
         self.errors: dict[str, str] = {}
@@ -137,17 +170,16 @@ class FakeSlack(_Server):
         # Methods whose answer is held back until the event is set (Slack carried the call
         # out; the app has not heard so yet).
         self.hold: dict[str, asyncio.Event] = {}
-        # What conversations.replies answers, by thread ts.
+        # What conversations.replies answers, by thread ts (ahead of ``history``).
         self.threads: dict[str, list[dict[str, Any]]] = {}
         self.responses: list[dict[str, Any]] = []  # what the app sent to response_urls
         # Awaited with each call's method and arguments before it is answered (a test acting
         # while the app waits on a call).
         self.intercept: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
-        self.shown_messages: dict[str, Shown] = {}  # the app's messages, by ts
         self.controls: list[str] = []  # control sequences that reached a field Slack acts on
         self.sockets: list[web.WebSocketResponse] = []
         self.socket_acks: list[dict[str, Any]] = []
-        self._changed = asyncio.Event()
+        self.changed = asyncio.Event()  # set on every call recorded
         self._ts = itertools.count(1)
 
     @property
@@ -156,10 +188,23 @@ class FakeSlack(_Server):
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/api/{method}", self._handle)
-        app.router.add_get("/api/{method}", self._handle)
+        app.router.add_get("/api/{method}", self._handle)  # slack_sdk reads some with GET
         app.router.add_get("/socket", self._socket)
         app.router.add_get("/files/{name}", self._file)
         app.router.add_post("/response/{key}", self._response)
+
+    def release(self) -> None:
+        for held in self.hold.values():
+            held.set()
+
+    async def stop(self) -> None:
+        self.release()
+        for ws in self.sockets:
+            await ws.close()
+        await super().stop()
+
+    def next_ts(self) -> str:
+        return f"1800000000.{next(self._ts):06d}"
 
     # -- Socket Mode: apps.connections.open hands out this server's WebSocket ------------------
 
@@ -168,11 +213,11 @@ class FakeSlack(_Server):
         await ws.prepare(request)
         self.sockets.append(ws)
         await ws.send_json({"type": "hello", "num_connections": 1, "debug_info": {}})
-        self._changed.set()
+        self.changed.set()
         async for frame in ws:
             if frame.type == aiohttp.WSMsgType.TEXT:
                 self.socket_acks.append(json.loads(frame.data))
-                self._changed.set()
+                self.changed.set()
         return ws
 
     async def push(self, envelope: dict[str, Any]) -> None:
@@ -190,7 +235,7 @@ class FakeSlack(_Server):
 
     async def _response(self, request: web.Request) -> web.Response:
         self.responses.append(dict(await request.json()))
-        self._changed.set()
+        self.changed.set()
         return web.Response(text="ok")
 
     def file_url(self, name: str) -> str:
@@ -200,33 +245,44 @@ class FakeSlack(_Server):
         found = self.files.get(request.match_info["name"])
         if found is None:
             return web.Response(status=404)
-        if request.headers.get("Authorization") != "Bearer xoxb-test":
+        if request.headers.get("Authorization") != f"Bearer {BOT_TOKEN}":
             login = "<!DOCTYPE html><html><body>Sign in to Slack</body></html>"
             return web.Response(text=login, content_type="text/html")
         data, content_type = found
         return web.Response(body=data, content_type=content_type)
 
-    def next_ts(self) -> str:
-        return f"1800000000.{next(self._ts):06d}"
+    # -- the Web API ----------------------------------------------------------------------------
+
+    def _record(self, method: str, args: dict[str, Any], result: dict[str, Any]) -> None:
+        self.calls.append(Call(method, args, result))
+        self.changed.set()
 
     async def _handle(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
         if request.method == "GET":
-            args = dict(request.query)
+            args: dict[str, Any] = dict(request.query)
         elif request.content_type == "application/json":
             args = dict(await request.json())
-        else:
-            args = dict(await request.post())
-        for key in ("blocks", "metadata", "view"):
+        else:  # slack_sdk sends some methods' arguments in the query string (chat.delete)
+            args = {**request.query, **dict(await request.post())}
+        for key in ("blocks", "metadata", "view", "chunks"):
             if isinstance(args.get(key), str):
                 args[key] = json.loads(args[key])
         if self.intercept is not None:
             await self.intercept(method, args)
+        fault = self._schedule.next()
+        if fault == "rate_limited":
+            self.injected["429"] += 1
+            return web.json_response(
+                {"ok": False, "error": "ratelimited"}, status=429, headers={"Retry-After": "1"}
+            )
+        if fault == "server_error":
+            self.injected["500"] += 1
+            return web.json_response({"ok": False, "error": "fatal_error"}, status=500)
         statuses = self.fail_next.get(method)
         if statuses:
             status = statuses.pop(0)
-            self.calls.append(Call(method, args, {"ok": False, "error": f"http_{status}"}))
-            self._changed.set()
+            self._record(method, args, {"ok": False, "error": f"http_{status}"})
             if status == 0:
                 assert request.transport is not None
                 request.transport.close()
@@ -234,8 +290,7 @@ class FakeSlack(_Server):
             return web.json_response({"ok": False, "error": "fatal_error"}, status=status)
         if method in self.errors:
             failed = {"ok": False, "error": self.errors[method]}
-            self.calls.append(Call(method, args, failed))
-            self._changed.set()
+            self._record(method, args, failed)
             return web.json_response(failed)
         if method in self.rate_limit_once:
             self.rate_limit_once.discard(method)
@@ -246,8 +301,7 @@ class FakeSlack(_Server):
         result = self._limits(method, args) or self._answer(method, args)
         if result.get("ok"):
             self._keep(method, args, result)
-        self.calls.append(Call(method, args, result))
-        self._changed.set()
+        self._record(method, args, result)
         held = self.hold.get(method)
         if held is not None:
             await held.wait()
@@ -286,31 +340,60 @@ class FakeSlack(_Server):
             ts = self.next_ts()
             return {"ok": True, "channel": channel, "ts": ts, "message": {"ts": ts}}
         if method in ("chat.appendStream", "chat.stopStream"):
-            if args.get("ts") in self.stopped_streams:
+            found = self.messages.get(str(args.get("ts")))
+            stopped = found is not None and not found.streaming
+            if args.get("ts") in self.stopped_streams or stopped:
                 return {"ok": False, "error": "message_not_in_streaming_state"}
             if method == "chat.stopStream":
                 self.stopped_streams.add(str(args.get("ts")))
-        if method in ("chat.update", "chat.appendStream", "chat.stopStream"):
+        if method in _EDITS:
             return {"ok": True, "channel": channel, "ts": args.get("ts")}
         if method == "chat.postEphemeral":
             return {"ok": True, "message_ts": self.next_ts()}
         if method == "views.open":
+            self.views.append(dict(args.get("view") or {}))
             return {"ok": True, "view": {"id": f"V{self.next_ts()}"}}
         if method == "conversations.replies":
-            return {"ok": True, "messages": self.threads.get(str(args.get("ts")), [])}
+            return self._replies(args)
+        if method == "chat.delete":
+            self.messages.pop(str(args.get("ts")), None)
         return {"ok": True}
+
+    def _replies(self, args: dict[str, Any]) -> dict[str, Any]:
+        """conversations.replies as Slack pages it: oldest first within ``oldest``/``latest``
+        (``inclusive`` or not), ``limit`` at a time (1000 by default), an opaque cursor to go on.
+        A thread not set up by hand is read from the messages posted here (``history``)."""
+        inclusive = str(args.get("inclusive", "")).lower() in ("1", "true")
+        oldest, latest = args.get("oldest"), args.get("latest")
+        root = str(args.get("ts"))
+        if root in self.threads or not self.history:
+            thread = self.threads.get(root, [])
+        else:
+            thread = [m.as_slack() for m in self.thread(str(args.get("channel") or ""), root)]
+        found = sorted(thread, key=lambda m: float(m["ts"]))
+        if oldest:
+            found = [m for m in found if m["ts"] > oldest or (inclusive and m["ts"] == oldest)]
+        if latest:
+            found = [m for m in found if m["ts"] < latest or (inclusive and m["ts"] == latest)]
+        start = int(str(args.get("cursor") or "0").removeprefix("page-"))
+        end = start + int(args.get("limit") or 1000)
+        more = end < len(found)
+        return {
+            "ok": True,
+            "messages": found[start:end],
+            "has_more": more,
+            "response_metadata": {"next_cursor": f"page-{end}" if more else ""},
+        }
 
     def _limits(self, method: str, args: dict[str, Any]) -> dict[str, Any] | None:
         """Slack's length rules: an error to answer, or None."""
         if not method.startswith("chat."):
             return None
         pieces = [str(args.get("markdown_text") or "")]
-        pieces += [
-            str(c.get("text") or "") for c in args.get("chunks") or [] if isinstance(c, dict)
-        ]
+        pieces += [str(c.get("text") or "") for c in _chunks(args)]
         if any(len(p) > MARKDOWN_LIMIT for p in pieces):
             return {"ok": False, "error": "msg_too_long"}
-        found = self.shown_messages.get(str(args.get("ts")))
+        found = self.messages.get(str(args.get("ts")))
         growing = method in ("chat.appendStream", "chat.stopStream") and found is not None
         if growing and found and len(found.text) + sum(map(len, pieces)) > MESSAGE_LIMIT:
             return {"ok": False, "error": "msg_too_long"}
@@ -327,32 +410,29 @@ class FakeSlack(_Server):
                 self.controls += CONTROL.findall(str(inner.get("text", "")))
             elif isinstance(inner, str):  # a markdown block
                 self.controls += CONTROL.findall(inner)
-        chunks = [c for c in args.get("chunks") or [] if isinstance(c, dict)]
-        for chunk in chunks:
+        for chunk in _chunks(args):
             for key in ("text", "title", "output"):
                 self.controls += CONTROL.findall(str(chunk.get(key) or ""))
-        if method in ("chat.postMessage", "chat.startStream"):
-            ts = str(result["ts"])
-            self.shown_messages[ts] = Shown(
-                ts, args.get("thread_ts"), streaming=method == "chat.startStream"
-            )
-        found = self.shown_messages.get(str(args.get("ts") or result.get("ts")))
-        if found is None:
-            return
-        added = str(args.get("markdown_text") or "")
-        if "text" in args and "markdown_text" not in args:
-            added = _unescape(str(args["text"]))[:MESSAGE_LIMIT]
-        added += "".join(
-            str(c.get("text") or "") for c in chunks if c.get("type") == "markdown_text"
-        )
-        if method == "chat.update":
-            found.text = added
-            markdown = [b for b in args.get("blocks") or [] if b.get("type") == "markdown"]
-            if markdown:
-                found.text = "".join(str(b["text"]) for b in markdown)
+        found: Message | None
+        if method in _POSTS:
+            ts = str(result.get("ts") or result.get("message_ts"))
+            found = Message(ts, str(args.get("channel") or ""), args.get("thread_ts"))
+            found.streaming = method == "chat.startStream"
+            if method == "chat.postEphemeral":
+                found.visible_to = str(args.get("user"))
+                found.buttons, found.values = _buttons(args.get("blocks") or [])
+            self.messages[ts] = found
+        elif method in _EDITS:
+            found = self.messages.get(str(args.get("ts")))
+            if found is None:
+                return
         else:
-            found.text += added
-        for chunk in chunks:
+            return
+        if method == "chat.update":
+            found.text = shown_text(args)
+        else:
+            found.text += shown_text(args)
+        for chunk in _chunks(args):
             if chunk.get("type") == "task_update":
                 found.tasks[str(chunk["id"])] = {**found.tasks.get(str(chunk["id"]), {}), **chunk}
         if args.get("blocks"):
@@ -360,11 +440,34 @@ class FakeSlack(_Server):
         if method == "chat.stopStream":
             found.streaming = False
 
-    def thread_messages(self, thread_ts: str) -> list[Shown]:
-        """The app's messages in a thread, oldest first, as a person reads them."""
-        return [m for m in self.shown_messages.values() if m.thread_ts == thread_ts]
+    # -- what tests, the demo and the soak look at ----------------------------------------------
 
-    # -- what tests look at ---------------------------------------------------------------------
+    def user_post(self, channel: str, user: str, text: str, thread_ts: str | None) -> str:
+        """A person's message, as Slack would store it (the app hears it as an event)."""
+        ts = self.next_ts()
+        self.messages[ts] = Message(ts, channel, thread_ts, text, author=user)
+        return ts
+
+    def thread(self, channel: str, root: str, viewer: str | None = None) -> list[Message]:
+        """The thread's messages in order, as ``viewer`` sees them (their ephemerals too)."""
+        return sorted(
+            (
+                m
+                for m in self.messages.values()
+                if m.channel == channel
+                and (m.thread_ts == root or m.ts == root)
+                and (m.visible_to is None or m.visible_to == viewer)
+            ),
+            key=lambda m: m.ts,
+        )
+
+    def thread_messages(self, thread_ts: str) -> list[Message]:
+        """The app's messages in a thread, oldest first, as everyone reads them."""
+        return [
+            m
+            for m in self.messages.values()
+            if m.thread_ts == thread_ts and m.author == "agent" and m.visible_to is None
+        ]
 
     def named(self, *methods: str) -> list[Call]:
         return [c for c in self.calls if c.method in methods]
@@ -401,10 +504,7 @@ class FakeSlack(_Server):
                     c.method in ("chat.postMessage", "chat.startStream")
                     and str(c.result.get("ts")) in ours
                 )
-                or (
-                    c.method in ("chat.appendStream", "chat.stopStream", "chat.update")
-                    and str(c.args.get("ts")) in ours
-                )
+                or (c.method in _EDITS and str(c.args.get("ts")) in ours)
             )
         )
 
@@ -418,94 +518,46 @@ class FakeSlack(_Server):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise AssertionError(f"timed out; calls so far: {[c.method for c in self.calls]}")
-            self._changed.clear()
+            self.changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.25))
+                await asyncio.wait_for(self.changed.wait(), min(remaining, 0.25))
 
 
-class GatedModel(_Server):
-    """Answers "answer N" (N counting from 1) once the gate is open; records concurrency.
-
-    ``command``: a request whose conversation does not end in a tool result is answered at once
-    with a call of the ``shell`` tool running it (so a turn changes its sandbox, then waits at
-    the gate for its final answer). ``dropped`` counts answers the client no longer took (it
-    stopped the turn and closed the connection).
-    """
-
-    def __init__(self, *, early: str = "", command: str | None = None) -> None:
-        super().__init__()
-        self.early = early  # text streamed before waiting at the gate
-        self.command = command
-        self.gate = asyncio.Event()
-        self.arrived = asyncio.Event()
-        self.requests = 0
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.dropped = 0
-
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
-
-    def release(self) -> None:
-        self.gate.set()
-
-    def routes(self, app: web.Application) -> None:
-        app.router.add_post("/v1/chat/completions", self._handle)
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.requests += 1
-        number = self.requests
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        try:
-            await response.prepare(request)
-            if self.command and body["messages"][-1].get("role") != "tool":
-                calls = [(f"call_{number}", "shell", {"command": self.command})]
-                for frame in [*tool_call_frames(calls), sse_frame(usage_chunk(5, 2)), DONE]:
-                    await response.write(frame.encode())
-                await response.write_eof()
-                return response
-            frames = (
-                text_frames(self.early, f"answer {number}")
-                if self.early
-                else text_frames(f"answer {number}")
-            )
-            cut = 2 if self.early else 1
-            head, tail = frames[:cut], frames[cut:]
-            for frame in head:
-                await response.write(frame.encode())
-            self.arrived.set()
-            await self.gate.wait()
-            for frame in [*tail, sse_frame(usage_chunk(5, 2)), DONE]:
-                await response.write(frame.encode())
-            await response.write_eof()
-            return response
-        except ConnectionError:  # the client went away (a stopped turn)
-            self.dropped += 1
-            return response
-        finally:
-            self.in_flight -= 1
+# -- what Slack sends to the app ---------------------------------------------------------------
 
 
 def signed_headers(
-    body: str, *, secret: str = SIGNING_SECRET, timestamp: int | None = None
+    body: str,
+    *,
+    secret: str = SIGNING_SECRET,
+    timestamp: int | None = None,
+    content_type: str = "application/json",
 ) -> dict[str, str]:
+    """The headers Slack sends with a request: timestamp and v0 HMAC-SHA256 signature."""
     ts = str(int(time.time()) if timestamp is None else timestamp)
-    base = f"v0:{ts}:{body}".encode()
-    signature = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
-    return {"X-Slack-Request-Timestamp": ts, "X-Slack-Signature": signature}
+    digest = hmac.new(secret.encode(), f"v0:{ts}:{body}".encode(), hashlib.sha256).hexdigest()
+    return {
+        "X-Slack-Request-Timestamp": ts,
+        "X-Slack-Signature": f"v0={digest}",
+        "Content-Type": content_type,
+    }
 
 
 class SlackClient:
     """Sends what Slack sends, signed, to ``{url}/slack/events``."""
 
-    def __init__(self, url: str, *, team: str = TEAM, response_url: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        team: str = TEAM,
+        secret: str = SIGNING_SECRET,
+        response_url: str | None = None,
+    ) -> None:
         self.url = url.rstrip("/") + "/slack/events"
         self.team = team
-        self.response_url = response_url or "http://127.0.0.1:1/unused"
+        self.secret = secret
+        self.response_url = response_url or UNUSED_URL
         self._session: aiohttp.ClientSession | None = None
         self._event_ids = itertools.count(1)
 
@@ -519,7 +571,7 @@ class SlackClient:
 
     def new_ts(self) -> str:
         """Unique across clients (two clients stand for one Slack talking to two replicas)."""
-        return f"1700000000.{next(_MESSAGE_TS):06d}"
+        return f"1700000000.{next(_PERSON_TS):06d}"
 
     async def raw(
         self, body: str, headers: dict[str, str], content_type: str = "application/json"
@@ -531,6 +583,10 @@ class SlackClient:
             headers={**headers, "Content-Type": content_type},
         ) as response:
             return response.status, await response.text()
+
+    async def _signed(self, body: str, content_type: str) -> int:
+        status, _ = await self.raw(body, signed_headers(body, secret=self.secret), content_type)
+        return status
 
     async def event(
         self,
@@ -550,7 +606,7 @@ class SlackClient:
             "event": event,
         }
         body = json.dumps(payload)
-        headers = signed_headers(body)
+        headers = signed_headers(body, secret=self.secret)
         if retry is not None:
             headers["X-Slack-Retry-Num"] = str(retry)
             headers["X-Slack-Retry-Reason"] = "http_timeout"
@@ -607,8 +663,7 @@ class SlackClient:
 
     async def interaction(self, payload: dict[str, Any]) -> int:
         body = urllib.parse.urlencode({"payload": json.dumps(payload)})
-        status, _ = await self.raw(body, signed_headers(body), "application/x-www-form-urlencoded")
-        return status
+        return await self._signed(body, "application/x-www-form-urlencoded")
 
     async def shortcut(
         self,
@@ -633,7 +688,7 @@ class SlackClient:
                 "channel": {"id": channel, "name": "general"},
                 "message": message,
                 "message_ts": message_ts,
-                "response_url": "http://127.0.0.1:1/unused",
+                "response_url": UNUSED_URL,
                 "token": "legacy",
             }
         )
@@ -681,27 +736,13 @@ class SlackClient:
                 "user_id": user,
                 "command": command,
                 "text": text,
-                "response_url": "http://127.0.0.1:1/unused",
+                "response_url": UNUSED_URL,
                 "trigger_id": "trig",
             }
         )
-        status, _ = await self.raw(body, signed_headers(body), "application/x-www-form-urlencoded")
-        return status
+        return await self._signed(body, "application/x-www-form-urlencoded")
 
 
-async def rewind(
-    client: SlackClient, slack: FakeSlack, *, message_ts: str, thread_ts: str, user: str = "U1"
-) -> dict[str, Any]:
-    """*Rewind to here* as a person does it: the shortcut, then the confirmation's submit.
-    Returns the confirmation modal the app opened."""
-    opened = len(slack.named("views.open"))
-    assert (
-        await client.shortcut(
-            "rewind_session", message_ts=message_ts, thread_ts=thread_ts, user=user
-        )
-        == 200
-    )
-    await slack.wait_for(lambda: len(slack.named("views.open")) > opened)
-    view: dict[str, Any] = slack.named("views.open")[-1].args["view"]
-    assert await client.submit_view(view, user=user) == 200
-    return view
+if __name__ == "__main__":  # the stand-in in its own process (the benchmark's load generator
+    # must not share an event loop with the server the bot calls back)
+    run_forever(SlackStandIn(history=True))

@@ -1,8 +1,9 @@
-"""A local Anthropic Messages API server speaking the real streaming wire format.
+"""A stand-in model speaking the Anthropic Messages API streaming wire format.
 
-``FakeAnthropic`` is a ``ScriptedServer``; the functions here build what the API streams:
-``message_start``, ``content_block_start/delta/stop`` (``text_delta``, ``input_json_delta``),
-``ping``, ``message_delta`` with the stop reason and usage, ``message_stop``, and ``error``.
+``AnthropicStandIn`` is a ``ScriptedServer`` (see ``core.testing.scripted``); the builders make
+what the API streams: ``message_start`` (with the message's usage), ``content_block_start/
+delta/stop`` (``text_delta``, ``input_json_delta``), ``ping``, ``message_delta`` with the stop
+reason and usage, ``message_stop``, and ``error``.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tests.providers_fixtures import JsonReply, ScriptedServer, SseReply, sse_frame
+from core.testing.scripted import JsonReply, ScriptedServer, SseReply, sse_frame
 
 
-class FakeAnthropic(ScriptedServer):
+class AnthropicStandIn(ScriptedServer):
+    """The Messages endpoint; point ``ANTHROPIC_BASE_URL`` at ``base_url``."""
+
     @property
     def base_url(self) -> str:
         return self.url
@@ -27,7 +30,7 @@ def event(kind: str, **fields: Any) -> str:
 def message_start(input_tokens: int = 15, *, cache_read: int = 0, cache_write: int = 0) -> str:
     """``input_tokens`` is the uncached part of the prompt, as the API counts it; the cached
     parts come in their own fields."""
-    message = {
+    message: dict[str, Any] = {
         "id": "msg_fake",
         "type": "message",
         "role": "assistant",

@@ -1,0 +1,129 @@
+"""What an MCP tool call and an approval cost us, beside the tool's own time.
+
+Real parts: the runtime built from settings, the offline model (a deterministic stand-in, so no
+model time is measured), the notes MCP server of ``core.testing.mcp_notes`` over stdio, the
+conversation API as Slack and the terminal call it. Three figures, in ms:
+
+- ``turn_without_tool``: a turn whose model answers in words (the baseline);
+- ``mcp_call_overhead``: a turn whose model calls a read-only MCP tool, minus the tool's own round
+  trip (``McpCallFinished.seconds``: the SDK's request to the server and its answer) and minus
+  the baseline's median: what offering, checking, recording and replaying a call adds (the
+  extra model step included, which the offline model makes nearly free);
+- ``approval_round_trip``: a turn that stops at a call needing approval (request recorded, lock
+  released), the decision (one conditional write), and the turn that carries it out and
+  continues, minus the tool's own round trip: our own work through an approval and back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from bench.costs import summarize
+from core.agent.loop import McpCallFinished
+from core.conversation import Answered, Conversations, Decided, TurnRequest
+from core.records import Actor
+from core.runtime import Runtime
+from core.settings import Settings
+from core.testing.mcp_notes import stdio_entry
+
+READ = 'mcp__notes__read_note {"title": "plan"}'
+ADD = 'mcp__notes__add_note {"title": "plan", "text": "ship on friday"}'
+CONNECT_SECONDS = 120.0
+
+
+@contextlib.asynccontextmanager
+async def _runtime(database_url: str | None) -> AsyncIterator[Runtime]:
+    with tempfile.TemporaryDirectory(prefix="slack-agent-bench-tools-") as tmp:
+        config = Path(tmp) / "mcp.json"
+        entry = stdio_entry({"MCP_NOTES_FILE": str(Path(tmp) / "notes.json")})
+        config.write_text(json.dumps({"mcpServers": {"notes": entry}}))
+        settings = Settings(
+            database_url=database_url or f"sqlite+aiosqlite:///{tmp}/bench.db",
+            model_provider="offline",
+            mcp_config=str(config),
+            auto_compact_tokens=0,
+        )
+        runtime = await Runtime.open(settings)
+        try:
+            assert runtime.tools is not None
+            async with asyncio.timeout(CONNECT_SECONDS):
+                await runtime.tools.wait_for("notes", "connected")
+            yield runtime
+        finally:
+            await runtime.close()
+
+
+class _ToolTime:
+    """The tool's own round trips during one turn."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    async def __call__(self, event: object) -> None:
+        if isinstance(event, McpCallFinished):
+            self.seconds += event.seconds
+
+
+async def _turn(conversations: Conversations, key: str, text: str) -> tuple[float, float, Any]:
+    person = await conversations.person("bench:tools")
+    conversation = await conversations.open(key, owner=person)
+    tool = _ToolTime()
+    started = time.perf_counter()
+    outcome = await conversation.take_turn(TurnRequest(text), tool)
+    elapsed = time.perf_counter() - started
+    assert isinstance(outcome, Answered), outcome
+    return elapsed, tool.seconds, outcome.result
+
+
+async def bench_tools(database_url: str | None, *, quick: bool = False) -> dict[str, Any]:
+    n = 20 if quick else 100
+    async with _runtime(database_url) as runtime:
+        conversations = runtime.conversations(f"bench-tools-{os.getpid()}")
+        desk = conversations.approvals
+        assert desk is not None
+        baseline: list[float] = []
+        with_call: list[float] = []
+        round_trip: list[float] = []
+        await _turn(conversations, "warm-0", READ)  # the first call pays imports and caches
+        for i in range(n):
+            elapsed, _, _ = await _turn(conversations, f"plain-{i}", "hello")
+            baseline.append(elapsed)
+            elapsed, tool_seconds, _ = await _turn(conversations, f"read-{i}", READ)
+            with_call.append(elapsed - tool_seconds)
+        median = sorted(baseline)[len(baseline) // 2]
+        for i in range(n):
+            key = f"ask-{i}"
+            started = time.perf_counter()
+            elapsed, _, result = await _turn(conversations, key, ADD)
+            assert result.approval is not None
+            person = await conversations.person("bench:tools")
+            decided = await desk.decide(
+                result.approval.id, person, approver_id=None, approve=True, by="bench:tools"
+            )
+            assert isinstance(decided, Decided)
+            conversation = await conversations.open(key, owner=person)
+            tool = _ToolTime()
+            outcome = await conversation.carry_out(result.approval.id, tool)
+            assert isinstance(outcome, Answered)
+            round_trip.append(time.perf_counter() - started - tool.seconds)
+        # The database may be a real one: the bench's sessions go (their requests with them).
+        admin = Actor(None, admin=True)
+        for session in await runtime.storage.sessions.list_sessions(
+            project_name=conversations.project, limit=10 * n
+        ):
+            await runtime.storage.sessions.delete_session(session.id, admin)
+    return {
+        "turn_without_tool": summarize(baseline),
+        "turn_with_mcp_call_excluding_tool": summarize(with_call),
+        # Each turn with a call against the baseline's median (can be below 0: noise).
+        "mcp_call_overhead": summarize([s - median for s in with_call]),
+        "approval_round_trip": summarize(round_trip),
+    }

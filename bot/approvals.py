@@ -1,0 +1,221 @@
+"""Tool calls waiting for a person, the Slack way: the card, the buttons, the card's outcome.
+
+- **The card.** A turn that stops at a call needing approval (``TurnResult.approval``) gets a
+  card in its thread: the tool, its server, its arguments (escaped, shortened), Approve / Deny.
+  The buttons carry only the request's id; where the card is (``card_ref``) is stored with it.
+- **A click.** Who clicked and on which request is one call of the conversation API
+  (``ApprovalDesk.decide``). A decision is then recorded as a delivery record (event key
+  ``approval:<id>``) *before* Bolt acknowledges the click, so it is carried out (the turn that
+  runs the call and continues) exactly once, on whichever replica holds the record, across
+  restarts; a refusal is a one-line ephemeral and changes nothing. A retried or second click
+  finds the request decided: the record already exists, and nothing runs again.
+- **The outcome.** A card shows its request's state in place of its buttons. Every replica
+  compares the cards with their requests every ``SESSION_POLL_SECONDS`` (``cards_behind``) and
+  one of them (``card_shown`` is conditional) updates a card whose request moved on anywhere:
+  decided in the terminal, carried out, expired, superseded or rewound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot import payload
+from bot import texts as text
+from bot.post import Post, external_user, thread_key
+from bot.reply import SLACK_FAILURES
+from core.agent.loop import ApprovalRequest
+from core.conversation import Conversations, Decided, Refused
+from core.conversation.worker import DeliveryWorker
+from core.settings import Settings
+from core.storage.approvals import ApprovalRecord
+
+log = logging.getLogger(__name__)
+
+EVENT_PREFIX = "approval:"  # delivery records of decisions: ``approval:<id>``
+
+ClientFor = Callable[[str], Awaitable[AsyncWebClient | None]]
+
+
+def post_of_thread(key: str, user: str, ts: str | None = None) -> Post | None:
+    """Where a conversation's thread is (its key ``team/channel/thread_ts``)."""
+    parts = key.split("/")
+    if len(parts) != 3 or not all(parts):
+        return None
+    team, channel, thread_ts = parts
+    surface = "dm" if channel.startswith("D") else "channel"
+    return Post(team, channel, thread_ts, ts or thread_ts, user, surface)
+
+
+class ApprovalCards:
+    """One per process: posts cards, handles clicks, keeps cards up to date."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        conversations: Conversations,
+        client_for: ClientFor,
+    ) -> None:
+        self.settings = settings
+        self.conversations = conversations
+        self._client_for = client_for
+        self._sync: asyncio.Task[None] | None = None
+
+    # -- the card -------------------------------------------------------------------------------
+
+    async def post(self, client: AsyncWebClient, post: Post, request: ApprovalRequest) -> None:
+        """The card for a request a turn stopped at, in the turn's thread."""
+        desk = self.conversations.approvals
+        body = text.approval_request(request.tool_name, request.server, request.arguments)
+        try:
+            response = await client.chat_postMessage(
+                channel=post.channel,
+                thread_ts=post.thread_ts,
+                text=body,
+                blocks=text.approval_blocks(
+                    request.id, request.tool_name, request.server, request.arguments
+                ),
+            )
+        except SLACK_FAILURES as exc:
+            log.warning("approval card for %s not posted: %s", request.id, exc)
+            return
+        ts = response.get("ts")
+        if desk is not None and isinstance(ts, str):
+            await desk.approvals.set_card(request.id, thread_key(post.team, post.channel, ts))
+
+    async def show(self, record: ApprovalRecord, client: AsyncWebClient | None = None) -> bool:
+        """Bring one card up to its request's state (one replica per change does)."""
+        desk = self.conversations.approvals
+        if desk is None or record.card_ref is None or record.card_state is None:
+            return False
+        if record.card_state == record.state:
+            return False
+        parts = record.card_ref.split("/")
+        if len(parts) != 3:
+            return False
+        team, channel, ts = parts
+        if not await desk.approvals.card_shown(record.id, record.card_state, record.state):
+            return False
+        client = client or await self._client_for(team)
+        if client is None:
+            return False
+        try:
+            await client.chat_update(
+                channel=channel,
+                ts=ts,
+                text=text.approval_outcome(record.state, record.decided_by),
+                blocks=text.approval_outcome_blocks(
+                    record.state,
+                    record.decided_by,
+                    record.tool_name,
+                    record.server,
+                    record.arguments,
+                ),
+            )
+        except SLACK_FAILURES as exc:
+            log.info("approval card %s not updated: %s", record.id, exc)
+        return True
+
+    async def refresh(self, approval_id: str, client: AsyncWebClient | None = None) -> None:
+        desk = self.conversations.approvals
+        if desk is None:
+            return
+        record = await desk.get(approval_id)
+        if record is not None:
+            await self.show(record, client)
+
+    def start(self) -> None:
+        if self._sync is None and self.conversations.approvals is not None:
+            self._sync = asyncio.create_task(self._keep_cards())
+
+    async def stop(self) -> None:
+        if self._sync is not None:
+            self._sync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sync
+
+    async def _keep_cards(self) -> None:
+        desk = self.conversations.approvals
+        assert desk is not None
+        while True:
+            await asyncio.sleep(self.settings.session_poll_seconds)
+            try:
+                for record in await desk.approvals.cards_behind():
+                    await self.show(record)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a database blip: the next round tries again
+                log.warning("could not bring approval cards up to date: %s", exc)
+
+    # -- a click --------------------------------------------------------------------------------
+
+    async def clicked(
+        self,
+        body: dict[str, Any],
+        action: dict[str, Any],
+        client: AsyncWebClient,
+        worker: DeliveryWorker[AsyncWebClient],
+    ) -> str | None:
+        """Decide the request a button names, before the acknowledgement. Returns the line
+        to tell the clicker when nothing changed (None: the decision was recorded)."""
+        approve = payload.nested_string(action, "action_id") == text.APPROVE
+        approval_id = payload.nested_string(action, "value") or ""
+        team = payload.nested_string(body, "team", "id") or ""
+        user = payload.nested_string(body, "user", "id") or ""
+        desk = self.conversations.approvals
+        if desk is None or not team or not user:
+            return text.approval_refused("unknown")
+        record = await desk.get(approval_id)
+        key = None
+        if record is not None:
+            key = await self.conversations.key_of(record.session_id)
+        if record is None or key is None or not key.startswith(f"{team}/"):
+            return text.approval_refused("unknown")  # a tampered id, another workspace's
+        person = await self.conversations.person(
+            external_user(team, user), admin=self.settings.is_admin(team, user)
+        )
+        decision = await desk.decide(
+            approval_id,
+            person,
+            approver_id=f"{team}:{user}",
+            approve=approve,
+            by=external_user(team, user),
+        )
+        if isinstance(decision, Refused):
+            found = decision.record
+            if decision.reason == "decided" and found is not None and not found.carried_out:
+                # A retry of the click that decided (its acknowledgement was lost), or a second
+                # click: the record is idempotent, so the decision is carried out once.
+                await self._record(found, key, user, client, worker)
+            return text.approval_refused(
+                decision.reason, found.decided_by if found is not None else None
+            )
+        assert isinstance(decision, Decided)
+        await self._record(decision.record, key, user, client, worker)
+        return None
+
+    async def _record(
+        self,
+        record: ApprovalRecord,
+        key: str,
+        user: str,
+        client: AsyncWebClient,
+        worker: DeliveryWorker[AsyncWebClient],
+    ) -> None:
+        post = post_of_thread(key, user)
+        if post is None:
+            return
+        await worker.receive(
+            event_key=f"{EVENT_PREFIX}{record.id}",
+            thread_key=key,
+            author=user,
+            message_id=record.message_id,
+            text=f"({record.tool_name}: {record.state})",
+            context={**post.context(), "approval": record.id},
+            client=client,
+        )

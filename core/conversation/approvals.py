@@ -1,0 +1,152 @@
+"""Deciding a tool call that waits for a person, the same way from every surface.
+
+A surface shows a waiting request (``Conversation.pending_approval``), and when someone decides
+it calls ``ApprovalDesk.decide`` once: who may decide, whether the request can still be decided,
+and the decision itself (one conditional write, so of any number of clicks on any replicas one
+decision wins) live here. Carrying the decision out is a turn (``Conversation.carry_out``): Slack
+runs it from a delivery record, so it survives restarts and runs on exactly one replica; the
+terminal runs it in place.
+
+Refusals are values with a stable ``reason`` a surface words in one line; nothing changes when a
+decision is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from core import metrics
+from core.records import Actor, SessionInfo
+from core.storage.approvals import ApprovalRecord, Approvals
+from core.storage.sessions import SessionStore
+from core.tools import canonical_json, is_mcp_tool_name
+
+RefusalReason = Literal[
+    "unknown",  # no such request (a tampered or foreign id)
+    "not_allowed",  # neither the owner, an admin, nor one of the server's approvers
+    "expired",  # nobody decided within APPROVAL_TIMEOUT_SECONDS
+    "superseded",  # a new message moved the conversation on
+    "rewound",  # the message that asked was taken out by a rewind
+    "decided",  # someone decided already (``record.decided_by``)
+]
+
+
+@dataclass(frozen=True)
+class Decided:
+    """This decision was recorded; the surface carries it out (``Conversation.carry_out``)."""
+
+    record: ApprovalRecord
+    session: SessionInfo
+
+
+@dataclass(frozen=True)
+class Refused:
+    reason: RefusalReason
+    record: ApprovalRecord | None = None
+
+
+Decision = Decided | Refused
+
+
+class ApprovalDesk:
+    """The approval requests behind one surface's conversations."""
+
+    def __init__(self, store: SessionStore, approvals: Approvals) -> None:
+        self.store = store
+        self.approvals = approvals
+
+    async def get(self, approval_id: str) -> ApprovalRecord | None:
+        if not _plausible(approval_id):
+            return None
+        return await self.approvals.get(approval_id)
+
+    async def decide(
+        self, approval_id: str, actor: Actor, *, approver_id: str | None, approve: bool, by: str
+    ) -> Decision:
+        """``approver_id``: the person as a server's ``approvers`` name them (``T…:U…``);
+        ``by``: how the outcome names them."""
+        record = await self.get(approval_id)
+        if record is None:
+            return Refused("unknown")
+        session = await self.store.get_session(record.session_id)
+        allowed = (
+            actor.admin
+            or (actor.user_id is not None and actor.user_id == session.user_id)
+            or (approver_id is not None and approver_id in record.approvers)
+        )
+        if not allowed:
+            return Refused("not_allowed", record)
+        settled = await self.settle(record)
+        if settled is not None:
+            return settled
+        decided = await self.approvals.decide(record.id, approve=approve, by=by)
+        if decided is None:  # moved on between the read and the write: say how
+            current = await self.approvals.get(record.id)
+            return await self.settle(current) or Refused("decided", current)
+        metrics.APPROVALS_DECIDED.labels("approved" if approve else "denied").inc()
+        return Decided(decided, session)
+
+    async def settle(self, record: ApprovalRecord | None) -> Refused | None:
+        """Why ``record`` can no longer be decided (closing it if it just became so), or None
+        while it waits."""
+        if record is None:
+            return Refused("unknown")
+        if record.state in ("expired", "superseded", "rewound"):
+            return Refused(record.state, record)  # type: ignore[arg-type]
+        if record.state != "pending":
+            return Refused("decided", record)
+        if record.overdue:
+            closed = await self.approvals.close(record.id, "expired")
+            return Refused("expired", closed or record)
+        located = await self.store.find_message(record.message_id)
+        if located is None or located[0] != record.session_id:
+            closed = await self.approvals.close(record.id, "rewound")
+            return Refused("rewound", closed or record)
+        return None
+
+    async def waiting_in(self, session_id: int) -> ApprovalRecord | None:
+        """The request the session waits on now: pending, not overdue, and asked by the
+        session's last message (anything later supersedes it at the next turn)."""
+        found = await self.approvals.of_session(session_id, states=("pending",))
+        if not found:
+            return None
+        tail = await self.store.tail(session_id)
+        for record in reversed(found):
+            if not record.overdue and tail is not None and tail.message_id == record.message_id:
+                return record
+        return None
+
+
+# Outcomes of calls that reached their server (a refusal before sending changed nothing).
+_SENT = frozenset({"ok", "tool_error", "timeout", "server_failed", "protocol_error", None})
+SHOWN_ARGUMENTS = 120
+
+
+def calls_outside(message: Mapping[str, Any]) -> list[str]:
+    """The MCP calls in a stored message that went out to their servers (``tool {args}``):
+    what a rewind or a fork cannot undo."""
+    found: list[str] = []
+    for part in message.get("parts") or []:
+        if not isinstance(part, dict):
+            continue
+        kind = str(part.get("type", ""))
+        name = kind.removeprefix("tool-")
+        if not kind.startswith("tool-") or not is_mcp_tool_name(name):
+            continue
+        state = part.get("state")
+        sent = state == "output-available" or (
+            state == "output-error" and part.get("outcome") in _SENT
+        )
+        if sent:
+            shown = canonical_json(part.get("input") or {})
+            if len(shown) > SHOWN_ARGUMENTS:
+                shown = shown[: SHOWN_ARGUMENTS - 1] + "…"
+            found.append(f"{name} {shown}")
+    return found
+
+
+def _plausible(approval_id: str) -> bool:
+    """An id this product made (32 hex digits): anything else is refused before any query."""
+    return len(approval_id) == 32 and all(c in "0123456789abcdef" for c in approval_id)

@@ -1,0 +1,112 @@
+"""Budgets in force: ``BUDGETS`` from the environment, changed at run time (``budget set`` /
+``budget clear``) and stored in ``system_settings``, like retention, so every replica applies
+the same limits on its next turn without a restart.
+
+The stored value maps a limit's identity (``scope:period:unit``) to its amount as text, or to
+``null`` for a limit of the environment cleared at run time. ``budget clear`` without a key
+forgets every run-time change, putting the environment's ``BUDGETS`` back in force.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any, Final, cast
+
+from sqlalchemy import Table, delete, select
+
+from core.errors import ConfigError
+from core.storage.dialect import db_now
+from core.storage.engine import Database
+from core.storage.models import SystemSetting
+from core.usage.budgets import PERIODS, SCOPES, Budget, parse_budgets
+
+BUDGETS_KEY: Final = "budgets"
+SETTINGS: Final = cast(Table, SystemSetting.__table__)
+UNITS: Final = ("tokens", "usd")
+
+
+def identity(budget: Budget) -> str:
+    return f"{budget.scope}:{budget.period}:{budget.unit}"
+
+
+def parse_identity(value: str) -> tuple[str, ...]:
+    """The identities ``scope:period[:unit]`` names (both units when none is given), or
+    ``ConfigError`` saying why it names none."""
+    parts = [part.strip().lower() for part in value.strip().split(":")]
+    if len(parts) not in (2, 3) or parts[0] not in SCOPES or parts[1] not in PERIODS:
+        raise ConfigError(f"{value!r} is not SCOPE:PERIOD[:UNIT] (e.g. user:day or all:month:usd)")
+    if len(parts) == 3 and parts[2] not in UNITS:
+        raise ConfigError(f"{value!r}: unit {parts[2]!r} is not tokens or usd")
+    units = (parts[2],) if len(parts) == 3 else UNITS
+    return tuple(f"{parts[0]}:{parts[1]}:{unit}" for unit in units)
+
+
+class Budgets:
+    """The budgets in force: the environment's, with the run-time changes applied."""
+
+    def __init__(self, db: Database, defaults: Sequence[Budget]) -> None:
+        self._db = db
+        self.defaults = tuple(defaults)
+
+    async def _stored(self) -> dict[str, Any]:
+        async with self._db.read() as conn:
+            value = await conn.scalar(select(SETTINGS.c.value).where(SETTINGS.c.key == BUDGETS_KEY))
+        return dict(value) if isinstance(value, dict) else {}
+
+    async def in_force(self) -> tuple[Budget, ...]:
+        return self._apply(await self._stored())
+
+    async def sources(self) -> list[tuple[Budget, str]]:
+        """Each budget in force and where it comes from (``environment`` or ``run time``)."""
+        stored = await self._stored()
+        return [
+            (budget, "run time" if identity(budget) in stored else "environment")
+            for budget in self._apply(stored)
+        ]
+
+    def _apply(self, stored: dict[str, Any]) -> tuple[Budget, ...]:
+        found = {identity(budget): budget for budget in self.defaults}
+        for key, amount in stored.items():
+            if amount is None:
+                found.pop(key, None)
+                continue
+            scope, period, unit = key.split(":")
+            found[key] = Budget(scope, period, unit, Decimal(str(amount)))  # type: ignore[arg-type]
+        return tuple(found.values())
+
+    async def set(self, value: str) -> tuple[Budget, ...]:
+        """Add or replace the limits ``value`` gives (``BUDGETS`` syntax). A malformed entry
+        raises ``ConfigError`` and nothing changes."""
+        given = parse_budgets(value)
+        if not given:
+            raise ConfigError("no budget given (e.g. user:day:200000tokens)")
+        stored = await self._stored()
+        for budget in given:
+            stored[identity(budget)] = str(budget.amount)
+        await self._store(stored)
+        return self._apply(stored)
+
+    async def clear(self, value: str | None = None) -> tuple[Budget, ...]:
+        """Remove the limits ``scope:period[:unit]`` names (one of the environment's too), or
+        with no value forget every run-time change."""
+        if value is None:
+            async with self._db.write() as conn:
+                await conn.execute(delete(SETTINGS).where(SETTINGS.c.key == BUDGETS_KEY))
+            return self.defaults
+        keys = parse_identity(value)
+        stored = await self._stored()
+        for key in keys:
+            stored[key] = None
+        await self._store(stored)
+        return self._apply(stored)
+
+    async def _store(self, stored: dict[str, Any]) -> None:
+        async with self._db.write() as conn:
+            stmt = self._db.upsert(SETTINGS).values(key=BUDGETS_KEY, value=stored)
+            await conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=["key"],
+                    set_={"value": stmt.excluded.value, "updated_at": db_now()},
+                )
+            )

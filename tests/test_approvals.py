@@ -1,0 +1,307 @@
+"""Tool calls under a person's approval, through the conversation API every surface calls: a real
+notes MCP server (SDK, stdio), the offline model calling it, the real runtime on both databases."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.conversation import (
+    AlreadyAnswered,
+    Answered,
+    Conversation,
+    Conversations,
+    Decided,
+    Refused,
+    TurnRequest,
+)
+from core.records import Actor
+from core.runtime import Runtime
+from core.settings import Settings
+from tests.mcp_support import READY_SECONDS, calls_counted, notes, notes_entry, write_config
+
+ADD = 'mcp__notes__add_note {"title": "plan", "text": "ship on friday"}'
+
+
+@pytest.fixture
+async def runtime(tmp_path: Path, database_url: str) -> AsyncIterator[Runtime]:
+    entry = notes_entry(tmp_path)
+    entry["approvers"] = ["T1:U9"]
+    settings = Settings(
+        database_url=database_url,
+        model_provider="offline",
+        mcp_config=write_config(tmp_path, {"notes": entry}),
+    )
+    opened = await Runtime.open(settings)
+    assert opened.tools is not None
+    async with asyncio.timeout(READY_SECONDS):
+        await opened.tools.wait_for("notes", "connected")
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture
+def conversations(runtime: Runtime) -> Conversations:
+    return runtime.conversations("test")
+
+
+async def owner(conversations: Conversations) -> Actor:
+    return await conversations.person("slack:T1:U1")
+
+
+async def asked(conversations: Conversations, key: str = "k1") -> tuple[Conversation, str]:
+    """A conversation whose last turn stopped at the add_note call; the request's id."""
+    conversation = await conversations.open(key, owner=await owner(conversations))
+    outcome = await conversation.take_turn(TurnRequest(ADD))
+    assert isinstance(outcome, Answered)
+    assert outcome.result.approval is not None
+    assert outcome.result.answer is not None
+    await conversation.showed(outcome.result.answer.message_id)  # as a surface does
+    return conversation, outcome.result.approval.id
+
+
+def part_of(message: dict[str, Any], tool: str = "mcp__notes__add_note") -> dict[str, Any]:
+    (part,) = [p for p in message["parts"] if p.get("type") == f"tool-{tool}"]
+    return part
+
+
+async def decide(
+    conversations: Conversations,
+    approval_id: str,
+    who: Actor,
+    *,
+    approve: bool = True,
+    approver_id: str | None = "T1:U1",
+) -> Decided | Refused:
+    assert conversations.approvals is not None
+    return await conversations.approvals.decide(
+        approval_id, who, approver_id=approver_id, approve=approve, by="U1"
+    )
+
+
+async def test_approval__the_turn_ends_at_the_call_with_the_lock_released(
+    conversations: Conversations, tmp_path: Path
+) -> None:
+    conversation, approval_id = await asked(conversations)
+    assert not await conversation.is_busy()
+    tail = await conversation.store.tail(conversation.id)
+    assert tail is not None
+    part = part_of(tail.message)
+    assert part["state"] == "approval-requested"
+    assert part["approval"] == {"id": approval_id}
+    waiting = await conversation.pending_approval()
+    assert waiting is not None
+    assert waiting.id == approval_id
+    assert waiting.arguments == {"title": "plan", "text": "ship on friday"}
+    assert notes(tmp_path) == {}  # nothing ran
+
+
+async def test_approval__approve_runs_the_call_once_and_the_model_continues(
+    conversations: Conversations, tmp_path: Path
+) -> None:
+    conversation, approval_id = await asked(conversations)
+    decided = await decide(conversations, approval_id, await owner(conversations))
+    assert isinstance(decided, Decided)
+    assert await conversation.pending_approval() is None  # every surface stops asking
+    outcome = await conversation.carry_out(approval_id)
+    assert isinstance(outcome, Answered)
+    assert notes(tmp_path) == {"plan": "ship on friday"}
+    assert "answered" in outcome.result.text  # the offline model quotes the result
+    messages = await conversation.store.messages(conversation.id)
+    part = part_of(messages[-2].message)
+    assert part["state"] == "output-available"
+    assert part["approval"]["approved"] is True
+    assert messages[-1].role == "assistant"
+    again = await conversation.carry_out(approval_id)
+    assert isinstance(again, AlreadyAnswered)
+    record = await conversations.approvals.get(approval_id)  # type: ignore[union-attr]
+    assert record is not None
+    assert record.state == "ran"
+
+
+async def test_approval__deny_tells_the_model_and_nothing_runs(
+    conversations: Conversations, tmp_path: Path
+) -> None:
+    conversation, approval_id = await asked(conversations)
+    decided = await decide(conversations, approval_id, await owner(conversations), approve=False)
+    assert isinstance(decided, Decided)
+    outcome = await conversation.carry_out(approval_id)
+    assert isinstance(outcome, Answered)
+    assert notes(tmp_path) == {}
+    messages = await conversation.store.messages(conversation.id)
+    part = part_of(messages[-2].message)
+    assert part["state"] == "output-denied"
+    assert "declined" in part["approval"]["reason"]
+    assert "declined" in outcome.result.text
+
+
+async def test_approval__only_owner_admins_and_the_servers_approvers_decide(
+    conversations: Conversations,
+) -> None:
+    _, approval_id = await asked(conversations)
+    stranger = await conversations.person("slack:T1:U2")
+    refused = await decide(conversations, approval_id, stranger, approver_id="T1:U2")
+    assert refused == Refused("not_allowed", refused.record)  # type: ignore[union-attr]
+    assert (await conversations.approvals.get(approval_id)).state == "pending"  # type: ignore[union-attr]
+    approver = await conversations.person("slack:T1:U9")
+    assert isinstance(
+        await decide(conversations, approval_id, approver, approver_id="T1:U9"), Decided
+    )
+    _, second = await asked(conversations, "k2")
+    admin = Actor(stranger.user_id, admin=True)
+    assert isinstance(await decide(conversations, second, admin, approver_id=None), Decided)
+
+
+async def test_approval__two_decisions_at_once_one_wins(conversations: Conversations) -> None:
+    _, approval_id = await asked(conversations)
+    who = await owner(conversations)
+    results = await asyncio.gather(
+        *(decide(conversations, approval_id, who, approve=i % 2 == 0) for i in range(6))
+    )
+    assert sum(isinstance(r, Decided) for r in results) == 1
+    assert all(r.reason == "decided" for r in results if isinstance(r, Refused))
+
+
+async def test_approval__a_new_message_supersedes_the_request(
+    conversations: Conversations, tmp_path: Path
+) -> None:
+    conversation, approval_id = await asked(conversations)
+    outcome = await conversation.take_turn(TurnRequest("never mind"))
+    assert isinstance(outcome, Answered)
+    messages = await conversation.store.messages(conversation.id)
+    part = part_of(messages[-3].message)
+    assert part["state"] == "output-denied"
+    assert part["approval"]["reason"].startswith("superseded")
+    refused = await decide(conversations, approval_id, await owner(conversations))
+    assert isinstance(refused, Refused)
+    assert refused.reason == "superseded"
+    assert await conversation.pending_approval() is None
+    assert notes(tmp_path) == {}
+
+
+async def test_approval__a_decision_after_the_timeout_is_refused(
+    tmp_path: Path, database_url: str
+) -> None:
+    settings = Settings(
+        database_url=database_url,
+        model_provider="offline",
+        mcp_config=write_config(tmp_path, {"notes": notes_entry(tmp_path)}),
+        approval_timeout_seconds=0.001,
+    )
+    runtime = await Runtime.open(settings)
+    try:
+        assert runtime.tools is not None
+        async with asyncio.timeout(READY_SECONDS):
+            await runtime.tools.wait_for("notes", "connected")
+        conversations = runtime.conversations("test")
+        conversation, approval_id = await asked(conversations)
+        await asyncio.sleep(0.05)  # past the (tiny) timeout on the database clock
+        assert await conversation.pending_approval() is None
+        refused = await decide(conversations, approval_id, await owner(conversations))
+        assert isinstance(refused, Refused)
+        assert refused.reason == "expired"
+        outcome = await conversation.take_turn(TurnRequest("and now?"))
+        assert isinstance(outcome, Answered)
+        messages = await conversation.store.messages(conversation.id)
+        assert part_of(messages[-3].message)["approval"]["reason"].startswith("expired")
+        assert notes(tmp_path) == {}
+    finally:
+        await runtime.close()
+
+
+async def test_approval__a_rewound_request_is_refused(
+    conversations: Conversations, tmp_path: Path
+) -> None:
+    conversation, approval_id = await asked(conversations)
+    first = (await conversation.store.messages(conversation.id))[0]
+    await conversation.rewind(first.message_id, await owner(conversations))
+    refused = await decide(conversations, approval_id, await owner(conversations))
+    assert isinstance(refused, Refused)
+    assert refused.reason == "rewound"
+    assert notes(tmp_path) == {}
+
+
+@pytest.mark.parametrize("approval_id", ["", "x" * 32, "0" * 32, "../../etc", "1" * 5000])
+async def test_approval__an_unknown_or_tampered_id_is_refused(
+    conversations: Conversations, approval_id: str
+) -> None:
+    await asked(conversations)
+    refused = await decide(conversations, approval_id, await owner(conversations))
+    assert refused == Refused("unknown")
+
+
+async def test_approval__a_fork_does_not_copy_the_request_as_pending(
+    conversations: Conversations, tmp_path: Path
+) -> None:
+    conversation, approval_id = await asked(conversations)
+    tail = await conversation.store.tail(conversation.id)
+    assert tail is not None
+    forked = await conversation.fork(tail.message_id, await owner(conversations), "fork-1")
+    fork = forked.conversation
+    assert await fork.pending_approval() is None
+    outcome = await fork.take_turn(TurnRequest("go on"))
+    assert isinstance(outcome, Answered)
+    messages = await fork.store.messages(fork.id)
+    assert part_of(messages[-3].message)["state"] == "output-denied"
+    # The original still waits, and its approval runs there only.
+    assert (await conversation.pending_approval()) is not None
+    assert isinstance(await decide(conversations, approval_id, await owner(conversations)), Decided)
+    assert isinstance(await conversation.carry_out(approval_id), Answered)
+    assert notes(tmp_path) == {"plan": "ship on friday"}
+
+
+async def test_approval__a_call_sent_by_a_turn_that_died_is_never_sent_again(
+    conversations: Conversations, runtime: Runtime, tmp_path: Path
+) -> None:
+    conversation, approval_id = await asked(conversations)
+    assert isinstance(await decide(conversations, approval_id, await owner(conversations)), Decided)
+    # A turn took it to the server and died before recording the result.
+    assert await runtime.storage.approvals.start_running(approval_id)
+    outcome = await conversation.carry_out(approval_id)
+    assert isinstance(outcome, Answered)
+    assert notes(tmp_path) == {}  # not sent a second time
+    messages = await conversation.store.messages(conversation.id)
+    part = part_of(messages[-2].message)
+    assert part["state"] == "output-error"
+    assert "not sent again" in part["errorText"]
+
+
+async def test_approval__the_approved_digest_binds_the_exact_call(
+    conversations: Conversations, runtime: Runtime, tmp_path: Path
+) -> None:
+    _, approval_id = await asked(conversations)
+    record = await runtime.storage.approvals.get(approval_id)
+    assert record is not None
+    assert runtime.tools is not None
+    other = await runtime.tools.call(
+        "mcp__notes__add_note", {"title": "plan", "text": "other"}, approval=record.digest
+    )
+    assert other.kind == "approval_required"
+    assert notes(tmp_path) == {}
+    assert json.loads(json.dumps(record.arguments)) == {"title": "plan", "text": "ship on friday"}
+
+
+async def test_rewind_plan__names_the_calls_that_went_out_and_a_fork_runs_nothing(
+    conversations: Conversations, tmp_path: Path
+) -> None:
+    conversation, approval_id = await asked(conversations)
+    assert isinstance(await decide(conversations, approval_id, await owner(conversations)), Decided)
+    assert isinstance(await conversation.carry_out(approval_id), Answered)
+    messages = await conversation.store.messages(conversation.id)
+    plan = await conversation.rewind_plan(messages[0].message_id)
+    assert plan is not None
+    assert plan.outside == ('mcp__notes__add_note {"text":"ship on friday","title":"plan"}',)
+    before = calls_counted("notes", "add_note", "ok")
+    forked = await conversation.fork(messages[-1].message_id, await owner(conversations), "f2")
+    assert forked.copied == len(messages)
+    assert calls_counted("notes", "add_note", "ok") == before  # copied, never re-run
+    # A request that was refused before reaching its server is not named.
+    other, second = await asked(conversations, "k3")
+    first = (await other.store.messages(other.id))[0]
+    assert (await other.rewind_plan(first.message_id)).outside == ()  # type: ignore[union-attr]
+    assert second

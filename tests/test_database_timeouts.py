@@ -1,0 +1,34 @@
+"""Database time limits chosen from the staleness window, and refused when they cannot fit it."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.errors import ConfigError
+from core.settings import load_settings
+from core.storage import timeouts_of
+
+
+def test_timeouts__derived_from_the_window_and_within_its_budget() -> None:
+    settings = load_settings()  # 60 s window, 15 s heartbeat: a budget of 33 s
+    assert settings.database_timeouts == (8.25, 16.5)
+    assert settings.database_timeout_warning() is None
+    bounds = timeouts_of(settings)
+    assert bounds.server_settings()["statement_timeout"] == "16500"
+    assert bounds.server_settings()["idle_in_transaction_session_timeout"] == "16500"
+
+
+def test_timeouts__set_beyond_the_budget_are_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings(database_statement_timeout_seconds=30)
+    message = refused.value.message
+    assert message.startswith("DATABASE_STATEMENT_TIMEOUT_SECONDS: connect (8.25s) and statement")
+    assert "\n" not in message
+
+
+def test_timeouts__a_window_too_short_for_the_floors_gets_one_warning_line() -> None:
+    settings = load_settings(turn_lock_staleness_seconds=2, turn_heartbeat_seconds=0.25)
+    warning = settings.database_timeout_warning()
+    assert warning is not None
+    assert "\n" not in warning
+    assert settings.database_timeouts == (3.0, 5.0)

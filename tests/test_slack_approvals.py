@@ -1,0 +1,205 @@
+"""Approval cards in Slack: the real Bolt app over signed HTTP, a real notes MCP server (SDK,
+stdio), the offline model, the Slack stand-in; both databases."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from bot import texts as text
+from core.storage.sessions import SessionStore
+from core.testing.slack import Call, SlackClient, SlackStandIn
+from tests.mcp_support import READY_SECONDS, calls_counted, notes, notes_entry, write_config
+from tests.slack_harness import RunningBot, running_bot
+
+ADD = 'mcp__notes__add_note {"title": "plan", "text": "ship <on> friday"}'
+
+
+def mcp(tmp_path: Path) -> dict[str, Any]:
+    return {"mcp_config": write_config(tmp_path, {"notes": notes_entry(tmp_path)})}
+
+
+async def connected(*bots: RunningBot) -> None:
+    """The notes server answers in every bot (it starts in the background)."""
+    for running in bots:
+        tools = running.bot.runtime.tools
+        assert tools is not None
+        async with asyncio.timeout(READY_SECONDS):
+            await tools.wait_for("notes", "connected")
+
+
+def cards(slack: SlackStandIn) -> list[Call]:
+    return [
+        c
+        for c in slack.named("chat.postMessage")
+        if any(
+            e.get("action_id") == text.APPROVE
+            for b in c.args.get("blocks") or []
+            if b.get("type") == "actions"
+            for e in b.get("elements", [])
+        )
+    ]
+
+
+def approval_id(card: Call) -> str:
+    (actions,) = [b for b in card.args["blocks"] if b["type"] == "actions"]
+    return str(actions["elements"][0]["value"])
+
+
+async def click(
+    client: SlackClient,
+    slack: SlackStandIn,
+    card: Call,
+    *,
+    approve: bool = True,
+    user: str = "U1",
+    value: str | None = None,
+    team: str | None = None,
+    retry: bool = False,
+) -> int:
+    payload = {
+        "type": "block_actions",
+        "team": {"id": team or client.team, "domain": "test"},
+        "user": {"id": user, "team_id": team or client.team},
+        "channel": {"id": "C1"},
+        "container": {"type": "message", "channel_id": "C1", "message_ts": card.result["ts"]},
+        "message": {"ts": card.result["ts"], "thread_ts": card.args["thread_ts"]},
+        "trigger_id": "trig",
+        "token": "legacy",
+        "response_url": slack.response_url,
+        "actions": [
+            {
+                "type": "button",
+                "action_id": text.APPROVE if approve else text.DENY,
+                "value": approval_id(card) if value is None else value,
+                "block_id": "b",
+            }
+        ],
+    }
+    del retry  # a retry is the same payload sent again
+    return await client.interaction(payload)
+
+
+def card_updates(slack: SlackStandIn, card: Call) -> list[str]:
+    return [c.text for c in slack.named("chat.update") if c.args.get("ts") == card.result["ts"]]
+
+
+async def test_slack_approval__card_then_approve_runs_the_call_and_the_answer_continues(
+    database_url: str, slack: SlackStandIn, store: SessionStore, tmp_path: Path
+) -> None:
+    async with (
+        running_bot(database_url, slack, **mcp(tmp_path)) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        await connected(bot)
+        root = await client.message(ADD, mention=True)
+        (card,) = await slack.wait_for(lambda: cards(slack))
+        assert card.args["thread_ts"] == root
+        assert "mcp__notes__add_note" in card.args["text"]
+        assert "&lt;on&gt;" in card.args["text"]  # the arguments are escaped
+        assert notes(tmp_path) == {}
+        assert await click(client, slack, card) == 200
+        await slack.wait_for(
+            lambda: notes(tmp_path) and any("the call ran" in t for t in card_updates(slack, card))
+        )
+        await slack.wait_for(lambda: "answered" in slack.shown(root))
+    assert notes(tmp_path) == {"plan": "ship <on> friday"}
+
+
+async def test_slack_approval__deny_runs_nothing_and_the_card_says_who(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    async with (
+        running_bot(database_url, slack, **mcp(tmp_path)) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        await connected(bot)
+        root = await client.message(ADD, mention=True)
+        (card,) = await slack.wait_for(lambda: cards(slack))
+        assert await click(client, slack, card, approve=False) == 200
+        await slack.wait_for(lambda: any("Denied by <@U1>" in t for t in card_updates(slack, card)))
+        await slack.wait_for(lambda: "declined" in slack.shown(root))
+    assert notes(tmp_path) == {}
+
+
+async def test_slack_approval__others_and_bad_ids_are_refused_and_nothing_changes(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    async with (
+        running_bot(database_url, slack, **mcp(tmp_path)) as bot,
+        SlackClient(bot.url, response_url=slack.response_url) as client,
+    ):
+        await connected(bot)
+        await client.message(ADD, mention=True)
+        (card,) = await slack.wait_for(lambda: cards(slack))
+        assert await click(client, slack, card, user="U2") == 200
+        assert await click(client, slack, card, value="0" * 32) == 200
+        assert await click(client, slack, card, value="not-an-id") == 200
+        await slack.wait_for(lambda: len(slack.responses) == 3)
+        said = [r["text"] for r in slack.responses]
+        assert said[0] == text.approval_refused("not_allowed")
+        assert said[1] == said[2] == text.approval_refused("unknown")
+        assert all(r.get("response_type") == "ephemeral" for r in slack.responses)
+        # Still waiting: the owner can decide it.
+        assert await click(client, slack, card) == 200
+        await slack.wait_for(lambda: notes(tmp_path))
+
+
+async def test_slack_approval__two_replicas_clicks_at_once_and_a_retry_run_the_tool_once(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    before = calls_counted("notes", "add_note", "ok")
+    async with (
+        running_bot(database_url, slack, **mcp(tmp_path)) as one,
+        running_bot(database_url, slack, **mcp(tmp_path)) as two,
+        SlackClient(one.url, response_url=slack.response_url) as a,
+        SlackClient(two.url, response_url=slack.response_url) as b,
+    ):
+        await connected(one, two)
+        root = await a.message(ADD, mention=True)
+        (card,) = await slack.wait_for(lambda: cards(slack))
+        statuses = await asyncio.gather(
+            click(a, slack, card), click(b, slack, card), click(a, slack, card, retry=True)
+        )
+        assert statuses == [200, 200, 200]
+        await slack.wait_for(lambda: "answered" in slack.shown(root))
+        await slack.wait_for(lambda: len(slack.responses) == 2)  # the two that lost
+    assert calls_counted("notes", "add_note", "ok") - before == 1
+    assert all("already decided" in r["text"] for r in slack.responses)
+
+
+async def test_slack_approval__a_new_message_supersedes_the_card(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    async with (
+        running_bot(database_url, slack, session_poll_seconds=0.1, **mcp(tmp_path)) as bot,
+        SlackClient(bot.url, response_url=slack.response_url) as client,
+    ):
+        await connected(bot)
+        root = await client.message(ADD, mention=True)
+        (card,) = await slack.wait_for(lambda: cards(slack))
+        await client.message("never mind", thread_ts=root, mention=True)
+        await slack.wait_for(lambda: any("Superseded" in t for t in card_updates(slack, card)))
+        assert await click(client, slack, card) == 200
+        await slack.wait_for(lambda: slack.responses)
+        assert slack.responses[0]["text"] == text.approval_refused("superseded")
+    assert notes(tmp_path) == {}
+
+
+async def test_slack_approval__a_malformed_action_payload_is_a_400(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    async with (
+        running_bot(database_url, slack, **mcp(tmp_path)) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        bad = {
+            "type": "block_actions",
+            "team": {"id": client.team},
+            "user": {"id": ["U1"]},
+            "actions": [{"type": "button", "action_id": text.APPROVE, "value": 7}],
+        }
+        assert await client.interaction(bad) == 400
+    assert json.loads(json.dumps(notes(tmp_path))) == {}
