@@ -127,7 +127,7 @@ async def test_partition__the_cut_off_replica_stops_before_the_other_takes_over(
         a = ServeProcess(behind, slack, log=tmp_path / "a.log", **env)
         b = ServeProcess(database_url, slack, log=tmp_path / "b.log", **env)
         try:
-            await asyncio.gather(a.ready(within=120), b.ready(within=120))
+            await asyncio.gather(a.ready(within=300), b.ready(within=300))
             async with SlackClient(a.url) as to_a:
                 root = await to_a.message("a long question", mention=True)
                 await asyncio.wait_for(model.streaming.wait(), 30)
@@ -149,6 +149,12 @@ async def test_partition__the_cut_off_replica_stops_before_the_other_takes_over(
     # else was ever open at the same time.
     assert first[1] < second[0], (first, second, a.logged())
     assert model.most_at_once() == 1
+    # The figures docs/reliability.md reports (printed, never asserted: they depend on load).
+    cut = proxy.blackholed_at or 0.0
+    print(
+        f"partition: the cut-off replica's model stream ended {first[1] - cut:.2f} s after "
+        f"the cut; the take-over's model request began {second[0] - cut:.2f} s after it"
+    )
     assert "the turn stops before another replica may take it over" in a.logged()
     messages = await _transcript(store, root)
     assert [m.role for m in messages] == ["user", "assistant"]
@@ -186,7 +192,7 @@ async def test_outage_mid_turn__the_replica_retries_and_answers_without_waiting_
             TURN_HEARTBEAT_SECONDS="15",
         )
         try:
-            await a.ready(within=120)
+            await a.ready(within=300)
             async with SlackClient(a.url) as to_a:
                 root = await to_a.message("a question", mention=True)
                 await asyncio.wait_for(model.arrived.wait(), 60)
