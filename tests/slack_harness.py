@@ -123,7 +123,7 @@ class ServeProcess:
     def logged(self) -> str:
         return "" if self.log is None else self.log.read_text()
 
-    async def ready(self, within: float = 30.0) -> None:
+    async def ready(self, within: float = 120.0) -> None:
         deadline = time.monotonic() + within
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
