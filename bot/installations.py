@@ -1,10 +1,11 @@
 """Storage for multi-workspace installs: slack_sdk's SQLAlchemy stores in our database.
 
 The stores take a SQLAlchemy async engine, which the storage layer makes
-(``core.storage.engine.library_engine``), so the surface itself never touches SQLAlchemy. Their
-tables (``slack_bots``, ``slack_installations``, ``slack_oauth_states``) belong to slack_sdk and are
-created by it on start-up (``CREATE TABLE IF NOT EXISTS``), outside our Alembic history, so a
-slack_sdk upgrade that changes them needs no migration of ours.
+(``Storage.library_engine``), so the surface itself never touches SQLAlchemy. Their tables
+(``slack_bots``, ``slack_installations``, ``slack_oauth_states``) belong to slack_sdk and are
+created from its table definitions on start-up, outside our Alembic history (a slack_sdk upgrade
+that changes them needs no migration of ours), but under the same lock as our migrations
+(``Storage.create_library_tables``): replicas starting together would race on ``CREATE TABLE``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from slack_sdk.oauth.installation_store.sqlalchemy import AsyncSQLAlchemyInstallationStore
 from slack_sdk.oauth.state_store.sqlalchemy import AsyncSQLAlchemyOAuthStateStore
 
-from core.storage.engine import library_engine
+from core.storage import Storage
 
 STATE_EXPIRATION_SECONDS = 600
 
@@ -30,12 +31,15 @@ class InstallStores:
         await self.engine.dispose()
 
 
-async def open_install_stores(database_url: str, client_id: str) -> InstallStores:
-    engine = library_engine(database_url)
+async def open_install_stores(storage: Storage, client_id: str) -> InstallStores:
+    engine = storage.library_engine()
     installations = AsyncSQLAlchemyInstallationStore(client_id=client_id, engine=engine)
     states = AsyncSQLAlchemyOAuthStateStore(
         expiration_seconds=STATE_EXPIRATION_SECONDS, engine=engine
     )
-    await installations.create_tables()  # type: ignore[no-untyped-call]
-    await states.create_tables()  # type: ignore[no-untyped-call]
+    try:
+        await storage.create_library_tables(installations.metadata, states.metadata)
+    except BaseException:
+        await engine.dispose()
+        raise
     return InstallStores(engine, installations, states)

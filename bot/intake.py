@@ -149,9 +149,7 @@ class IntakeThread(threading.Thread):
         try:
             oauth: AsyncOAuthSettings | None = None
             if bot.installs is not None:
-                installs = await open_install_stores(
-                    settings.database_url, settings.slack_client_id or ""
-                )
+                installs = await open_install_stores(storage, settings.slack_client_id or "")
                 oauth = AsyncOAuthSettings(
                     client_id=settings.slack_client_id,
                     client_secret=settings.slack_client_secret,

@@ -123,9 +123,7 @@ class Bot:
         try:
             installs = None
             if settings.slack_client_id and settings.slack_client_secret:
-                installs = await open_install_stores(
-                    settings.database_url, settings.slack_client_id
-                )
+                installs = await open_install_stores(runtime.storage, settings.slack_client_id)
         except BaseException:
             await runtime.close()
             raise

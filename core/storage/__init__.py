@@ -15,15 +15,16 @@ budget reservations), ``budgets`` (the limits set at run time)).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from core.settings import Settings
 from core.storage.approvals import ApprovalRecord, Approvals
 from core.storage.budgets import Budgets
 from core.storage.custom_providers import CustomProviders
 from core.storage.deliveries import Deliveries
-from core.storage.engine import Database, DatabaseTimeouts, create_database
+from core.storage.engine import Database, DatabaseTimeouts, create_database, library_engine
 from core.storage.feedback import Feedback
-from core.storage.migrate import upgrade
+from core.storage.migrate import create_library_tables, upgrade
 from core.storage.retention import Retention, RetentionPolicy
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import Snapshots
@@ -85,6 +86,16 @@ class Storage:
     async def migrate(self) -> tuple[str | None, str | None]:
         """Bring the database to the newest schema (safe when replicas start at once)."""
         return await upgrade(self._db)
+
+    def library_engine(self) -> Any:
+        """An engine for a library that brings its own tables and statements (slack_sdk's
+        stores), its calls bounded like ours. ``Any``: what is above this layer only hands it
+        to that library."""
+        return library_engine(self._settings.database_url, timeouts_of(self._settings))
+
+    async def create_library_tables(self, *metadata: Any) -> None:
+        """A library's tables (their ``MetaData``), created under the migration lock."""
+        await create_library_tables(self._db, metadata)
 
     async def sweep(self) -> SweepReport:
         """One pass of every retention rule, under the policy in force now."""

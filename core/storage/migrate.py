@@ -8,7 +8,9 @@ may rebuild a table without cascading into its children (``Database.migrating``)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -54,3 +56,17 @@ async def upgrade(db: Database, revision: str = "head") -> tuple[str | None, str
 
     async with db.advisory_lock(_ADVISORY_LOCK_KEY), db.migrating() as conn:
         return await conn.run_sync(_run)
+
+
+async def create_library_tables(db: Database, metadata: Sequence[Any]) -> None:
+    """Create the tables a library brings (slack_sdk's installation and OAuth state stores: their
+    ``MetaData``) inside the migration's lock and transaction, like our own schema. Replicas
+    starting together would otherwise race on ``CREATE TABLE`` (the check for the table and its
+    creation are two statements) and one would exit. Existing tables are left as they are."""
+
+    def _create(connection: Connection) -> None:
+        for each in metadata:
+            each.create_all(connection)
+
+    async with db.advisory_lock(_ADVISORY_LOCK_KEY), db.migrating() as conn:
+        await conn.run_sync(_create)
