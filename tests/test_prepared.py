@@ -29,7 +29,8 @@ async def _turn_by_prepared_statements(
     token = f"token-{text}"
     async with db.write() as conn:
         params = {"sid": session_id, "token": token, "takeover_token": "t" + token}
-        claimed = await q.claim(conn, {**params, "staleness": 60.0, "title": text}, stamp=False)
+        claim = {**params, "staleness": 60.0, "title": text, "abandoned": None}
+        claimed = await q.claim(conn, claim, stamp=False)
         message = user_message(f"{text} \x00 é")
         row = q.message_row(session_id, 0, message)
         position = await q.insert_if_tail_is(conn, row, last)

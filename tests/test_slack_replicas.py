@@ -159,9 +159,15 @@ async def test_sweeper_thread__deletes_old_finished_delivery_records(
             insert(table).values(event_key="old", state="done", updated_at=ago(2 * 86400), **row)
         )
         await conn.execute(insert(table).values(event_key="fresh", state="done", **row))
+        # An offer still waits for its click within a day; an older one nobody answered goes.
         await conn.execute(
             insert(table).values(
-                event_key="old-but-waiting", state="offered", updated_at=ago(2 * 86400), **row
+                event_key="recent-offer", state="offered", updated_at=ago(3600), **row
+            )
+        )
+        await conn.execute(
+            insert(table).values(
+                event_key="old-offer", state="offered", updated_at=ago(2 * 86400), **row
             )
         )
     a = ServeProcess(
@@ -172,12 +178,12 @@ async def test_sweeper_thread__deletes_old_finished_delivery_records(
         for _ in range(200):
             async with store.db.read() as conn:
                 keys = set((await conn.execute(select(table.c.event_key))).scalars())
-            if "old" not in keys:
+            if not keys & {"old", "old-offer"}:
                 break
             await asyncio.sleep(0.05)
     finally:
         output = await a.astop()
-    assert keys == {"fresh", "old-but-waiting"}, output
+    assert keys == {"fresh", "recent-offer"}, output
     assert "sweeper: deleted" in output
     # The sweeper thread runs by default, and a SIGTERM with it running still exits cleanly.
     assert a.proc.returncode == 0, output

@@ -53,6 +53,7 @@ from core.messages import message_text, user_message
 from core.records import Actor, SessionInfo, StoredMessage
 from core.storage import Approvals, Feedback, SessionStore, SurfaceState
 from core.storage.approvals import ApprovalRecord
+from core.tools.names import PREFIX as MCP_PREFIX
 
 
 @dataclass(frozen=True)
@@ -483,9 +484,14 @@ class Conversation:
         if located is None or located[0] != self.id:
             return None
         target = located[1]
-        later = await self.store.messages(self.id, after_position=target.position)
-        leaving = len(later) + (1 if target.returns_as_draft else 0)
-        outside = tuple(call for m in [target, *later] for call in calls_outside(m.message))
+        later = await self.store.count_after(self.id, target.position)
+        leaving = later + (1 if target.returns_as_draft else 0)
+        # Only messages that name an MCP tool can hold a call that went out (read by the
+        # database's filter: the confirmation never reads the rest of the transcript).
+        called = await self.store.messages(
+            self.id, after_position=target.position, containing=MCP_PREFIX
+        )
+        outside = tuple(call for m in [target, *called] for call in calls_outside(m.message))
         return RewindPlan(leaving, target.returns_as_draft, outside)
 
     async def rewind(self, message_id: str, actor: Actor) -> Rewound:

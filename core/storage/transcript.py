@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from sqlalchemy import Insert, delete, func, insert, literal, select, update
+from sqlalchemy import Insert, Text, cast, delete, func, insert, literal, select, update
 
 from core.errors import AgentSessionBusy, AgentSessionNotFound
 from core.messages import Message, message_text
@@ -36,13 +36,18 @@ class TranscriptOperations:
         async with self.db.read() as conn:
             return await q.tail(conn, session_id)
 
-    async def messages(self, session_id: int, *, after_position: int = -1) -> list[StoredMessage]:
-        """The persisted transcript after a position (what a client has not shown yet)."""
+    async def messages(
+        self, session_id: int, *, after_position: int = -1, containing: str | None = None
+    ) -> list[StoredMessage]:
+        """The persisted transcript after a position (what a client has not shown yet);
+        ``containing``: only the messages whose JSON has that text (found by the database, so
+        a rewind's confirmation reads just the few messages that called an MCP tool)."""
+        where = [MESSAGES.c.session_id == session_id, MESSAGES.c.position > after_position]
+        if containing is not None:
+            where.append(cast(MESSAGES.c.message, Text).contains(containing, autoescape=True))
         async with self.db.read(large=True) as conn:
             rows = await conn.execute(
-                select(*q.MESSAGE_COLUMNS)
-                .where(MESSAGES.c.session_id == session_id, MESSAGES.c.position > after_position)
-                .order_by(MESSAGES.c.position)
+                select(*q.MESSAGE_COLUMNS).where(*where).order_by(MESSAGES.c.position)
             )
             return [q.stored(row) for row in rows]
 
