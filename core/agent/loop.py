@@ -347,14 +347,14 @@ class Agent:
                 notices.append(FILE_NOT_COPIED.format(path=path))
                 await emit(Notice(notices[-1]))
             compacted = False
-            error: ModelProviderError | AgentSessionBudgetExceeded | None = None
-            waiting: ApprovalRequest | None = None
-            try:
+
+            async def work() -> ApprovalRequest | None:
+                nonlocal compacted
                 compacted = await self._auto_compact(turn, model, emit, account)
                 if compacted:
                     notices.append(COMPACTED_NOTICE)
                     await emit(Notice(COMPACTED_NOTICE))
-                waiting = await self._loop(
+                return await self._loop(
                     turn,
                     model,
                     sandbox,
@@ -363,33 +363,9 @@ class Agent:
                     account,
                     notes=notices[-len(refused) :] if refused else [],
                 )
-            except ModelProviderError as exc:
-                error = exc
-                turn.outcome = "model_error"
-            except AgentSessionBudgetExceeded as exc:
-                # The payer's budget ran out during the turn: the request in flight finished,
-                # no other is made; what was written is kept, and the surface says why.
-                error = exc
-                turn.outcome = "budget_exceeded"
-            except asyncio.CancelledError:
-                # Stopped (a shutdown past its grace, a stop button, a lost lock): what the
-                # commands already did to the sandbox is kept with the partial answer.
-                turn.partial = answer.message(**account.usage())
-                with contextlib.suppress(DatabaseError):  # maybe what stopped the turn
-                    turn.partial_snapshot = await self._snapshot(sandbox)
-                raise
-            await emit(ModelDone())
-            metadata: dict[str, Any] = {}
-            if error is not None:
-                metadata = {
-                    "interrupted": True,
-                    "error": {"code": error.code, "message": str(error)},
-                }
-            if waiting is not None:
-                turn.outcome = "awaiting_approval"
-            snapshot = await self._snapshot(sandbox)
-            (stored,) = await turn.finish(
-                [answer.message(**metadata, **account.usage())], snapshot=snapshot
+
+            stored, error, waiting = await self._answered(
+                turn, sandbox, answer, account, emit, work(), {}
             )
         return TurnResult(
             user=turn.lease.tail,
@@ -472,33 +448,66 @@ class Agent:
             sandbox = await Sandbox.open(
                 await self.store.snapshots.load(session_id), self.config.sandbox_limits
             )
-            error: ModelProviderError | AgentSessionBudgetExceeded | None = None
-            waiting: ApprovalRequest | None = None
-            try:
-                waiting = await self._loop(turn, model, sandbox, answer, emit, account)
-            except ModelProviderError as exc:
-                error = exc
-                turn.outcome = "model_error"
-            except AgentSessionBudgetExceeded as exc:
-                error = exc
-                turn.outcome = "budget_exceeded"
-            except asyncio.CancelledError:
-                turn.partial = answer.message(**account.usage())
-                with contextlib.suppress(DatabaseError):  # maybe what stopped the turn
-                    turn.partial_snapshot = await self._snapshot(sandbox)
-                raise
-            await emit(ModelDone())
-            metadata: dict[str, Any] = {"after_approval": approval_id}
-            if error is not None:
-                metadata.update(interrupted=True, error={"code": error.code, "message": str(error)})
-            if waiting is not None:
-                turn.outcome = "awaiting_approval"
-            snapshot = await self._snapshot(sandbox)
-            (stored,) = await turn.finish(
-                [answer.message(**metadata, **account.usage())], snapshot=snapshot
+            stored, error, waiting = await self._answered(
+                turn,
+                sandbox,
+                answer,
+                account,
+                emit,
+                self._loop(turn, model, sandbox, answer, emit, account),
+                {"after_approval": approval_id},
             )
         await self.approvals.carried_out(approval_id)
         return TurnResult(user=None, answer=stored, text=answer.text, error=error, approval=waiting)
+
+    async def _answered(
+        self,
+        turn: Turn,
+        sandbox: Sandbox,
+        answer: _Answer,
+        account: TurnAccount,
+        emit: OnEvent,
+        work: Awaitable[ApprovalRequest | None],
+        metadata: dict[str, Any],
+    ) -> tuple[
+        StoredMessage,
+        ModelProviderError | AgentSessionBudgetExceeded | None,
+        ApprovalRequest | None,
+    ]:
+        """``work`` (the model and its tools), then the answer stored, fenced, with its usage.
+        A model error, or a budget that ran out during the turn (the request in flight
+        finished, no other is made), ends the answer with what was written kept and the error
+        said; a stop (a shutdown past its grace, a stop button, a lost lock) keeps the partial
+        answer and what the commands already did to the sandbox."""
+        error: ModelProviderError | AgentSessionBudgetExceeded | None = None
+        waiting: ApprovalRequest | None = None
+        try:
+            waiting = await work
+        except ModelProviderError as exc:
+            error = exc
+            turn.outcome = "model_error"
+        except AgentSessionBudgetExceeded as exc:
+            error = exc
+            turn.outcome = "budget_exceeded"
+        except asyncio.CancelledError:
+            turn.partial = answer.message(**account.usage())
+            with contextlib.suppress(DatabaseError):  # maybe what stopped the turn
+                turn.partial_snapshot = await self._snapshot(sandbox)
+            raise
+        await emit(ModelDone())
+        if error is not None:
+            metadata = {
+                **metadata,
+                "interrupted": True,
+                "error": {"code": error.code, "message": str(error)},
+            }
+        if waiting is not None:
+            turn.outcome = "awaiting_approval"
+        snapshot = await self._snapshot(sandbox)
+        (stored,) = await turn.finish(
+            [answer.message(**metadata, **account.usage())], snapshot=snapshot
+        )
+        return stored, error, waiting
 
     async def _loop(
         self,
