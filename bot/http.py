@@ -69,11 +69,9 @@ def for_the_intake(body: Any) -> bool:
     if body.get("type") == "url_verification":
         return True
     event = body.get("event")
-    return (
-        body.get("type") == "event_callback"
-        and isinstance(event, dict)
-        and event.get("type") in INTAKE_EVENTS
-    )
+    kind = event.get("type") if isinstance(event, dict) else None
+    # Only a string can name an event (a signed payload may carry any JSON there).
+    return body.get("type") == "event_callback" and isinstance(kind, str) and kind in INTAKE_EVENTS
 
 
 class Listener:
