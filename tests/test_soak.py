@@ -86,7 +86,7 @@ async def test_soak__faults_switched_off_stay_off_and_the_profile_says_where_tim
     assert "DeliveryWorker" in stacks
     shown = summary(folder)
     assert "acknowledgements, client side (200s): p50" in shown
-    assert "replica-1.pyspy.txt:" in shown
+    assert "replica-1.pyspy.txt (MainThread):" in shown
 
 
 def test_faults__all_none_some_or_all_but_some() -> None:
