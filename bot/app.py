@@ -38,6 +38,7 @@ from bot.shortcuts import Shortcuts
 from bot.tasks import BackgroundWork
 from bot.web import observed, web_client
 from core.conversation import Conversations
+from core.conversation.intake import Incoming
 from core.conversation.surface import ClickAnswer
 from core.conversation.worker import DeliveryWorker
 from core.errors import DatabaseError, InvalidRequest
@@ -70,18 +71,7 @@ class Receiver(Protocol):
 
     async def known_thread(self, thread: str) -> bool: ...
 
-    async def receive(
-        self,
-        *,
-        event_key: str,
-        thread_key: str,
-        author: str,
-        message_id: str,
-        text: str,
-        context: dict[str, Any],
-        client: AsyncWebClient,
-        stray: bool = False,
-    ) -> None: ...
+    async def receive(self, message: Incoming, client: AsyncWebClient) -> None: ...
 
 
 def bolt_app(
@@ -403,16 +393,16 @@ async def _receive(
     """A message for the agent becomes a delivery record (before the acknowledgement).
     ``enterprise``: the Enterprise Grid org, so a take-over finds an org-wide install."""
     extra: dict[str, Any] = {"enterprise": enterprise} if enterprise else {}
-    await worker.receive(
+    message = Incoming(
         event_key=post.ref,
         thread_key=post.thread,
         author=post.user,
         message_id=slack_message_id(post.team, post.channel, post.ts),
         text=body,
         context={**post.context(), **extra, "files": [f.as_dict() for f in files]},
-        client=client,
         stray=stray,
     )
+    await worker.receive(message, client)
 
 
 async def _answer_click(

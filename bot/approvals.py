@@ -31,6 +31,7 @@ from bot.post import Post, external_user, thread_key
 from bot.reply import SLACK_FAILURES
 from core.agent.loop import ApprovalRequest
 from core.conversation import Conversations, Decided, Refused
+from core.conversation.intake import Incoming
 from core.conversation.worker import DeliveryWorker
 from core.settings import Settings
 from core.storage.approvals import ApprovalRecord
@@ -210,12 +211,12 @@ class ApprovalCards:
         post = post_of_thread(key, user)
         if post is None:
             return
-        await worker.receive(
+        decision = Incoming(
             event_key=f"{EVENT_PREFIX}{record.id}",
             thread_key=key,
             author=user,
             message_id=record.message_id,
             text=f"({record.tool_name}: {record.state})",
             context={**post.context(), "approval": record.id},
-            client=client,
         )
+        await worker.receive(decision, client)

@@ -28,7 +28,6 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-from typing import Any
 
 from aiohttp import web
 from slack_bolt.async_app import AsyncApp
@@ -41,7 +40,7 @@ from bot.installations import open_install_stores
 from bot.post import PROJECT, SURFACE
 from bot.service import BOT_SCOPES, Bot
 from bot.web import http_session
-from core.conversation.intake import Intake
+from core.conversation.intake import Incoming, Intake
 from core.runtime import Runtime
 from core.storage import Storage
 
@@ -63,27 +62,8 @@ class _Receiver:
     async def known_thread(self, thread: str) -> bool:
         return await self.intake.known_thread(thread)
 
-    async def receive(
-        self,
-        *,
-        event_key: str,
-        thread_key: str,
-        author: str,
-        message_id: str,
-        text: str,
-        context: dict[str, Any],
-        client: AsyncWebClient,
-        stray: bool = False,
-    ) -> None:
-        await self.intake.receive(
-            event_key=event_key,
-            thread_key=thread_key,
-            author=author,
-            message_id=message_id,
-            text=text,
-            context=context,
-            stray=stray,
-        )
+    async def receive(self, message: Incoming, client: AsyncWebClient) -> None:
+        await self.intake.receive(message)
 
 
 class IntakeThread(threading.Thread):

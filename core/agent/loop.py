@@ -427,20 +427,11 @@ class Agent:
                 span.record_approval(
                     "approved" if record.approved else record.state, record.decided_by
                 )
-                decided = await mcp_calls.decided_message(
+                decided, done = await mcp_calls.decided_message(
                     asking.message, record, self.approvals, self.tools, emit
                 )
-                done = next(
-                    (
-                        p
-                        for p in decided.get("parts") or []
-                        if isinstance(p, dict) and p.get("toolCallId") == record.tool_call_id
-                    ),
-                    None,
-                )
-                if done is not None:
-                    content, is_error = _tool_result(done)
-                    span.record_result(content, is_error=is_error)
+                content, is_error = _tool_result(done)
+                span.record_result(content, is_error=is_error)
             await self.store.rewrite(turn.lease, decided)
             answer = _Answer(model)
             account.message_id = answer.id

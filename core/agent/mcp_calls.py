@@ -233,9 +233,9 @@ async def decided_message(
     approvals: Approvals,
     tools: McpTools | None,
     emit: Emit,
-) -> Message:
-    """The message that asked, with the decided call's part carried out: the approved call's
-    outcome (sent at most once), or ``output-denied`` saying who declined."""
+) -> tuple[Message, Part]:
+    """The message that asked, with the decided call's part carried out (returned too): the
+    approved call's outcome (sent at most once), or ``output-denied`` saying who declined."""
     parts = list(message.get("parts") or [])
     index = next(
         (
@@ -263,4 +263,4 @@ async def decided_message(
         parts.append(done)
     else:
         parts[index] = done
-    return {**message, "parts": parts}
+    return {**message, "parts": parts}, done

@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from core import metrics
@@ -36,6 +37,21 @@ SHED_LOG_SECONDS = 5.0
 # as a follow-up (answered) instead of kept as a stray.
 KNOWN_SECONDS = 600.0
 KNOWN_MOST = 100_000  # threads remembered at most (the oldest forgotten first)
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """A message for the agent as a surface received it, not yet recorded: what its delivery
+    record holds. ``stray``: of a thread nobody knows yet, maybe a follow-up that overtook its
+    thread's first message; recorded as a stray, adopted when that message is carried on."""
+
+    event_key: str
+    thread_key: str
+    author: str
+    message_id: str
+    text: str
+    context: dict[str, Any]
+    stray: bool = False
 
 
 class Intake:
@@ -87,53 +103,44 @@ class Intake:
             del known[next(iter(known))]  # insertion order: the least recently found
 
     async def receive(
-        self,
-        *,
-        event_key: str,
-        thread_key: str,
-        author: str,
-        message_id: str,
-        text: str,
-        context: dict[str, Any],
-        stray: bool = False,
-        hand_off: Callable[[DeliveryRecord], None] | None = None,
+        self, message: Incoming, *, hand_off: Callable[[DeliveryRecord], None] | None = None
     ) -> None:
         """Record a message (before the acknowledgement: a failure here fails the request, so
         the sender sends it again), then hand it to the worker, or leave it to any replica with
-        room when this one has none (or is stopping).
-
-        ``stray``: a message of a thread nobody knows yet, maybe a follow-up that overtook its
-        thread's first message; recorded as a stray, adopted when that message is carried on.
+        room when this one has none (or is stopping). A stray is recorded as such and adopted
+        when its thread's first message is carried on.
         ``hand_off``: in place of the intake's own, for this message (and strays it adopts).
         """
         hand_off = hand_off or self.hand_off
+        stray = message.stray
         keep = not self.closing()
         shed = keep and not stray and not self.has_room()
         record = await self.deliveries.record(
-            event_key=event_key,
-            thread_key=thread_key,
-            author=author,
-            message_id=message_id,
-            text=text,
-            context=context,
+            event_key=message.event_key,
+            thread_key=message.thread_key,
+            author=message.author,
+            message_id=message.message_id,
+            text=message.text,
+            context=message.context,
             owned=keep and not shed,
             stray=stray,
         )
         if not stray:
-            self._remember(thread_key)  # recorded (now or before): its thread is known
+            self._remember(message.thread_key)  # recorded (now or before): its thread is known
         if record is None:
-            log.debug("message %s already recorded", event_key)
+            log.debug("message %s already recorded", message.event_key)
         elif stray:
             # The thread's first message may have been recorded while this one was checked;
             # its carrier adopts the strays it sees, this looks once more for the rest.
-            if not self.closing() and await self.known_thread(thread_key):
-                await self._adopt(thread_key, hand_off)
+            if not self.closing() and await self.known_thread(message.thread_key):
+                await self.adopt(message.thread_key, hand_off)
         elif shed:
-            self._count_shed(event_key)
+            self._count_shed(message.event_key)
         elif keep:
             hand_off(record)
 
-    async def _adopt(self, thread: str, hand_off: Callable[[DeliveryRecord], None]) -> None:
+    async def adopt(self, thread: str, hand_off: Callable[[DeliveryRecord], None]) -> None:
+        """The strays of ``thread`` (now known), recorded as this replica's and handed off."""
         for adopted in await self.deliveries.adopt_strays(thread):
             log.info("message %s: its thread is known now; answering it", adopted.event_key)
             hand_off(adopted)

@@ -35,7 +35,7 @@ from typing import Any, Generic
 from core import metrics
 from core.agent.loop import ModelCalled, ModelDone
 from core.conversation.conversations import Conversations
-from core.conversation.intake import Intake
+from core.conversation.intake import Incoming, Intake
 from core.conversation.surface import (
     C,
     ClickAnswer,
@@ -177,36 +177,14 @@ class DeliveryWorker(Generic[C]):
         """A session thread, or one whose first message was recorded a moment ago."""
         return await self.intake.known_thread(thread)
 
-    async def receive(
-        self,
-        *,
-        event_key: str,
-        thread_key: str,
-        author: str,
-        message_id: str,
-        text: str,
-        context: dict[str, Any],
-        client: C,
-        stray: bool = False,
-    ) -> None:
+    async def receive(self, message: Incoming, client: C) -> None:
         """Record a message for the agent on this loop (``Intake.receive``) and carry it on
         here with ``client``; called before the acknowledgement."""
         self.start()
-        await self.intake.receive(
-            event_key=event_key,
-            thread_key=thread_key,
-            author=author,
-            message_id=message_id,
-            text=text,
-            context=context,
-            stray=stray,
-            hand_off=lambda record: self._carry_on(record, client, resumed=False),
-        )
+        await self.intake.receive(message, hand_off=self._carrier(client))
 
-    async def _adopt(self, thread: str, client: C) -> None:
-        for adopted in await self.deliveries.adopt_strays(thread):
-            log.info("message %s: its thread is known now; answering it", adopted.event_key)
-            self._carry_on(adopted, client, resumed=False)
+    def _carrier(self, client: C) -> Callable[[DeliveryRecord], None]:
+        return lambda record: self._carry_on(record, client, resumed=False)
 
     def _carry_on(self, record: DeliveryRecord, client: C | None, *, resumed: bool) -> None:
         task = asyncio.create_task(self._guarded(record, client, resumed))
@@ -293,7 +271,7 @@ class DeliveryWorker(Generic[C]):
     # -- one record, from received to finished --------------------------------------------------
 
     async def _carry(self, record: DeliveryRecord, client: C, resumed: bool) -> None:
-        await self._adopt(record.thread_key, client)
+        await self.intake.adopt(record.thread_key, self._carrier(client))
         current: DeliveryRecord | None = record
         while current is not None and not self.closing:
             blocker = await self.deliveries.blocker(current)
