@@ -31,10 +31,11 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-from core.providers.base import Usage
-
 if TYPE_CHECKING:
     from genai_prices.types import PriceCalculation
+
+    # Annotations only: ``core.providers`` imports this module (a provider's own prices).
+    from core.providers.base import Usage
 
 log = logging.getLogger(__name__)
 
