@@ -29,6 +29,7 @@ from core.settings import Settings
 from core.storage import Deliveries, Storage
 from core.tools import McpTools, load_mcp_config
 from core.tracing.spans import Tracer
+from core.usage import prices
 
 # How long ``open`` waits for the MCP servers' first answers before going on without them.
 MCP_STARTUP_WAIT_SECONDS = 10.0
@@ -42,6 +43,7 @@ class Runtime:
     agent: Agent
     tools: McpTools | None = None  # None: no MCP servers configured
     tracer: Tracer = field(default_factory=Tracer.off)
+    _warming: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
     async def open(
@@ -59,6 +61,10 @@ class Runtime:
         except BaseException:
             await storage.dispose()
             raise
+        if _prices_from_the_table(settings):
+            # genai-prices loads and indexes its table on first use (about a second of CPU):
+            # done now, in a thread, instead of on the event loop inside the first turn.
+            runtime._warming = asyncio.create_task(asyncio.to_thread(prices.warm))
         if runtime.tools is not None:
             await runtime.tools.start()  # returns at once; servers connect in the background
             # The first messages after a start should find the tools of servers that start
@@ -106,9 +112,20 @@ class Runtime:
         return self.storage.deliveries(surface)
 
     async def close(self) -> None:
+        if self._warming is not None:
+            with contextlib.suppress(Exception):  # only a head start: a failure shows at first use
+                await self._warming
         if self.tools is not None:
             await self.tools.aclose()
         if self.tracer.enabled:  # flushes what is queued, within a bounded time, off the loop
             await asyncio.to_thread(self.tracer.shutdown)
         await self.providers.aclose()
         await self.storage.dispose()
+
+
+def _prices_from_the_table(settings: Settings) -> bool:
+    """Whether turns may be priced from genai-prices' table: a builtin provider is named or
+    has its key (the offline model costs nothing; a custom provider stating its prices never
+    reads the table, one that does not is found at its first request)."""
+    named = settings.model_provider in ("openai", "anthropic")
+    return named or bool(settings.openai_api_key or settings.anthropic_api_key)
