@@ -5,12 +5,14 @@ way Slack sends them, replies go to a local stand-in of the Slack Web API, the m
 ``offline`` stand-in (deterministic, labelled as such, able to run shell commands), and the
 database is a fresh SQLite file. The script plays a short conversation and prints each thread as
 a Slack user would see it: a threaded reply, a second replica meeting a busy session, a fork, a
-rewind, a compaction, and a restart that loses nothing.
+rewind, a compaction, a tool of an MCP server (the small notes server shipped in
+``core.testing.mcp_notes``) run only once a person approved it, and a restart that loses nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -24,6 +26,7 @@ from bot.service import Bot
 from core.messages import assistant_message, user_message
 from core.records import TurnLease
 from core.settings import load_settings
+from core.testing.mcp_notes import stdio_entry
 from core.testing.server import serve_app
 from core.testing.slack import TEAM, Message, SlackClient, SlackStandIn
 
@@ -39,9 +42,12 @@ class Replica:
         self.name, self.bot, self.runner, self.slack = name, bot, runner, slack
 
     @classmethod
-    async def start(cls, name: str, database_url: str, standin: SlackStandIn) -> Replica:
+    async def start(
+        cls, name: str, database_url: str, standin: SlackStandIn, mcp_config: str
+    ) -> Replica:
         settings = load_settings(
             database_url=database_url,
+            mcp_config=mcp_config,
             slack_bot_token="xoxb-demo",
             slack_signing_secret=SECRET,
             slack_api_url=standin.api_url,
@@ -149,15 +155,28 @@ def print_thread(standin: SlackStandIn, root: str, viewer: str, title: str) -> N
 async def run_demo() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         async with SlackStandIn(TEAM, history=True) as standin:
-            await _play(standin, Slack(standin), f"sqlite+aiosqlite:///{Path(tmp) / 'demo.db'}")
+            await _play(
+                standin, Slack(standin), f"sqlite+aiosqlite:///{Path(tmp) / 'demo.db'}", Path(tmp)
+            )
 
 
-async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
+def _mcp_config(tmp: Path) -> str:
+    """An ``MCP_CONFIG`` naming the notes server shipped in the repository (stdio), its notes
+    kept in a file of the demo's temporary directory."""
+    notes = {"MCP_NOTES_FILE": str(tmp / "notes.json")}
+    path = tmp / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"notes": stdio_entry(notes)}}))
+    return str(path)
+
+
+async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> None:
     alice, bob = "U0ALICE", "U0BOB"
     print("slack-agent demo: the real app against a local Slack stand-in, the offline model")
-    print("(a deterministic stand-in, not a language model) and a fresh SQLite database.")
-    a = await Replica.start("replica A", url, standin)
-    b = await Replica.start("replica B", url, standin)
+    print("(a deterministic stand-in, not a language model), a fresh SQLite database and a")
+    print("small notes MCP server.")
+    mcp = _mcp_config(tmp)
+    a = await Replica.start("replica A", url, standin, mcp)
+    b = await Replica.start("replica B", url, standin, mcp)
 
     # 1. A mention starts a session in the thread; the reply streams into it.
     root = await slack.say(a, alice, "hello! what can you do?")
@@ -243,11 +262,16 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
     await slack.until(lambda: any("compacted" in p.text for p in _replies(standin, root)))
     print_thread(standin, root, alice, "#general, after rewind and compaction")
 
+    # 5b. A tool of an MCP server that can change something asks first: the turn stops at the
+    #     call and the thread gets a card; Alice (the conversation's owner) approves it on the
+    #     other replica, and the call runs once and the answer continues.
+    await _approval(standin, slack, a, b, alice, tmp)
+
     # 6. Restart: both replicas stop; a new one picks the thread up from the database.
     before = await _transcript(a.bot, root)
     await a.stop()
     await b.stop()
-    c = await Replica.start("replica C", url, standin)
+    c = await Replica.start("replica C", url, standin, mcp)
     after = await _transcript(c.bot, root)
     await slack.say(c, alice, "still there after the restart?", thread_ts=root)
     await slack.until(lambda: any("still there" in p.text for p in _replies(standin, root)))
@@ -258,6 +282,38 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str) -> None:
         f"{'nothing lost' if before == after else 'MISMATCH'}."
     )
     print("Next: create the app from manifest.yml and run `slack-agent serve` (see README).")
+
+
+async def _approval(
+    standin: SlackStandIn, slack: Slack, a: Replica, b: Replica, alice: str, tmp: Path
+) -> None:
+    for replica in (a, b):  # the notes server starts in the background with each replica
+        tools = replica.bot.runtime.tools
+        if tools is None:
+            raise RuntimeError("the demo's MCP server is not configured")
+        async with asyncio.timeout(60):
+            await tools.wait_for("notes", "connected")
+    call = 'mcp__notes__add_note {"title": "release", "text": "ship on friday"}'
+    root = await slack.say(a, alice, call)
+
+    def card() -> Message | None:
+        return next(
+            (p for p in standin.thread(CHANNEL, root, alice) if "Approve" in p.buttons), None
+        )
+
+    waiting = await slack.until(card)
+    print_thread(standin, root, alice, "#general, the agent asks before it writes a note")
+    await slack.click(b, alice, waiting, "Approve")
+
+    def continued() -> bool:
+        thread = _replies(standin, root)
+        ran = any("the call ran" in p.text for p in thread)  # the card shows the outcome
+        return ran and any("saved note" in p.text and not p.streaming for p in thread)
+
+    await slack.until(continued)
+    print_thread(standin, root, alice, "#general, after Alice approved on replica B")
+    notes = json.loads((tmp / "notes.json").read_text())
+    print(f"\nThe notes server now holds: {json.dumps(notes)}")
 
 
 async def _terminal_turn(bot: Bot, root: str, question: str) -> TurnLease:

@@ -25,4 +25,11 @@ async def test_demo__plays_every_step_and_loses_nothing(capsys: pytest.CaptureFi
     assert "[Send anyway] [Discard]" in refreshed
     assert "rewound the conversation" in out
     assert "compacted into a checkpoint" in out
+    asked = out.split("the agent asks before it writes a note")[1]
+    assert "mcp__notes__add_note" in asked  # the card
+    assert "[Approve] [Deny]" in asked
+    approved = out.split("after Alice approved on replica B")[1]
+    assert "Approved by <@U0ALICE>; the call ran." in approved  # the card shows the outcome
+    assert "saved note 'release'" in approved  # and the answer continued from the result
+    assert 'The notes server now holds: {"release": "ship on friday"}' in out
     assert "nothing lost" in out

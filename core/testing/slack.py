@@ -92,7 +92,7 @@ class Message:
     streaming: bool = False  # a stream that was started and not (yet) stopped
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # task cards, by id
     blocks: list[dict[str, Any]] = field(default_factory=list)
-    buttons: list[str] = field(default_factory=list)  # an ephemeral's buttons' labels
+    buttons: list[str] = field(default_factory=list)  # its buttons' labels
     values: list[str] = field(default_factory=list)  # "action_id\0value", one per button
 
     def as_slack(self) -> dict[str, Any]:
@@ -420,7 +420,6 @@ class SlackStandIn(LocalServer):
             found.streaming = method == "chat.startStream"
             if method == "chat.postEphemeral":
                 found.visible_to = str(args.get("user"))
-                found.buttons, found.values = _buttons(args.get("blocks") or [])
             self.messages[ts] = found
         elif method in _EDITS:
             found = self.messages.get(str(args.get("ts")))
@@ -437,6 +436,9 @@ class SlackStandIn(LocalServer):
                 found.tasks[str(chunk["id"])] = {**found.tasks.get(str(chunk["id"]), {}), **chunk}
         if args.get("blocks"):
             found.blocks = list(args["blocks"])
+        if method in _POSTS or "blocks" in args:
+            # A message's buttons are those of its last blocks (an approval card's go once decided).
+            found.buttons, found.values = _buttons(args.get("blocks") or [])
         if method == "chat.stopStream":
             found.streaming = False
 
