@@ -10,7 +10,9 @@ demo may run it on the turns' loop itself (no ``Elsewhere``).
 window are checked before anything is parsed, 401 otherwise), and, with OAuth configured,
 ``/slack/install`` and ``/slack/oauth_redirect``. Bodies over ``MAX_BODY_BYTES`` get 413,
 undecodable ones 400; neither disturbs the process. In both modes ``GET /healthz`` answers 200
-while the database answers (503 otherwise) and ``GET /metrics`` serves Prometheus metrics.
+while the database answers (503 otherwise) and ``GET /metrics`` serves Prometheus metrics; with
+METRICS_PORT set those two are served on a listener of their own instead (``operator_app``), so
+the public listener carries Slack's requests only.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_BODY_BYTES = 1 << 20  # Slack's payloads are a few kilobytes
+# The delivery gauges of ``/metrics`` are read from the database at most this often, however
+# often and by however many scrapers it is read: a scrape never costs a query of its own.
+METRICS_REFRESH_SECONDS = 5.0
 # Events recorded by the intake's own app (a message for the agent, or Slack checking the URL);
 # everything else is the full app's, on the turns' loop.
 INTAKE_EVENTS = frozenset({"message", "app_mention"})
@@ -99,6 +104,8 @@ class Listener:
         self.deliveries = deliveries
         self.oauth = oauth
         self.elsewhere = elsewhere
+        self._counted_at: float | None = None  # when the delivery gauges were last read
+        self._counting = asyncio.Lock()  # concurrent scrapes: one reads, the others wait
         # HTTP mode only (check_config requires the secret there; Socket Mode has no signature).
         self._verifier = (
             SignatureVerifier(settings.slack_signing_secret)
@@ -106,11 +113,13 @@ class Listener:
             else None
         )
 
-    def web_app(self, *, events: bool = True) -> web.Application:
-        """Slack's requests (``events``, HTTP mode) and the operator's endpoints."""
+    def web_app(self, *, events: bool = True, operator: bool = True) -> web.Application:
+        """Slack's requests (``events``, HTTP mode) and the operator's endpoints (``operator``;
+        off when they have a listener of their own)."""
         app = web.Application(client_max_size=MAX_BODY_BYTES)
-        app.router.add_get("/healthz", self._health)
-        app.router.add_get("/metrics", self._metrics)
+        if operator:
+            app.router.add_get("/healthz", self._health)
+            app.router.add_get("/metrics", self._metrics)
         if events:
             app.router.add_post("/slack/events", self._events)
             if self.oauth:
@@ -223,22 +232,9 @@ class Listener:
         return web.Response(status=503, text="database unavailable")
 
     async def _metrics(self, _request: web.Request) -> web.Response:
-        """Prometheus text; the delivery gauges are read from the database now (if it answers:
-        counters are served either way)."""
-        try:
-            counts = await self.deliveries.counts()
-        except DatabaseError:
-            log.warning("/metrics: the database did not answer; delivery gauges not updated")
-        else:
-            metrics.DELIVERIES.clear()
-            metrics.DELIVERY_AGE.clear()
-            oldest: dict[str, float] = {}
-            for c in counts:
-                metrics.DELIVERIES.labels(c.state, c.wait_reason or "").set(c.count)
-                oldest[c.state] = max(oldest.get(c.state, 0.0), c.oldest_age_seconds)
-            for state, age in oldest.items():
-                metrics.DELIVERY_AGE.labels(state).set(age)
-            metrics.WAITING_MESSAGES.set(sum(c.count for c in counts if c.state == "waiting"))
+        """Prometheus text; the delivery gauges as last read from the database (counters are
+        this process's own, served either way)."""
+        await self._count_deliveries()
         metrics.HELD_MESSAGES.set(self.worker.held)
         body, content_type = metrics.exposition()
         response = web.Response(body=body)
@@ -246,15 +242,49 @@ class Listener:
         response.charset = "utf-8"
         return response
 
+    async def _count_deliveries(self) -> None:
+        """The delivery gauges, read from the database when they are older than
+        ``METRICS_REFRESH_SECONDS`` (a database that did not answer is asked again no sooner
+        either: a scraper must not pile statements onto a database in trouble)."""
+        async with self._counting:
+            now = time.monotonic()
+            if self._counted_at is not None and now - self._counted_at < METRICS_REFRESH_SECONDS:
+                return
+            self._counted_at = now
+            try:
+                counts = await self.deliveries.counts()
+            except DatabaseError:
+                log.warning("/metrics: the database did not answer; delivery gauges not updated")
+                return
+        metrics.DELIVERIES.clear()
+        metrics.DELIVERY_AGE.clear()
+        oldest: dict[str, float] = {}
+        for c in counts:
+            metrics.DELIVERIES.labels(c.state, c.wait_reason or "").set(c.count)
+            oldest[c.state] = max(oldest.get(c.state, 0.0), c.oldest_age_seconds)
+        for state, age in oldest.items():
+            metrics.DELIVERY_AGE.labels(state).set(age)
+        metrics.WAITING_MESSAGES.set(sum(c.count for c in counts if c.state == "waiting"))
 
-async def listen(listener: Listener, host: str, port: int, *, events: bool) -> web.AppRunner:
-    """Serve ``listener`` on ``host:port``; a port that cannot be had is one config line."""
-    runner = web.AppRunner(listener.web_app(events=events), access_log=None, shutdown_timeout=2.0)
+
+async def listen(
+    listener: Listener,
+    host: str,
+    port: int,
+    *,
+    events: bool,
+    operator: bool = True,
+    name: str = "PORT",
+) -> web.AppRunner:
+    """Serve ``listener`` on ``host:port``; a port that cannot be had is one config line
+    (``name``: the setting that chose it)."""
+    app = listener.web_app(events=events, operator=operator)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        raise ConfigError(f"PORT: cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise ConfigError(f"{name}: cannot listen on {host}:{port}: {exc.strerror}") from None
     return runner

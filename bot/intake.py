@@ -15,7 +15,9 @@ what the soak's profile found). So ``serve`` listens on ``HOST:PORT`` from this 
   whichever replica has room, and says so in its log (``slack_agent_messages_shed_total``);
 - every other request (clicks, shortcuts, ``/compact``, other events, OAuth) is dispatched on
   the turns' loop, where the full Bolt app and its clients live (``bot.http.Elsewhere``);
-- ``/healthz`` and ``/metrics`` are answered here, from the intake's own engine.
+- ``/healthz`` and ``/metrics`` are answered here, from the intake's own engine (on
+  ``METRICS_HOST:METRICS_PORT`` when that is set, a listener of their own; in Socket Mode that
+  is then the only one).
 
 Python's GIL is shared, so a turn holding it delays the intake by at most the interpreter's
 switch interval per step, not by the loop's whole pass.
@@ -84,6 +86,7 @@ class IntakeThread(threading.Thread):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self.bound_port: int | None = None  # the port listened on (``port`` 0: any free one)
+        self.metrics_bound_port: int | None = None  # METRICS_PORT's, when it is set
 
     async def started(self) -> None:
         await asyncio.wrap_future(self._ready)
@@ -125,7 +128,7 @@ class IntakeThread(threading.Thread):
         )
         installs = None
         http = http_session()
-        runner: web.AppRunner | None = None
+        runners: list[web.AppRunner] = []
         try:
             oauth: AsyncOAuthSettings | None = None
             if bot.installs is not None:
@@ -150,12 +153,24 @@ class IntakeThread(threading.Thread):
                 oauth=bot.installs is not None,
                 elsewhere=Elsewhere(self.turns_loop, bot.app, worker),
             )
-            runner = await listen(listener, self.host, self.port, events=self.events)
-            self.bound_port = int(runner.addresses[0][1])
+            apart = settings.metrics_port is not None
+            if self.events or not apart:  # Socket Mode with METRICS_PORT: nothing for PORT
+                runner = await listen(
+                    listener, self.host, self.port, events=self.events, operator=not apart
+                )
+                runners.append(runner)
+                self.bound_port = int(runner.addresses[0][1])
+            if settings.metrics_port is not None:
+                host = settings.metrics_host or self.host
+                runner = await listen(
+                    listener, host, settings.metrics_port, events=False, name="METRICS_PORT"
+                )
+                runners.append(runner)
+                self.metrics_bound_port = int(runner.addresses[0][1])
             self._ready.set_result(None)
             await self._stopping.wait()
         finally:
-            if runner is not None:
+            for runner in runners:
                 await runner.cleanup()
             await http.close()
             if installs is not None:

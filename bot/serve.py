@@ -3,13 +3,18 @@
 HTTP mode: Slack's requests arrive on ``HOST:PORT`` (``bot.http``), served from the intake's
 own thread and event loop (``bot.intake``) so turn work never delays an acknowledgement.
 Socket Mode when SLACK_APP_TOKEN is set; the same HTTP listener then serves only the operator's
-endpoints (``/healthz``, ``/metrics``). The sweeper runs in a thread with its own event loop
+endpoints (``/healthz``, ``/metrics``). METRICS_PORT (and METRICS_HOST) moves those two to a
+listener of their own. The sweeper runs in a thread with its own event loop
 and engine (``core.sweeping``) unless SWEEPER_INTERVAL_SECONDS=0.
 
 Stopping (SIGTERM/SIGINT): events stop (the socket closes; HTTP events get 503, which Slack
 retries elsewhere), messages not yet in a turn are released for the next replica at once,
 running turns get ``SHUTDOWN_GRACE_SECONDS`` to finish and are then interrupted (partial answer
 and sandbox state kept, the thread told, the lock released), and the process exits with 0.
+A second SIGTERM/SIGINT during that stop ends the process at once (exit status 128 + the
+signal's number, as a shell reports a process a signal ended): an operator's second Ctrl-C, or a
+process manager that is done waiting. What that skips is what SIGKILL skips, and the next replica
+takes it over after the staleness window (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from typing import Any
 
@@ -44,13 +50,28 @@ async def _close_socket(client: Any) -> None:
         await client.aiohttp_client_session.close()
 
 
+def _force_exit(sig: signal.Signals) -> None:
+    """The second signal: one line, then out without waiting for anything (not even the
+    handlers' own flush, hence the explicit one)."""
+    log.warning("%s again while stopping: exiting now, without waiting for running turns", sig.name)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(128 + sig.value)
+
+
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM/SIGINT, then stop cleanly (see the module's docstring)."""
     bot = await Bot.open(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():
+            _force_exit(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     sweeper: SweeperThread | None = None
     intake: IntakeThread | None = None
     socket: Any = None
@@ -72,13 +93,14 @@ async def serve(settings: Settings) -> None:
                 web_client=web_client(settings, settings.slack_bot_token),
             )
             await socket.connect_async()
-            log.info(
-                "connected to Slack in Socket Mode; /healthz and /metrics on http://%s:%d",
-                settings.host,
-                settings.port,
-            )
+            log.info("connected to Slack in Socket Mode")
         else:
             log.info("listening on http://%s:%d/slack/events", settings.host, settings.port)
+        if settings.metrics_port is not None:
+            operator = (settings.metrics_host or settings.host, settings.metrics_port)
+        else:
+            operator = (settings.host, settings.port)
+        log.info("/healthz and /metrics on http://%s:%d", *operator)
         tune_garbage_collection()
         await stop.wait()
         log.info(

@@ -46,12 +46,14 @@ BOT_SCOPES = [
 
 def check_config(settings: Settings) -> None:
     """One line naming the variable a mode needs (never a traceback)."""
-    oauth = [settings.slack_client_id, settings.slack_client_secret, settings.slack_state_secret]
+    # No state secret: Bolt for Python keeps each install's OAuth state in the database
+    # (``bot.installations``) and checks it against a cookie; it signs nothing. (Bolt for
+    # JavaScript's ``stateSecret`` signs a state kept nowhere else.)
+    oauth = [settings.slack_client_id, settings.slack_client_secret]
     if any(oauth) and not all(oauth):
-        missing = ("SLACK_CLIENT_ID", "SLACK_CLIENT_SECRET", "SLACK_STATE_SECRET")[
-            [bool(v) for v in oauth].index(False)
-        ]
-        raise ConfigError(f"{missing}: required with the other SLACK_CLIENT_* OAuth settings")
+        names = ["SLACK_CLIENT_ID", "SLACK_CLIENT_SECRET"]
+        missing = names.pop([bool(v) for v in oauth].index(False))
+        raise ConfigError(f"{missing}: required with {names[0]} (multi-workspace OAuth installs)")
     if settings.slack_app_token:
         if not settings.slack_app_token.startswith("xapp-"):
             raise ConfigError("SLACK_APP_TOKEN: an app-level token starts with xapp-")
@@ -62,7 +64,8 @@ def check_config(settings: Settings) -> None:
         raise ConfigError("SLACK_SIGNING_SECRET: required to verify Slack's HTTP requests")
     if not settings.slack_bot_token and not all(oauth):
         raise ConfigError(
-            "SLACK_BOT_TOKEN: required (or SLACK_CLIENT_ID/SECRET/STATE_SECRET for OAuth installs)"
+            "SLACK_BOT_TOKEN: required (or SLACK_CLIENT_ID and SLACK_CLIENT_SECRET for OAuth "
+            "installs)"
         )
 
 

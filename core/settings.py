@@ -28,6 +28,13 @@ TURN_SAFE_SHARE = 0.8
 DATABASE_CONNECT_FLOOR_SECONDS = 3.0
 DATABASE_STATEMENT_FLOOR_SECONDS = 5.0
 
+# The default grace leaves ``docker stop``'s 10 s (the tightest common kill timer; Kubernetes
+# allows 30 s) room for the wind-down after it: interrupting turns, keeping their partial
+# answers, telling their threads, closing connections (docs/reliability.md, measured).
+SHUTDOWN_GRACE_DEFAULT = 8.0
+# An hour: beyond it a typo (milliseconds for seconds) more likely than an intent.
+SHUTDOWN_GRACE_MOST = 3600.0
+
 _SCHEME_ALIASES = {
     "sqlite+aiosqlite": "sqlite+aiosqlite",
     "sqlite": "sqlite+aiosqlite",
@@ -83,10 +90,13 @@ class Settings(BaseSettings):
     slack_app_token: str | None = None
     slack_client_id: str | None = None
     slack_client_secret: str | None = None
-    slack_state_secret: str | None = None
     slack_api_url: str = "https://slack.com/api/"
     host: str = "0.0.0.0"
     port: int = Field(default=3000, ge=0, le=65535)
+    # ``/healthz`` and ``/metrics`` on a listener of their own (off the public one); unset:
+    # served on HOST:PORT with Slack's requests. METRICS_HOST unset: HOST.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str | None = None
 
     model_provider: str = "auto"
     model_name: str | None = None
@@ -124,7 +134,12 @@ class Settings(BaseSettings):
     # A file shared in a session's thread is copied into the sandbox up to this size, which
     # the sandbox must be able to hold (``SANDBOX_MAX_FILE_BYTES``).
     max_file_bytes: int = Field(default=SANDBOX_MAX_FILE_BYTES, gt=0)
-    shutdown_grace_seconds: float = Field(default=30, ge=0)
+    # How long running turns may go on after SIGTERM before they are interrupted; what follows
+    # (keeping partial answers, telling threads, closing) must also fit in the time the process
+    # manager allows before SIGKILL: Kubernetes' default 30 s, ``docker stop``'s 10 s.
+    shutdown_grace_seconds: float = Field(
+        default=SHUTDOWN_GRACE_DEFAULT, ge=0, le=SHUTDOWN_GRACE_MOST
+    )
     session_poll_seconds: float = Field(default=10, gt=0)
     # The MCP servers' file (core.tools.config reads it): unset means ./mcp.json if it exists,
     # empty means none even if it does.
@@ -290,6 +305,12 @@ class Settings(BaseSettings):
                     "that hangs to its limit would leave no time for the next before another "
                     "replica may take the work over"
                 )
+        metrics_host = self.metrics_host or self.host
+        if self.metrics_port and self.metrics_port == self.port and metrics_host == self.host:
+            raise ValueError(
+                f"METRICS_PORT: {self.metrics_port} is PORT already; use another port, or leave "
+                "it unset to serve /healthz and /metrics on PORT"
+            )
         bare = [a for a in self.admin_user_ids if ":" not in a]
         if bare and (self.slack_client_id or self.slack_client_secret):
             # With OAuth several workspaces install the app, and a user id is only unique

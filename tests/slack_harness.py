@@ -28,6 +28,7 @@ from tests.helpers import ROOT
 class RunningBot:
     url: str
     bot: Bot
+    metrics_url: str | None = None  # METRICS_PORT's listener (``intake=True`` only)
 
 
 def bot_settings(database_url: str, slack: SlackStandIn, **overrides: Any) -> dict[str, Any]:
@@ -60,7 +61,9 @@ async def running_bot(
         thread.start()
         try:
             await thread.started()
-            yield RunningBot(f"http://127.0.0.1:{thread.bound_port}", bot)
+            apart = thread.metrics_bound_port
+            metrics_url = None if apart is None else f"http://127.0.0.1:{apart}"
+            yield RunningBot(f"http://127.0.0.1:{thread.bound_port}", bot, metrics_url)
         finally:
             await thread.stop()
             await bot.close()
@@ -156,7 +159,6 @@ OAUTH = {
     "slack_bot_token": None,
     "slack_client_id": "111.222",
     "slack_client_secret": "client-secret",
-    "slack_state_secret": "state-secret",
 }
 
 

@@ -3,8 +3,10 @@ in both modes, start-up refusals of settings that cannot work, and Slack failing
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text as sql
 
+import bot.http as http_listener
 from bot.gc_tuning import FULL_COLLECTION_AFTER, tune_garbage_collection
 from core.errors import DatabaseError
 from core.messages import message_text
@@ -24,9 +27,9 @@ from core.storage.sessions import SessionStore
 from core.testing.openai import GatedModel
 from core.testing.slack import SlackClient, SlackStandIn
 from core.testing.tcp_proxy import TcpProxy
-from tests.helpers import ROOT
+from tests.helpers import ROOT, statements
 from tests.slack_harness import ServeProcess, running_bot
-from tests.test_delivery import TerminalTurn, transcript
+from tests.test_delivery import TerminalTurn, model_env, transcript
 
 # Real processes or long runs: outside the developer's quick subset (README, *The tests*).
 pytestmark = pytest.mark.slow
@@ -71,8 +74,9 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float:
 
 
 async def test_metrics__parse_as_prometheus_and_move_with_turns_refusals_and_slack(
-    database_url: str, slack: SlackStandIn, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(http_listener, "METRICS_REFRESH_SECONDS", 0)  # each scrape reads them
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         before = await scrape(bot.url)
         slack.rate_limit_once.add("chat.startStream")
@@ -95,7 +99,7 @@ async def test_metrics__parse_as_prometheus_and_move_with_turns_refusals_and_sla
     ]:
         moved = value(after, name, **labels) - value(before, name, **labels)
         assert moved == delta, (name, labels)
-    # Read from the database at the scrape: the message waiting on the terminal's turn.
+    # Read from the database: the message waiting on the terminal's turn.
     assert value(after, "slack_agent_deliveries", state="waiting", reason="ask") == 1
     assert value(after, "slack_agent_waiting_messages") == 1
     assert value(after, "slack_agent_delivery_oldest_age_seconds", state="waiting") >= 0
@@ -376,3 +380,71 @@ def test_serve__start_up_freezes_its_heap_and_spaces_full_collections() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*before_threshold)
+
+
+async def test_second_signal_while_stopping__exits_at_once_with_one_line(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    # A grace of an hour: only the second signal can end this stop before the test's timeout.
+    env = {"SHUTDOWN_GRACE_SECONDS": "3600"}
+    async with GatedModel() as model:
+        a = ServeProcess(database_url, slack, log=tmp_path / "serve.log", **model_env(model, **env))
+        try:
+            await a.ready()
+            async with SlackClient(a.url) as to_a:
+                await to_a.message("hold on", mention=True)
+                await asyncio.wait_for(model.arrived.wait(), 30)
+            a.proc.send_signal(signal.SIGTERM)
+            await slack.wait_for(lambda: "waiting up to 3600s for 1 running turn" in a.logged())
+            a.proc.send_signal(signal.SIGINT)
+            assert await a.wait() == 128 + signal.SIGINT
+        finally:
+            output = await a.astop()
+    forced = [line for line in output.splitlines() if "again while stopping" in line]
+    assert len(forced) == 1, output
+    assert "SIGINT again while stopping: exiting now" in forced[0]
+
+
+async def test_metrics_port__healthz_and_metrics_on_their_own_listener_only(
+    database_url: str, slack: SlackStandIn
+) -> None:
+    apart = {"intake": True, "metrics_port": 0, "metrics_host": "127.0.0.1"}
+    async with running_bot(database_url, slack, **apart) as bot, SlackClient(bot.url) as client:
+        assert bot.metrics_url is not None
+        assert bot.metrics_url != bot.url
+        await client.message("still answered", mention=True)  # Slack's requests: on PORT
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        assert (await get(bot.metrics_url + "/healthz")) == (200, "ok")
+        samples = await scrape(bot.metrics_url)
+        assert value(samples, "slack_agent_deliveries_finished_total", state="done") >= 1
+        for path in ("/healthz", "/metrics"):  # not on the public listener any more
+            assert (await get(bot.url + path))[0] == 404
+        events = bot.metrics_url + "/slack/events"
+        async with aiohttp.ClientSession() as http, http.post(events, data="{}") as r:
+            assert r.status == 404  # and Slack's requests are not taken there
+
+
+async def test_metrics__scrapes_share_one_read_of_the_delivery_gauges_per_refresh_period(
+    database_url: str, slack: SlackStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted in statements, not timed: with a refresh period longer than the test, twenty
+    scrapes (ten of them at once) read the database once; with none, once each."""
+
+    def gauge_reads(seen: list[tuple[str, Any]]) -> int:
+        return sum(1 for statement, _ in seen if "GROUP BY deliveries.state" in statement)
+
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        await client.message("something to count", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        monkeypatch.setattr(http_listener, "METRICS_REFRESH_SECONDS", 3600)
+        with statements(bot.bot.deliveries.db) as seen:
+            for _ in range(10):
+                await scrape(bot.url)
+            await asyncio.gather(*(scrape(bot.url) for _ in range(10)))
+        assert gauge_reads(seen) == 1
+        monkeypatch.setattr(http_listener, "METRICS_REFRESH_SECONDS", 0)
+        with statements(bot.bot.deliveries.db) as seen:
+            for _ in range(3):
+                samples = await scrape(bot.url)
+        assert gauge_reads(seen) == 3
+    assert value(samples, "slack_agent_deliveries_finished_total", state="done") >= 1

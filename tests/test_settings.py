@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from bot.service import check_config
 from core.agent.model_choice import ProviderCache
 from core.errors import ConfigError
-from core.settings import DEFAULT_DATABASE_URL, load_settings, normalize_database_url
+from core.settings import (
+    DEFAULT_DATABASE_URL,
+    SHUTDOWN_GRACE_DEFAULT,
+    load_settings,
+    normalize_database_url,
+)
 from core.storage.engine import create_database
 
 
@@ -97,7 +103,6 @@ def test_admin_user_ids__bare_ids_are_refused_when_several_workspaces_can_instal
             admin_user_ids="T1:U7,U9",
             slack_client_id="1",
             slack_client_secret="s",
-            slack_state_secret="x",
         )
     assert str(error.value).startswith("ADMIN_USER_IDS: 'U9' must be TEAM:USER")
     assert load_settings(admin_user_ids="T1:U7", slack_client_id="1").is_admin("T1", "U7")
@@ -112,3 +117,35 @@ def test_model_client__connections_follow_max_concurrent_turns(
     limits = ProviderCache(load_settings())._http().limits
     assert limits.max_connections is not None
     assert limits.max_connections >= 500
+
+
+def test_shutdown_grace__default_fits_docker_stop_and_kubernetes_and_is_bounded() -> None:
+    # docker stop sends SIGKILL 10 s after SIGTERM, Kubernetes 30 s: the grace and the
+    # wind-down after it (interrupting turns, keeping their partial answers) fit the shorter.
+    assert load_settings().shutdown_grace_seconds == SHUTDOWN_GRACE_DEFAULT < 10
+    assert load_settings(shutdown_grace_seconds=0).shutdown_grace_seconds == 0
+    for bad in ("-1", "nan", "inf", "86400", "soon"):
+        with pytest.raises(ConfigError) as error:
+            load_settings(shutdown_grace_seconds=bad)
+        assert str(error.value).startswith("SHUTDOWN_GRACE_SECONDS: "), bad
+
+
+def test_oauth__no_state_secret_is_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    # slack_sdk keeps OAuth states in the database and Bolt checks them against a cookie:
+    # nothing is signed, so there is no secret to require (an old .env that sets it still loads).
+    monkeypatch.setenv("SLACK_STATE_SECRET", "left over")
+    settings = load_settings(slack_client_id="1", slack_client_secret="s", slack_signing_secret="x")
+    assert not hasattr(settings, "slack_state_secret")
+    check_config(settings)  # OAuth mode is complete without it
+
+
+def test_metrics_port__its_own_listener_never_the_public_port() -> None:
+    assert load_settings().metrics_port is None  # default: /metrics and /healthz on PORT
+    assert load_settings(metrics_port=9100).metrics_port == 9100
+    assert load_settings(port=3000, metrics_port=3000, metrics_host="127.0.0.1").metrics_port
+    with pytest.raises(ConfigError) as error:
+        load_settings(port=3000, metrics_port=3000)
+    assert str(error.value).startswith("METRICS_PORT: 3000 is PORT already")
+    with pytest.raises(ConfigError) as error:
+        load_settings(metrics_port=70000)
+    assert str(error.value).startswith("METRICS_PORT: ")

@@ -202,8 +202,8 @@ def test_serve__incomplete_oauth_settings_name_the_variable() -> None:
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "slack-agent: config_invalid: SLACK_CLIENT_SECRET: required with the other "
-        "SLACK_CLIENT_* OAuth settings"
+        "slack-agent: config_invalid: SLACK_CLIENT_SECRET: required with SLACK_CLIENT_ID "
+        "(multi-workspace OAuth installs)"
     ]
 
 
