@@ -23,7 +23,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot import context, render
 from bot import texts as text
 from bot.context import Gathered
-from bot.files import SharedFile
+from bot.files import SharedFile, shared_files
 from bot.post import Post, external_user, thread_key
 from bot.reply import SLACK_FAILURES, ReplyStream, StreamPacer
 from core.agent.accounting import Payer
@@ -54,7 +54,12 @@ from core.conversation import (
 )
 from core.conversation.surface import Notice as Waiting
 from core.conversation.surface import Outcome, Progress
-from core.errors import AgentSessionBudgetExceeded, AgentSessionLockLost, TurnInterrupted
+from core.errors import (
+    AgentSessionBudgetExceeded,
+    AgentSessionLockLost,
+    InvalidRequest,
+    TurnInterrupted,
+)
 from core.messages import message_text
 from core.settings import Settings
 from core.storage.deliveries import DeliveryRecord
@@ -91,6 +96,38 @@ class ThreadAnswers:
         self.cards: ApprovalCards | None = None  # set by the service: cards of waiting calls
 
     # -- DeliverySurface ------------------------------------------------------------------------
+
+    async def words(
+        self, strays: list[DeliveryRecord], client: AsyncWebClient
+    ) -> dict[str, tuple[str, dict[str, Any]]] | None:
+        """The strays' text and files, read back from their thread (a stray record keeps only
+        where and by whom): one bounded read of the few messages between the first stray and
+        the last. A message deleted since, or left with no text and no file, is left out."""
+        posts = {stray.event_key: Post.from_context(stray.context) for stray in strays}
+        first = next(iter(posts.values()))
+        stamps = sorted(post.ts for post in posts.values())
+        found = await context.thread_span(
+            client, first.channel, first.thread_ts, stamps[0], stamps[-1]
+        )
+        if found is None:
+            return None
+        words: dict[str, tuple[str, dict[str, Any]]] = {}
+        for stray in strays:
+            message = found.get(posts[stray.event_key].ts)
+            if message is None or message.get("user") != stray.author:
+                continue
+            raw = message.get("text")
+            said = raw.replace("\x00", "").strip() if isinstance(raw, str) else ""
+            try:
+                files = shared_files(message)
+            except InvalidRequest:
+                files = []
+            if said or files:
+                words[stray.event_key] = (
+                    said,
+                    {**stray.context, "files": [f.as_dict() for f in files]},
+                )
+        return words
 
     async def client_for(self, record: DeliveryRecord) -> AsyncWebClient | None:
         enterprise = record.context.get("enterprise")

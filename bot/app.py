@@ -393,13 +393,17 @@ async def _receive(
     """A message for the agent becomes a delivery record (before the acknowledgement).
     ``enterprise``: the Enterprise Grid org, so a take-over finds an org-wide install."""
     extra: dict[str, Any] = {"enterprise": enterprise} if enterprise else {}
+    if not stray:
+        extra["files"] = [f.as_dict() for f in files]
     message = Incoming(
         event_key=post.ref,
         thread_key=post.thread,
         author=post.user,
         message_id=slack_message_id(post.team, post.channel, post.ts),
-        text=body,
-        context={**post.context(), **extra, "files": [f.as_dict() for f in files]},
+        # A stray keeps where and by whom only: its words are read back from Slack if it is
+        # ever adopted (``ThreadAnswers.words``), and most strays never are.
+        text="" if stray else body,
+        context={**post.context(), **extra},
         stray=stray,
     )
     await worker.receive(message, client)

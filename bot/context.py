@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,32 +63,12 @@ async def thread_before(
     it), the latest ``THREAD_MESSAGES`` of them, newest last, within ``THREAD_CHARS``, and the
     files shared in them; nothing when there are none or Slack says no."""
     latest: deque[dict[str, Any]] = deque(maxlen=THREAD_MESSAGES)
-    cursor: str | None = None
-    for _ in range(PAGES):
-        try:
-            response = await client.conversations_replies(
-                channel=channel,
-                ts=thread_ts,
-                latest=before_ts,
-                inclusive=False,
-                limit=PAGE_SIZE,
-                cursor=cursor,
-            )
-        except SlackApiError as exc:
-            log.warning("could not read the thread %s/%s: %s", channel, thread_ts, exc)
-            break
-        for message in response.get("messages") or []:
-            if not isinstance(message, dict) or message.get("bot_id"):
-                continue
-            ts, user = message.get("ts"), message.get("user")
-            if message.get("subtype") not in _HUMAN or not isinstance(ts, str) or ts >= before_ts:
-                continue
-            if isinstance(user, str):
+    try:
+        async for message in _people(client, channel, thread_ts, latest=before_ts, inclusive=False):
+            if message["ts"] < before_ts:
                 latest.append(message)
-        metadata = response.get("response_metadata") or {}
-        cursor = metadata.get("next_cursor") if isinstance(metadata, dict) else None
-        if not response.get("has_more") or not cursor:
-            break
+    except SlackApiError as exc:  # what was read before stays
+        log.warning("could not read the thread %s/%s: %s", channel, thread_ts, exc)
     lines: list[str] = []
     files: list[SharedFile] = []
     for message in latest:
@@ -109,6 +90,48 @@ async def thread_before(
             reversed(kept)
         )
     return Earlier(said, files[-THREAD_FILES:])
+
+
+async def thread_span(
+    client: AsyncWebClient, channel: str, thread_ts: str, oldest: str, latest: str
+) -> dict[str, dict[str, Any]] | None:
+    """People's messages of a thread from ``oldest`` to ``latest`` (both included), by ts:
+    the words of strays being adopted (``ThreadAnswers.words``). Bounded by both ends, so a
+    long thread costs no more than the few recent messages asked for (strays are at most
+    minutes old: the thread's newest end). None when Slack says no."""
+    found: dict[str, dict[str, Any]] = {}
+    try:
+        async for message in _people(
+            client, channel, thread_ts, oldest=oldest, latest=latest, inclusive=True
+        ):
+            found[message["ts"]] = message
+    except SlackApiError as exc:
+        log.warning("could not read the thread %s/%s: %s", channel, thread_ts, exc)
+        return None
+    return found
+
+
+async def _people(
+    client: AsyncWebClient, channel: str, thread_ts: str, **bounds: Any
+) -> AsyncIterator[dict[str, Any]]:
+    """A thread's messages by people (a ``ts`` and a ``user``; no bot's) within ``bounds``
+    (``oldest``, ``latest``, ``inclusive``), oldest first, as Slack pages them (at most
+    ``PAGES`` pages). Slack refusing a page raises ``SlackApiError``."""
+    cursor: str | None = None
+    for _ in range(PAGES):
+        response = await client.conversations_replies(
+            channel=channel, ts=thread_ts, limit=PAGE_SIZE, cursor=cursor, **bounds
+        )
+        for message in response.get("messages") or []:
+            if not isinstance(message, dict) or message.get("bot_id"):
+                continue
+            ts, user = message.get("ts"), message.get("user")
+            if message.get("subtype") in _HUMAN and isinstance(ts, str) and isinstance(user, str):
+                yield message
+        metadata = response.get("response_metadata") or {}
+        cursor = metadata.get("next_cursor") if isinstance(metadata, dict) else None
+        if not response.get("has_more") or not cursor:
+            return
 
 
 def viewing(context: dict[str, Any] | None) -> str | None:

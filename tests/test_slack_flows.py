@@ -9,13 +9,15 @@ import pytest
 from sqlalchemy import select
 
 from bot import texts as text
+from bot.post import Post
 from core.conversation import worker as delivery
-from core.messages import assistant_message, message_text, user_message
+from core.conversation.intake import Incoming
+from core.messages import assistant_message, message_text, slack_message_id, user_message
 from core.records import ANY_TAIL, Actor, StoredMessage, TurnLease
 from core.storage.deliveries import DELIVERIES
 from core.storage.sessions import SessionStore
 from core.testing.openai import GatedModel
-from core.testing.slack import Call, SlackClient, SlackStandIn
+from core.testing.slack import BOT_USER, Call, SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
 
 
@@ -436,16 +438,40 @@ async def delivery_states(store: SessionStore) -> dict[str, str]:
         return {key.rsplit("/", 1)[-1]: state for key, state in rows}
 
 
+async def stored(store: SessionStore, ts: str) -> tuple[str, dict[str, Any]]:
+    """A delivery record's text and context, as the database holds them."""
+    async with store.db.read() as conn:
+        found = select(DELIVERIES.c.text, DELIVERIES.c.context).where(
+            DELIVERIES.c.event_key == f"T1/C1/{ts}"
+        )
+        row = (await conn.execute(found)).one()
+        return row.text, row.context
+
+
+def posted(ts: str, text: str, user: str = "U1", **extra: Any) -> dict[str, Any]:
+    """A message as conversations.replies lists it."""
+    return {"ts": ts, "user": user, "text": text, **extra}
+
+
 async def test_follow_up_arriving_before_its_threads_first_message__is_answered_after_it(
     database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     """Slack delivers events concurrently and retries a failed one a minute later, so a
     follow-up can reach the app before the mention that started its thread. It was
-    acknowledged: it must be answered, after the mention."""
+    acknowledged: it must be answered, after the mention, with its words read back from Slack
+    (the stray record kept none)."""
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root, follow_up = client.new_ts(), client.new_ts()
+        slack.threads[root] = [
+            posted(root, f"<@{BOT_USER}> first question"),
+            posted(follow_up, "and one more thing", thread_ts=root),
+        ]
         await client.message("and one more thing", ts=follow_up, thread_ts=root)
         assert await delivery_states(store) == {follow_up: "stray"}
+        kept, where = await stored(store, follow_up)
+        assert kept == ""  # where and by whom only
+        assert (where["ts"], where["thread_ts"], where["user"]) == (follow_up, root, "U1")
+        assert "files" not in where
         assert not slack.named("chat.startStream", "chat.postMessage")
         await client.message("first question", ts=root, mention=True, kind="app_mention")
         await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
@@ -456,6 +482,80 @@ async def test_follow_up_arriving_before_its_threads_first_message__is_answered_
         "and one more thing",
     ]
     assert await delivery_states(store) == {root: "done", follow_up: "done"}
+    # One bounded read of the thread: from the stray to the stray, not the whole thread.
+    (read,) = slack.named("conversations.replies")
+    assert (read.args["oldest"], read.args["latest"]) == (follow_up, follow_up)
+
+
+async def test_follow_up_deleted_before_its_thread_was_known__is_dropped_not_answered(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root, follow_up = client.new_ts(), client.new_ts()
+        slack.threads[root] = [posted(root, f"<@{BOT_USER}> first question")]  # reply deleted
+        await client.message("never mind", ts=follow_up, thread_ts=root)
+        await client.message("first question", ts=root, mention=True, kind="app_mention")
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        await slack.wait_for(lambda: slack.named("conversations.replies"))
+    assert [m.role for m in await transcript(store, root)] == ["user", "assistant"]
+    assert (await delivery_states(store)).get(follow_up) is None
+
+
+async def test_stray_whose_thread_became_known_as_it_was_written__its_receiver_adopts_it(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    """The listener found the thread unknown, then its first message was recorded and carried
+    on before the stray was written: the stray's own receiver looks again and hands it to the
+    worker, which reads its words from Slack and answers it."""
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root = await client.message("first question", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        follow_up = client.new_ts()
+        slack.threads[root] = [
+            posted(root, f"<@{BOT_USER}> first question"),
+            posted(follow_up, "one more thing", thread_ts=root),
+        ]
+        post = Post("T1", "C1", root, follow_up, "U1", "channel")
+        late = Incoming(
+            event_key=post.ref,
+            thread_key=post.thread,
+            author="U1",
+            message_id=slack_message_id("T1", "C1", follow_up),
+            text="",
+            context=post.context(),
+            stray=True,
+        )
+        await bot.bot.worker.receive(late, bot.bot.app.client)
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
+    found = await transcript(store, root)
+    assert [message_text(m.message) for m in found if m.role == "user"] == [
+        "first question",
+        "one more thing",
+    ]
+
+
+async def test_strays_slack_would_not_show__wait_for_the_threads_next_message(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    """Slack refusing the read (after its retries) leaves the strays as they are: the thread's
+    next message carried on adopts them, and both are answered."""
+    async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+        root, follow_up = client.new_ts(), client.new_ts()
+        slack.threads[root] = [
+            posted(root, f"<@{BOT_USER}> first question"),
+            posted(follow_up, "and one more thing", thread_ts=root),
+        ]
+        slack.errors["conversations.replies"] = "internal_error"
+        await client.message("and one more thing", ts=follow_up, thread_ts=root)
+        await client.message("first question", ts=root, mention=True, kind="app_mention")
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        assert (await delivery_states(store))[follow_up] == "stray"
+        del slack.errors["conversations.replies"]
+        await client.message("and another", thread_ts=root)
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 3)
+    said = [message_text(m.message) for m in await transcript(store, root) if m.role == "user"]
+    assert sorted(said) == ["and another", "and one more thing", "first question"]
+    assert said[0] == "first question"
 
 
 async def test_chatter_before_the_agent_is_called_into_a_thread__is_context_not_answered(
@@ -463,7 +563,23 @@ async def test_chatter_before_the_agent_is_called_into_a_thread__is_context_not_
 ) -> None:
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         root = await client.message("a thread without the agent")
-        chatter = await client.message("people talking", thread_ts=root, user="U2")
+        chatter = client.new_ts()
+        slack.threads[root] = [
+            posted(root, "a thread without the agent"),
+            posted(chatter, "people talking", user="U2", thread_ts=root),
+        ]
+        await client.message("people talking", ts=chatter, thread_ts=root, user="U2")
+        assert await stored(store, chatter) == (
+            "",
+            {
+                "team": "T1",
+                "channel": "C1",
+                "thread_ts": root,
+                "ts": chatter,
+                "user": "U2",
+                "surface": "channel",
+            },
+        )  # the chatter's words are not kept: Slack has them
         call = await client.message("now you", thread_ts=root, mention=True, kind="app_mention")
         await slack.wait_for(lambda: slack.named("chat.stopStream"))
         later = await client.message("and a follow-up", thread_ts=root)
@@ -473,6 +589,8 @@ async def test_chatter_before_the_agent_is_called_into_a_thread__is_context_not_
         "now you",
         "and a follow-up",
     ]
+    # The agent still read what was said before it was called in, from Slack.
+    assert "<@U2>: people talking" in found[0].message["metadata"]["context"]
     states = await delivery_states(store)
     assert states == {chatter: "stray", call: "done", later: "done"}
 

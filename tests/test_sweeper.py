@@ -330,10 +330,50 @@ async def test_deliveries_pass__finished_after_a_day_strays_after_ten_minutes_ac
     assert left == {"T1/C1/2.0", "T1/C1/4.0", "T1/C1/6.0"}
     # A stray past its window is not adopted either (it may be read before the sweep).
     await add("7.0", stray=True, created_at=ago(STRAY_SECONDS + 60))
-    adopted = await deliveries.adopt_strays("T1/C1/1.0")
-    assert [r.event_key for r in adopted] == ["T1/C1/4.0"]
+    strays = await deliveries.strays("T1/C1/1.0")
+    assert [(r.event_key, r.text) for r in strays] == [("T1/C1/4.0", "")]  # no text kept
+    words = {"T1/C1/4.0": ("read back", {"files": []})}
+    adopted = await deliveries.adopt_strays("T1/C1/1.0", words, ["T1/C1/4.0"])
+    assert [(r.event_key, r.text, r.context) for r in adopted] == [
+        ("T1/C1/4.0", "read back", {"files": []})
+    ]
     assert adopted[0].state == "received"
     assert adopted[0].owner == deliveries.owner
+    assert await deliveries.adopt_strays("T1/C1/1.0", words, ["T1/C1/4.0"]) == []  # once
+
+
+async def test_strays__kept_without_text_and_dropped_when_their_message_is_gone(
+    db: Database,
+) -> None:
+    """A stray keeps where and by whom, never the words (they stay in Slack until it is
+    adopted); one whose message the surface no longer has is deleted, not answered, and one
+    written while another was being adopted is left for its own adoption."""
+    deliveries = Deliveries(db, "slack")
+
+    async def add(key: str, *, stray: bool) -> None:
+        await deliveries.record(
+            event_key=f"T1/C1/{key}",
+            thread_key="T1/C1/1.0",
+            author="U1",
+            message_id=str(uuid.uuid4()),
+            text=f"words of {key}",
+            context={"ts": key},
+            stray=stray,
+        )
+
+    await add("1.0", stray=False)
+    await add("2.0", stray=True)
+    await add("3.0", stray=True)
+    async with db.read() as conn:
+        rows = {r.event_key: r.text for r in await conn.execute(select(D.event_key, D.text))}
+    assert rows == {"T1/C1/1.0": "words of 1.0", "T1/C1/2.0": "", "T1/C1/3.0": ""}
+    asked = [r.event_key for r in await deliveries.strays("T1/C1/1.0")]
+    await add("4.0", stray=True)  # arrives while the surface is read
+    adopted = await deliveries.adopt_strays("T1/C1/1.0", {"T1/C1/3.0": ("x", {})}, asked)
+    assert [r.event_key for r in adopted] == ["T1/C1/3.0"]
+    async with db.read() as conn:
+        left = dict((await conn.execute(select(D.event_key, D.state))).all())
+    assert left == {"T1/C1/1.0": "received", "T1/C1/3.0": "received", "T1/C1/4.0": "stray"}
 
 
 async def test_deliveries_pass__offers_nobody_answered_go_after_their_lifetime(

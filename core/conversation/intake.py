@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +38,16 @@ SHED_LOG_SECONDS = 5.0
 KNOWN_SECONDS = 600.0
 KNOWN_MOST = 100_000  # threads remembered at most (the oldest forgotten first)
 
+# A stray's words as the surface gives them at its adoption: event key -> (text, context).
+Words = dict[str, tuple[str, dict[str, Any]]]
+
 
 @dataclass(frozen=True)
 class Incoming:
     """A message for the agent as a surface received it, not yet recorded: what its delivery
     record holds. ``stray``: of a thread nobody knows yet, maybe a follow-up that overtook its
-    thread's first message; recorded as a stray, adopted when that message is carried on."""
+    thread's first message; recorded as a stray (where and by whom, not its ``text``), adopted
+    when that message is carried on."""
 
     event_key: str
     thread_key: str
@@ -131,17 +135,36 @@ class Intake:
             log.debug("message %s already recorded", message.event_key)
         elif stray:
             # The thread's first message may have been recorded while this one was checked;
-            # its carrier adopts the strays it sees, this looks once more for the rest.
+            # its carrier adopts the strays it sees, this looks once more for the rest: the
+            # stray itself goes to the worker, which adopts its thread's strays (reading their
+            # words from the surface takes the worker's client for the workspace).
             if not self.closing() and await self.known_thread(message.thread_key):
-                await self.adopt(message.thread_key, hand_off)
+                hand_off(record)
         elif shed:
             self._count_shed(message.event_key)
         elif keep:
             hand_off(record)
 
-    async def adopt(self, thread: str, hand_off: Callable[[DeliveryRecord], None]) -> None:
-        """The strays of ``thread`` (now known), recorded as this replica's and handed off."""
-        for adopted in await self.deliveries.adopt_strays(thread):
+    async def adopt(
+        self,
+        thread: str,
+        hand_off: Callable[[DeliveryRecord], None],
+        words: Callable[[list[DeliveryRecord]], Awaitable[Words | None]],
+    ) -> None:
+        """The strays of ``thread`` (now known), recorded as this replica's and handed off.
+
+        ``words``: the surface's text and context of each stray, by event key (a stray it has
+        none for was deleted there, and is dropped); None when the surface could not say, and
+        the strays are left for the thread's next carrier (or the sweep)."""
+        strays = await self.deliveries.strays(thread)
+        if not strays:
+            return  # the usual case: one read
+        found = await words(strays)
+        if found is None:
+            log.warning("thread %s: %d stray(s) not adopted yet", thread, len(strays))
+            return
+        asked = [stray.event_key for stray in strays]
+        for adopted in await self.deliveries.adopt_strays(thread, found, asked):
             log.info("message %s: its thread is known now; answering it", adopted.event_key)
             hand_off(adopted)
 

@@ -9,7 +9,7 @@ reaching its people (``C``: for Slack, a Web API client).
 from __future__ import annotations
 
 import enum
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from core.storage.deliveries import DeliveryRecord
 
@@ -55,6 +55,13 @@ class DeliverySurface(Protocol[C]):
 
     async def offer(self, record: DeliveryRecord, client: C, *, stale: bool) -> bool:
         """Offer Send (or Send anyway) / Discard to the poster; False when it was not posted."""
+
+    async def words(
+        self, strays: list[DeliveryRecord], client: C
+    ) -> dict[str, tuple[str, dict[str, Any]]] | None:
+        """The text and context of each stray of one thread (by event key), read from the
+        surface, which keeps what was said (a stray record does not); a stray missing from the
+        result no longer exists there. None when the surface could not be read."""
 
     async def client_for(self, record: DeliveryRecord) -> C | None:
         """What reaches the record's workspace outside a request (a take-over); None when

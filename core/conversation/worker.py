@@ -271,7 +271,13 @@ class DeliveryWorker(Generic[C]):
     # -- one record, from received to finished --------------------------------------------------
 
     async def _carry(self, record: DeliveryRecord, client: C, resumed: bool) -> None:
-        await self.intake.adopt(record.thread_key, self._carrier(client))
+        await self.intake.adopt(
+            record.thread_key,
+            self._carrier(client),
+            lambda strays: self.surface.words(strays, client),
+        )
+        if record.state == "stray":
+            return  # handed over by its own receiver, only for its thread's strays to be adopted
         current: DeliveryRecord | None = record
         while current is not None and not self.closing:
             blocker = await self.deliveries.blocker(current)

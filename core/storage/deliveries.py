@@ -33,7 +33,9 @@ that overtook its thread's first message: Slack delivers events concurrently, an
 failed one a minute later. It is recorded as a *stray* (finished, nobody's, kept at most
 ``STRAY_SECONDS``) and *adopted* (``adopt_strays``: recorded again as received, after the
 first message) when a record of its thread is carried on; the stray's own receiver looks again
-after writing it, so one of the two always sees the other.
+after writing it, so one of the two always sees the other. Most strays are chatter in threads
+the agent is never called into, so a stray keeps only where and by whom (no text, no files):
+the surface still has the words, and gives them when the stray is adopted (docs/design.md).
 
 A thread's records form its *line*: a record is answered only when no earlier record of the
 thread still waits to be answered (``blocker``), so a thread's messages are answered in the
@@ -286,7 +288,7 @@ class Deliveries:
             D.created_at >= ago(STRAY_SECONDS),
             or_(first.is_(None), D.event_key > first),
         )
-        self._any_stray = select(exists().where(self._strays))
+        self._find_strays = select(*D).where(self._strays).order_by(D.id)
 
     def _mine(self, record_id: int) -> ColumnElement[bool]:
         return and_(D.id == record_id, D.owner == self.owner)
@@ -307,7 +309,8 @@ class Deliveries:
 
         ``owned=False`` records it for another replica to take at once (a stopping process
         that still got a message must not drop it, and must not start it either).
-        ``stray``: a message of a thread not known yet, kept for ``adopt_strays``.
+        ``stray``: a message of a thread not known yet, kept for ``adopt_strays`` without its
+        ``text`` (the surface gives it when the stray is adopted).
         """
         owned = owned and not stray
         return await self._intake.add(
@@ -317,7 +320,7 @@ class Deliveries:
                 "thread_key": thread_key,
                 "author": author,
                 "message_id": message_id,
-                "text": text,
+                "text": "" if stray else text,
                 "context": context,
                 "owner": self.owner if owned else None,
                 "owned": owned,
@@ -325,28 +328,39 @@ class Deliveries:
             }
         )
 
-    async def adopt_strays(self, thread_key: str) -> list[DeliveryRecord]:
-        """The strays of a thread that is known now, recorded again as received records of
-        this process (after every record already in the thread's line, so they are answered
-        after its first message), oldest first. Each stray is adopted by one caller.
+    async def strays(self, thread_key: str) -> list[DeliveryRecord]:
+        """The strays of a thread that is known now and may be adopted (``adopt_strays``),
+        oldest first; none in the usual case, read without a write.
 
         Only strays posted after the thread's first recorded message: what people wrote in a
         thread before they called the agent into it is context (``bot.context``), not a
         message to answer. (Slack ``ts`` values of one channel order as strings.)"""
-        params = {"thread_key": thread_key}
         async with self.db.read() as conn:
-            if not await conn.scalar(self._any_stray, params):
-                return []  # the usual case, answered without a write
+            rows = await conn.execute(self._find_strays, {"thread_key": thread_key})
+            return [_record(row) for row in rows]
+
+    async def adopt_strays(
+        self, thread_key: str, words: dict[str, tuple[str, dict[str, Any]]], asked: list[str]
+    ) -> list[DeliveryRecord]:
+        """The strays ``asked`` about (by event key) recorded again as received records of
+        this process, with the text and context the surface gave for each in ``words`` (after
+        every record already in the thread's line, so they are answered after its first
+        message), oldest first; a stray ``words`` has nothing for (its message was deleted)
+        is dropped. Each stray is adopted by one caller."""
+        if not asked:
+            return []
         async with self.db.write() as conn:
             # Locked (PostgreSQL) or under the write lock (SQLite): one adopter per stray.
-            found = select(*D).where(self._strays).order_by(D.id)
+            found = self._find_strays.where(D.event_key.in_(asked))
             if self.db.dialect == "postgresql":
                 found = found.with_for_update(skip_locked=True)
-            rows = list(await conn.execute(found, params))
+            rows = list(await conn.execute(found, {"thread_key": thread_key}))
             if not rows:
                 return []
-            keys = [row.event_key for row in rows]
             await conn.execute(delete(DELIVERIES).where(D.id.in_([row.id for row in rows])))
+            kept = [row for row in rows if row.event_key in words]
+            if not kept:
+                return []
             await conn.execute(
                 insert(DELIVERIES),
                 [
@@ -356,15 +370,16 @@ class Deliveries:
                         "thread_key": row.thread_key,
                         "author": row.author,
                         "message_id": row.message_id,
-                        "text": row.text,
-                        "context": row.context,
+                        "text": words[row.event_key][0],
+                        "context": words[row.event_key][1],
                         "state": "received",
                         "owner": self.owner,
                         "created_at": row.created_at,
                     }
-                    for row in rows
+                    for row in kept
                 ],
             )
+            keys = [row.event_key for row in kept]
             adopted = and_(D.surface == self.surface, D.event_key.in_(keys))
             await conn.execute(update(DELIVERIES).where(adopted).values(lease_at=db_now()))
             again = await conn.execute(select(*D).where(adopted).order_by(D.id))
