@@ -222,8 +222,11 @@ class ThreadAnswers:
         if self.cards is not None:
             await self.cards.refresh(approval_id, client)  # "Approved by …; running"
 
+        decider = record.context.get("decided_by")  # who pays: whoever decided, wherever
+
         def run(on_event: Callable[[ConversationEvent], Awaitable[None]]) -> Awaitable[TurnOutcome]:
-            payer = Payer(external_user(post.team, post.user), post.team)
+            who = decider if isinstance(decider, str) else external_user(post.team, post.user)
+            payer = Payer(who, post.team)
             return conversation.carry_out(approval_id, on_event, payer=payer)
 
         request = TurnRequest(record.text, message_id=None)

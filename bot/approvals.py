@@ -13,12 +13,19 @@
   compares the cards with their requests every ``SESSION_POLL_SECONDS`` (``cards_behind``) and
   one of them (``card_shown`` is conditional) updates a card whose request moved on anywhere:
   decided in the terminal, carried out, expired, superseded or rewound.
+- **Decisions left behind.** The terminal carries its decisions out in place; if its process
+  dies between ``/approve`` and that turn, nobody would. So on the same rounds every replica
+  looks for decisions older than ``TURN_LOCK_STALENESS_SECONDS`` that were not carried out, on a
+  free session (``ApprovalDesk.left_behind``): one of a Slack thread gets the delivery record a
+  click would have made (the same key, so a click's record already there is not doubled), and
+  its continuation streams into the thread; one of a session with no thread (a terminal
+  session) is carried out here directly. Either way it is the usual turn (claim, stale guard,
+  fencing, ``start_running``): the call goes out at most once, whoever picks it up.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,6 +36,7 @@ from bot import payload
 from bot import texts as text
 from bot.post import Post, external_user, thread_key
 from bot.reply import SLACK_FAILURES
+from core.agent.accounting import Payer
 from core.agent.loop import ApprovalRequest
 from core.conversation import Conversations, Decided, Refused
 from core.conversation.intake import Incoming
@@ -66,6 +74,9 @@ class ApprovalCards:
         self.conversations = conversations
         self._client_for = client_for
         self._sync: asyncio.Task[None] | None = None
+        self._worker: DeliveryWorker[AsyncWebClient] | None = None
+        self._recorded: set[str] = set()  # left-behind decisions given a delivery record here
+        self._carrying: dict[str, asyncio.Task[None]] = {}  # ... or being carried out here
 
     # -- the card -------------------------------------------------------------------------------
 
@@ -130,15 +141,18 @@ class ApprovalCards:
         if record is not None:
             await self.show(record, client)
 
-    def start(self) -> None:
+    def start(self, worker: DeliveryWorker[AsyncWebClient] | None = None) -> None:
+        """Keep cards up to date and (given the delivery worker) carry out decisions left
+        behind."""
+        self._worker = worker
         if self._sync is None and self.conversations.approvals is not None:
             self._sync = asyncio.create_task(self._keep_cards())
 
     async def stop(self) -> None:
-        if self._sync is not None:
-            self._sync.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sync
+        tasks = [t for t in (self._sync, *self._carrying.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _keep_cards(self) -> None:
         desk = self.conversations.approvals
@@ -148,10 +162,60 @@ class ApprovalCards:
             try:
                 for record in await desk.approvals.cards_behind():
                     await self.show(record)
+                if self._worker is not None:
+                    await self.carry_on_left_behind(self._worker)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a database blip: the next round tries again
                 log.warning("could not bring approval cards up to date: %s", exc)
+
+    # -- decisions whose deciding process died -------------------------------------------------
+
+    async def carry_on_left_behind(self, worker: DeliveryWorker[AsyncWebClient]) -> None:
+        """Hand every decision left behind to whoever carries it out (see the module's doc)."""
+        desk = self.conversations.approvals
+        assert desk is not None
+        staleness = self.settings.turn_lock_staleness_seconds
+        for record in await desk.left_behind(staleness):
+            if record.id in self._recorded or record.id in self._carrying:
+                continue
+            key = await self.conversations.key_of(record.session_id)
+            post = post_of_thread(key, "") if key is not None else None
+            if key is None or post is None:
+                log.info("carrying out decision %s, left behind by its process", record.id)
+                self._carrying[record.id] = asyncio.create_task(self._carry_out(record))
+                continue
+            client = await self._client_for(post.team)
+            if client is None:
+                continue
+            user = await self._decider_in(record, post.team)
+            if user is None:
+                continue
+            log.info("decision %s was left behind by its process; recording it", record.id)
+            await self._record(record, key, user, client, worker)
+            self._recorded.add(record.id)
+
+    async def _carry_out(self, record: ApprovalRecord) -> None:
+        try:
+            await self.conversations.carry_out_left_behind(
+                record, payer=Payer(record.decided_by) if record.decided_by else None
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # its lock lapses; the next round (here or elsewhere) tries again
+            log.exception("decision %s left behind: carrying it out failed", record.id)
+        finally:
+            self._carrying.pop(record.id, None)
+
+    async def _decider_in(self, record: ApprovalRecord, team: str) -> str | None:
+        """The Slack user the thread's notices about a decision go to: the decider when they
+        decided in this workspace, else the conversation's owner."""
+        prefix = external_user(team, "")
+        if record.decided_by and record.decided_by.startswith(prefix):
+            return record.decided_by.removeprefix(prefix)
+        session = (await self.conversations.get(record.session_id)).session
+        owner = None if session.user_id is None else await self.conversations.who(session.user_id)
+        return owner.removeprefix(prefix) if owner and owner.startswith(prefix) else None
 
     # -- a click --------------------------------------------------------------------------------
 
@@ -217,6 +281,6 @@ class ApprovalCards:
             author=user,
             message_id=record.message_id,
             text=f"({record.tool_name}: {record.state})",
-            context={**post.context(), "approval": record.id},
+            context={**post.context(), "approval": record.id, "decided_by": record.decided_by},
         )
         await worker.receive(decision, client)

@@ -152,7 +152,7 @@ class Bot:
         keeping approval cards up to date."""
         self.worker.start()
         if self.runtime.tools is not None:  # no MCP servers: no call ever waits for a person
-            self.cards.start()
+            self.cards.start(self.worker)
 
     async def close(self) -> None:
         """Stop taking work, let running turns finish for the grace period, interrupt the

@@ -23,6 +23,7 @@ from core.conversation import (
 from core.records import Actor
 from core.runtime import Runtime
 from core.settings import Settings
+from tests.helpers import read_json_line, start_worker
 from tests.mcp_support import READY_SECONDS, calls_counted, notes, notes_entry, write_config
 
 ADD = 'mcp__notes__add_note {"title": "plan", "text": "ship on friday"}'
@@ -269,6 +270,56 @@ async def test_approval__a_call_sent_by_a_turn_that_died_is_never_sent_again(
     part = part_of(messages[-2].message)
     assert part["state"] == "output-error"
     assert "not sent again" in part["errorText"]
+
+
+@pytest.mark.slow  # a real process
+@pytest.mark.parametrize("step", ["decided", "sent"])
+async def test_approval__a_decision_whose_process_died_is_carried_out_once_by_another(
+    conversations: Conversations, database_url: str, tmp_path: Path, step: str
+) -> None:
+    """The terminal decides, then its process dies (SIGKILL) before the carry-out (``decided``)
+    or after marking the call as sent (``sent``): the decision is left behind, and whoever picks
+    it up (two at once here) carries it out once; a call already sent is never sent again."""
+    desk = conversations.approvals
+    assert desk is not None
+    conversation, approval_id = await asked(conversations)
+    before = calls_counted("notes", "add_note", "ok")
+    child = start_worker("decide", database_url, approval_id, "cli:tester", step)
+    try:
+        assert await asyncio.to_thread(read_json_line, child) == {"decided": "Decided"}
+    finally:
+        child.kill()
+        await asyncio.to_thread(child.communicate)
+    record = await desk.get(approval_id)
+    assert record is not None
+    assert record.state == ("approved" if step == "decided" else "running")
+    assert record.decided_by == "cli:tester"
+    # A decision younger than the window may still be claiming its turn in a live process.
+    assert await desk.left_behind(3600) == []
+    (left,) = await desk.left_behind(0)
+    assert left.id == approval_id
+    outcomes = await asyncio.gather(
+        conversations.carry_out_left_behind(left), conversations.carry_out_left_behind(left)
+    )
+    assert sum(isinstance(o, Answered) for o in outcomes) == 1, outcomes
+    assert await desk.left_behind(0) == []  # carried out: nobody picks it up again
+    again = await conversations.carry_out_left_behind(left)
+    assert isinstance(again, AlreadyAnswered)
+    done = await desk.get(approval_id)
+    assert done is not None
+    assert done.state == "ran"
+    messages = await conversation.store.messages(conversation.id)
+    part = part_of(messages[-2].message)
+    if step == "decided":
+        assert part["state"] == "output-available"
+        assert notes(tmp_path) == {"plan": "ship on friday"}
+        assert calls_counted("notes", "add_note", "ok") == before + 1  # the call ran once
+    else:
+        assert part["state"] == "output-error"
+        assert "not sent again" in part["errorText"]
+        assert notes(tmp_path) == {}  # what a dead turn may have sent is never sent again
+        assert calls_counted("notes", "add_note", "ok") == before
+    assert messages[-1].role == "assistant"  # and the model continued
 
 
 async def test_approval__the_approved_digest_binds_the_exact_call(

@@ -8,9 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bot import texts as text
+from core.conversation import Answered, Decided, TurnRequest
 from core.storage.sessions import SessionStore
 from core.testing.slack import Call, SlackClient, SlackStandIn
+from tests.helpers import read_json_line, start_worker
 from tests.mcp_support import READY_SECONDS, calls_counted, notes, notes_entry, write_config
 from tests.slack_harness import RunningBot, running_bot
 
@@ -203,3 +207,80 @@ async def test_slack_approval__a_malformed_action_payload_is_a_400(
         }
         assert await client.interaction(bad) == 400
     assert json.loads(json.dumps(notes(tmp_path))) == {}
+
+
+@pytest.mark.slow  # a real process
+async def test_slack_approval__a_terminal_decision_whose_process_died_continues_in_the_thread(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    """The terminal approves what Slack posted and its process dies (SIGKILL) before carrying
+    it out: once the staleness window has passed, the replica records the decision as a click
+    would, the call runs once, the answer continues in the thread and the card says who."""
+    quick = {
+        "turn_lock_staleness_seconds": 2,
+        "turn_heartbeat_seconds": 0.5,
+        "session_poll_seconds": 0.2,
+    }
+    async with (
+        running_bot(database_url, slack, **mcp(tmp_path), **quick) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        await connected(bot)
+        before = calls_counted("notes", "add_note", "ok")
+        root = await client.message(ADD, mention=True)
+        (card,) = await slack.wait_for(lambda: cards(slack))
+        child = start_worker("decide", database_url, approval_id(card), "cli:tester", "decided")
+        try:
+            assert await asyncio.to_thread(read_json_line, child) == {"decided": "Decided"}
+        finally:
+            child.kill()
+            await asyncio.to_thread(child.communicate)
+        await slack.wait_for(lambda: "answered" in slack.shown(root), within=60)
+        await slack.wait_for(
+            lambda: any("tester (terminal); the call ran" in t for t in card_updates(slack, card)),
+            within=60,
+        )
+    assert notes(tmp_path) == {"plan": "ship <on> friday"}
+    assert calls_counted("notes", "add_note", "ok") == before + 1  # the call ran once
+
+
+async def test_slack_approval__a_replica_carries_out_a_terminal_sessions_left_behind_decision(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    """A session with no Slack thread (started in the terminal) whose decision was recorded
+    and never carried out (its process died): a replica carries it out once, directly."""
+    quick = {
+        "turn_lock_staleness_seconds": 2,
+        "turn_heartbeat_seconds": 0.5,
+        "session_poll_seconds": 0.2,
+    }
+    async with running_bot(database_url, slack, **mcp(tmp_path), **quick) as bot:
+        await connected(bot)
+        terminal = bot.bot.runtime.conversations("cli")
+        operator = await terminal.person("cli:tester", admin=True)
+        conversation = await terminal.open("tester/1", owner=operator)
+        outcome = await conversation.take_turn(TurnRequest(ADD))
+        assert isinstance(outcome, Answered)
+        assert outcome.result.approval is not None
+        desk = terminal.approvals
+        assert desk is not None
+        before = calls_counted("notes", "add_note", "ok")
+        decided = await desk.decide(
+            outcome.result.approval.id, operator, approver_id=None, approve=True, by="cli:tester"
+        )
+        assert isinstance(decided, Decided)  # ... and its process died here
+
+        async def ran() -> bool:
+            record = await desk.get(decided.record.id)
+            return record is not None and record.state == "ran"
+
+        for _ in range(1200):  # the database, until the replica carried it out (60 s at most)
+            if await ran():
+                break
+            await asyncio.sleep(0.05)
+        assert await ran()
+        tail = await conversation.store.tail(conversation.id)
+        assert tail is not None
+        assert tail.role == "assistant"
+    assert notes(tmp_path) == {"plan": "ship <on> friday"}
+    assert calls_counted("notes", "add_note", "ok") == before + 1

@@ -12,8 +12,11 @@ import json
 import sys
 from typing import Any
 
+from core.conversation.approvals import ApprovalDesk
 from core.errors import SlackAgentError
 from core.messages import user_message
+from core.records import Actor
+from core.storage.approvals import Approvals
 from core.storage.deliveries import Deliveries
 from core.storage.engine import Database, create_database
 from core.storage.migrate import upgrade
@@ -109,6 +112,24 @@ async def take_over(db: Database, staleness: str) -> None:
     say(taken=taken)
 
 
+async def decide(db: Database, approval_id: str, operator: str, step: str) -> None:
+    """Decide a waiting tool call as the terminal's ``/approve`` does (the local operator, an
+    admin, through the conversation API's desk) and never carry it out: the parent kills this
+    process with SIGKILL. ``step``: ``decided`` (killed right after the decision) or ``sent``
+    (killed after the call was marked as going out to its server)."""
+    store = SessionStore(db)
+    approvals = Approvals(db, timeout_seconds=3600)
+    desk = ApprovalDesk(store, approvals)
+    user_id = await store.get_or_create_user(operator)
+    decision = await desk.decide(
+        approval_id, Actor(user_id=user_id, admin=True), approver_id=None, approve=True, by=operator
+    )
+    if step == "sent":
+        assert await approvals.start_running(approval_id)
+    say(decided=type(decision).__name__)
+    await asyncio.Event().wait()
+
+
 async def migrate(db: Database) -> None:
     await wait_for_go()
     before, after = await upgrade(db)
@@ -122,6 +143,7 @@ COMMANDS = {
     "sweep": sweep_once,
     "migrate": migrate,
     "take_over": take_over,
+    "decide": decide,
 }
 
 

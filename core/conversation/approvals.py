@@ -5,7 +5,11 @@ it calls ``ApprovalDesk.decide`` once: who may decide, whether the request can s
 and the decision itself (one conditional write, so of any number of clicks on any replicas one
 decision wins) live here. Carrying the decision out is a turn (``Conversation.carry_out``): Slack
 runs it from a delivery record, so it survives restarts and runs on exactly one replica; the
-terminal runs it in place.
+terminal runs it in place. A decision whose process died before carrying it out (the terminal
+killed right after ``/approve``) is *left behind*: decided longer than the staleness window ago,
+not carried out, its session free. Every ``serve`` replica looks for those (``left_behind``) and
+carries them out (``Conversations.carry_out_left_behind``); the claim, the stale guard and
+``start_running`` keep the call to at most one run, whoever else tries at the same moment.
 
 Refusals are values with a stable ``reason`` a surface words in one line; nothing changes when a
 decision is refused.
@@ -105,6 +109,18 @@ class ApprovalDesk:
             closed = await self.approvals.close(record.id, "rewound")
             return Refused("rewound", closed or record)
         return None
+
+    async def left_behind(
+        self, older_than_seconds: float, *, session_id: int | None = None
+    ) -> list[ApprovalRecord]:
+        """Decisions nobody is carrying out: decided over ``older_than_seconds`` ago (a process
+        that decided and lives claims its turn at once, and a turn it runs keeps its session
+        busy), not carried out, on a session with no turn running."""
+        found = await self.approvals.left_behind(older_than_seconds, session_id=session_id)
+        if not found:
+            return []
+        busy = await self.store.active_among({r.session_id for r in found})
+        return [r for r in found if r.session_id not in busy]
 
     async def waiting_in(self, session_id: int) -> ApprovalRecord | None:
         """The request the session waits on now: pending, not overdue, and asked by the

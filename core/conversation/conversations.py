@@ -191,6 +191,18 @@ class Conversations:
 
     # -- beside the conversations ---------------------------------------------------------------
 
+    async def carry_out_left_behind(
+        self,
+        record: ApprovalRecord,
+        on_event: OnConversationEvent | None = None,
+        *,
+        payer: Payer | None = None,
+    ) -> TurnOutcome:
+        """Carry out a decision its deciding process left behind (``ApprovalDesk.left_behind``),
+        as that process would have (``payer``: the decider, as the surface names them)."""
+        conversation = await self.get(record.session_id)
+        return await conversation.carry_out(record.id, on_event, payer=payer)
+
     async def busy(self, session_ids: set[int]) -> set[int]:
         """Which of these sessions have a turn running (``is_turn_active``), in one query."""
         return await self.store.active_among(session_ids)

@@ -17,6 +17,9 @@ number of clicks exactly one caller moves a request out of a state):
 - ``start_running``: an approved request is sent to its server by one turn only; a turn that
   finds it ``running`` (the one that sent it died) never sends it again.
 - ``close``: a pending request is superseded, rewound or expired, once.
+- ``left_behind``: decided requests nobody carried out (the process that decided died before
+  its turn); carrying one out is a turn like any other (claim, stale guard, ``start_running``),
+  so of any number of processes picking one up the call still goes out at most once.
 
 Overdue is measured on the database clock from ``requested_at``, so replicas agree.
 """
@@ -218,6 +221,23 @@ class Approvals:
                 .values(card_state=now)
             )
         return bool(result.rowcount)
+
+    async def left_behind(
+        self, older_than_seconds: float, *, session_id: int | None = None, limit: int = 20
+    ) -> list[ApprovalRecord]:
+        """Requests decided over ``older_than_seconds`` ago (the database clock) and not carried
+        out, oldest decision first (``session_id``: of that session only)."""
+        condition = and_(
+            A.state.in_(("approved", "running", "denied")),
+            A.decided_at < ago(older_than_seconds),
+        )
+        if session_id is not None:
+            condition = and_(condition, A.session_id == session_id)
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                select(*self._columns()).where(condition).order_by(A.decided_at, A.id).limit(limit)
+            )
+            return [_record(r) for r in rows]
 
     async def overdue(self, limit: int = 100) -> list[ApprovalRecord]:
         """Pending requests past the timeout, oldest first (to expire and say so)."""
