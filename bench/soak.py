@@ -5,8 +5,10 @@ this process, on 127.0.0.1), and a load generator sending what Slack would send 
 While the load runs: Slack answers a share of calls with 429 and 500, the model times out and
 cuts streams at the rates given, one replica is killed with SIGKILL and started again, and the
 database goes away once (a real restart when a command is given, otherwise every connection cut
-for a few seconds through a proxy). When the load is done and the replicas have settled, the
-promises are checked from the database and from what the stand-ins saw:
+for a few seconds through a proxy), and on PostgreSQL one replica is cut off from the
+database by a blackhole (nothing forwarded, nothing closed) for longer than the staleness
+window while it still reaches Slack and the model. When the load is done and the replicas
+have settled, the promises are checked from the database and from what the stand-ins saw:
 
 - every acknowledged message is in its thread's transcript exactly once, answered right after;
 - every thread's positions are contiguous;
@@ -14,7 +16,8 @@ promises are checked from the database and from what the stand-ins saw:
 - no delivery record is left unfinished, expired or failed;
 - no reply was posted twice (finished replies per thread = answers in its transcript; a stream
   the killed replica left open is counted apart);
-- no 5xx outside the database outage (inside it a 500 is the right answer: Slack sends again).
+- no 5xx outside the database outage (inside it a 500 is the right answer: Slack sends again),
+  nor from the cut-off replica but while it was cut off.
 
 It reports acknowledgement latency, turns per second and how long each fault took to recover
 from. Bounded in time; everything stays on 127.0.0.1; the replicas are stopped at the end.
@@ -39,7 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from bench.load import CHANNEL, Plan, Sender
+from bench.load import CHANNEL, Answer, Plan, Sender
 from bench.replicas import Replica
 from bench.soak_profile import SoakProfile
 from bot import texts as text
@@ -57,7 +60,7 @@ SECRET = "soak-signing-secret"
 
 # The faults a soak can inject, each switched on or off by name (``--faults``): every one by
 # default. Switching them off one at a time says which one a figure comes from.
-FAULTS = ("slack-429", "slack-500", "model-timeout", "model-cut", "kill", "outage")
+FAULTS = ("slack-429", "slack-500", "model-timeout", "model-cut", "kill", "outage", "blackhole")
 
 
 class SoakFailed(SlackAgentError):
@@ -88,6 +91,11 @@ class SoakConfig:
     restart_after: float = 5.0
     outage_at: float = 0.6  # share of ``seconds``
     outage_seconds: float = 4.0  # proxy outage (no restart command)
+    # One replica (the last) cut off from PostgreSQL by a blackhole (nothing forwarded, nothing
+    # closed) for longer than the staleness window, while it still reaches Slack and the model:
+    # it must stop its turns before another replica takes them over (SPEC's partition rule).
+    blackhole_at: float = 0.42  # share of ``seconds``
+    blackhole_windows: float = 1.5  # how long, in staleness windows
     restart_command: str | None = (
         None  # e.g. "pg_ctlcluster --skip-systemctl-redirect 15 main restart"
     )
@@ -121,6 +129,10 @@ class SoakReport:
     acks_over_3s: int = 0
     status_counts: dict[str, int] = field(default_factory=dict)
     five_xx_outside_outage: int = 0
+    # Answers from the replica cut off from the database (the blackhole), while it was: it can
+    # record nothing, so it answers 5xx (Slack sends again) once its database calls time out.
+    answers_while_cut_off: int = 0
+    acks_over_3s_while_cut_off: int = 0
     turns: int = 0
     turns_per_second: float = 0.0
     model_errors: int = 0
@@ -187,6 +199,8 @@ class Soak:
         self.profile = None if config.profile_dir is None else SoakProfile(Path(config.profile_dir))
         self.replicas: list[Replica] = []
         self.outage: tuple[float, float] | None = None  # (start, end), seconds from the start
+        self.blackholed: tuple[float, float] | None = None  # the same, for the cut-off replica
+        self.hole: TcpProxy | None = None  # the cut-off replica's own path to the database
         self.started = 0.0
         self.plan: Plan | None = None
         self.acknowledged: set[str] = set()
@@ -210,20 +224,28 @@ class Soak:
             # The replicas stop before the proxy closes: a replica still working when the load
             # ends (a run that did not settle) must not lose its database while it stops.
             async with proxy, contextlib.AsyncExitStack() as replicas:
-                replicas.push_async_callback(self._stop_replicas)
                 replica_url = c.database_url
                 outage_by_proxy = "outage" in c.faults and c.restart_command is None
                 if self.postgres and (outage_by_proxy or c.proxy):
-                    netloc = f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}"
-                    replica_url = urlunsplit(parts._replace(netloc=netloc))
+                    replica_url = _through(c.database_url, proxy.port)
+                urls = [replica_url] * c.replicas
+                if self.postgres and "blackhole" in c.faults:
+                    # The last replica's own path, in front of whatever the others use (entered
+                    # before the replicas' stop below, so it outlives them).
+                    ahead = urlsplit(replica_url)
+                    self.hole = await replicas.enter_async_context(
+                        TcpProxy(ahead.hostname or "127.0.0.1", ahead.port or 5432)
+                    )
+                    urls[-1] = _through(c.database_url, self.hole.port)
+                replicas.push_async_callback(self._stop_replicas)
                 self.replicas = [
                     Replica(
                         f"replica-{i}",
-                        self._env(replica_url),
+                        self._env(url),
                         self.workdir / f"replica-{i}.log",
                         probe=None if self.profile is None else self.profile.folder,
                     )
-                    for i in range(c.replicas)
+                    for i, url in enumerate(urls)
                 ]
                 await asyncio.gather(*(r.start() for r in self.replicas))
                 await asyncio.gather(*(r.ready() for r in self.replicas))
@@ -298,20 +320,43 @@ class Soak:
         self.report.status_counts = {
             str(k): v for k, v in Counter(a.status for a in sender.answers).items()
         }
-        window = self.outage or (0.0, 0.0)
         self.report.five_xx_outside_outage = sum(
-            1
-            for a in sender.answers
-            if a.status >= 500 and not (window[0] - 1 <= a.at <= window[1] + 5)
+            1 for a in sender.answers if a.status >= 500 and not self._in_outage(a)
         )
+        cut_off = [a for a in sender.answers if self._cut_off(a)]
+        self.report.answers_while_cut_off = len(cut_off)
+        self.report.acks_over_3s_while_cut_off = sum(1 for a in cut_off if a.ms >= 3000)
         self.acknowledged = sender.acknowledged
         if not settled:
             self.report.violations.append("the replicas did not settle within settle_seconds")
+
+    def _in_outage(self, answer: Answer) -> bool:
+        """Sent to a replica that could not reach the database then: a 5xx is its right answer
+        (Slack sends again)."""
+        window = self.outage or (0.0, 0.0)
+        return window[0] - 1 <= answer.at <= window[1] + 5 or self._cut_off(answer)
+
+    def _cut_off(self, answer: Answer) -> bool:
+        """Answered by the blackholed replica while (or just after) it was cut off."""
+        if self.blackholed is None or answer.replica != len(self.replicas) - 1:
+            return False
+        begun, ended = self.blackholed
+        return begun <= answer.at <= ended + 5
 
     def _pids(self) -> dict[str, int]:
         return {r.name: r.proc.pid for r in self.replicas if r.proc is not None}
 
     async def _faults(self, db: Any, proxy: TcpProxy, http: aiohttp.ClientSession) -> None:
+        blackhole = None
+        if self.hole is not None:
+            blackhole = asyncio.create_task(self._blackhole(self.hole, db, http))
+        await self._kill_then_outage(db, proxy, http)
+        if blackhole is not None:
+            await blackhole
+
+    async def _kill_then_outage(
+        self, db: Any, proxy: TcpProxy, http: aiohttp.ClientSession
+    ) -> None:
         c = self.config
         await asyncio.sleep(c.seconds * c.kill_at)
         if "kill" in c.faults:
@@ -346,6 +391,43 @@ class Soak:
         await victim.start()
         with contextlib.suppress(RuntimeError):
             await victim.ready()
+
+    async def _blackhole(self, hole: TcpProxy, db: Any, http: aiohttp.ClientSession) -> None:
+        """The last replica cut off from the database (nothing forwarded, nothing closed) for
+        longer than the staleness window. That it stopped its turns before the others took them
+        over is checked at the end: never two model calls at once for a session, and every
+        answer shown once."""
+        c = self.config
+        await asyncio.sleep(max(0.0, c.seconds * c.blackhole_at - self._elapsed()))
+        victim = self.replicas[-1]
+        owner = await victim.owner()
+        deliveries = Deliveries(db, "slack")
+        held = await deliveries.count_owned_by(owner)
+        lasting = c.staleness_seconds * c.blackhole_windows
+        begun = self._elapsed()
+        hole.blackhole()
+        taken = await self._until(
+            lambda: deliveries.count_owned_by(owner), lambda n: n == 0, within=lasting
+        )
+        await asyncio.sleep(max(0.0, begun + lasting - self._elapsed()))
+        hole.restore()
+        ended = self._elapsed()
+        self.blackholed = (begun, ended)
+        healthy = await self._until(lambda: victim.healthy(http), bool)
+        self.report.recoveries.append(
+            Recovery(
+                f"{victim.name} cut off from the database for {lasting:g} s (a blackhole)",
+                round(begun, 1),
+                None if healthy is None else round(healthy - ended, 2),
+                "seconds from the path's return until its /healthz is 200; the "
+                f"{held} delivery records it held were "
+                + (
+                    f"all taken over {round(taken - begun, 1)} s after the cut"
+                    if taken is not None
+                    else "not all taken over while it was cut off"
+                ),
+            )
+        )
 
     async def _database_outage(self, proxy: TcpProxy, http: aiohttp.ClientSession) -> None:
         c = self.config
@@ -504,6 +586,13 @@ class Soak:
 _ANSWERED = re.compile(r"\(t\d+\) answered after \d+ messages\.")
 
 
+def _through(database_url: str, port: int) -> str:
+    """``database_url`` by way of a proxy on 127.0.0.1:``port``."""
+    parts = urlsplit(database_url)
+    netloc = f"{parts.username or 'postgres'}@127.0.0.1:{port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def _plain(config: SoakConfig) -> dict[str, Any]:
     plain = {
         k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v)
@@ -590,7 +679,13 @@ def format_report(report: SoakReport) -> str:
         f"acknowledged {r.acknowledged}, abandoned by 'Slack' {r.abandoned}; answers by status "
         f"{r.status_counts}",
         f"ack latency (200s): {r.ack_ms}; answers taking 3 s or more (Slack retries those): "
-        f"{r.acks_over_3s}",
+        f"{r.acks_over_3s}"
+        + (
+            f" ({r.acks_over_3s_while_cut_off} of them from the replica cut off from the "
+            f"database, of its {r.answers_while_cut_off} answers then)"
+            if r.answers_while_cut_off
+            else ""
+        ),
         f"turns {r.turns} ({r.turns_per_second:g}/s), model errors shown {r.model_errors}, "
         f"resumed after a take-over {r.resumed}, replies cut short and closed with a note "
         f"(a dead replica's, or one that lost the database) {r.closed_for_a_takeover}, "

@@ -44,6 +44,13 @@ MAX_BODY_BYTES = 1 << 20  # Slack's payloads are a few kilobytes
 # The delivery gauges of ``/metrics`` are read from the database at most this often, however
 # often and by however many scrapers it is read: a scrape never costs a query of its own.
 METRICS_REFRESH_SECONDS = 5.0
+# Slack counts a request not answered within 3 s as failed and sends it again. Past this, the
+# request is answered 503 at once (Slack sends it again, maybe to another replica) while its
+# handling goes on: a replica whose database hangs (a partition, a failover) would otherwise
+# hold each request until its database timeout, tens of seconds in production.
+ACK_DEADLINE_SECONDS = 2.5
+# The log line saying requests were answered late, at most this often.
+LATE_LOG_SECONDS = 5.0
 # Events recorded by the intake's own app (a message for the agent, or Slack checking the URL);
 # everything else is the full app's, on the turns' loop.
 INTAKE_EVENTS = frozenset({"message", "app_mention"})
@@ -106,6 +113,8 @@ class Listener:
         self.elsewhere = elsewhere
         self._counted_at: float | None = None  # when the delivery gauges were last read
         self._counting = asyncio.Lock()  # concurrent scrapes: one reads, the others wait
+        self._late_count = 0  # requests answered late since the last log line
+        self._late_logged = -LATE_LOG_SECONDS
         # HTTP mode only (check_config requires the secret there; Socket Mode has no signature).
         self._verifier = (
             SignatureVerifier(settings.slack_signing_secret)
@@ -190,18 +199,48 @@ class Listener:
             return web.Response(status=400, text="malformed request body"), "other"
         intake = for_the_intake(bolt_request.body)
         kind = "message" if intake else "other"
+        # Shielded: past the deadline the request is answered, not abandoned halfway. What it
+        # records is idempotent by event (Slack's retry finds it recorded), and a record
+        # written after the 503 is carried on as any other.
+        dispatch = asyncio.ensure_future(self._dispatch(bolt_request, intake=intake))
         try:
-            if self.elsewhere is None:
-                with self.worker.arriving():  # this is the turns' loop
-                    response = await self.app.async_dispatch(bolt_request)
-            elif intake:
-                response = await self.app.async_dispatch(bolt_request)
-            else:
-                response = await self._dispatch_elsewhere(bolt_request)
+            response = await asyncio.wait_for(asyncio.shield(dispatch), ACK_DEADLINE_SECONDS)
+        except TimeoutError:
+            self._late(dispatch, kind)
+            return web.Response(status=503, text="not recorded in time; send it again"), kind
         except Exception:
             log.warning("malformed request: dispatch failed", exc_info=True)
             return web.Response(status=400, text="malformed request"), kind
         return await to_aiohttp_response(response), kind
+
+    async def _dispatch(self, bolt_request: AsyncBoltRequest, *, intake: bool) -> Any:
+        if self.elsewhere is None:
+            with self.worker.arriving():  # this is the turns' loop
+                return await self.app.async_dispatch(bolt_request)
+        if intake:
+            return await self.app.async_dispatch(bolt_request)
+        return await self._dispatch_elsewhere(bolt_request)
+
+    def _late(self, dispatch: asyncio.Future[Any], kind: str) -> None:
+        """A request answered 503 at the deadline: counted, logged (at most every
+        LATE_LOG_SECONDS), and its handling left to finish (its outcome logged, not raised)."""
+        metrics.ACKS_LATE.labels(kind).inc()
+        self._late_count += 1
+        now = time.monotonic()
+        if now - self._late_logged >= LATE_LOG_SECONDS:
+            log.warning(
+                "answered %d request(s) 503 after %gs: recording them did not finish in time "
+                "(is the database reachable?); Slack sends them again",
+                self._late_count,
+                ACK_DEADLINE_SECONDS,
+            )
+            self._late_count, self._late_logged = 0, now
+
+        def finished(done: asyncio.Future[Any]) -> None:
+            if not done.cancelled() and done.exception() is not None:
+                log.info("a request answered late failed: %s", done.exception())
+
+        dispatch.add_done_callback(finished)
 
     async def _dispatch_elsewhere(self, bolt_request: AsyncBoltRequest) -> Any:
         """A request of the full app's, dispatched on the turns' loop (where its listeners'
@@ -236,6 +275,7 @@ class Listener:
         this process's own, served either way)."""
         await self._count_deliveries()
         metrics.HELD_MESSAGES.set(self.worker.held)
+        metrics.PARKED_MESSAGES.set(self.worker.parked)
         body, content_type = metrics.exposition()
         response = web.Response(body=body)
         response.content_type = content_type.split(";")[0]

@@ -99,6 +99,12 @@ ACK_SECONDS = Histogram(
     ["kind"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10),
 )
+ACKS_LATE = Counter(
+    "slack_agent_acks_late_total",
+    "Slack requests answered 503 because handling them (recording a message) did not finish "
+    "within the acknowledgement deadline; Slack sends them again.",
+    ["kind"],
+)
 INTAKE_REQUESTS = Gauge(
     "slack_agent_intake_requests",
     "Slack requests the intake is handling now (read, verified, being recorded).",
@@ -109,8 +115,13 @@ INTAKE_QUEUE = Gauge(
 )
 HELD_MESSAGES = Gauge(
     "slack_agent_held_messages",
-    "Delivery records this replica holds now (running, in line, waiting); past "
-    "MAX_HELD_MESSAGES new ones are left for other replicas.",
+    "Delivery records this replica holds and works on now (running, or in line for a turn's "
+    "place here); past MAX_HELD_MESSAGES new ones are left for other replicas.",
+)
+PARKED_MESSAGES = Gauge(
+    "slack_agent_parked_messages",
+    "Delivery records this replica holds that wait for another turn of their thread or session "
+    "to end (not counted toward MAX_HELD_MESSAGES).",
 )
 MESSAGES_SHED = Counter(
     "slack_agent_messages_shed_total",

@@ -128,7 +128,8 @@ class Settings(BaseSettings):
     admin_user_ids: CsvList = Field(default_factory=list)
 
     max_concurrent_turns: int = Field(default=64, gt=0)
-    # Delivery records one replica holds at most (running, in line, waiting); past it a new
+    # Delivery records one replica works on at most (running, or in line for a turn's place;
+    # not those parked behind another turn of their thread or session); past it a new
     # message is recorded for any replica with room (core.conversation.intake).
     max_held_messages: int = Field(default=256, gt=0)
     # A file shared in a session's thread is copied into the sandbox up to this size, which

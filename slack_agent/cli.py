@@ -99,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
         "--faults",
         default="all",
         help="faults to inject: all (default), none, a comma list of slack-429, slack-500, "
-        "model-timeout, model-cut, kill, outage, or all but some (all,-outage,-kill)",
+        "model-timeout, model-cut, kill, outage, blackhole, or all but some (all,-outage,-kill)",
     )
     soak.add_argument(
         "--proxy",

@@ -103,6 +103,43 @@ async def test_a_saturated_replica_leaves_recorded_messages_to_a_replica_with_ro
     assert any("saturated" in r.getMessage() for r in caplog.records)
 
 
+async def test_a_follow_up_parked_behind_its_threads_turn_leaves_room_for_a_new_thread(
+    database_url: str, slack: SlackStandIn
+) -> None:
+    """Room for two: a running turn and its thread's follow-up, which waits for that turn
+    (it would wait as long on any replica). Counting it, the replica was full and left a new
+    thread's message to others though one of its two places did nothing."""
+    shed_before = metrics.MESSAGES_SHED._value.get()
+    async with GatedModel() as model:
+        settings = {**gated(model), **LEASES}
+        async with (
+            running_bot(database_url, slack, intake=True, max_held_messages=2, **settings) as one,
+            SlackClient(one.url) as client,
+        ):
+            worker = one.bot.worker
+            root = await client.message("first: its turn runs", mention=True)
+            await asyncio.wait_for(model.arrived.wait(), 30)
+            await client.message("a follow-up in the same thread", thread_ts=root)
+            for _ in range(600):
+                if worker.parked == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert (worker.parked, worker.held) == (1, 1)
+            other = await client.message("a new thread", mention=True)
+            db = create_database(database_url)
+            try:
+                async with db.read() as conn:
+                    owner = await conn.scalar(
+                        select(DELIVERIES.c.owner).where(DELIVERIES.c.event_key.contains(other))
+                    )
+            finally:
+                await db.dispose()
+            assert owner == one.bot.deliveries.owner  # kept, not shed
+            model.release()
+            await slack.wait_for(lambda: slack.replies(other) and len(slack.replies(root)) >= 2)
+    assert metrics.MESSAGES_SHED._value.get() == shed_before
+
+
 async def test_metrics__the_intake_queue_and_acknowledgement_latency(
     database_url: str, slack: SlackStandIn
 ) -> None:

@@ -234,3 +234,68 @@ async def _session(store: SessionStore, root: str) -> int:
     session = await store.find_session("slack", f"T1/C1/{root}")
     assert session is not None
     return session.id
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])  # the database goes silent over the network
+async def test_cut_off_replica__answers_slack_in_time_and_the_message_sent_again_is_answered_once(
+    database_url: str, backend: str, slack: SlackStandIn, store: SessionStore, tmp_path: Path
+) -> None:
+    # Database calls are allowed a minute here: without the acknowledgement deadline a message
+    # to a replica whose database went silent was held that long (Slack gives up after 3 s and
+    # sends it again, and the held requests pile up). With it, the answer is a 503 at once.
+    parts = urlsplit(database_url)
+    async with TcpProxy("127.0.0.1", parts.port or 5432) as proxy:
+        behind = urlunsplit(parts._replace(netloc=f"postgres@127.0.0.1:{proxy.port}"))
+        a = ServeProcess(
+            behind,
+            slack,
+            log=tmp_path / "a.log",
+            TURN_LOCK_STALENESS_SECONDS="600",
+            TURN_HEARTBEAT_SECONDS="15",
+            DATABASE_CONNECT_TIMEOUT_SECONDS="60",
+            DATABASE_STATEMENT_TIMEOUT_SECONDS="60",
+        )
+        try:
+            await a.ready(within=300)
+            async with SlackClient(a.url) as to_a:
+                root = to_a.new_ts()
+                event = {
+                    "type": "app_mention",
+                    "user": "U1",
+                    "text": "<@UBOT> a question while cut off",
+                    "ts": root,
+                    "channel": "C1",
+                    "event_ts": root,
+                    "channel_type": "channel",
+                    "team": "T1",
+                }
+                proxy.blackhole()
+                # Slack's own patience is 3 s; this client's is 30 s, far past the deadline
+                # and far short of the database timeout.
+                status = await asyncio.wait_for(to_a.event(event, event_id="EvCUT"), 30)
+                assert status == 503, a.logged()
+                assert "answered 1 request(s) 503" in a.logged()
+                proxy.restore()
+                # Slack sends it again: recorded (once), acknowledged, answered once.
+                await _until_status(lambda: to_a.event(event, event_id="EvCUT", retry=1), 200)
+                await slack.wait_for(lambda: slack.named("chat.stopStream"), within=60)
+                for _ in range(600):
+                    if (await _delivery(store, root))[0] == "done":
+                        break
+                    await asyncio.sleep(0.1)
+        finally:
+            output = await a.astop()
+    messages = await _transcript(store, root)
+    assert [m.role for m in messages] == ["user", "assistant"], output
+    assert await _delivery(store, root) == ("done", 0), output
+    answers = [m for m in slack.thread_messages(root) if m.author == "agent"]
+    assert len(answers) == 1, [m.text for m in answers]
+
+
+async def _until_status(send: Any, wanted: int, within: float = 60.0) -> None:
+    """Sent again (as Slack does) until answered ``wanted``: the first tries after the path
+    returns may still meet a connection the blackhole left hanging."""
+    deadline = time.monotonic() + within
+    while (status := await send()) != wanted:
+        assert time.monotonic() < deadline, status
+        await asyncio.sleep(0.5)

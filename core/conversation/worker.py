@@ -101,6 +101,7 @@ class DeliveryWorker(Generic[C]):
         self._upkeep: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._waiters: dict[int, _Waiter] = {}  # records waiting here, by id
+        self._parked: set[int] = set()  # records waiting for another turn to end (``held``)
         self._arriving = 0  # requests being acknowledged right now
         self._quiet = asyncio.Event()
         self._quiet.set()
@@ -123,8 +124,16 @@ class DeliveryWorker(Generic[C]):
 
     @property
     def held(self) -> int:
-        """Records this process holds now (any thread)."""
-        return len(self._tasks) + self._handed
+        """Records this process holds now and has to work on (any thread): running, or in line
+        for a turn's place here. Not those parked until another turn of their thread or
+        session ends: they wait for that turn, not for this replica, and would wait as long on
+        any other; counting them made a replica with a few busy threads refuse new ones."""
+        return len(self._tasks) + self._handed - len(self._parked)
+
+    @property
+    def parked(self) -> int:
+        """Records held here waiting for another turn of their thread or session to end."""
+        return len(self._parked)
 
     def has_room(self) -> bool:
         """Fewer records held than ``max_held`` (any thread: a read of two numbers)."""
@@ -342,7 +351,8 @@ class DeliveryWorker(Generic[C]):
             return None
         # Most follow-ups arrive as the reply before them is being finished: say nothing
         # unless the wait is real.
-        await self._pause(moved.thread_key, NOTICE_AFTER_SECONDS)
+        with self._parking(moved):
+            await self._pause(moved.thread_key, NOTICE_AFTER_SECONDS)
         current = await self._reload(moved)
         blocker_now = None if current is None else await self.deliveries.blocker(current)
         if current is not None and blocker_now is not None:
@@ -373,7 +383,7 @@ class DeliveryWorker(Generic[C]):
         waiter = _Waiter(record)
         self._waiters[record.id] = waiter
         try:
-            with contextlib.suppress(TimeoutError):
+            with self._parking(record), contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter.event.wait(), WAIT_RECHECK_SECONDS)
         finally:
             self._waiters.pop(record.id, None)
@@ -383,6 +393,14 @@ class DeliveryWorker(Generic[C]):
             await self.surface.tell(record, client, Notice.TIMED_OUT)
             return None
         return await self._reload(record)
+
+    @contextlib.contextmanager
+    def _parking(self, record: DeliveryRecord) -> Iterator[None]:
+        self._parked.add(record.id)
+        try:
+            yield
+        finally:
+            self._parked.discard(record.id)
 
     async def _watch_waiting(self) -> None:
         """Every BUSY_POLL_SECONDS, for all the records this replica has waiting at once: which
