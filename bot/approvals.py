@@ -241,6 +241,12 @@ class ApprovalCards:
             key = await self.conversations.key_of(record.session_id)
         if record is None or key is None or not key.startswith(f"{team}/"):
             return text.approval_refused("unknown")  # a tampered id, another workspace's
+        channel = payload.nested_string(body, "container", "channel_id")
+        card_ts = payload.nested_string(body, "container", "message_ts")
+        if record.card_ref is None and channel and card_ts:
+            # The replica that posted the card died before storing where it is: the click
+            # says where, so the card still shows the outcome.
+            await desk.approvals.set_card(record.id, thread_key(team, channel, card_ts))
         person = await self.conversations.person(
             external_user(team, user), admin=self.settings.is_admin(team, user)
         )

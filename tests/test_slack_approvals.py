@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
 from bot import texts as text
 from core.conversation import Answered, Decided, TurnRequest
+from core.storage.models import ToolApproval
 from core.storage.sessions import SessionStore
 from core.testing.slack import Call, SlackClient, SlackStandIn
 from tests.helpers import read_json_line, start_worker
@@ -284,3 +286,24 @@ async def test_slack_approval__a_replica_carries_out_a_terminal_sessions_left_be
         assert tail.role == "assistant"
     assert notes(tmp_path) == {"plan": "ship <on> friday"}
     assert calls_counted("notes", "add_note", "ok") == before + 1
+
+
+async def test_slack_approval__a_card_whose_place_was_never_stored_still_shows_the_outcome(
+    database_url: str, slack: SlackStandIn, store: SessionStore, tmp_path: Path
+) -> None:
+    """The replica that posted the card died before storing where it is: the click says where
+    (its container), so the card is updated all the same."""
+    async with (
+        running_bot(database_url, slack, **mcp(tmp_path)) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        await connected(bot)
+        root = await client.message(ADD, mention=True)
+        (card,) = await slack.wait_for(lambda: cards(slack))
+        async with store.db.write() as conn:
+            forgotten = update(ToolApproval.__table__).values(card_ref=None, card_state=None)
+            await conn.execute(forgotten)
+        assert await click(client, slack, card) == 200
+        await slack.wait_for(lambda: any("the call ran" in t for t in card_updates(slack, card)))
+        await slack.wait_for(lambda: "answered" in slack.shown(root))
+    assert notes(tmp_path) == {"plan": "ship <on> friday"}
