@@ -168,6 +168,27 @@ class ChatSession:
             await self.conversation.showed(outcome.result.answer.message_id)
         return outcome
 
+    async def left_behind(self) -> ApprovalRecord | None:
+        """A decision on this session that the process making it never carried out (a client
+        killed right after ``/approve``), once older than the staleness window."""
+        desk = self.conversations.approvals
+        if self.conversation is None or desk is None:
+            return None
+        found = await desk.left_behind(
+            self.settings.turn_lock_staleness_seconds, session_id=self.conversation.id
+        )
+        return found[0] if found else None
+
+    async def carry_out(self, record: ApprovalRecord, on_event: OnConversationEvent) -> TurnOutcome:
+        """Carry out a decision left behind, here (the claim, the stale guard and
+        ``start_running`` keep the call to one run, whoever else picks it up)."""
+        assert self.conversation is not None
+        payer = Payer(record.decided_by or self.operator)
+        outcome = await self.conversation.carry_out(record.id, on_event, payer=payer)
+        if isinstance(outcome, Answered) and outcome.result.answer is not None:
+            await self.conversation.showed(outcome.result.answer.message_id)
+        return outcome
+
     # -- transcript operations ----------------------------------------------------------------
 
     async def rewind(self, position: int) -> tuple[Rewound, tuple[str, ...]]:

@@ -54,6 +54,7 @@ from core.errors import (
     TurnInterrupted,
 )
 from core.messages import message_text
+from core.storage.approvals import ApprovalRecord
 from core.usage.budgets import refused_budget, resets_text
 from terminal import texts as say
 from terminal.chat import ChatSession
@@ -142,6 +143,10 @@ class Terminal:
             if not history:
                 self.say(say.EMPTY, style="dim")
             await self._show_approval()
+            left = await chat.left_behind()
+            if left is not None:
+                self.say(say.left_behind(left.tool_name, left.decided_by, left.approved))
+                await self._send("", left=left)
         self.say(say.HELP, style="dim")
 
     async def _show_approval(self) -> None:
@@ -206,9 +211,11 @@ class Terminal:
             await asyncio.wait({task})
         return task
 
-    async def _send(self, body: str, *, decide: bool | None = None) -> None:
+    async def _send(
+        self, body: str, *, decide: bool | None = None, left: ApprovalRecord | None = None
+    ) -> None:
         """Send ``body`` as a turn; or, with ``decide``, approve (True) or deny the waiting
-        call and carry the decision out as a turn."""
+        call and carry the decision out as a turn; or carry out a decision ``left`` behind."""
         reply = LiveReply(self.console)
         started = False
 
@@ -242,7 +249,9 @@ class Terminal:
 
         self.busy_since = None
         work: Awaitable[TurnOutcome | DecisionRefused]
-        if decide is None:
+        if left is not None:
+            work = self.chat.carry_out(left, on_event)
+        elif decide is None:
             self.draft = body  # until the core has it, the message is the person's only copy
             work = self.chat.send(body, on_event)
         else:

@@ -204,6 +204,15 @@ def approval_waiting(tool: str, server: str, arguments: dict[str, object]) -> st
     )
 
 
+def left_behind(tool: str, decided_by: str | None, approved: bool) -> str:
+    who = (decided_by or "someone").removeprefix("cli:")
+    verb = "approved" if approved else "denied"
+    return (
+        f"A decision on {tool} ({verb} by {who}) was never carried out: the process that made "
+        "it stopped first. Carrying it out now."
+    )
+
+
 def approval_refused(reason: str) -> str:
     return {
         "unknown": "Nothing waits for a decision in this session.",

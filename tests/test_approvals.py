@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
 from core.conversation import (
     AlreadyAnswered,
@@ -23,8 +24,11 @@ from core.conversation import (
 from core.records import Actor
 from core.runtime import Runtime
 from core.settings import Settings
+from core.storage.dialect import ago
+from core.storage.models import ToolApproval
 from tests.helpers import read_json_line, start_worker
 from tests.mcp_support import READY_SECONDS, calls_counted, notes, notes_entry, write_config
+from tests.terminal_harness import ChatProcess
 
 ADD = 'mcp__notes__add_note {"title": "plan", "text": "ship on friday"}'
 
@@ -320,6 +324,46 @@ async def test_approval__a_decision_whose_process_died_is_carried_out_once_by_an
         assert notes(tmp_path) == {}  # what a dead turn may have sent is never sent again
         assert calls_counted("notes", "add_note", "ok") == before
     assert messages[-1].role == "assistant"  # and the model continued
+
+
+@pytest.mark.slow  # a real terminal client
+async def test_approval__the_terminal_carries_out_its_own_decision_left_behind(
+    runtime: Runtime, database_url: str, tmp_path: Path
+) -> None:
+    """A terminal session's decision that its client never carried out (killed after
+    ``/approve``): with no ``serve`` running, the next ``slack-agent chat`` of that session
+    carries it out when it opens, once."""
+    terminal = runtime.conversations("cli")
+    operator = await terminal.person("cli:tester", admin=True)
+    conversation = await terminal.open("tester/left", owner=operator)
+    outcome = await conversation.take_turn(TurnRequest(ADD))
+    assert isinstance(outcome, Answered)
+    assert outcome.result.approval is not None
+    approval_id = outcome.result.approval.id
+    desk = terminal.approvals
+    assert desk is not None
+    decided = await desk.decide(
+        approval_id, operator, approver_id=None, approve=True, by="cli:tester"
+    )
+    assert isinstance(decided, Decided)
+    # ... and the client died; the staleness window has passed since (the database's clock).
+    async with runtime.storage.approvals.db.write() as conn:
+        await conn.execute(update(ToolApproval.__table__).values(decided_at=ago(600)))
+    before = calls_counted("notes", "add_note", "ok")
+    chat = ChatProcess(database_url, str(conversation.id), mcp_config=str(tmp_path / "mcp.json"))
+    try:
+        await chat.expect("was never carried out", within=120)
+        await chat.expect("answered", within=120)
+        await chat.prompt()
+        chat.line("/quit")
+        assert await chat.exit_status() == 0
+    finally:
+        chat.kill()
+    record = await desk.get(approval_id)
+    assert record is not None
+    assert record.state == "ran"
+    assert notes(tmp_path) == {"plan": "ship on friday"}
+    assert calls_counted("notes", "add_note", "ok") == before  # it ran in the client, not here
 
 
 async def test_approval__the_approved_digest_binds_the_exact_call(
