@@ -278,6 +278,8 @@ class Soak:
             "BUSY_POLL_SECONDS": "0.5",
             "SHUTDOWN_GRACE_SECONDS": "10",
             "LOG_LEVEL": "WARNING",
+            # A replica that crashes in native code (exit -11) says where, in its log.
+            "PYTHONFAULTHANDLER": "1",
         }
 
     async def _drive(self, db: Any, proxy: TcpProxy) -> None:
@@ -606,10 +608,14 @@ async def run_soak(config: SoakConfig) -> SoakReport:
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         soak = Soak(config, Path(tmp))
         try:
-            return await soak.run()
+            report = await soak.run()
         except Exception:
             print(await asyncio.to_thread(_logs, Path(tmp)))
             raise
+        else:
+            if not report.ok:  # what the replicas said, for the promise that broke
+                print(await asyncio.to_thread(_logs, Path(tmp)))
+            return report
         finally:
             if config.profile_dir is not None:  # the replicas' logs go with their profile
                 await asyncio.to_thread(_keep_logs, Path(tmp), Path(config.profile_dir))
