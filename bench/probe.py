@@ -105,12 +105,40 @@ def _name(callback: Any) -> str:
     return type(callback).__qualname__
 
 
+def _awaiting(coro: Any) -> list[str]:
+    """Where a coroutine waits, frame by frame, into the async generators it awaits (an
+    ``async with`` on a generator-based context manager, an ``async for``): their ``asend``
+    objects name their generator only to the garbage collector."""
+    chain: list[str] = []
+    inner: Any = coro
+    for _ in range(64):
+        if type(inner).__name__ in ("async_generator_asend", "async_generator_athrow"):
+            generators = [g for g in gc.get_referents(inner) if hasattr(g, "ag_frame")]
+            if not generators:
+                break
+            inner = generators[0]
+        frame = getattr(inner, "cr_frame", None) or getattr(inner, "ag_frame", None)
+        if frame is not None:
+            chain.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
+        inner = getattr(inner, "cr_await", None) or getattr(inner, "ag_await", None)
+        if inner is None:
+            break
+        if not hasattr(inner, "cr_frame") and type(inner).__name__ not in (
+            "async_generator_asend",
+            "async_generator_athrow",
+        ):
+            chain.append(repr(inner)[:200])
+            break
+    return chain
+
+
 class Probe:
     """The recorders of one process; ``install`` before its loop runs, ``write`` at any time."""
 
     def __init__(self, out: Path) -> None:
         self.out = out
         self.started = time.monotonic()
+        self.dumps = 0  # task dumps written (SIGUSR1)
         self.acks = Histogram()
         self.acks_by_second: dict[int, Histogram] = defaultdict(Histogram)
         self.ack_samples: list[tuple[float, float]] = []  # (seconds from the start, ms)
@@ -234,19 +262,10 @@ class Probe:
         for task in asyncio.all_tasks():
             coro = task.get_coro()
             name = getattr(coro, "__qualname__", type(coro).__qualname__)
-            chain = []
-            inner: Any = coro
-            for _ in range(64):
-                frame = getattr(inner, "cr_frame", None)
-                if frame is not None:
-                    chain.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
-                inner = getattr(inner, "cr_await", None)
-                if inner is None or not hasattr(inner, "cr_frame"):
-                    if inner is not None:
-                        chain.append(repr(inner)[:200])
-                    break
-            lines.append(f"{name}: {' > '.join(chain)}")
-        out = self.out.with_suffix(".tasks.txt")
+            lines.append(f"{name}: {' > '.join(_awaiting(coro))}")
+        # Numbered, so dumps asked for one after another can be compared (what did not move).
+        self.dumps += 1
+        out = self.out.with_suffix(f".tasks.{self.dumps}.txt" if self.dumps > 1 else ".tasks.txt")
         out.write_text("\n".join(sorted(lines)) + "\n")
 
     def write(self) -> None:
