@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -22,7 +24,8 @@ from core.storage.engine import Database
 from core.storage.retention import RetentionPolicy
 from core.storage.sessions import SessionStore
 from core.storage.sweeper import sweep
-from tests.helpers import add_exchange, new_session
+from core.testing.processes import child_environment
+from tests.helpers import ROOT, add_exchange, new_session
 
 OFF = RetentionPolicy(max_idle_days=0, max_per_user=0)
 CONTENTS = snapshots.CONTENTS
@@ -505,3 +508,42 @@ async def test_schema__a_delta_without_its_base_is_refused(db: Database) -> None
                     digest="e" * 64, codec="zstd-delta", raw_size=1, stored_size=1, data=b"x"
                 )
             )
+
+
+# A child process decodes zstd objects from eight threads at once, as replicas restore several
+# sandboxes at once in worker threads. A decompressor shared across threads corrupted frames or
+# crashed the process (SIGSEGV), which is why it runs apart from the test's own.
+_DECODE_IN_THREADS = """
+import os, sys, threading
+import zstandard
+from core.sandbox.state import CODEC_ZSTD, StoredObject, decode_stored
+data = os.urandom(4096) * 40
+obj = StoredObject("digest", CODEC_ZSTD, zstandard.ZstdCompressor(level=3).compress(data))
+failed = []
+def work():
+    try:
+        for _ in range(2000):
+            if decode_stored(obj)[1] != data:
+                failed.append("wrong bytes")
+    except Exception as exc:
+        failed.append(repr(exc))
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("failed:", failed[:3] if failed else "none")
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_decoding__stored_objects_decode_from_many_threads_at_once() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _DECODE_IN_THREADS],
+        env=child_environment(PYTHONPATH=str(ROOT), PYTHONFAULTHANDLER="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "failed: none" in done.stdout

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -137,7 +138,17 @@ def decode_envelope(digest: str, data: bytes, *, verify: bool = True) -> bytes |
     return decoded
 
 
-_DECOMPRESSOR: Final = zstandard.ZstdDecompressor()
+# One decompressor per thread: python-zstandard's are not thread-safe, and snapshots are
+# restored in worker threads (``Sandbox.from_state``), several at once. A shared one corrupted
+# frames and crashed a soak replica (SIGSEGV) when two turns restored at the same moment.
+_local = threading.local()
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    found: zstandard.ZstdDecompressor | None = getattr(_local, "decompressor", None)
+    if found is None:
+        found = _local.decompressor = zstandard.ZstdDecompressor()
+    return found
 
 
 def _raw_dict(data: bytes) -> zstandard.ZstdCompressionDict:
@@ -159,7 +170,7 @@ def decode_stored(
             return obj.data, decoded
         return bytes([STORED]) + decoded, decoded
     if obj.codec == CODEC_ZSTD:
-        decoded = _DECOMPRESSOR.decompress(obj.data)
+        decoded = _decompressor().decompress(obj.data)
     elif obj.codec == CODEC_ZSTD_DELTA:
         if obj.base is None:
             raise ValueError(f"snapshot object {obj.digest} is a delta without its base")
