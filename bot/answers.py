@@ -382,6 +382,8 @@ class ThreadAnswers:
                     await self._post_reply(
                         client, post, conversation, outcome.answer.message_id, reply
                     )
+            if self.cards is not None:  # and the card its turn stopped at, if never posted
+                await self.cards.post_missing(client, post, conversation.id)
             return Outcome.ANSWERED
         assert isinstance(outcome, Answered)
         result = outcome.result

@@ -99,6 +99,48 @@ async def test_approval__a_replica_killed_between_card_and_click_the_other_carri
     assert "Traceback" not in output, output
 
 
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_approval__a_replica_killed_before_posting_the_card_the_other_posts_it(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    """The request is stored and the replica dies while its card is on the way to Slack: the
+    replica that takes the message over finds the answer stored and posts the card."""
+    quick = {"TURN_LOCK_STALENESS_SECONDS": "3", "TURN_HEARTBEAT_SECONDS": "0.5"}
+    posting = asyncio.Event()
+    never = asyncio.Event()
+
+    async def hold_the_card(method: str, args: dict[str, Any]) -> None:
+        blocks = args.get("blocks") or []
+        if method == "chat.postMessage" and any(b.get("type") == "actions" for b in blocks):
+            posting.set()
+            await never.wait()  # Slack never answers this replica
+
+    one = ServeProcess(database_url, slack, log=tmp_path / "one.log", **env(tmp_path, **quick))
+    two = ServeProcess(database_url, slack, log=tmp_path / "two.log", **env(tmp_path, **quick))
+    try:
+        await serving(one, two)
+        slack.intercept = hold_the_card
+        async with SlackClient(one.url) as a:
+            root = await a.message(ADD, mention=True)
+            await asyncio.wait_for(posting.wait(), 60)
+        one.kill()
+        await one.wait()
+        slack.intercept = None
+        (card,) = await slack.wait_for(lambda: cards(slack), within=60)  # the other's
+        async with SlackClient(two.url) as b:
+            assert await click(b, slack, card) == 200
+            await slack.wait_for(lambda: "answered" in slack.shown(root), within=60)
+            await slack.wait_for(
+                lambda: any("the call ran" in t for t in card_updates(slack, card)), within=60
+            )
+    finally:
+        never.set()
+        one.kill()
+        output = await two.astop()
+    assert notes(tmp_path) == {"plan": "ship <on> friday"}
+    assert "Traceback" not in output, output
+
+
 async def test_approval__the_terminal_approves_what_slack_posted_and_the_card_follows(
     database_url: str, slack: SlackStandIn, tmp_path: Path, chats: list[ChatProcess]
 ) -> None:
