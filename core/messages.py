@@ -54,10 +54,12 @@ def assistant_message(text: str, *, message_id: str | None = None, **metadata: A
 
 def message_text(message: Message) -> str:
     """The concatenated text parts: what a person would read of the message."""
-    return "".join(
-        part.get("text", "")
-        for part in message.get("parts", [])
-        if isinstance(part, dict) and part.get("type") == "text"
+    return "".join(  # a list, not a generator: join makes one anyway, and this runs per message
+        [
+            part.get("text", "")
+            for part in message.get("parts", ())
+            if isinstance(part, dict) and part.get("type") == "text"
+        ]
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
+from typing import Final, NamedTuple
 
 from core.messages import Message
 
@@ -59,8 +59,11 @@ class SessionInfo:
         )
 
 
-@dataclass(frozen=True)
-class StoredMessage:
+class StoredMessage(NamedTuple):
+    """A persisted message. A named tuple, not a frozen dataclass: a history load makes one per
+    message, and a frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) cost
+    about as much as decoding the message's JSON (docs/benchmarks.md, *History loads*)."""
+
     message_id: str
     position: int
     message: Message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 import uuid
@@ -17,6 +18,7 @@ from core.errors import (
     AgentSessionLockLost,
     AgentSessionNotFound,
     AgentSessionStale,
+    DatabaseError,
     MessageNotFound,
 )
 from core.messages import assistant_message, user_message
@@ -25,7 +27,7 @@ from core.storage import queries as q
 from core.storage import transcript
 from core.storage.deliveries import Deliveries
 from core.storage.dialect import ago
-from core.storage.engine import Database
+from core.storage.engine import Database, json_loads
 from core.storage.models import (
     AgentSessionSnapshot,
     SnapshotContent,
@@ -451,6 +453,82 @@ async def test_history__without_checkpoint_is_everything(store: SessionStore) ->
     _, session = await new_session(store)
     ids = await add_exchange(store, session.id, 3)
     assert [m.message_id for m in await store.history(session.id)] == ids
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["on the driver", "through SQLAlchemy"])
+async def test_history__the_same_on_the_drivers_path_and_sqlalchemys(
+    store: SessionStore, db: Database, watched: bool
+) -> None:
+    """Unwatched, a history load runs on the driver itself (SQLite's cursor, asyncpg) and
+    decodes the JSON with orjson; watched, SQLAlchemy's way. The same messages either way,
+    down to the last character, the checkpoint flag and the ids."""
+    _, session = await new_session(store)
+    await add_exchange(store, session.id, 1)
+    latest = await checkpoint(store, session.id, "é \u2028 ✓ \U0001f600")
+    odd = assistant_message('quotes " \\ and \ud7ff and \x7f', tool={"n": [1, 2.5, None, True]})
+    await store.import_messages(session.id, [(odd, False)])
+    if watched:
+        with statements(db) as seen:
+            history = await store.history(session.id)
+        assert seen
+    else:
+        history = await store.history(session.id)
+    assert [m.message_id for m in history] == [latest, odd["id"]]
+    assert [m.position for m in history] == [2, 3]
+    assert [m.is_compaction_message for m in history] == [True, False]
+    assert history[0].message["parts"][0]["text"] == "checkpoint é \u2028 ✓ \U0001f600"
+    assert history[1].message == odd
+    assert all(type(m.is_compaction_message) is bool for m in history)
+
+
+async def test_history__leaves_the_garbage_collector_as_it_found_it(store: SessionStore) -> None:
+    _, session = await new_session(store)
+    await add_exchange(store, session.id, 2)
+    assert gc.isenabled()
+    await store.history(session.id)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        await store.history(session.id)
+        assert not gc.isenabled()  # paused by someone else: not turned back on
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # PostgreSQL's JSONB refuses NaN and Infinity
+async def test_history__reads_back_what_orjson_refuses(
+    store: SessionStore, db: Database, backend: str
+) -> None:
+    """The standard library writes NaN, Infinity and lone surrogates; orjson refuses them, so
+    their messages are read by the standard library instead, and still come back."""
+    _, session = await new_session(store)
+    message = assistant_message("odd numbers", score=float("inf"), bad="\ud800")
+    await store.import_messages(session.id, [(message, False)])
+    (stored,) = await store.history(session.id)
+    assert stored.message["metadata"]["score"] == float("inf")
+    assert stored.message["metadata"]["bad"] == "\ud800"
+    assert json_loads("[NaN]")[0] != json_loads("[NaN]")[0]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])  # asyncpg's own path
+async def test_history__a_connection_lost_mid_load_is_a_database_error_and_not_pooled(
+    store: SessionStore, db: Database, backend: str
+) -> None:
+    """On PostgreSQL the load runs on asyncpg itself: a connection that dies under it is
+    reported as a ``DatabaseError`` (never a driver exception) and is not handed out again."""
+    _, session = await new_session(store)
+    await add_exchange(store, session.id, 1)
+
+    async def load_on_a_killed_connection() -> None:
+        async with db.read() as conn:
+            pid = await conn.scalar(text("SELECT pg_backend_pid()"))
+            async with db.read() as other:
+                await other.scalar(text(f"SELECT pg_terminate_backend({int(pid)})"))
+            await q.history(conn, session.id)
+
+    with pytest.raises(DatabaseError):
+        await load_on_a_killed_connection()
+    assert len(await store.history(session.id)) == 2
 
 
 async def long_session(store: SessionStore, total: int, tail_after_checkpoint: int) -> int:

@@ -17,6 +17,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import json
 import logging
 import socket
 import sqlite3
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
+import orjson
 from sqlalchemy import (
     Engine,
     Table,
@@ -62,6 +64,18 @@ SQLITE_WRITE_WAIT_SECONDS = 30.0
 # Readers in WAL mode wait only in rare cases (another connection recovering the WAL).
 SQLITE_READ_BUSY_MS = 1_000
 HEALTH_TIMEOUT_SECONDS = 5.0
+
+
+def json_loads(text: str | bytes) -> Any:
+    """Decode a stored JSON document: orjson, about three times the standard library's speed
+    (a transcript's messages are most of what a history load costs: docs/benchmarks.md,
+    *History loads*). What orjson refuses and the standard library wrote (NaN, Infinity, a
+    lone surrogate) goes to the standard library, so every stored document still reads back.
+    One difference stays: an integer beyond 64 bits reads back as a float."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 @dataclass(frozen=True)
@@ -269,6 +283,7 @@ class Database:
                 creator=functools.partial(
                     sqlite3.connect, self._sqlite_uri, uri=True, check_same_thread=False
                 ),
+                json_deserializer=json_loads,
             )
             _configure_sqlite(self._sqlite)
         else:
@@ -646,6 +661,7 @@ def bounded_engine(
     """A PostgreSQL engine whose every call is bounded (``DatabaseTimeouts``)."""
     engine = create_async_engine(
         url,
+        json_deserializer=json_loads,
         connect_args={
             "timeout": timeouts.connect,
             "command_timeout": timeouts.statement,

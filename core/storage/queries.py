@@ -6,6 +6,7 @@ a deletion, the sweeper and every surface polling ``is_turn_active``.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from typing import Any, Final, NoReturn, cast
 
@@ -19,6 +20,7 @@ from sqlalchemy import (
     Select,
     String,
     Table,
+    Text,
     Update,
     and_,
     bindparam,
@@ -32,6 +34,7 @@ from sqlalchemy import (
     type_coerce,
     update,
 )
+from sqlalchemy import cast as sa_cast
 from sqlalchemy.exc import IntegrityError
 
 from core.errors import (
@@ -45,7 +48,7 @@ from core.errors import (
 from core.messages import Message
 from core.records import Actor, SessionInfo, StoredMessage
 from core.storage.dialect import ago, db_now
-from core.storage.engine import Conn, database_error
+from core.storage.engine import Conn, database_error, json_loads
 from core.storage.models import (
     AgentSession,
     AgentSessionMessage,
@@ -148,7 +151,7 @@ def message_row(
     }
 
 
-def history_statement(session_id: int) -> Select[Any]:
+def history_statement(session_id: Any) -> Select[Any]:
     """The projection as one query whose cost follows the projected size, not the history.
 
     Both bounds are index seeks (the latest checkpoint and the tail), and the range between them
@@ -174,6 +177,43 @@ def history_statement(session_id: int) -> Select[Any]:
         )
         .order_by(MESSAGES.c.position)
     )
+
+
+_HISTORY: Final = Prepared(
+    history_statement(bindparam("sid", type_=Id)).with_only_columns(
+        MESSAGES.c.position, sa_cast(MESSAGES.c.message, Text), MESSAGES.c.is_compaction_message
+    )
+)
+
+
+async def history(conn: Conn, session_id: int) -> list[StoredMessage]:
+    """The model's view (``history_statement``), made for speed: a history grows with the
+    conversation, and at 10,000 messages SQLAlchemy's per-row work, the standard library's
+    JSON decoder and a frozen dataclass per message were most of a load's time
+    (docs/benchmarks.md, *History loads*). So the rows come as plain values (on SQLite from
+    the driver's cursor, ``Prepared.all``), each message's JSON is decoded by orjson
+    (``json_loads``), and its id is read from the message (``message_id`` equals
+    ``message["id"]``, checked by ``validate_message`` on every write).
+
+    The garbage collector is paused while the messages are built: each is five new
+    containers that all live on, so a collection meanwhile can free nothing, yet at 10,000
+    messages the collections it triggered (a full one every second load or so, walking the
+    whole heap) doubled the load's median time. Paused only for that synchronous loop, never
+    across an ``await``, so no other task runs with it paused."""
+    rows = await _HISTORY.all(conn, {"sid": session_id})
+    loads = json_loads
+    found: list[StoredMessage] = []
+    add = found.append
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for position, text, compaction in rows:
+            message = loads(text)
+            add(StoredMessage(message["id"], position, message, bool(compaction)))
+    finally:
+        if collecting:
+            gc.enable()
+    return found
 
 
 async def tail(conn: Conn, session_id: int) -> StoredMessage | None:

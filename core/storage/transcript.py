@@ -65,7 +65,7 @@ class TranscriptOperations:
     async def history(self, session_id: int) -> list[StoredMessage]:
         """The model's view: the latest checkpoint and everything after it."""
         async with self.db.read() as conn:
-            return [q.stored(row) for row in await conn.execute(q.history_statement(session_id))]
+            return await q.history(conn, session_id)
 
     async def find_message(self, message_id: str) -> tuple[int, StoredMessage] | None:
         """The session and stored form of a message, by its id."""
