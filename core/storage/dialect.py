@@ -77,14 +77,14 @@ class copied_message_id(FunctionElement[str]):
 
     ``copied_message_id(position, nonce, millis)``: the milliseconds, then the row's position
     (so a copy's ids are ordered like its rows and land at the right edge of the ``message_id``
-    index), then random bits; the layout of ``core.messages.new_message_id``. SQLite: one
-    ``printf`` of the position, the statement's ``millis`` (the local clock, which is SQLite's)
-    and ``nonce``, 10 hex digits random per statement, so the value is a function of the row
-    and evaluating it twice (for the column and inside the JSON) gives the same id; formatting
-    in the same ``printf`` matters, as every reference to a non-materialised CTE column is
-    evaluated again (SQLite 3.31 has no ``MATERIALIZED``). PostgreSQL: the time prefix once per
-    statement, the rest of ``gen_random_uuid()`` per row (compute it in a materialised CTE);
-    ``nonce`` and ``millis`` are not used (its clock is ``statement_timestamp()``).
+    index), then ``nonce``, 10 hex digits random per statement; the layout of
+    ``core.messages.new_message_id``. ``millis`` is the statement's clock, read in Python like
+    every other message id's. The value is a function of the row, so evaluating it twice (for
+    the column and inside the JSON) gives the same id and the copy needs no CTE: every
+    reference to a non-materialised CTE column is evaluated again (SQLite 3.31 has no
+    ``MATERIALIZED``), and a materialised one is a second copy of the prefix (PostgreSQL:
+    docs/benchmarks.md, *``branch`` of 10,000 messages*). SQLite formats it in one ``printf``;
+    PostgreSQL with ``lpad(to_hex(…))``, the same digits.
     """
 
     type = String(36)
@@ -103,15 +103,17 @@ def _sqlite_copied_message_id(element: copied_message_id, compiler: SQLCompiler,
 
 @compiles(copied_message_id, "postgresql")
 def _pg_copied_message_id(element: copied_message_id, compiler: SQLCompiler, **kw: Any) -> str:
-    # gen_random_uuid() is C and fast, and already canonical text: its first 14 characters
-    # (time-low, time-mid) become the milliseconds, its version digit 7; the variant and the
-    # random bits stay. The prefix is an uncorrelated scalar subquery: computed once.
-    millis = "floor(extract(epoch from statement_timestamp()) * 1000)::bigint"
-    prefix = (
-        f"(SELECT lpad(to_hex({millis} >> 16), 8, '0') || '-' || "
-        f"lpad(to_hex({millis} & 65535), 4, '0') || '-7')"
+    position, nonce, millis = (compiler.process(arg, **kw) for arg in element.clauses)
+
+    def hex_digits(value: str, width: int) -> str:
+        return f"lpad(to_hex({value}), {width}, '0')"
+
+    return (
+        f"({hex_digits(f'{millis} >> 16', 8)} || '-' || {hex_digits(f'{millis} & 65535', 4)}"
+        f" || '-7' || {hex_digits(f'({position} >> 20) & 4095', 3)}"
+        f" || '-8' || {hex_digits(f'({position} >> 8) & 4095', 3)}"
+        f" || '-' || {hex_digits(f'{position} & 255', 2)} || {nonce})"
     )
-    return f"({prefix} || substr(CAST(gen_random_uuid() AS TEXT), 16))"
 
 
 class json_with_id(FunctionElement[Any]):

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from sqlalchemy import Insert, Text, cast, delete, func, insert, literal, select, update
+from sqlalchemy import BigInteger, Insert, Text, cast, delete, func, insert, literal, select, update
 
 from core.errors import AgentSessionBusy, AgentSessionNotFound
 from core.messages import Message, message_text
@@ -174,7 +174,7 @@ class TranscriptOperations:
             ).inserted_primary_key
             assert inserted is not None
             new_id = int(inserted[0])
-            copied = await conn.execute(_copy_prefix(conn.dialect.name, session_id, new_id, end))
+            copied = await conn.execute(_copy_prefix(session_id, new_id, end))
             await _copy_snapshots(conn, session_id, new_id, end)
             info = (
                 await conn.execute(
@@ -208,52 +208,30 @@ class TranscriptOperations:
             return len(await q.append_messages(conn, session_id, start, list(messages)))
 
 
-def _copy_prefix(dialect: str, source_id: int, new_session_id: int, end: int) -> Insert:
+def _copy_prefix(source_id: int, new_session_id: int, end: int) -> Insert:
     """Copy messages ``0..end`` under new ids in one statement: no row passes through Python.
 
     The new id is used twice, for ``message_id`` and inside the JSON, so the two must be equal
-    (the invariant ``validate_message`` keeps for rows written from Python). PostgreSQL makes
-    it once per row in a materialised CTE. SQLite computes it from the row's position and a
-    per-fork nonce, so evaluating it twice gives the same id (``copied_message_id``); no CTE
-    there, as Python's sqlite3 reports no row count for a statement that starts with ``WITH``.
+    (the invariant ``validate_message`` keeps for rows written from Python). It is computed
+    from the row's position and a per-fork nonce, so evaluating it twice gives the same id
+    (``copied_message_id``), and the rows go straight from the source to the copy: no CTE
+    (Python's sqlite3 reports no row count for a statement that starts with ``WITH``, and
+    PostgreSQL's materialised one was a second copy of the whole prefix).
     """
     columns = ["session_id", "position", "message", "message_id", "is_compaction_message"]
-    in_prefix = (MESSAGES.c.session_id == source_id) & (MESSAGES.c.position <= end)
-    if dialect == "sqlite":
-        new_id = copied_message_id(
-            MESSAGES.c.position,
-            literal(uuid.uuid4().hex[:10]),
-            literal(time.time_ns() // 1_000_000),
-        )
-        rows = select(
-            literal(new_session_id, Id),
-            MESSAGES.c.position,
-            json_with_id(MESSAGES.c.message, new_id),
-            new_id,
-            MESSAGES.c.is_compaction_message,
-        ).where(in_prefix)
-        return insert(MESSAGES).from_select(columns, rows)
-    source = (
-        select(
-            MESSAGES.c.position,
-            MESSAGES.c.message,
-            MESSAGES.c.is_compaction_message,
-            copied_message_id(MESSAGES.c.position, literal(""), literal(0)).label("new_id"),
-        )
-        .where(in_prefix)
-        .cte("source")
-        .prefix_with("MATERIALIZED")
+    new_id = copied_message_id(
+        MESSAGES.c.position,
+        literal(uuid.uuid4().hex[:10]),
+        literal(time.time_ns() // 1_000_000, BigInteger()),
     )
-    return insert(MESSAGES).from_select(
-        columns,
-        select(
-            literal(new_session_id, Id),
-            source.c.position,
-            json_with_id(source.c.message, source.c.new_id),
-            source.c.new_id,
-            source.c.is_compaction_message,
-        ),
-    )
+    rows = select(
+        literal(new_session_id, Id),
+        MESSAGES.c.position,
+        json_with_id(MESSAGES.c.message, new_id),
+        new_id,
+        MESSAGES.c.is_compaction_message,
+    ).where((MESSAGES.c.session_id == source_id) & (MESSAGES.c.position <= end))
+    return insert(MESSAGES).from_select(columns, rows)
 
 
 async def _copy_snapshots(conn: Conn, source_id: int, new_session_id: int, end: int) -> None:
