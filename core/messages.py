@@ -54,10 +54,18 @@ def assistant_message(text: str, *, message_id: str | None = None, **metadata: A
 
 def message_text(message: Message) -> str:
     """The concatenated text parts: what a person would read of the message."""
-    return "".join(  # a list, not a generator: join makes one anyway, and this runs per message
+    parts = message.get("parts", ())
+    if len(parts) == 1:  # most messages: one part; this runs for every message of a history
+        part = parts[0]
+        if not (isinstance(part, dict) and part.get("type") == "text"):
+            return ""
+        text = part.get("text", "")
+        if type(text) is str:
+            return text
+    return "".join(
         [
             part.get("text", "")
-            for part in message.get("parts", ())
+            for part in parts
             if isinstance(part, dict) and part.get("type") == "text"
         ]
     )

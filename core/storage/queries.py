@@ -10,6 +10,7 @@ import gc
 from collections.abc import Sequence
 from typing import Any, Final, NoReturn, cast
 
+import orjson
 from sqlalchemy import (
     Boolean,
     ColumnElement,
@@ -199,17 +200,25 @@ async def history(conn: Conn, session_id: int) -> list[StoredMessage]:
     containers that all live on, so a collection meanwhile can free nothing, yet at 10,000
     messages the collections it triggered (a full one every second load or so, walking the
     whole heap) doubled the load's median time. Paused only for that synchronous loop, never
-    across an ``await``, so no other task runs with it paused."""
+    across an ``await``, so no other task runs with it paused.
+
+    The loop is the load's own cost, so it calls C directly: orjson (``json_loads`` only for
+    what orjson refuses) and ``tuple.__new__`` (a named tuple's ``__new__`` is Python)."""
     rows = await _HISTORY.all(conn, {"sid": session_id})
-    loads = json_loads
+    loads = orjson.loads
+    new = tuple.__new__
+    flags = (False, True)  # SQLite gives 0 or 1, asyncpg a bool: both index it
     found: list[StoredMessage] = []
     add = found.append
     collecting = gc.isenabled()
     gc.disable()
     try:
         for position, text, compaction in rows:
-            message = loads(text)
-            add(StoredMessage(message["id"], position, message, bool(compaction)))
+            try:
+                message = loads(text)
+            except orjson.JSONDecodeError:
+                message = json_loads(text)
+            add(new(StoredMessage, (message["id"], position, message, flags[compaction])))
     finally:
         if collecting:
             gc.enable()

@@ -1,0 +1,121 @@
+"""A whole history of 10,000 messages (no checkpoint) loaded again and again: the CPU time of
+each load, ours against the Agents SDK's ``SQLiteSession`` when the ``compare`` extra is there.
+
+``bench --compare`` times loads by the clock, every 100 messages of a growing conversation, with
+the database server's time in them; this times one size by the process's CPU (``process_time``:
+this process only, so on PostgreSQL the server's own work is not in it), which a shared machine
+disturbs much less. Each load's texts are read, as ``bench --compare`` reads them.
+
+    uv run --extra compare python -m bench.history_load            # SQLite, and the peer
+    uv run python -m bench.history_load postgresql+asyncpg://…/db   # PostgreSQL (a fresh database)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from bench.costs import _ASSISTANT_TEXT, _USER_TEXT
+from core.messages import assistant_message, message_text, user_message
+from core.settings import Settings
+from core.storage import Storage
+
+MESSAGES = 10_000
+LOADS = 15
+WARMUP = 3
+
+
+def _text(i: int) -> str:
+    return f"{_USER_TEXT if i % 2 == 0 else _ASSISTANT_TEXT} ({i})"
+
+
+async def _timed(load: Callable[[], Awaitable[list[str]]]) -> dict[str, float]:
+    for _ in range(WARMUP):
+        await load()
+    cpu: list[float] = []
+    wall: list[float] = []
+    for _ in range(LOADS):
+        c0, w0 = time.process_time(), time.perf_counter()
+        texts = await load()
+        cpu.append((time.process_time() - c0) * 1000)
+        wall.append((time.perf_counter() - w0) * 1000)
+        if len(texts) != MESSAGES:
+            raise AssertionError(f"loaded {len(texts)} messages, not {MESSAGES}")
+    cpu.sort()
+    wall.sort()
+    p95 = round(0.95 * (LOADS - 1))
+    return {
+        "cpu_p50_ms": round(statistics.median(cpu), 1),
+        "cpu_p95_ms": round(cpu[p95], 1),
+        "wall_p50_ms": round(statistics.median(wall), 1),
+        "wall_p95_ms": round(wall[p95], 1),
+    }
+
+
+async def ours(url: str) -> dict[str, float]:
+    storage = Storage.open(Settings(database_url=url))
+    try:
+        await storage.migrate()
+        store = storage.sessions
+        session, _ = await store.get_or_create_session(
+            "bench-history", str(uuid.uuid4()), user_id=None
+        )
+        rows = [
+            ((user_message if i % 2 == 0 else assistant_message)(_text(i)), False)
+            for i in range(MESSAGES)
+        ]
+        await store.import_messages(session.id, rows)
+
+        async def load() -> list[str]:
+            return [message_text(m.message) for m in await store.history(session.id)]
+
+        return await _timed(load)
+    finally:
+        await storage.dispose()
+
+
+async def agents_sqlite(path: str) -> dict[str, float]:
+    from agents import SQLiteSession
+
+    session: Any = SQLiteSession("bench", db_path=path)  # its item types are not ours
+    try:
+        for start in range(0, MESSAGES, 500):
+            await session.add_items(
+                [
+                    {"role": "user" if i % 2 == 0 else "assistant", "content": _text(i)}
+                    for i in range(start, start + 500)
+                ]
+            )
+
+        async def load() -> list[str]:
+            return [str(row["content"]) for row in await session.get_items()]
+
+        return await _timed(load)
+    finally:
+        session.close()
+
+
+async def main(url: str | None) -> dict[str, Any]:
+    result: dict[str, Any] = {"messages": MESSAGES, "loads": LOADS}
+    with tempfile.TemporaryDirectory() as tmp:
+        if url:
+            result["slack-agent [postgresql]"] = await ours(url)
+            return result
+        result["slack-agent [sqlite]"] = await ours(f"sqlite+aiosqlite:///{Path(tmp) / 'o.db'}")
+        try:
+            result["agents SQLiteSession"] = await agents_sqlite(str(Path(tmp) / "peer.db"))
+        except ModuleNotFoundError:
+            result["agents SQLiteSession"] = "not installed: uv sync --extra compare"
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else None))))
