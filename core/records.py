@@ -62,7 +62,8 @@ class SessionInfo:
 class StoredMessage(NamedTuple):
     """A persisted message. A named tuple, not a frozen dataclass: a history load makes one per
     message, and a frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) cost
-    about as much as decoding the message's JSON (docs/benchmarks.md, *History loads*)."""
+    about as much as decoding the message's JSON (docs/benchmarks.md, *History load of 10,000
+    messages*)."""
 
     message_id: str
     position: int

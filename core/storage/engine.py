@@ -69,9 +69,9 @@ HEALTH_TIMEOUT_SECONDS = 5.0
 def json_loads(text: str | bytes) -> Any:
     """Decode a stored JSON document: orjson, about three times the standard library's speed
     (a transcript's messages are most of what a history load costs: docs/benchmarks.md,
-    *History loads*). What orjson refuses and the standard library wrote (NaN, Infinity, a
-    lone surrogate) goes to the standard library, so every stored document still reads back.
-    One difference stays: an integer beyond 64 bits reads back as a float."""
+    *History load of 10,000 messages*). What orjson refuses and the standard library wrote
+    (NaN, Infinity, a lone surrogate) goes to the standard library, so every stored document
+    still reads back. One difference stays: an integer beyond 64 bits reads back as a float."""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:

@@ -75,7 +75,7 @@ class Prepared:
         """Every row of a query, as the driver returned it: no result processing on any path
         (select a JSON column ``cast`` to text and decode it). For reads that grow with the
         data, where SQLAlchemy's per-row work is most of the cost (a history load:
-        docs/benchmarks.md, *History loads*)."""
+        docs/benchmarks.md, *History load of 10,000 messages*)."""
         if type(conn) is InlineConnection and not _watched(conn.sync_connection):
             return self._inline(conn, params, all_rows=True)  # type: ignore[return-value]
         if isinstance(conn, AsyncConnection) and not _watched(conn.sync_connection):

@@ -191,10 +191,10 @@ async def history(conn: Conn, session_id: int) -> list[StoredMessage]:
     """The model's view (``history_statement``), made for speed: a history grows with the
     conversation, and at 10,000 messages SQLAlchemy's per-row work, the standard library's
     JSON decoder and a frozen dataclass per message were most of a load's time
-    (docs/benchmarks.md, *History loads*). So the rows come as plain values (on SQLite from
-    the driver's cursor, ``Prepared.all``), each message's JSON is decoded by orjson
-    (``json_loads``), and its id is read from the message (``message_id`` equals
-    ``message["id"]``, checked by ``validate_message`` on every write).
+    (docs/benchmarks.md, *History load of 10,000 messages*). So the rows come as plain
+    values (on SQLite from the driver's cursor, ``Prepared.all``), each message's JSON is
+    decoded by orjson (``json_loads``), and its id is read from the message (``message_id``
+    equals ``message["id"]``, checked by ``validate_message`` on every write).
 
     The garbage collector is paused while the messages are built: each is five new
     containers that all live on, so a collection meanwhile can free nothing, yet at 10,000
