@@ -201,10 +201,7 @@ async def test_outage_mid_turn__the_replica_retries_and_answers_without_waiting_
                 await _until(lambda: "retrying in 1s" in a.logged(), within=60)
                 proxy.restore()
                 await slack.wait_for(lambda: "answer 2" in slack.shown(root), within=120)
-                for _ in range(600):
-                    if (await _delivery(store, root))[0] == "done":
-                        break
-                    await asyncio.sleep(0.1)
+                await _until_done(store, root)
         finally:
             output = await a.astop()
     messages = await _transcript(store, root)
@@ -215,6 +212,16 @@ async def test_outage_mid_turn__the_replica_retries_and_answers_without_waiting_
     # Answered by the replica's own retry: nothing was taken over, and the lock is free.
     assert await _delivery(store, root) == ("done", 0), output
     assert not await store.is_turn_active(await _session(store, root))
+
+
+async def _until_done(store: SessionStore, root: str, within: float = 60.0) -> None:
+    """Until the thread's delivery record is finished (or ``within`` passes: the assertions
+    after it say what it is then)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if (await _delivery(store, root))[0] == "done":
+            return
+        await asyncio.sleep(0.1)
 
 
 async def _delivery(store: SessionStore, root: str) -> tuple[str, int]:
@@ -279,10 +286,7 @@ async def test_cut_off_replica__answers_slack_in_time_and_the_message_sent_again
                 # Slack sends it again: recorded (once), acknowledged, answered once.
                 await _until_status(lambda: to_a.event(event, event_id="EvCUT", retry=1), 200)
                 await slack.wait_for(lambda: slack.named("chat.stopStream"), within=60)
-                for _ in range(600):
-                    if (await _delivery(store, root))[0] == "done":
-                        break
-                    await asyncio.sleep(0.1)
+                await _until_done(store, root)
         finally:
             output = await a.astop()
     messages = await _transcript(store, root)
