@@ -30,6 +30,10 @@ from tests.helpers import read_json_line, start_worker
 from tests.mcp_support import READY_SECONDS, calls_counted, notes, notes_entry, write_config
 from tests.terminal_harness import ChatProcess
 
+# Every test starts the notes MCP server as a process (stdio): outside the developer's quick
+# subset, like every test that starts real processes (README, *The tests*).
+pytestmark = pytest.mark.slow
+
 ADD = 'mcp__notes__add_note {"title": "plan", "text": "ship on friday"}'
 
 

@@ -21,6 +21,10 @@ from core.tools import McpTools
 from tests.helpers import new_session
 from tests.mcp_support import notes, notes_entry, running, write_config
 
+# Every test starts the notes MCP server as a process (stdio): outside the developer's quick
+# subset, like every test that starts real processes (README, *The tests*).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 async def tools(tmp_path: Path) -> AsyncIterator[McpTools]:

@@ -54,6 +54,7 @@ async def test_upgrade__is_idempotent(empty_database_url: str) -> None:
         await db.dispose()
 
 
+@pytest.mark.slow  # real processes
 async def test_upgrade__replicas_starting_at_once_migrate_one_at_a_time(
     empty_database_url: str,
 ) -> None:

@@ -31,7 +31,8 @@ def long_markdown() -> str:
     return "\n\n".join(blocks) + "\n"
 
 
-@pytest.mark.parametrize("size", [61, 997, 7919])
+# 61-byte pieces: about 1,700 appends, seconds of CPU (outside the quick subset).
+@pytest.mark.parametrize("size", [pytest.param(61, marks=pytest.mark.slow), 997, 7919])
 async def test_small_pieces__a_long_reply_arrives_whole_within_every_limit(size: int) -> None:
     body = long_markdown()
     assert len(body) > 2 * MESSAGE_LIMIT

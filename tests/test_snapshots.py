@@ -537,6 +537,7 @@ sys.exit(1 if failed else 0)
 """
 
 
+@pytest.mark.slow  # a process of its own
 def test_decoding__stored_objects_decode_from_many_threads_at_once() -> None:
     done = subprocess.run(
         [sys.executable, "-c", _DECODE_IN_THREADS],

@@ -200,6 +200,7 @@ async def test_batches__recheck_each_row_before_deleting(store: SessionStore, db
     assert await remaining(db) == set(touched)
 
 
+@pytest.mark.slow  # real processes
 async def test_parallel_sweepers__neither_fails_nor_double_deletes(
     store: SessionStore, db: Database, database_url: str
 ) -> None:
