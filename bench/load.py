@@ -16,6 +16,7 @@ import itertools
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -110,6 +111,9 @@ class Sender:
     answers: list[Answer] = field(default_factory=list)
     acknowledged: set[str] = field(default_factory=set)  # ts of messages some replica took
     abandoned: set[str] = field(default_factory=set)  # ts Slack would have given up on
+    # Called with each message before its event is first sent: Slack stores a message before
+    # it tells the app (a stray's words are read back from the thread when it is adopted).
+    posted: Callable[[Send], object] | None = None
     _rng: random.Random = field(default_factory=lambda: random.Random(7))
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -123,6 +127,8 @@ class Sender:
         await asyncio.gather(*tasks)
 
     async def _deliver(self, send: Send, http: aiohttp.ClientSession) -> None:
+        if self.posted is not None:
+            self.posted(send)  # again for a retry or a double: the same message, kept once
         event = {
             "type": send.kind,
             "user": send.user,

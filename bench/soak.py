@@ -298,7 +298,18 @@ class Soak:
         self.started = time.monotonic()
         connector = aiohttp.TCPConnector(limit=200)
         async with aiohttp.ClientSession(connector=connector) as http:
-            sender = Sender([r.url for r in self.replicas], SECRET, started=self.started)
+            sender = Sender(
+                [r.url for r in self.replicas],
+                SECRET,
+                started=self.started,
+                posted=lambda send: self.slack.user_post(
+                    CHANNEL,
+                    send.user,
+                    send.text,
+                    None if send.thread_ts == send.ts else send.thread_ts,
+                    send.ts,
+                ),
+            )
             if self.profile is not None:
                 await self.profile.start(self._pids, c.seconds)
             load = asyncio.create_task(sender.run(plan, http))

@@ -95,18 +95,7 @@ class SurfaceState:
         """The thread whose key ends with ``suffix`` (a permalink names a channel and a ts but
         not the workspace). A scan of this surface's threads: for the terminal's start-up,
         never on a hot path."""
-        async with self.db.read() as conn:
-            row = (
-                await conn.execute(
-                    select(THREADS)
-                    .where(
-                        THREADS.c.surface == self.surface,
-                        THREADS.c.thread_key.endswith(suffix, autoescape=True),
-                    )
-                    .order_by(THREADS.c.id)
-                    .limit(1)
-                )
-            ).first()
+        row = await self._first_ending(THREADS, THREADS.c.thread_key, suffix)
         if row is None:
             return None
         return ThreadInfo(row.thread_key, int(row.session_id), row.last_shown_message_id)
@@ -203,23 +192,24 @@ class SurfaceState:
 
     async def find_ref_ending(self, suffix: str) -> MessageRef | None:
         """The message ref whose key ends with ``suffix`` (see ``find_thread_ending``)."""
-        async with self.db.read() as conn:
-            row = (
-                await conn.execute(
-                    select(REFS)
-                    .where(
-                        REFS.c.surface == self.surface,
-                        REFS.c.ref_key.endswith(suffix, autoescape=True),
-                    )
-                    .order_by(REFS.c.id)
-                    .limit(1)
-                )
-            ).first()
+        row = await self._first_ending(REFS, REFS.c.ref_key, suffix)
         return (
             None
             if row is None
             else MessageRef(row.ref_key, row.session_id, row.message_id, row.kind)
         )
+
+    async def _first_ending(self, table: Table, key: Any, suffix: str) -> Any:
+        """The oldest row of ``table`` on this surface whose ``key`` ends with ``suffix``."""
+        async with self.db.read() as conn:
+            return (
+                await conn.execute(
+                    select(table)
+                    .where(table.c.surface == self.surface, key.endswith(suffix, autoescape=True))
+                    .order_by(table.c.id)
+                    .limit(1)
+                )
+            ).first()
 
     async def refs_for(self, message_ids: list[str]) -> list[MessageRef]:
         if not message_ids:

@@ -84,16 +84,19 @@ async def sweep(
     report = SweepReport()
     inactive = claimable(staleness_seconds)
 
+    async def sessions_where(condition: ColumnElement[bool], name: str) -> int:
+        return await delete_in_batches(
+            db,
+            SESSIONS,
+            select(SESSIONS.c.id).where(condition).order_by(SESSIONS.c.id),
+            condition,
+            batch_size,
+            name=name,
+            on_batch=on_batch,
+        )
+
     expired = and_(SESSIONS.c.expires_at.is_not(None), SESSIONS.c.expires_at < ago(0), inactive)
-    report.expired = await delete_in_batches(
-        db,
-        SESSIONS,
-        select(SESSIONS.c.id).where(expired).order_by(SESSIONS.c.id),
-        expired,
-        batch_size,
-        name="expired",
-        on_batch=on_batch,
-    )
+    report.expired = await sessions_where(expired, "expired")
 
     if policy.max_idle_days > 0:
         idle = and_(
@@ -101,15 +104,7 @@ async def sweep(
             SESSIONS.c.updated_at < ago(policy.max_idle_days * 86400),
             inactive,
         )
-        report.idle = await delete_in_batches(
-            db,
-            SESSIONS,
-            select(SESSIONS.c.id).where(idle).order_by(SESSIONS.c.id),
-            idle,
-            batch_size,
-            name="idle",
-            on_batch=on_batch,
-        )
+        report.idle = await sessions_where(idle, "idle")
 
     if policy.max_per_user > 0:
         cap = policy.max_per_user

@@ -444,9 +444,12 @@ class SlackStandIn(LocalServer):
 
     # -- what tests, the demo and the soak look at ----------------------------------------------
 
-    def user_post(self, channel: str, user: str, text: str, thread_ts: str | None) -> str:
-        """A person's message, as Slack would store it (the app hears it as an event)."""
-        ts = self.next_ts()
+    def user_post(
+        self, channel: str, user: str, text: str, thread_ts: str | None, ts: str | None = None
+    ) -> str:
+        """A person's message, as Slack would store it (the app hears it as an event).
+        ``ts``: the one its event carries, when the sender chose it (the soak's load)."""
+        ts = ts or self.next_ts()
         self.messages[ts] = Message(ts, channel, thread_ts, text, author=user)
         return ts
 
