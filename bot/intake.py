@@ -40,7 +40,7 @@ from bot.app import add_message_listeners, bolt_app
 from bot.http import Elsewhere, Listener, listen
 from bot.installations import open_install_stores
 from bot.post import PROJECT, SURFACE
-from bot.service import BOT_SCOPES, Bot
+from bot.service import Bot, oauth_settings
 from bot.web import http_session
 from core.conversation.intake import Incoming, Intake
 from core.runtime import Runtime
@@ -133,15 +133,7 @@ class IntakeThread(threading.Thread):
             oauth: AsyncOAuthSettings | None = None
             if bot.installs is not None:
                 installs = await open_install_stores(storage, settings.slack_client_id or "")
-                oauth = AsyncOAuthSettings(
-                    client_id=settings.slack_client_id,
-                    client_secret=settings.slack_client_secret,
-                    scopes=BOT_SCOPES,
-                    installation_store=installs.installations,
-                    state_store=installs.states,
-                    install_path="/slack/install",
-                    redirect_uri_path="/slack/oauth_redirect",
-                )
+                oauth = oauth_settings(settings, installs)
             app: AsyncApp = bolt_app(settings, oauth_settings=oauth, http_session=http)
             add_message_listeners(app, _Receiver(intake))
             listener = Listener(

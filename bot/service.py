@@ -69,6 +69,20 @@ def check_config(settings: Settings) -> None:
         )
 
 
+def oauth_settings(settings: Settings, installs: InstallStores) -> AsyncOAuthSettings:
+    """Bolt's OAuth flow over the install stores: the same for both of ``serve``'s apps (the
+    intake's and the turns' loop's), each over its own loop's stores."""
+    return AsyncOAuthSettings(
+        client_id=settings.slack_client_id,
+        client_secret=settings.slack_client_secret,
+        scopes=BOT_SCOPES,
+        installation_store=installs.installations,
+        state_store=installs.states,
+        install_path="/slack/install",
+        redirect_uri_path="/slack/oauth_redirect",
+    )
+
+
 class Bot:
     """Everything ``serve`` runs, built from settings (tests and the demo build one too)."""
 
@@ -97,17 +111,7 @@ class Bot:
             max_turns=settings.max_concurrent_turns,
         )
         self.background = BackgroundWork()
-        oauth: AsyncOAuthSettings | None = None
-        if installs is not None:
-            oauth = AsyncOAuthSettings(
-                client_id=settings.slack_client_id,
-                client_secret=settings.slack_client_secret,
-                scopes=BOT_SCOPES,
-                installation_store=installs.installations,
-                state_store=installs.states,
-                install_path="/slack/install",
-                redirect_uri_path="/slack/oauth_redirect",
-            )
+        oauth = None if installs is None else oauth_settings(settings, installs)
         self.app: AsyncApp = build_app(
             settings,
             self.conversations,
