@@ -75,7 +75,9 @@ class ApprovalCards:
         self._client_for = client_for
         self._sync: asyncio.Task[None] | None = None
         self._worker: DeliveryWorker[AsyncWebClient] | None = None
-        self._recorded: set[str] = set()  # left-behind decisions given a delivery record here
+        # Left-behind decisions given a delivery record here and not carried out yet (recording
+        # again would be a no-op write each round: the record's key is the click's).
+        self._recorded: set[str] = set()
         self._carrying: dict[str, asyncio.Task[None]] = {}  # ... or being carried out here
 
     # -- the card -------------------------------------------------------------------------------
@@ -190,7 +192,11 @@ class ApprovalCards:
         desk = self.conversations.approvals
         assert desk is not None
         staleness = self.settings.turn_lock_staleness_seconds
-        for record in await desk.left_behind(staleness):
+        found = await desk.left_behind(staleness)
+        # A decision recorded here leaves the list once carried out: forget it then, so the set
+        # holds only what is still on its way (it grew for the life of the process).
+        self._recorded &= {record.id for record in found}
+        for record in found:
             if record.id in self._recorded or record.id in self._carrying:
                 continue
             key = await self.conversations.key_of(record.session_id)
