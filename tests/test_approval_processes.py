@@ -10,14 +10,16 @@ seconds of CPU on a loaded machine); every wait is for something observable, nev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from core.testing.slack import SlackClient, SlackStandIn
+from core.testing.slack import Call, SlackClient, SlackStandIn
 from tests.mcp_support import notes, notes_entry, write_config
 from tests.slack_harness import ServeProcess
 from tests.terminal_harness import ChatProcess
@@ -141,10 +143,24 @@ async def test_approval__a_replica_killed_before_posting_the_card_the_other_post
     assert "Traceback" not in output, output
 
 
-async def test_approval__the_terminal_approves_what_slack_posted_and_the_card_follows(
+@dataclass
+class _Both:
+    """A card in Slack and the same request in a terminal client (``card_in_both``)."""
+
+    client: SlackClient
+    card: Call
+    chat: ChatProcess
+    output: str = ""  # the serve process's output, once it stopped
+
+
+@contextlib.asynccontextmanager
+async def card_in_both(
     database_url: str, slack: SlackStandIn, tmp_path: Path, chats: list[ChatProcess]
-) -> None:
+) -> AsyncIterator[_Both]:
+    """A serve process posts the card of an add_note call in a new thread, and a terminal
+    client opened on that thread shows the same request waiting, at its prompt."""
     serve = ServeProcess(database_url, slack, log=tmp_path / "serve.log", **env(tmp_path))
+    both: _Both | None = None
     try:
         await serving(serve)
         async with SlackClient(serve.url) as client:
@@ -154,53 +170,54 @@ async def test_approval__the_terminal_approves_what_slack_posted_and_the_card_fo
             chats.append(chat)
             await chat.expect("wants to use mcp__notes__add_note", within=STARTING)
             await chat.prompt()
-            chat.line("/approve")
-            await chat.expect("answered")
-            # The card in Slack follows within SESSION_POLL_SECONDS, updated by the serve process.
-            await slack.wait_for(
-                lambda: any("tester (terminal)" in t for t in card_updates(slack, card)),
-                within=60,
-            )
-            assert await click(client, slack, card) == 200  # too late in Slack: refused
-            await slack.wait_for(lambda: slack.responses, within=60)
-            assert "already decided" in slack.responses[-1]["text"]
-            await chat.prompt()
-            chat.line("/approve")
-            await chat.expect("Nothing waits for a decision")
-            await chat.prompt()
-            chat.line("/quit")
-            assert await chat.exit_status() == 0
+            both = _Both(client, card, chat)
+            yield both
     finally:
         output = await serve.astop()
+        if both is not None:
+            both.output = output
+
+
+async def test_approval__the_terminal_approves_what_slack_posted_and_the_card_follows(
+    database_url: str, slack: SlackStandIn, tmp_path: Path, chats: list[ChatProcess]
+) -> None:
+    async with card_in_both(database_url, slack, tmp_path, chats) as both:
+        client, card, chat = both.client, both.card, both.chat
+        chat.line("/approve")
+        await chat.expect("answered")
+        # The card in Slack follows within SESSION_POLL_SECONDS, updated by the serve process.
+        await slack.wait_for(
+            lambda: any("tester (terminal)" in t for t in card_updates(slack, card)),
+            within=60,
+        )
+        assert await click(client, slack, card) == 200  # too late in Slack: refused
+        await slack.wait_for(lambda: slack.responses, within=60)
+        assert "already decided" in slack.responses[-1]["text"]
+        await chat.prompt()
+        chat.line("/approve")
+        await chat.expect("Nothing waits for a decision")
+        await chat.prompt()
+        chat.line("/quit")
+        assert await chat.exit_status() == 0
     assert notes(tmp_path) == {"plan": "ship <on> friday"}
-    assert "Traceback" not in output, output
+    assert "Traceback" not in both.output, both.output
 
 
 async def test_approval__slack_denies_and_the_terminal_stops_asking(
     database_url: str, slack: SlackStandIn, tmp_path: Path, chats: list[ChatProcess]
 ) -> None:
-    serve = ServeProcess(database_url, slack, log=tmp_path / "serve.log", **env(tmp_path))
-    try:
-        await serving(serve)
-        async with SlackClient(serve.url) as client:
-            root = await client.message(ADD, mention=True)
-            (card,) = await slack.wait_for(lambda: cards(slack), within=60)
-            chat = ChatProcess(database_url, link(root), **env(tmp_path))
-            chats.append(chat)
-            await chat.expect("wants to use mcp__notes__add_note", within=STARTING)
-            await chat.prompt()
-            assert await click(client, slack, card, approve=False) == 200
-            await chat.expect("decided or moved on elsewhere")
-            await slack.wait_for(
-                lambda: any("did not run" in t for t in card_updates(slack, card)), within=60
-            )
-            await chat.prompt()
-            chat.line("/approve")
-            await chat.expect("Nothing waits for a decision")
-            await chat.prompt()
-            chat.line("/quit")
-            assert await chat.exit_status() == 0
-    finally:
-        output = await serve.astop()
+    async with card_in_both(database_url, slack, tmp_path, chats) as both:
+        client, card, chat = both.client, both.card, both.chat
+        assert await click(client, slack, card, approve=False) == 200
+        await chat.expect("decided or moved on elsewhere")
+        await slack.wait_for(
+            lambda: any("did not run" in t for t in card_updates(slack, card)), within=60
+        )
+        await chat.prompt()
+        chat.line("/approve")
+        await chat.expect("Nothing waits for a decision")
+        await chat.prompt()
+        chat.line("/quit")
+        assert await chat.exit_status() == 0
     assert notes(tmp_path) == {}
-    assert "Traceback" not in output, output
+    assert "Traceback" not in both.output, both.output
