@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import httpx
+import aiohttp
 import pytest
 
 from core.errors import (
@@ -28,6 +28,7 @@ from core.providers import (
     ModelProvider,
     OpenAIProvider,
     RetryPolicy,
+    Timeouts,
     UserMessage,
 )
 from core.providers.streaming import parse_retry_after
@@ -37,7 +38,7 @@ from tests.providers_fixtures import RecordingSleep, collect, text_of
 
 HELLO = [UserMessage("hello")]
 RETRY = RetryPolicy(max_attempts=3, base_delay=0.5, max_delay=0.75, max_retry_after=30)
-TIMEOUT = httpx.Timeout(5.0, connect=0.3, read=0.3, pool=0.3)
+TIMEOUT = Timeouts(connect=0.3, read=0.3, pool=0.3)
 
 
 @dataclass
@@ -301,10 +302,31 @@ async def test_connect_timeout__is_a_timeout_and_not_retried(
     assert sleep.calls == []
 
 
+async def test_line_ends__crlf_split_between_reads_and_lines_longer_than_the_read_buffer(
+    wire: Wire, provider: ModelProvider
+) -> None:
+    # SSE lets a server end lines with \r\n and spread one event's data over several lines;
+    # a \r\n read as "...\r" then "\n..." must not end the event early, and a line longer
+    # than aiohttp's own line reader takes (a long answer in one delta) is still read whole.
+    long_piece = "x" * 300_000
+    frames = [
+        frame.replace("data: {", "data: {\ndata: ", 1).replace("\n", "\r\n")
+        for frame in wire.text_reply("one ", long_piece).frames
+    ]
+    pieces = [part for frame in frames for part in frame.replace("\r\n", "\r\0\n").split("\0")]
+    # A pause after each "\r" makes the client read the "\n" in a later chunk.
+    after_cr = {i + 1: 0.01 for i, piece in enumerate(pieces) if piece.endswith("\r")}
+    wire.server.push(SseReply(pieces, split=False, pauses=after_cr))
+
+    events = await collect(provider, HELLO)
+
+    assert text_of(events) == "one " + long_piece
+
+
 async def test_closing_the_stream_early__releases_the_connection(wire: Wire) -> None:
     # One pooled connection: if closing the stream leaked the response, the second call would
     # wait for the pool and fail with a (pool) timeout.
-    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=1))
+    client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
     provider = wire.build(wire.base_url, HttpOptions(client=client, timeout=TIMEOUT))
     wire.server.push(wire.text_reply("one ", "two ", "three"), wire.text_reply("again"))
     try:
@@ -314,7 +336,7 @@ async def test_closing_the_stream_early__releases_the_connection(wire: Wire) -> 
         events = await collect(provider, HELLO)
     finally:
         await provider.aclose()
-        await client.aclose()
+        await client.close()
 
     assert text_of([first]) == "one "
     assert text_of(events) == "again"

@@ -111,12 +111,10 @@ def test_admin_user_ids__bare_ids_are_refused_when_several_workspaces_can_instal
 def test_model_client__connections_follow_max_concurrent_turns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """httpx's default cap (100 connections) would hold turn 101 waiting for a connection
-    until the pool timeout failed it, whatever MAX_CONCURRENT_TURNS allows."""
+    """A fixed cap (100 connections) would hold turn 101 waiting for a connection until the
+    pool timeout failed it, whatever MAX_CONCURRENT_TURNS allows."""
     monkeypatch.setenv("MAX_CONCURRENT_TURNS", "500")
-    limits = ProviderCache(load_settings())._http().limits
-    assert limits.max_connections is not None
-    assert limits.max_connections >= 500
+    assert ProviderCache(load_settings())._http().max_connections >= 500
 
 
 def test_shutdown_grace__default_fits_docker_stop_and_kubernetes_and_is_bounded() -> None:

@@ -11,9 +11,8 @@ client and its connection pool, and is wrapped so its requests are counted (``co
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-
-import httpx
 
 from core.errors import ConfigError
 from core.metrics import ObservedProvider
@@ -65,16 +64,9 @@ class ProviderCache:
     def _http(self) -> HttpOptions:
         if self.http is not None:
             return self.http
-        timeout = httpx.Timeout(
-            connect=DEFAULT_TIMEOUT.connect,
-            read=self.settings.model_timeout_seconds,
-            write=DEFAULT_TIMEOUT.write,
-            pool=DEFAULT_TIMEOUT.pool,
-        )
+        timeout = dataclasses.replace(DEFAULT_TIMEOUT, read=self.settings.model_timeout_seconds)
         # One streaming call per running turn, and a summariser's call beside some of them.
-        turns = self.settings.max_concurrent_turns
-        limits = httpx.Limits(max_connections=2 * turns, max_keepalive_connections=turns)
-        return HttpOptions(timeout=timeout, limits=limits)
+        return HttpOptions(timeout=timeout, max_connections=2 * self.settings.max_concurrent_turns)
 
     def builtin(self) -> ModelProvider:
         name = resolve_builtin(self.settings)

@@ -1,4 +1,4 @@
-"""Model providers over plain httpx: one neutral format, one protocol, three implementations.
+"""Model providers over aiohttp: one neutral format, one protocol, three implementations.
 
 base          the neutral conversation, stream events, the ``ModelProvider`` protocol
 uimessages    stored UIMessages -> neutral messages, and the tool parts the loop stores
@@ -39,7 +39,7 @@ from core.providers.registry import (
     custom_provider_name,
     resolve_builtin,
 )
-from core.providers.streaming import DEFAULT_TIMEOUT, HttpOptions, RetryPolicy
+from core.providers.streaming import DEFAULT_TIMEOUT, HttpOptions, RetryPolicy, Timeouts
 from core.providers.uimessages import (
     step_start_part,
     text_part,
@@ -68,6 +68,7 @@ __all__ = [
     "StreamEvent",
     "SystemMessage",
     "TextDelta",
+    "Timeouts",
     "ToolCall",
     "ToolResult",
     "ToolSpec",

@@ -5,7 +5,7 @@ Looking that row up is the store's job, so this module takes its values as a pla
 ``CustomProviderSpec``; the caller decides between ``build_custom`` and ``build_builtin`` (also
 the fallback when a session's custom provider was deleted).
 
-Build a provider once and reuse it, or share one ``httpx.AsyncClient`` through ``HttpOptions``:
+Build a provider once and reuse it, or share one ``aiohttp.ClientSession`` through ``HttpOptions``:
 a provider that makes its own client pays for a TLS context and a fresh connection pool.
 """
 
