@@ -7,7 +7,12 @@ The model writes Markdown, and it goes to Slack as Markdown (``markdown_text``),
   ``stopStream``); otherwise messages posted with ``chat.postMessage`` and edited with
   ``chat.update``. At most about one Web API call a second while text arrives, fewer when
   more than ``STREAM_CALLS_PER_SECOND`` replies stream at once (``StreamPacer``; Slack
-  rate-limits them); the first text goes out at once. 429s, 5xx answers and dropped
+  rate-limits them); the first text goes out at once. A piece shorter than ``SMALL_PIECE``
+  characters waits up to ``SMALL_PIECE_WAITS`` intervals more for the words after it: a model
+  that trickles a word a second would otherwise cost an update (a Web API call, about a third
+  of a millisecond of our CPU) per word, while a typical one fills a piece within the second.
+  (slack_sdk's own ``chat_stream`` helper waits for 256 characters, however long.) 429s, 5xx
+  answers and dropped
   connections are retried by slack_sdk's retry handlers (``bot.web``).
 - **Limits.** One ``markdown_text`` carries at most 12,000 characters: more goes in several
   appends, cut at paragraph or code-fence ends (``render.split_markdown``). A message holds at
@@ -59,6 +64,10 @@ MIN_ROOM = 1_000
 TASK_OUTPUT = 300
 # Text updates a second that one replica's replies share (``StreamPacer``).
 STREAM_CALLS_PER_SECOND = 100.0
+# Characters of new text that are worth an update as soon as the interval allows; less waits
+# up to this many base intervals more for the next words (the module docstring).
+SMALL_PIECE = 256
+SMALL_PIECE_WAITS = 2
 
 
 class StreamPacer:
@@ -130,6 +139,14 @@ class ReplyStream:
         """Seconds between two text updates while text arrives (the first goes at once)."""
         return self.pacer.interval
 
+    def _wait_left(self) -> float:
+        """Seconds until the text not sent yet is due: a piece of ``SMALL_PIECE`` characters
+        or more after ``interval``, a smaller one ``SMALL_PIECE_WAITS`` base intervals later."""
+        wait = self.interval
+        if len(self.text) - self._sent < SMALL_PIECE:
+            wait += SMALL_PIECE_WAITS * self.pacer.base
+        return wait - (time.monotonic() - self._last)
+
     # -- what the turn calls --------------------------------------------------------------------
 
     async def append(self, text: str) -> None:
@@ -140,7 +157,7 @@ class ReplyStream:
             return
         if self.ts is None:  # the reply's first text: it streams from now on
             self.pacer.started(self)
-        if self.ts is None or time.monotonic() - self._last >= self.interval:
+        if self.ts is None or self._wait_left() <= 0:
             await self._flush()
         elif self._pending is None:
             self._pending = asyncio.create_task(self._flush_later())
@@ -209,8 +226,12 @@ class ReplyStream:
     # -- text -----------------------------------------------------------------------------------
 
     async def _flush_later(self) -> None:
-        await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - self._last)))
+        await asyncio.sleep(max(0.0, self._wait_left()))
         self._pending = None
+        if self._wait_left() > 0 and self._sent < len(self.text):
+            # ``append`` sent a piece meanwhile (it grew past a small one): wait again.
+            self._pending = asyncio.create_task(self._flush_later())
+            return
         await self._flush()
 
     async def _flush(self, *, whole: bool = False) -> None:

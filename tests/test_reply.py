@@ -7,7 +7,7 @@ import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.render import ZWJ, open_fence
-from bot.reply import ReplyStream, StreamPacer
+from bot.reply import SMALL_PIECE, SMALL_PIECE_WAITS, ReplyStream, StreamPacer
 from core.testing.slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, SlackStandIn
 
 THREAD = "1700000000.000001"
@@ -142,3 +142,29 @@ async def test_pacer__replies_streaming_at_once_share_the_budget_of_updates() ->
         assert replies[3].interval == 0.5
         await replies[3].finish()
         assert len(slack.named("chat.stopStream")) == 4  # each one still arrived whole
+
+
+async def test_pacing__a_small_piece_waits_for_more_words_a_large_one_goes_at_the_interval() -> (
+    None
+):
+    # A model that trickles a word a second would cost an update per word; a piece of
+    # SMALL_PIECE characters is worth one as soon as the interval allows. (Time is moved by
+    # setting when the last update went, so nothing here depends on the machine's speed.)
+    async with SlackStandIn() as slack:
+        client = AsyncWebClient(token="xoxb-test", base_url=slack.api_url)
+        reply = ReplyStream(client, channel="C1", thread_ts=THREAD, team="T1", user="U1")
+        await reply.append("First words. ")  # the first text goes at once
+        assert len(slack.calls) == 1
+
+        reply._last -= reply.interval  # an interval later
+        await reply.append("a few more ")
+        assert len(slack.calls) == 1  # a small piece waits
+        await reply.append("x" * SMALL_PIECE)
+        assert len(slack.named("chat.appendStream")) == 1  # now worth an update
+
+        reply._last -= reply.interval * (1 + SMALL_PIECE_WAITS)  # long enough
+        await reply.append("last word")
+        assert len(slack.named("chat.appendStream")) == 2  # a small piece goes in the end
+
+        await reply.finish()
+        assert read(slack) == "First words. a few more " + "x" * SMALL_PIECE + "last word"
