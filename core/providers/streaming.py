@@ -30,7 +30,6 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import aiohttp
-from multidict import CIMultiDictProxy
 
 from core.errors import (
     ModelProviderBadResponse,
@@ -158,7 +157,7 @@ def status_error(
     detail = error_detail(body)
     if detail:
         message += f": {detail}"
-    retry_after = parse_retry_after(_lowercase(response.headers))
+    retry_after = parse_retry_after(response.headers)  # aiohttp's: case-insensitive
     if status == 429:
         return ModelProviderRateLimited(
             message, provider=provider, status_code=status, retry_after=retry_after
@@ -168,10 +167,6 @@ def status_error(
             message, provider=provider, status_code=status, retry_after=retry_after
         )
     return ModelProviderRejected(message, provider=provider, status_code=status)
-
-
-def _lowercase(headers: CIMultiDictProxy[str]) -> dict[str, str]:
-    return {name.lower(): value for name, value in headers.items()}
 
 
 @dataclass(frozen=True)
@@ -209,6 +204,7 @@ class SseStreamer:
             return self._given
         client, loop = self._client, asyncio.get_running_loop()
         if client is None or client.closed or self._loop is not loop:
+            # A session of another (ended) loop cannot be closed from this one: it is left.
             self._loop = loop
             self._client = client = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
