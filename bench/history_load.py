@@ -8,6 +8,12 @@ disturbs much less. Each load's texts are read, as ``bench --compare`` reads the
 
     uv run --extra compare python -m bench.history_load            # SQLite, and the peer
     uv run python -m bench.history_load postgresql+asyncpg://…/db   # PostgreSQL (a fresh database)
+    uv run --extra compare python -m bench.history_load postgresql+asyncpg://…/db \
+        postgresql+asyncpg://…/other   # and the SDK's SQLAlchemySession in a second fresh one
+
+On PostgreSQL the clock (``wall``) is the figure to compare: the server's work (reading the
+rows, writing each document as text) is in it and not in the CPU one. The peer needs its own
+database: its default table names include ``agent_sessions``, which is ours too.
 """
 
 from __future__ import annotations
@@ -103,11 +109,34 @@ async def agents_sqlite(path: str) -> dict[str, float]:
         session.close()
 
 
-async def main(url: str | None) -> dict[str, Any]:
+async def agents_sqlalchemy(url: str) -> dict[str, float]:
+    from agents.extensions.memory.sqlalchemy_session import SQLAlchemySession
+
+    session: Any = SQLAlchemySession.from_url("bench", url=url, create_tables=True)
+    try:
+        for start in range(0, MESSAGES, 500):
+            await session.add_items(
+                [
+                    {"role": "user" if i % 2 == 0 else "assistant", "content": _text(i)}
+                    for i in range(start, start + 500)
+                ]
+            )
+
+        async def load() -> list[str]:
+            return [str(row["content"]) for row in await session.get_items()]
+
+        return await _timed(load)
+    finally:
+        await session.engine.dispose()
+
+
+async def main(url: str | None, peer_url: str | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"messages": MESSAGES, "loads": LOADS}
     with tempfile.TemporaryDirectory() as tmp:
         if url:
             result["slack-agent [postgresql]"] = await ours(url)
+            if peer_url:
+                result["agents SQLAlchemySession [postgresql]"] = await agents_sqlalchemy(peer_url)
             return result
         result["slack-agent [sqlite]"] = await ours(f"sqlite+aiosqlite:///{Path(tmp) / 'o.db'}")
         try:
@@ -118,4 +147,4 @@ async def main(url: str | None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else None))))
+    print(json.dumps(asyncio.run(main(*sys.argv[1:3]))))
