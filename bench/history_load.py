@@ -11,9 +11,11 @@ disturbs much less. Each load's texts are read, as ``bench --compare`` reads the
     uv run --extra compare python -m bench.history_load postgresql+asyncpg://…/db \
         postgresql+asyncpg://…/other   # and the SDK's SQLAlchemySession in a second fresh one
 
-On PostgreSQL the clock (``wall``) is the figure to compare: the server's work (reading the
-rows, writing each document as text) is in it and not in the CPU one. The peer needs its own
-database: its default table names include ``agent_sessions``, which is ours too.
+On PostgreSQL the server's work (reading the rows, writing each document as text) is not in
+the process's CPU: ``server_cpu`` is that of the backends serving the database (on this
+machine, read from /proc), and ``cpu_with_server`` the sum, the figure to compare with the
+peer's on a shared machine (the clock, ``wall``, moves with everyone else's load). The peer
+needs its own database: its default table names include ``agent_sessions``, which is ours too.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import make_url
+
 from bench.costs import _ASSISTANT_TEXT, _USER_TEXT
 from core.messages import assistant_message, message_text, user_message
 from core.settings import Settings
@@ -43,27 +47,57 @@ def _text(i: int) -> str:
     return f"{_USER_TEXT if i % 2 == 0 else _ASSISTANT_TEXT} ({i})"
 
 
-async def _timed(load: Callable[[], Awaitable[list[str]]]) -> dict[str, float]:
+def server_cpu_ns(database: str) -> int:
+    """The CPU time so far of the PostgreSQL backends serving ``database`` on this machine
+    (``/proc/<pid>/schedstat``, nanoseconds), found by their process titles
+    (``postgres: … <user> <database> <client> <state>``); 0 where /proc does not tell."""
+    total = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            title = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if title.startswith("postgres:") and f" {database} " in title:
+                total += int((proc / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+async def _timed(
+    load: Callable[[], Awaitable[list[str]]], server: Callable[[], int] | None = None
+) -> dict[str, float]:
     for _ in range(WARMUP):
         await load()
     cpu: list[float] = []
     wall: list[float] = []
+    served: list[float] = []
     for _ in range(LOADS):
+        s0 = server() if server else 0
         c0, w0 = time.process_time(), time.perf_counter()
         texts = await load()
         cpu.append((time.process_time() - c0) * 1000)
         wall.append((time.perf_counter() - w0) * 1000)
+        if server:
+            served.append((server() - s0) / 1e6)
         if len(texts) != MESSAGES:
             raise AssertionError(f"loaded {len(texts)} messages, not {MESSAGES}")
-    cpu.sort()
-    wall.sort()
     p95 = round(0.95 * (LOADS - 1))
-    return {
-        "cpu_p50_ms": round(statistics.median(cpu), 1),
-        "cpu_p95_ms": round(cpu[p95], 1),
-        "wall_p50_ms": round(statistics.median(wall), 1),
-        "wall_p95_ms": round(wall[p95], 1),
-    }
+    figures = {"cpu": cpu, "wall": wall}
+    if served:
+        figures["server_cpu"] = served
+        figures["cpu_with_server"] = [a + b for a, b in zip(cpu, served, strict=True)]
+    result: dict[str, float] = {}
+    for name, values in figures.items():
+        values.sort()
+        result[f"{name}_p50_ms"] = round(statistics.median(values), 1)
+        result[f"{name}_p95_ms"] = round(values[p95], 1)
+    return result
+
+
+def _server(url: str) -> Callable[[], int]:
+    database = make_url(url).database or ""
+    return lambda: server_cpu_ns(database)
 
 
 async def ours(url: str) -> dict[str, float]:
@@ -83,7 +117,7 @@ async def ours(url: str) -> dict[str, float]:
         async def load() -> list[str]:
             return [message_text(m.message) for m in await store.history(session.id)]
 
-        return await _timed(load)
+        return await _timed(load, _server(url) if url.startswith("postgresql") else None)
     finally:
         await storage.dispose()
 
@@ -125,7 +159,7 @@ async def agents_sqlalchemy(url: str) -> dict[str, float]:
         async def load() -> list[str]:
             return [str(row["content"]) for row in await session.get_items()]
 
-        return await _timed(load)
+        return await _timed(load, _server(url))
     finally:
         await session.engine.dispose()
 
