@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 
 from core.errors import DatabaseError
+from core.messages import user_message
 from core.records import Actor
 from core.storage import migrate as core_migrate
 from core.storage.engine import create_database
@@ -144,3 +146,88 @@ async def test_upgrade__a_batch_migration_rebuilding_parent_tables_keeps_their_c
                 )
     finally:
         await store.db.dispose()
+
+
+async def _downgrade(db: Any, revision: str) -> None:
+    config = core_migrate.alembic_config()
+
+    def _run(connection: Connection) -> None:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+
+    async with db.migrating() as conn:
+        await conn.run_sync(_run)
+
+
+async def _message_column(db: Any) -> str:
+    async with db.read() as conn:
+        if db.url.startswith("sqlite"):
+            return "JSON (SQLite)"
+        return str(
+            await conn.scalar(
+                text(
+                    "SELECT data_type FROM information_schema.columns"
+                    " WHERE table_name = 'agent_session_messages' AND column_name = 'message'"
+                )
+            )
+        )
+
+
+async def test_migration_0004__messages_keep_their_documents_up_and_down(
+    empty_database_url: str,
+) -> None:
+    """JSONB to ``json`` for a message's document (PostgreSQL; nothing changes on SQLite), on a
+    populated database, and back. Each step is followed by a new engine, as replicas restart
+    with a deploy: PostgreSQL refuses a statement cached before a column's type changed once
+    per connection (``InvalidCachedStatementError``)."""
+    stores = [SessionStore(create_database(empty_database_url))]
+
+    async def restarted() -> SessionStore:
+        await stores[-1].db.dispose()
+        stores.append(SessionStore(create_database(empty_database_url)))
+        return stores[-1]
+
+    async def documents(store: SessionStore, session_id: int) -> list[tuple[str, Any]]:
+        return [(m.message_id, m.message) for m in await store.messages(session_id)]
+
+    try:
+        store = stores[-1]
+        await upgrade(store.db, "0003_approvals")
+        _owner, session = await new_session(store)
+        await add_exchange(store, session.id, 2)
+        odd: dict[str, Any] = {
+            "parts": [{"type": "text", "text": 'é \u2028 "q"'}],
+            "role": "assistant",
+        }
+        odd["id"] = "0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b"
+        await store.import_messages(
+            session.id, [(user_message("x", note={"n": [1, 2.5, None]}), False), (odd, False)]
+        )
+        before = await documents(store, session.id)
+        jsonb = await _message_column(store.db)
+        assert jsonb in ("jsonb", "JSON (SQLite)")
+
+        assert (await upgrade(store.db))[1] == head_revision() == "0004_message_json"
+        store = await restarted()
+        assert await documents(store, session.id) == before
+        assert await _message_column(store.db) in ("json", "JSON (SQLite)")
+        async with store.db.read() as conn:
+            assert await conn.run_sync(_diff) == []
+
+        await _downgrade(store.db, "0003_approvals")
+        store = await restarted()
+        assert await current_revision(store.db) == "0003_approvals"
+        assert await documents(store, session.id) == before
+        assert await _message_column(store.db) == jsonb
+
+        await upgrade(store.db)
+        store = await restarted()
+        forked = await store.branch(session.id, odd["id"], user_id=None)
+        copied = await store.messages(forked.session.id)
+        assert [m.message for m in copied] == [
+            {**message, "id": c.message_id} for (_, message), c in zip(before, copied, strict=True)
+        ]
+        await add_exchange(store, forked.session.id, 1)
+        assert len(await store.history(forked.session.id)) == len(before) + 2
+    finally:
+        await stores[-1].db.dispose()

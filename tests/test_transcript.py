@@ -246,6 +246,34 @@ async def test_branch__assistant_target_copies_through_it_with_new_ids(store: Se
     ]
 
 
+async def test_branch__copies_each_document_whole_whatever_its_key_order(
+    store: SessionStore, db: Database, backend: str
+) -> None:
+    """PostgreSQL stores a message as its text and a fork rewrites the id where a stored
+    message has it (first); a document whose keys come in another order is copied as well."""
+    _owner, session = await new_session(store)
+    first = assistant_message("id first", note={"id": "x", "n": [1, 2.5, "é"]})
+    shuffled: dict[str, Any] = {"parts": [{"type": "text", "text": "id last"}], "role": "assistant"}
+    shuffled["id"] = first["id"][:-1] + ("0" if first["id"][-1] != "0" else "1")
+    await store.import_messages(session.id, [(first, False), (shuffled, False)])
+    originals = await store.messages(session.id)
+    fork = await store.branch(session.id, shuffled["id"], user_id=None)
+    copied = await store.messages(fork.session.id)
+    assert [m.message for m in copied] == [
+        {**m.message, "id": c.message_id} for m, c in zip(originals, copied, strict=True)
+    ]
+    assert all(c.message_id not in (first["id"], shuffled["id"]) for c in copied)
+    if backend == "postgresql":  # the text is kept as written, the id replaced where it stands
+        async with db.read() as conn:
+            rows = await conn.execute(
+                text("SELECT message_id, message::text FROM agent_session_messages")
+            )
+            stored = {str(row["message_id"]): str(row["message"]) for row in rows.mappings()}
+        assert stored[copied[0].message_id] == stored[first["id"]].replace(
+            first["id"], copied[0].message_id
+        )
+
+
 async def test_branch__user_target_stops_before_it_and_returns_draft(store: SessionStore) -> None:
     owner, session = await new_session(store)
     ids = await add_exchange(store, session.id, 2)

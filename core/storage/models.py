@@ -45,6 +45,12 @@ NAMING_CONVENTION = {
 }
 
 JsonDoc = JSON().with_variant(JSONB(), "postgresql")
+# A message's document: PostgreSQL's ``json`` (the text as written, validated on the way in),
+# not JSONB. A history load reads every message as text, and writing 10,000 JSONB values as
+# text cost the server about as much as the client's whole load; ``json`` is returned as
+# stored, and no query searches inside a message by JSON path (docs/benchmarks.md,
+# *History load of 10,000 messages*). SQLite stores JSON as text either way.
+MessageDoc = JSON()
 # BIGINT on PostgreSQL, INTEGER on SQLite (where only INTEGER PRIMARY KEY is the rowid alias).
 Id = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -162,7 +168,7 @@ class AgentSessionMessage(Base):
         Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False
     )
     position: Mapped[int] = mapped_column(Integer, nullable=False)
-    message: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    message: Mapped[dict[str, Any]] = mapped_column(MessageDoc, nullable=False)
     message_id: Mapped[str] = mapped_column(String(36), nullable=False, unique=True)
     is_compaction_message: Mapped[bool] = mapped_column(
         Boolean, nullable=False, default=False, server_default=false()

@@ -55,7 +55,7 @@ from core.storage.models import (
     AgentSessionMessage,
     AgentSessionSnapshot,
     Id,
-    JsonDoc,
+    MessageDoc,
     User,
     validate_message,
 )
@@ -262,7 +262,7 @@ _INSERT_ONE: Final = Prepared(
     insert(MESSAGES).values(
         session_id=bindparam("session_id", type_=Id),
         position=bindparam("position", type_=Integer()),
-        message=bindparam("message", type_=JsonDoc),
+        message=bindparam("message", type_=MessageDoc),
         message_id=bindparam("message_id", type_=String(36)),
         is_compaction_message=bindparam("is_compaction_message", type_=Boolean()),
     )
@@ -380,7 +380,7 @@ def _insert_if_tail_is() -> Insert:
     source = select(
         sid,
         next_position,
-        bindparam("p_message", type_=JsonDoc),
+        bindparam("p_message", type_=MessageDoc),
         bindparam("p_message_id", type_=String(36)),
         false(),
     ).where(tail_id.is_not_distinct_from(bindparam("last", type_=String(36))))
@@ -451,7 +451,7 @@ def _fenced_insert(fence: Update) -> Insert:
         select(
             fenced.c.id,
             bindparam("p_position", type_=Integer()),
-            bindparam("p_message", type_=JsonDoc),
+            bindparam("p_message", type_=MessageDoc),
             bindparam("p_message_id", type_=String(36)),
             bindparam("p_compaction", type_=Boolean()),
         ),

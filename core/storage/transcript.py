@@ -227,7 +227,7 @@ def _copy_prefix(source_id: int, new_session_id: int, end: int) -> Insert:
     rows = select(
         literal(new_session_id, Id),
         MESSAGES.c.position,
-        json_with_id(MESSAGES.c.message, new_id),
+        json_with_id(MESSAGES.c.message, new_id, MESSAGES.c.message_id),
         new_id,
         MESSAGES.c.is_compaction_message,
     ).where((MESSAGES.c.session_id == source_id) & (MESSAGES.c.position <= end))
