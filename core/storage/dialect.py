@@ -125,7 +125,7 @@ class json_with_id(FunctionElement[Any]):
     write of every copied document, 30-40 ms more for a 10,000-message fork. But a stored
     message starts with ``{"id": "<its id>"``: ``json.dumps`` keeps a dict's order, and ours
     put ``id`` first (``core.messages``); JSONB, which the migration to ``json`` converted
-    from, writes the shortest key first. So there the 44 characters up to the id's closing
+    from, writes the shortest key first. So there the characters up to the id's closing
     quote are replaced by the same with the new id, and the rest of the text is kept: the same
     document as ``jsonb_set`` makes, for no parse but the cast's validation. A document that
     starts otherwise (its keys in another order, other spacing) goes the JSONB way.
@@ -141,7 +141,7 @@ def _sqlite_json_with_id(element: json_with_id, compiler: SQLCompiler, **kw: Any
     return f"json_set({message}, '$.id', {new_id})"
 
 
-_ID_OPENING = """'{"id": "'"""  # 8 characters, then the 36 of a canonical UUID
+_ID_OPENING = """'{"id": "'"""  # 8 characters, then the id (what follows it is kept)
 
 
 @compiles(json_with_id, "postgresql")
@@ -150,7 +150,8 @@ def _pg_json_with_id(element: json_with_id, compiler: SQLCompiler, **kw: Any) ->
     document = f"CAST({message} AS TEXT)"
     return (
         f"CASE WHEN starts_with({document}, {_ID_OPENING} || {old_id} || '\"')"
-        f" THEN CAST({_ID_OPENING} || {new_id} || right({document}, -44) AS JSON)"
+        f" THEN CAST({_ID_OPENING} || {new_id} || substr({document}, 9 + length({old_id}))"
+        " AS JSON)"
         f" ELSE CAST(jsonb_set(CAST({message} AS JSONB), '{{id}}', to_jsonb({new_id})) AS JSON)"
         " END"
     )
