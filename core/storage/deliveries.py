@@ -45,7 +45,9 @@ order they arrived, whichever replicas received them and whichever died in betwe
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, cast
@@ -69,9 +71,10 @@ from sqlalchemy import (
 from sqlalchemy.orm import aliased
 
 from core.storage.batched import delete_in_batches
-from core.storage.dialect import ago, db_now, update_returning
+from core.storage.dialect import ago, db_now, insert_ignoring, update_returning
 from core.storage.engine import Conn, Database
-from core.storage.models import Delivery
+from core.storage.models import Delivery, Id
+from core.storage.prepared import Prepared, constant_in, constant_not_in
 
 DELIVERIES: Final = cast(Table, Delivery.__table__)
 D: Final = DELIVERIES.c
@@ -169,6 +172,140 @@ def _lapsed(staleness_seconds: float) -> ColumnElement[bool]:
     return and_(D.state.in_(ACTIVE), or_(D.lease_at.is_(None), D.lease_at < ago(staleness_seconds)))
 
 
+# -- the statements of every message's path, built once with bind parameters ----------------------
+# Building a statement per call cost more than SQLite takes to run it (docs/benchmarks.md, *A
+# turn's own CPU*); these are built at import (or once per shape) and run with parameters
+# (``core.storage.prepared``).
+
+_SURFACE: Final = bindparam("surface", type_=D.surface.type)
+_THREAD: Final = bindparam("thread_key", type_=D.thread_key.type)
+_RECORD_ID: Final = bindparam("record_id", type_=Id)
+_ME: Final = bindparam("me", type_=D.owner.type)  # this process's ``owner``
+
+_RECORD_VALUES: Final[dict[str, Any]] = {
+    **{
+        c: bindparam(c, type_=D[c].type)
+        for c in ("surface", "event_key", "thread_key", "author", "message_id", "text")
+    },
+    "context": bindparam("context", type_=D.context.type),
+    "state": bindparam("state", type_=D.state.type),
+    "owner": bindparam("owner", type_=D.owner.type),
+    "lease_at": case((bindparam("owned", type_=Boolean()), db_now()), else_=null()),
+}
+# A received message: executed with one row, or with a burst's rows as one multi-row INSERT
+# (SQLAlchemy's "insertmanyvalues"). SQLite before 3.35 has no RETURNING (``_insert_rows``).
+_RECORD: Final = insert_ignoring(
+    DELIVERIES, _RECORD_VALUES, ("surface", "event_key"), (D.id, D.event_key, D.created_at)
+)
+_RECORD_UNRETURNED: Final = insert_ignoring(DELIVERIES, _RECORD_VALUES, ("surface", "event_key"))
+
+# A thread's strays that may be adopted: posted after its first recorded message, recently.
+_FIRST_IN_THREAD: Final = (
+    select(func.min(D.event_key))
+    .where(
+        D.surface == _SURFACE,
+        D.thread_key == _THREAD,
+        constant_not_in(D.state, ("ignored", "stray")),
+    )
+    .scalar_subquery()
+)
+_FIND_STRAYS: Final = (
+    select(*D)
+    .where(
+        D.surface == _SURFACE,
+        D.thread_key == _THREAD,
+        D.state == "stray",
+        D.created_at >= ago(STRAY_SECONDS),
+        or_(_FIRST_IN_THREAD.is_(None), D.event_key > _FIRST_IN_THREAD),
+    )
+    .order_by(D.id)
+)
+_STRAYS: Final = Prepared(_FIND_STRAYS)
+
+_BLOCKER: Final = Prepared(
+    select(*D)
+    .where(
+        D.surface == _SURFACE,
+        D.thread_key == _THREAD,
+        D.id < _RECORD_ID,
+        or_(
+            constant_in(D.state, ("received", "started")),
+            and_(D.state == "waiting", constant_in(D.wait_reason, IN_LINE)),
+        ),
+    )
+    .order_by(D.id)
+    .limit(1)
+)
+
+_SET_REPLY: Final = Prepared(
+    update(DELIVERIES)
+    .where(D.id == _RECORD_ID, D.owner == _ME)
+    .values(reply_ref=bindparam("reply_ref", type_=D.reply_ref.type))
+)
+
+_BY_ID: Final = Prepared(select(*D).where(D.id == _RECORD_ID))
+
+
+def _changed(statement: Any, *, returning: bool) -> Prepared:
+    return Prepared(statement.returning(*D) if returning else statement)
+
+
+@functools.cache
+def _move(
+    from_states: tuple[str, ...],
+    to_state: str,
+    keys: tuple[str, ...],
+    *,
+    waiting_now: bool,
+    returning: bool,
+) -> Prepared:
+    """``Deliveries.move``'s statement for one shape of call (the states, the columns set):
+    a few shapes in all, each built once. The columns' values are parameters ``v_<column>``."""
+    values: dict[str, Any] = {key: bindparam(f"v_{key}", type_=D[key].type) for key in keys}
+    values.update(state=to_state, updated_at=db_now())
+    if waiting_now:
+        values["waiting_since"] = db_now()
+    if to_state not in ACTIVE:
+        values.update(owner=None, lease_at=None)
+    statement = (
+        update(DELIVERIES)
+        .where(D.id == _RECORD_ID, D.owner == _ME, constant_in(D.state, from_states))
+        .values(values)
+    )
+    return _changed(statement, returning=returning)
+
+
+@functools.cache
+def _claim(from_states: tuple[str, ...], *, by_author: bool, returning: bool) -> Prepared:
+    """``Deliveries.claim``'s statement, per shape (see ``_move``)."""
+    condition = and_(D.id == _RECORD_ID, constant_in(D.state, from_states))
+    if by_author:
+        condition = and_(condition, D.author == bindparam("author", type_=D.author.type))
+    statement = (
+        update(DELIVERIES)
+        .where(condition)
+        .values(
+            state="received", waiting_since=None, owner=_ME, lease_at=db_now(), updated_at=db_now()
+        )
+    )
+    return _changed(statement, returning=returning)
+
+
+async def _changed_record(
+    conn: Conn, statement: Callable[[bool], Prepared], params: dict[str, Any]
+) -> DeliveryRecord | None:
+    """Run an UPDATE of one record (by ``record_id``); the record as changed, or None. Where
+    the database has no RETURNING (SQLite before 3.35), the record is read back in the same
+    write transaction, which no other writer can interleave with."""
+    if conn.dialect.update_returning:
+        rows = await statement(True).rows(conn, params)
+    elif (await statement(False).run(conn, params)).rowcount:
+        rows = await _BY_ID.rows(conn, {"record_id": params["record_id"]})
+    else:
+        rows = []
+    return _record(rows[0]) if rows else None
+
+
 class _GroupCommit:
     """Records of messages arriving together are written together: one multi-row INSERT (one
     commit, one WAL flush) for every record that waited while the previous one was written.
@@ -181,28 +318,6 @@ class _GroupCommit:
         self.db = db
         self._waiting: list[tuple[dict[str, Any], asyncio.Future[DeliveryRecord | None]]] = []
         self._writer: asyncio.Task[None] | None = None
-        self._insert: Any = None
-
-    def _statement(self) -> Any:
-        """Built once with bind parameters, so it is compiled once: compiling a multi-row
-        INSERT costs more than running it. Executed with a list of rows, SQLAlchemy writes
-        them as one multi-row INSERT … RETURNING ("insertmanyvalues")."""
-        if self._insert is None:
-            columns = ("surface", "event_key", "thread_key", "author", "message_id", "text")
-            values: dict[str, Any] = {c: bindparam(c, type_=D[c].type) for c in columns}
-            values.update(
-                context=bindparam("context", type_=D.context.type),
-                state=bindparam("state", type_=D.state.type),
-                owner=bindparam("owner", type_=D.owner.type),
-                lease_at=case((bindparam("owned", type_=Boolean()), db_now()), else_=null()),
-            )
-            insert_ = self.db.upsert(DELIVERIES).values(values)
-            insert_ = insert_.on_conflict_do_nothing(index_elements=["surface", "event_key"])
-            # SQLite: no RETURNING before 3.35 (see ``_insert_rows``).
-            self._insert = (
-                insert_.returning(D.id, D.event_key, D.created_at) if self._returning else insert_
-            )
-        return self._insert
 
     @property
     def _returning(self) -> bool:
@@ -215,19 +330,26 @@ class _GroupCommit:
 
         A SQLite older than 3.35: the rows are inserted without RETURNING, then read back by
         the ids above the largest one before the insert (the write lock keeps other writers out
-        meanwhile)."""
+        meanwhile). One row (a message on its own, the usual case) is prepared; a burst's rows
+        are one multi-row INSERT, compiled once too (its statement is built at import)."""
+        found: Any
         if self._returning:
-            found = await conn.execute(self._statement(), rows)
+            insert_ = _RECORD[conn.dialect.name]
+            if len(rows) == 1:
+                row = (await insert_.run(conn, rows[0])).row
+                found = [] if row is None else [row]
+            else:
+                found = await conn.execute(insert_.statement, rows)
         else:
             before = await conn.scalar(select(func.coalesce(func.max(D.id), 0)))
-            await conn.execute(self._statement(), rows)
+            await conn.execute(_RECORD_UNRETURNED[conn.dialect.name].statement, rows)
             found = await conn.execute(
                 select(D.id, D.event_key, D.created_at).where(
                     D.id > before,
                     D.event_key.in_([r["event_key"] for r in rows]),
                 )
             )
-        return {r.event_key: (int(r.id), r.created_at) for r in found}
+        return {key: (int(record_id), created_at) for record_id, key, created_at in found}
 
     async def add(self, values: dict[str, Any]) -> DeliveryRecord | None:
         future: asyncio.Future[DeliveryRecord | None] = asyncio.get_running_loop().create_future()
@@ -269,26 +391,6 @@ class Deliveries:
         self.staleness_seconds = float(staleness_seconds)
         self.owner = uuid.uuid4().hex
         self._intake = _GroupCommit(db)
-        # Every message carried on asks whether its thread has strays: the statement is built
-        # once (its thread a bind parameter), as building and keying it cost more than running it.
-        thread = bindparam("thread_key", type_=D.thread_key.type)
-        first = (
-            select(func.min(D.event_key))
-            .where(
-                D.surface == surface,
-                D.thread_key == thread,
-                D.state.not_in(("ignored", "stray")),
-            )
-            .scalar_subquery()
-        )
-        self._strays = and_(
-            D.surface == surface,
-            D.thread_key == thread,
-            D.state == "stray",
-            D.created_at >= ago(STRAY_SECONDS),
-            or_(first.is_(None), D.event_key > first),
-        )
-        self._find_strays = select(*D).where(self._strays).order_by(D.id)
 
     def _mine(self, record_id: int) -> ColumnElement[bool]:
         return and_(D.id == record_id, D.owner == self.owner)
@@ -336,8 +438,8 @@ class Deliveries:
         thread before they called the agent into it is context (``bot.context``), not a
         message to answer. (Slack ``ts`` values of one channel order as strings.)"""
         async with self.db.read() as conn:
-            rows = await conn.execute(self._find_strays, {"thread_key": thread_key})
-            return [_record(row) for row in rows]
+            rows = await _STRAYS.rows(conn, {"surface": self.surface, "thread_key": thread_key})
+        return [_record(row) for row in rows]
 
     async def adopt_strays(
         self, thread_key: str, words: dict[str, tuple[str, dict[str, Any]]], asked: list[str]
@@ -351,10 +453,11 @@ class Deliveries:
             return []
         async with self.db.write() as conn:
             # Locked (PostgreSQL) or under the write lock (SQLite): one adopter per stray.
-            found = self._find_strays.where(D.event_key.in_(asked))
+            found = _FIND_STRAYS.where(D.event_key.in_(asked))
             if self.db.dialect == "postgresql":
                 found = found.with_for_update(skip_locked=True)
-            rows = list(await conn.execute(found, {"thread_key": thread_key}))
+            params = {"surface": self.surface, "thread_key": thread_key}
+            rows = list(await conn.execute(found, params))
             if not rows:
                 return []
             await conn.execute(delete(DELIVERIES).where(D.id.in_([row.id for row in rows])))
@@ -406,24 +509,10 @@ class Deliveries:
 
     async def blocker(self, record: DeliveryRecord) -> DeliveryRecord | None:
         """The earliest record of the same thread that must be answered before this one."""
+        params = {"surface": self.surface, "thread_key": record.thread_key, "record_id": record.id}
         async with self.db.read() as conn:
-            row = (
-                await conn.execute(
-                    select(DELIVERIES)
-                    .where(
-                        D.surface == self.surface,
-                        D.thread_key == record.thread_key,
-                        D.id < record.id,
-                        or_(
-                            D.state.in_(("received", "started")),
-                            and_(D.state == "waiting", D.wait_reason.in_(IN_LINE)),
-                        ),
-                    )
-                    .order_by(D.id)
-                    .limit(1)
-                )
-            ).first()
-        return None if row is None else _record(row)
+            rows = await _BLOCKER.rows(conn, params)
+        return _record(rows[0]) if rows else None
 
     async def unblocked(self, record_ids: list[int]) -> set[int]:
         """Which of these records have nothing left before them in their thread's line (one
@@ -472,19 +561,30 @@ class Deliveries:
         self, record_id: int, from_states: tuple[str, ...], to_state: str, **values: Any
     ) -> DeliveryRecord | None:
         """Change the state of a record this process owns; None if it is not (or no longer)
-        ours or not in ``from_states``. Leaving the active states gives the record up."""
-        values.update(state=to_state, updated_at=db_now())
-        if to_state not in ACTIVE:
-            values.update(owner=None, lease_at=None)
-        async with self.db.write() as conn:
-            rows = await update_returning(
-                conn,
-                DELIVERIES,
-                and_(self._mine(record_id), D.state.in_(from_states)),
-                values,
-                list(DELIVERIES.c),
+        ours or not in ``from_states``. Leaving the active states gives the record up.
+        ``values``: other columns to set, as plain values."""
+        return await self._move(record_id, from_states, to_state, values, waiting_now=False)
+
+    async def _move(
+        self,
+        record_id: int,
+        from_states: tuple[str, ...],
+        to_state: str,
+        values: dict[str, Any],
+        *,
+        waiting_now: bool,
+    ) -> DeliveryRecord | None:
+        keys = tuple(sorted(values))
+        params = {f"v_{key}": value for key, value in values.items()}
+        params.update(record_id=record_id, me=self.owner)
+
+        def statement(returning: bool) -> Prepared:
+            return _move(
+                tuple(from_states), to_state, keys, waiting_now=waiting_now, returning=returning
             )
-        return _record(rows[0]) if rows else None
+
+        async with self.db.write() as conn:
+            return await _changed_record(conn, statement, params)
 
     async def wait(
         self,
@@ -496,41 +596,29 @@ class Deliveries:
     ) -> DeliveryRecord | None:
         """An owned record starts waiting (``reason``: see ``IN_LINE``); the busy timeout
         counts from now, on the database clock. ``session_id``: the session it waits on."""
-        values: dict[str, Any] = {"wait_reason": reason, "waiting_since": db_now()}
+        values: dict[str, Any] = {"wait_reason": reason}
         if session_id is not None:
             values["session_id"] = session_id
-        return await self.move(record_id, from_states, "waiting", **values)
+        return await self._move(record_id, from_states, "waiting", values, waiting_now=True)
 
     async def set_reply(self, record_id: int, reply_ref: str) -> None:
         """Remember where the answer is being shown (fenced on the owner, like every move)."""
+        params = {"record_id": record_id, "me": self.owner, "reply_ref": reply_ref}
         async with self.db.write() as conn:
-            await conn.execute(
-                update(DELIVERIES).where(self._mine(record_id)).values(reply_ref=reply_ref)
-            )
+            await _SET_REPLY.run(conn, params)
 
     async def claim(
         self, record_id: int, from_states: tuple[str, ...], *, author: str | None = None
     ) -> DeliveryRecord | None:
         """A passive record becomes ours and ``received`` again (a Send click on any replica).
         ``wait_reason`` is kept: a message that waited on a busy session was sent knowingly."""
-        condition = and_(D.id == record_id, D.state.in_(from_states))
-        if author is not None:
-            condition = and_(condition, D.author == author)
+        params = {"record_id": record_id, "me": self.owner, "author": author}
+
+        def statement(returning: bool) -> Prepared:
+            return _claim(tuple(from_states), by_author=author is not None, returning=returning)
+
         async with self.db.write() as conn:
-            rows = await update_returning(
-                conn,
-                DELIVERIES,
-                condition,
-                {
-                    "state": "received",
-                    "waiting_since": None,
-                    "owner": self.owner,
-                    "lease_at": db_now(),
-                    "updated_at": db_now(),
-                },
-                list(DELIVERIES.c),
-            )
-        return _record(rows[0]) if rows else None
+            return await _changed_record(conn, statement, params)
 
     async def discard(self, record_id: int, *, author: str) -> DeliveryRecord | None:
         """The author drops a message that is waiting or offered (whoever owns it)."""

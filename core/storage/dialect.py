@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, DateTime, String, Table, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect, Row
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -20,6 +21,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator
 
 from core.storage.engine import Conn
+from core.storage.prepared import Prepared
 
 # SQLite's strftime has millisecond precision; the trailing zeros give SQLAlchemy's own
 # six-digit storage format, so values written by SQL and by Python compare as strings.
@@ -191,3 +193,19 @@ async def update_returning(
         return []
     await conn.execute(update(table).where(table.c.id.in_(ids)).values(values))
     return list(await conn.execute(select(*columns).where(table.c.id.in_(ids))))
+
+
+def insert_ignoring(
+    table: Table,
+    values: dict[str, Any],
+    conflict: Sequence[str],
+    returning: Sequence[ColumnElement[Any]] = (),
+) -> dict[str, Prepared]:
+    """``INSERT … ON CONFLICT (conflict) DO NOTHING [RETURNING …]``, prepared once for each
+    database by dialect name (the clause is each dialect's own construct). ``values``: bind
+    parameters or SQL, so the statement is built once, at import."""
+    found: dict[str, Prepared] = {}
+    for name, insert in (("sqlite", sqlite.insert), ("postgresql", postgresql.insert)):
+        statement = insert(table).values(values).on_conflict_do_nothing(index_elements=conflict)
+        found[name] = Prepared(statement.returning(*returning) if returning else statement)
+    return found

@@ -21,12 +21,13 @@ callers catch ``IntegrityError`` alike on both paths.
 
 from __future__ import annotations
 
+import collections
 import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import asyncpg
-from sqlalchemy import Connection, Insert, Select, Update
+from sqlalchemy import ColumnElement, Connection, Insert, Select, Update, literal
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -47,29 +48,70 @@ class _Compiled(NamedTuple):
     # Per positional parameter: its name, whether the caller gives it (else its literal value
     # compiled into the statement), and its type's bind processor (None: passed as is).
     params: tuple[tuple[str, bool, Any, Callable[[Any], Any] | None], ...]
+    # Per result column, its type's result processor (None: as the driver gives it); empty
+    # when the statement returns no rows.
+    results: tuple[Callable[[Any], Any] | None, ...]
+    # The rows ``Prepared.rows`` gives: named by the statement's result columns.
+    row: type[tuple[Any, ...]]
 
     def values(self, params: dict[str, Any]) -> list[Any]:
         values = []
-        for name, given, literal, process in self.params:
-            value = params[name] if given else literal
+        for name, given, constant, process in self.params:
+            value = params[name] if given else constant
             values.append(value if process is None else process(value))
         return values
 
+    def processed(self, raw: Sequence[Any]) -> tuple[Any, ...]:
+        """A driver's row as SQLAlchemy's ordinary way gives it (JSON decoded, UTC datetimes,
+        booleans), named by column."""
+        return tuple.__new__(
+            self.row,
+            [
+                value if process is None else process(value)
+                for value, process in zip(raw, self.results, strict=True)
+            ],
+        )
+
 
 class Prepared:
-    """One statement, run through ``Prepared.run`` or ``Prepared.all``; see the module
-    docstring."""
+    """One statement, run through ``Prepared.run``, ``Prepared.rows`` or ``Prepared.all``; see
+    the module docstring.
+
+    Build it once (at import) from a statement whose every varying value is a ``bindparam``,
+    and never with an IN list of bound values (``expanding``): the SQL is compiled once, as is.
+    A constant IN list is written with one bound literal per value (``literal``), not a Python
+    tuple, which SQLAlchemy would expand at execution. Result columns must be of types whose
+    result processing does not depend on the driver's column type (all but ``Numeric``)."""
 
     def __init__(self, statement: Insert | Update | Select[Any]) -> None:
         self.statement = statement
         self._compiled: dict[str, _Compiled] = {}  # per dialect name
 
     async def run(self, conn: Conn, params: dict[str, Any]) -> Ran:
+        """Rows changed (or returned), and the first row returned, processed like SQLAlchemy's
+        (JSON decoded, datetimes in UTC)."""
         if type(conn) is InlineConnection and not _watched(conn.sync_connection):
-            return self._inline(conn, params, all_rows=False)  # type: ignore[return-value]
-        result = await conn.execute(self.statement, params)
-        row = result.first() if result.returns_rows else None
-        return Ran(result.rowcount, None if row is None else tuple(row))
+            rowcount, rows = self._inline(conn, params, first=True)
+        elif (direct := _asyncpg(conn)) is not None:
+            rowcount, rows = await self._on_asyncpg(conn, direct, params)
+        else:
+            result = await conn.execute(self.statement, params)
+            row = result.first() if result.returns_rows else None
+            return Ran(result.rowcount, None if row is None else tuple(row))
+        compiled = self._compiled[conn.dialect.name]
+        return Ran(rowcount, compiled.processed(rows[0]) if rows else None)
+
+    async def rows(self, conn: Conn, params: dict[str, Any]) -> Sequence[Any]:
+        """Every row returned, processed like SQLAlchemy's, each read by index or by column
+        name (``row.id``) like SQLAlchemy's ``Row``."""
+        if type(conn) is InlineConnection and not _watched(conn.sync_connection):
+            _, rows = self._inline(conn, params, first=False)
+        elif (direct := _asyncpg(conn)) is not None:
+            _, rows = await self._on_asyncpg(conn, direct, params)
+        else:
+            return (await conn.execute(self.statement, params)).all()
+        processed = self._compiled[conn.dialect.name].processed
+        return [processed(row) for row in rows]
 
     async def all(self, conn: Conn, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
         """Every row of a query, as the driver returned it: no result processing on any path
@@ -77,45 +119,71 @@ class Prepared:
         data, where SQLAlchemy's per-row work is most of the cost (a history load:
         docs/benchmarks.md, *History load of 10,000 messages*)."""
         if type(conn) is InlineConnection and not _watched(conn.sync_connection):
-            return self._inline(conn, params, all_rows=True)  # type: ignore[return-value]
-        if isinstance(conn, AsyncConnection) and not _watched(conn.sync_connection):
-            return await self._on_asyncpg(conn, params)
+            return self._inline(conn, params, first=False)[1]
+        if (direct := _asyncpg(conn)) is not None:
+            return (await self._on_asyncpg(conn, direct, params))[1]
         return (await conn.execute(self.statement, params)).all()
 
     def _inline(
-        self, conn: InlineConnection, params: dict[str, Any], *, all_rows: bool
-    ) -> Ran | list[Any]:
+        self, conn: InlineConnection, params: dict[str, Any], *, first: bool
+    ) -> tuple[int, Sequence[Any]]:
         compiled = self._compile(conn.dialect)
         values = compiled.values(params)
         cursor = conn.sync_connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
             cursor.execute(compiled.sql, values)
-            if all_rows:
-                return list(cursor.fetchall())
-            row = cursor.fetchone() if cursor.description is not None else None
-            return Ran(cursor.rowcount, None if row is None else tuple(row))
+            if cursor.description is None:
+                return cursor.rowcount, []
+            if first:
+                row = cursor.fetchone()
+                return cursor.rowcount, [] if row is None else [row]
+            return cursor.rowcount, cursor.fetchall()
         except sqlite3.Error as exc:
             raise DBAPIError.instance(compiled.sql, values, exc, sqlite3.Error) from exc
         finally:
             cursor.close()
 
-    async def _on_asyncpg(self, conn: AsyncConnection, params: dict[str, Any]) -> list[Any]:
-        """The statement on the pooled connection's asyncpg connection, inside whatever
-        transaction SQLAlchemy has open on it (or none: one statement is consistent on its
-        own). Bounded like every statement (asyncpg's ``command_timeout``); a connection that
-        timed out or broke is invalidated, as the engine's error hook does on the other path."""
+    async def _on_asyncpg(
+        self, conn: Conn, direct: _Direct, params: dict[str, Any]
+    ) -> tuple[int, Sequence[Any]]:
+        """The statement on the pooled connection's asyncpg connection, inside the transaction
+        SQLAlchemy has open on it: begun here if this is its first statement, as SQLAlchemy's
+        adapter would (a read outside any transaction runs on its own: one statement is
+        consistent by itself, and saves the BEGIN and ROLLBACK round trips). Bounded like every
+        statement (asyncpg's ``command_timeout``); errors reach the caller as SQLAlchemy's
+        (``IntegrityError`` …), and a connection that timed out or broke is invalidated, as
+        the engine's error hook does on the other path."""
         compiled = self._compile(conn.dialect)
         values = compiled.values(params)
-        driver: asyncpg.Connection = (await conn.get_raw_connection()).driver_connection
+        adapted, driver, begin = direct
         try:
-            return list(await driver.fetch(compiled.sql, *values))
+            async with adapted._execute_mutex:
+                if begin and adapted._transaction is None:
+                    await adapted._start_transaction()  # raises the adapter's error
+                if compiled.results:
+                    rows = await driver.fetch(compiled.sql, *values)
+                    return len(rows), rows
+                status = await driver.execute(compiled.sql, *values)
         except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            translated = _translated(adapted, exc)
             if driver.is_closed():
-                await conn.invalidate()
-            raise DBAPIError.instance(compiled.sql, values, exc, Exception) from exc
-        except OSError:  # TimeoutError included: the connection is mid-command or gone
-            await conn.invalidate()
+                await _invalidate(conn)
+            raise DBAPIError.instance(
+                compiled.sql, values, translated, conn.dialect.loaded_dbapi.Error
+            ) from exc
+        except DBAPIError:
             raise
+        except conn.dialect.loaded_dbapi.Error as exc:  # from _start_transaction
+            if driver.is_closed():
+                await _invalidate(conn)
+            raise DBAPIError.instance(
+                compiled.sql, values, exc, conn.dialect.loaded_dbapi.Error
+            ) from exc
+        except OSError:  # TimeoutError included: the connection is mid-command or gone
+            await _invalidate(conn)
+            raise
+        count = status.rpartition(" ")[2]  # "UPDATE 1", "INSERT 0 1"
+        return (int(count) if count.isdigit() else -1), []
 
     def _compile(self, dialect: Dialect) -> _Compiled:
         found = self._compiled.get(dialect.name)
@@ -127,10 +195,56 @@ class Prepared:
         params = []
         for name in compiled.positiontup:
             bind = compiled.binds[name]
+            assert not bind.expanding, f"{name}: an expanding parameter cannot be prepared"
             process = bind.type.dialect_impl(dialect).bind_processor(dialect)
             params.append((name, bool(bind.required), bind.value, process))
-        self._compiled[dialect.name] = found = _Compiled(str(compiled), tuple(params))
+        columns = compiled._result_columns
+        results = tuple(
+            column.type.dialect_impl(dialect).result_processor(dialect, None) for column in columns
+        )
+        row = collections.namedtuple(  # type: ignore[misc]
+            "PreparedRow", [column.keyname for column in columns], rename=True
+        )
+        found = _Compiled(str(compiled), tuple(params), results, row)
+        self._compiled[dialect.name] = found
         return found
+
+
+class _Direct(NamedTuple):
+    adapted: Any  # SQLAlchemy's adapter of the asyncpg connection
+    driver: asyncpg.Connection
+    begin: bool  # SQLAlchemy has a transaction open: the statement runs inside it
+
+
+def _asyncpg(conn: Conn) -> _Direct | None:
+    """An unwatched PostgreSQL connection's asyncpg connection, where a statement may bypass
+    SQLAlchemy's execution; None: the ordinary way (watched, not yet connected, invalidated,
+    or an adapter without what this relies on)."""
+    if not isinstance(conn, AsyncConnection):
+        return None
+    sync = conn.sync_connection
+    if sync is None or sync.closed or sync.invalidated or _watched(sync):
+        return None
+    adapted = sync.connection.dbapi_connection
+    driver = getattr(adapted, "driver_connection", None)
+    if not isinstance(driver, asyncpg.Connection) or not hasattr(adapted, "_start_transaction"):
+        return None
+    return _Direct(adapted, driver, sync.in_transaction())
+
+
+def _translated(adapted: Any, exc: Exception) -> Exception:
+    """An asyncpg error as the DBAPI error SQLAlchemy's adapter makes of it (a unique
+    violation is an ``IntegrityError``, …), so ``DBAPIError.instance`` wraps it alike."""
+    try:
+        adapted._handle_exception(exc)
+    except Exception as translated:  # what it raises is the translation
+        return translated
+    return exc
+
+
+async def _invalidate(conn: Conn) -> None:
+    assert isinstance(conn, AsyncConnection)
+    await conn.invalidate()
 
 
 def _watched(sync: Connection | None) -> bool:
@@ -148,3 +262,14 @@ def _watched(sync: Connection | None) -> bool:
         or sync.dispatch.before_cursor_execute
         or sync.dispatch.after_cursor_execute
     )
+
+
+def constant_in(column: ColumnElement[Any], values: Sequence[Any]) -> ColumnElement[bool]:
+    """``column IN (values)`` for a constant list, written so it compiles once: SQLAlchemy
+    expands an IN list of plain values at execution, which a ``Prepared`` statement cannot."""
+    return column.in_([literal(value, column.type) for value in values])
+
+
+def constant_not_in(column: ColumnElement[Any], values: Sequence[Any]) -> ColumnElement[bool]:
+    """``column NOT IN (values)``, as ``constant_in``."""
+    return column.not_in([literal(value, column.type) for value in values])

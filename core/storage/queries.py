@@ -287,6 +287,11 @@ async def insert_messages(conn: Conn, rows: list[dict[str, Any]]) -> None:
 # p_compaction.
 
 _LIVE_BOUNDARY = db_now(-bindparam("staleness", type_=Float()))
+# ``turn_active`` with the staleness window a bind parameter (``staleness``), for statements
+# built once.
+TURN_ACTIVE_BOUND: Final = and_(
+    SESSIONS.c.heartbeat_at.is_not(None), SESSIONS.c.heartbeat_at >= _LIVE_BOUNDARY
+)
 
 
 def _claim(*, stamp: bool) -> Update:
@@ -460,7 +465,9 @@ def _fenced_insert(fence: Update) -> Insert:
 
 _FENCES: Final = {release: _fence(release=release) for release in (False, True)}
 FENCE: Final = {release: Prepared(fence) for release, fence in _FENCES.items()}
-FENCED_INSERT: Final = {release: _fenced_insert(fence) for release, fence in _FENCES.items()}
+FENCED_INSERT: Final = {
+    release: Prepared(_fenced_insert(fence)) for release, fence in _FENCES.items()
+}
 
 
 async def fence(conn: Conn, lease_params: dict[str, Any], *, release: bool) -> bool:
@@ -481,7 +488,7 @@ async def fenced_insert(
         "p_compaction": row["is_compaction_message"],
     }
     try:
-        return (await conn.execute(FENCED_INSERT[release], params)).rowcount
+        return (await FENCED_INSERT[release].run(conn, params)).rowcount
     except IntegrityError as exc:
         raise message_integrity_error(exc) from exc
 

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final, NoReturn
 
-from sqlalchemy import Boolean, delete, select, type_coerce, update
+from sqlalchemy import Boolean, Float, bindparam, delete, select, type_coerce, update
 
 from core import metrics
 from core.errors import (
@@ -45,15 +45,52 @@ from core.records import (
 )
 from core.storage import queries as q
 from core.storage.custom_providers import CustomProviders
-from core.storage.dialect import db_now, hence
+from core.storage.dialect import db_now, insert_ignoring
 from core.storage.engine import Conn, Database
 from core.storage.models import validate_message
+from core.storage.prepared import Prepared
 from core.storage.snapshots import SnapshotRef, Snapshots, attach_snapshot
 from core.storage.transcript import TranscriptOperations
 from core.storage.usage import Reservation
 
 SESSIONS: Final = q.SESSIONS
 USERS: Final = q.USERS
+
+# -- every turn's look-ups, built once with bind parameters (``core.storage.prepared``) ------------
+
+_EXTERNAL_ID: Final = bindparam("external_id", type_=USERS.c.external_id.type)
+_USER_ID: Final = Prepared(select(USERS.c.id).where(USERS.c.external_id == _EXTERNAL_ID))
+_ADD_USER: Final = insert_ignoring(
+    USERS,
+    {
+        "external_id": _EXTERNAL_ID,
+        "display_name": bindparam("display_name", type_=USERS.c.display_name.type),
+    },
+    ("external_id",),
+)
+_PROJECT: Final = bindparam("project_name", type_=SESSIONS.c.project_name.type)
+_KEY: Final = bindparam("project_session_id", type_=SESSIONS.c.project_session_id.type)
+# ``q.session_select`` with the staleness window a parameter (``staleness``).
+_FIND_SESSION: Final = Prepared(
+    select(*SESSIONS.c, type_coerce(q.TURN_ACTIVE_BOUND, Boolean).label("is_turn_active")).where(
+        SESSIONS.c.project_name == _PROJECT, SESSIONS.c.project_session_id == _KEY
+    )
+)
+_NEW_SESSION: Final[dict[str, Any]] = {
+    "project_name": _PROJECT,
+    "project_session_id": _KEY,
+    "user_id": bindparam("user_id", type_=SESSIONS.c.user_id.type),
+    "title": bindparam("title", type_=SESSIONS.c.title.type),
+}
+# By temporary (which expires ``ttl_seconds`` from now, on the database clock), then dialect.
+_ADD_SESSION: Final = {
+    False: insert_ignoring(SESSIONS, _NEW_SESSION, ("project_name", "project_session_id")),
+    True: insert_ignoring(
+        SESSIONS,
+        {**_NEW_SESSION, "expires_at": db_now(bindparam("ttl_seconds", type_=Float()))},
+        ("project_name", "project_session_id"),
+    ),
+}
 
 
 # A claim that took a stale lock over gets a token starting with this (never a hex digit), so
@@ -96,20 +133,15 @@ class SessionStore(TranscriptOperations):
         costs a read, not a write transaction.
         """
         async with self.db.read() as conn:
-            known = await conn.scalar(select(USERS.c.id).where(USERS.c.external_id == external_id))
+            known = (await _USER_ID.run(conn, {"external_id": external_id})).row
         if known is not None:
-            return int(known)
+            return int(known[0])
         async with self.db.write() as conn:
-            await conn.execute(
-                self.db.upsert(USERS)
-                .values(external_id=external_id, display_name=display_name)
-                .on_conflict_do_nothing(index_elements=["external_id"])
-            )
-            user_id = await conn.scalar(
-                select(USERS.c.id).where(USERS.c.external_id == external_id)
-            )
+            params = {"external_id": external_id, "display_name": display_name}
+            await _ADD_USER[conn.dialect.name].run(conn, params)
+            user_id = (await _USER_ID.run(conn, params)).row
         assert user_id is not None
-        return int(user_id)
+        return int(user_id[0])
 
     async def user_external_id(self, user_id: int) -> str | None:
         """Who a user is (``slack:T…:U…``, ``cli:<login>``), for surfaces that name an owner."""
@@ -133,36 +165,30 @@ class SessionStore(TranscriptOperations):
         found = await self.find_session(project_name, project_session_id)
         if found is not None:
             return found, False
-        values: dict[str, Any] = {
+        params: dict[str, Any] = {
             "project_name": project_name,
             "project_session_id": project_session_id,
             "user_id": user_id,
             "title": shorten(title) if title else None,
+            "ttl_seconds": self.temporary_ttl_hours * 3600,
         }
         async with self.db.write() as conn:
-            stmt = self.db.upsert(SESSIONS).values(**values)
-            if temporary:
-                stmt = stmt.values(expires_at=hence(self.temporary_ttl_hours * 3600))
-            result = await conn.execute(
-                stmt.on_conflict_do_nothing(index_elements=["project_name", "project_session_id"])
-            )
-            created = result.rowcount == 1
+            ran = await _ADD_SESSION[temporary][conn.dialect.name].run(conn, params)
+            created = ran.rowcount == 1
         session = await self.find_session(project_name, project_session_id)
         if session is None:  # deleted between the two statements: treat as not found
             raise AgentSessionNotFound(f"session {project_name}/{project_session_id} vanished")
         return session, created
 
     async def find_session(self, project_name: str, project_session_id: str) -> SessionInfo | None:
+        params = {
+            "project_name": project_name,
+            "project_session_id": project_session_id,
+            "staleness": self.staleness_seconds,
+        }
         async with self.db.read() as conn:
-            row = (
-                await conn.execute(
-                    q.session_select(self.staleness_seconds).where(
-                        SESSIONS.c.project_name == project_name,
-                        SESSIONS.c.project_session_id == project_session_id,
-                    )
-                )
-            ).first()
-        return None if row is None else q.session_info(row)
+            rows = await _FIND_SESSION.rows(conn, params)
+        return q.session_info(rows[0]) if rows else None
 
     async def get_session(self, session_id: int) -> SessionInfo:
         async with self.db.read() as conn:

@@ -14,19 +14,66 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
-from sqlalchemy import Table, select, update
+from sqlalchemy import Table, bindparam, select, update
 
 from core.storage.batched import delete_in_batches
 from core.storage.deliveries import sweep_finished_deliveries
-from core.storage.dialect import ago, db_now
+from core.storage.dialect import ago, db_now, insert_ignoring
 from core.storage.engine import Database
-from core.storage.models import SurfaceMessageRef, SurfaceStash, SurfaceThread, SurfaceViewing
+from core.storage.models import (
+    Id,
+    SurfaceMessageRef,
+    SurfaceStash,
+    SurfaceThread,
+    SurfaceViewing,
+)
+from core.storage.prepared import Prepared
 
 THREADS: Final = cast(Table, SurfaceThread.__table__)
 REFS: Final = cast(Table, SurfaceMessageRef.__table__)
 VIEWING: Final = cast(Table, SurfaceViewing.__table__)
 STASH: Final = cast(Table, SurfaceStash.__table__)
 STASH_TTL_SECONDS: Final = 86400.0
+
+# -- every turn's statements, built once with bind parameters (``core.storage.prepared``) ----------
+
+_SURFACE: Final = bindparam("surface", type_=THREADS.c.surface.type)
+_THREAD: Final = bindparam("thread_key", type_=THREADS.c.thread_key.type)
+_SESSION: Final = bindparam("session_id", type_=Id)
+_GET_THREAD: Final = Prepared(
+    select(THREADS.c.thread_key, THREADS.c.session_id, THREADS.c.last_shown_message_id).where(
+        THREADS.c.surface == _SURFACE, THREADS.c.thread_key == _THREAD
+    )
+)
+_BIND_THREAD: Final = insert_ignoring(
+    THREADS,
+    {
+        "surface": _SURFACE,
+        "thread_key": _THREAD,
+        "session_id": _SESSION,
+        "last_shown_message_id": bindparam("shown", type_=THREADS.c.last_shown_message_id.type),
+    },
+    ("surface", "thread_key"),
+)
+_SET_SHOWN: Final = Prepared(
+    update(THREADS)
+    .where(THREADS.c.surface == _SURFACE, THREADS.c.session_id == _SESSION)
+    .values(
+        last_shown_message_id=bindparam("shown", type_=THREADS.c.last_shown_message_id.type),
+        updated_at=db_now(),
+    )
+)
+_ADD_REF: Final = insert_ignoring(
+    REFS,
+    {
+        "surface": _SURFACE,
+        "ref_key": bindparam("ref_key", type_=REFS.c.ref_key.type),
+        "session_id": _SESSION,
+        "message_id": bindparam("message_id", type_=REFS.c.message_id.type),
+        "kind": bindparam("kind", type_=REFS.c.kind.type),
+    },
+    ("surface", "ref_key"),
+)
 
 
 @dataclass(frozen=True)
@@ -63,17 +110,14 @@ class SurfaceState:
         found = await self.get_thread(thread_key)
         if found is not None:
             return found
+        params = {
+            "surface": self.surface,
+            "thread_key": thread_key,
+            "session_id": session_id,
+            "shown": last_shown_message_id,
+        }
         async with self.db.write() as conn:
-            await conn.execute(
-                self.db.upsert(THREADS)
-                .values(
-                    surface=self.surface,
-                    thread_key=thread_key,
-                    session_id=session_id,
-                    last_shown_message_id=last_shown_message_id,
-                )
-                .on_conflict_do_nothing(index_elements=["surface", "thread_key"])
-            )
+            await _BIND_THREAD[conn.dialect.name].run(conn, params)
         found = await self.get_thread(thread_key)
         assert found is not None
         return found
@@ -81,15 +125,12 @@ class SurfaceState:
     async def get_thread(self, thread_key: str) -> ThreadInfo | None:
         async with self.db.read() as conn:
             row = (
-                await conn.execute(
-                    select(THREADS).where(
-                        THREADS.c.surface == self.surface, THREADS.c.thread_key == thread_key
-                    )
-                )
-            ).first()
+                await _GET_THREAD.run(conn, {"surface": self.surface, "thread_key": thread_key})
+            ).row
         if row is None:
             return None
-        return ThreadInfo(row.thread_key, int(row.session_id), row.last_shown_message_id)
+        key, session_id, shown = row
+        return ThreadInfo(key, int(session_id), shown)
 
     async def find_thread_ending(self, suffix: str) -> ThreadInfo | None:
         """The thread whose key ends with ``suffix`` (a permalink names a channel and a ts but
@@ -116,12 +157,9 @@ class SurfaceState:
 
     async def set_shown(self, session_id: int, message_id: str | None) -> None:
         """Record the tail the surface's thread(s) of the session now show."""
+        params = {"surface": self.surface, "session_id": session_id, "shown": message_id}
         async with self.db.write() as conn:
-            await conn.execute(
-                update(THREADS)
-                .where(THREADS.c.surface == self.surface, THREADS.c.session_id == session_id)
-                .values(last_shown_message_id=message_id, updated_at=db_now())
-            )
+            await _SET_SHOWN.run(conn, params)
 
     # -- state between a posted message and a click on it -----------------------------------------
 
@@ -164,18 +202,15 @@ class SurfaceState:
     # -- message references ---------------------------------------------------------------------
 
     async def add_ref(self, ref_key: str, session_id: int, message_id: str, kind: str) -> None:
+        params = {
+            "surface": self.surface,
+            "ref_key": ref_key,
+            "session_id": session_id,
+            "message_id": message_id,
+            "kind": kind,
+        }
         async with self.db.write() as conn:
-            await conn.execute(
-                self.db.upsert(REFS)
-                .values(
-                    surface=self.surface,
-                    ref_key=ref_key,
-                    session_id=session_id,
-                    message_id=message_id,
-                    kind=kind,
-                )
-                .on_conflict_do_nothing(index_elements=["surface", "ref_key"])
-            )
+            await _ADD_REF[conn.dialect.name].run(conn, params)
 
     async def find_ref(self, ref_key: str) -> MessageRef | None:
         async with self.db.read() as conn:

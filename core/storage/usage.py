@@ -44,6 +44,7 @@ from sqlalchemy import (
     ColumnElement,
     Table,
     and_,
+    bindparam,
     case,
     delete,
     func,
@@ -57,6 +58,7 @@ from sqlalchemy import (
 from core.storage.dialect import ago
 from core.storage.engine import Conn, Database
 from core.storage.models import AgentSession, UsageRequest, UsageReservation
+from core.storage.prepared import Prepared
 from core.usage.budgets import Account, Actor, Budget, account_key, decide, refusal, window
 from core.usage.totals import RequestUsage
 
@@ -282,6 +284,35 @@ class Reservation:
         await conn.execute(insert(RESERVATIONS), rows)
 
 
+# A model request's row, built once with bind parameters (``core.storage.prepared``): every turn
+# writes at least one.
+_RECORD_REQUEST: Final = Prepared(
+    insert(REQUESTS).values(
+        {
+            column: bindparam(column, type_=REQUESTS.c[column].type)
+            for column in (
+                "session_id",
+                "message_id",
+                "user_key",
+                "workspace",
+                "surface",
+                "kind",
+                "provider",
+                "model",
+                "input_tokens",
+                "output_tokens",
+                "cached_tokens",
+                "cache_write_tokens",
+                "counted_tokens",
+                "estimated",
+                "counts_estimated",
+                "cost_nanousd",
+            )
+        }
+    )
+)
+
+
 class UsageLedger:
     """The ledger's statements (see the module)."""
 
@@ -290,8 +321,9 @@ class UsageLedger:
         self.staleness_seconds = staleness_seconds
 
     async def record(self, entry: LedgerEntry) -> None:
+        row = entry.row()
         async with self._db.write() as conn:
-            await conn.execute(insert(REQUESTS).values(**entry.row()))
+            await _RECORD_REQUEST.run(conn, row)
 
     async def record_many(self, entries: Sequence[LedgerEntry]) -> None:
         """Several requests in one transaction (an import, the benchmark's set-up)."""
