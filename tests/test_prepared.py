@@ -1,24 +1,29 @@
 """``core.storage.prepared``: a hot-path statement gives the same result whichever way it runs.
 
-On SQLite, with nobody watching the engine, it runs on the driver's cursor; watched (here: a
-statement listener), and on PostgreSQL, it goes SQLAlchemy's ordinary way. Both ways must bind
-the same values (JSON, literals compiled into the statement, NULLs), read the same row and
-report a constraint failure as the same SQLAlchemy error.
+With nobody watching the engine it runs on the driver itself (SQLite's cursor, or asyncpg
+inside SQLAlchemy's transaction); watched (here: a statement listener), it goes SQLAlchemy's
+ordinary way. Both ways must bind the same values (JSON, literals compiled into the statement,
+NULLs), read the same rows (JSON decoded, UTC datetimes) and report a constraint failure as
+the same SQLAlchemy error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import uuid
 from typing import Any
 
 import pytest
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core.errors import DatabaseError, DuplicateMessage
 from core.messages import assistant_message, user_message
 from core.storage import queries as q
+from core.storage.deliveries import Deliveries
 from core.storage.engine import Database, InlineConnection
 from core.storage.sessions import SessionStore
+from core.storage.surface_state import SurfaceState
 from tests.helpers import new_session, statements
 
 
@@ -109,3 +114,143 @@ async def test_prepared__a_constraint_failure_is_sqlalchemys_error_either_way(
                 raise
     assert len(raised) == 1
     assert isinstance(raised[0], IntegrityError)
+
+
+async def _bookkeeping(db: Database, store: SessionStore) -> dict[str, Any]:
+    """A message's bookkeeping through the prepared statements of the delivery records, the
+    surface's state and the session store: what each read gave back."""
+    user = await store.get_or_create_user("slack:T1:U9", "nine")
+    assert await store.get_or_create_user("slack:T1:U9") == user  # known: the read
+    session, created = await store.get_or_create_session(
+        "slack", "T1/C9/1.0", user_id=user, title="a title", temporary=True
+    )
+    again, created_again = await store.get_or_create_session("slack", "T1/C9/1.0", user_id=user)
+    deliveries = Deliveries(db, "slack")
+    first = await deliveries.record(
+        event_key="T1/C9/1.0",
+        thread_key="T1/C9/1.0",
+        author="U9",
+        message_id=str(uuid.uuid4()),
+        text="first",
+        context={"files": ["é"], "n": 1},
+    )
+    second = await deliveries.record(
+        event_key="T1/C9/2.0",
+        thread_key="T1/C9/1.0",
+        author="U9",
+        message_id=str(uuid.uuid4()),
+        text="second",
+        context={},
+    )
+    stray = await deliveries.record(
+        event_key="T1/C9/3.0",
+        thread_key="T1/C9/1.0",
+        author="U9",
+        message_id=str(uuid.uuid4()),
+        text="ignored",
+        context={},
+        stray=True,
+    )
+    assert first is not None
+    assert second is not None
+    assert stray is not None
+    blocker = await deliveries.blocker(second)
+    waiting = await deliveries.wait(second.id, ("received",), "thread", session_id=session.id)
+    started = await deliveries.move(first.id, ("received",), "started", session_id=session.id)
+    not_again = await deliveries.move(first.id, ("received",), "started")
+    await deliveries.set_reply(first.id, "1.5")
+    done = await deliveries.move(first.id, ("started",), "done")
+    offered = await deliveries.move(second.id, ("waiting",), "offered")
+    claimed = await deliveries.claim(second.id, ("offered",), author="U9")
+    surface = SurfaceState(db, "slack")
+    bound = await surface.bind_thread("T1/C9/1.0", session.id)
+    await surface.set_shown(session.id, "m-1")
+    await surface.add_ref("T1/C9/1.5", session.id, "m-1", "answer")
+    await surface.add_ref("T1/C9/1.5", session.id, "m-2", "answer")  # kept as it was
+    return {
+        "session": (session.title, session.expires_at is not None, created, created_again),
+        "same_session": again == session,
+        "found": await store.find_session("slack", "T1/C9/1.0") == session,
+        "missing": await store.find_session("slack", "T1/C9/none"),
+        "first": first,
+        "blocker": blocker == first,
+        "waiting": waiting,
+        "started": started,
+        "not_again": not_again,
+        "done": done,
+        "offered": offered,
+        "claimed": claimed,
+        "strays": [r.event_key for r in await deliveries.strays("T1/C9/1.0")],
+        "thread": (bound, await surface.get_thread("T1/C9/1.0")),
+        "ref": await surface.find_ref("T1/C9/1.5"),
+    }
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["unwatched", "watched"])
+async def test_prepared__bookkeeping_reads_back_the_same_either_way(
+    store: SessionStore, db: Database, backend: str, watched: bool
+) -> None:
+    with statements(db) if watched else contextlib.nullcontext([]) as seen:
+        got = await _bookkeeping(db, store)
+    assert bool(seen) == watched
+    assert got["session"] == ("a title", True, True, False)
+    assert got["same_session"]
+    assert got["found"]
+    assert got["blocker"]
+    assert got["missing"] is None
+    first, waiting, started = got["first"], got["waiting"], got["started"]
+    assert first.context == {"files": ["é"], "n": 1}  # JSON decoded
+    assert first.created_at.tzinfo is not None  # a UTC datetime, not SQLite's text
+    assert (waiting.state, waiting.wait_reason, waiting.owner) == ("waiting", "thread", first.owner)
+    assert started.state == "started"
+    assert started.session_id == waiting.session_id
+    assert started.created_at == first.created_at
+    assert isinstance(started.context, dict)
+    assert started.takeovers == 0
+    assert got["not_again"] is None  # not in the states asked for: nothing changed
+    assert (got["done"].state, got["done"].owner, got["done"].reply_ref) == ("done", None, "1.5")
+    assert (got["offered"].state, got["offered"].owner) == ("offered", None)
+    assert (got["claimed"].state, got["claimed"].owner) == ("received", first.owner)
+    assert got["claimed"].wait_reason == "thread"  # kept
+    assert got["strays"] == ["T1/C9/3.0"]
+    bound, read = got["thread"]
+    assert (bound.thread_key, bound.session_id) == (read.thread_key, read.session_id)
+    assert bound.last_shown_message_id is None
+    assert read.last_shown_message_id == "m-1"
+    assert (got["ref"].message_id, got["ref"].kind) == ("m-1", "answer")
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_prepared__unwatched_postgresql_runs_on_asyncpg_inside_the_transaction(
+    store: SessionStore, db: Database, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No SQLAlchemy execution, yet the transaction is SQLAlchemy's: its BEGIN is sent
+    before the first statement, a failure rolls the statement back, a commit keeps it."""
+    _, session = await new_session(store)
+
+    async def not_this_way(*_args: Any) -> Any:
+        raise AssertionError("an unwatched hot-path statement went through SQLAlchemy")
+
+    def claim(token: str) -> dict[str, Any]:
+        return {
+            "sid": session.id,
+            "token": token,
+            "takeover_token": "t" + token,
+            "staleness": 60.0,
+            "title": None,
+            "abandoned": None,
+        }
+
+    with contextlib.suppress(RuntimeError), monkeypatch.context() as patched:
+        patched.setattr(AsyncConnection, "execute", not_this_way)
+        async with db.write() as conn:
+            assert await q.claim(conn, claim("rolled-back"), stamp=False) == "rolled-back"
+            raise RuntimeError("the transaction fails after the claim")
+    assert not await store.is_turn_active(session.id)  # the claim was rolled back with it
+    with monkeypatch.context() as patched:
+        patched.setattr(AsyncConnection, "execute", not_this_way)
+        async with db.write() as conn:
+            assert await q.claim(conn, claim("kept"), stamp=False) == "kept"
+        async with db.read() as conn:  # a read outside any transaction
+            assert (await q._TOKEN.run(conn, {"sid": session.id})).row == ("kept",)
+    assert await store.is_turn_active(session.id)

@@ -181,6 +181,8 @@ _SURFACE: Final = bindparam("surface", type_=D.surface.type)
 _THREAD: Final = bindparam("thread_key", type_=D.thread_key.type)
 _RECORD_ID: Final = bindparam("record_id", type_=Id)
 _ME: Final = bindparam("me", type_=D.owner.type)  # this process's ``owner``
+# An UPDATE's parameters never take a column's name: SQLAlchemy's ordinary way would read one as
+# a further column to SET.
 
 _RECORD_VALUES: Final[dict[str, Any]] = {
     **{
@@ -280,7 +282,7 @@ def _claim(from_states: tuple[str, ...], *, by_author: bool, returning: bool) ->
     """``Deliveries.claim``'s statement, per shape (see ``_move``)."""
     condition = and_(D.id == _RECORD_ID, constant_in(D.state, from_states))
     if by_author:
-        condition = and_(condition, D.author == bindparam("author", type_=D.author.type))
+        condition = and_(condition, D.author == bindparam("by_author", type_=D.author.type))
     statement = (
         update(DELIVERIES)
         .where(condition)
@@ -612,7 +614,7 @@ class Deliveries:
     ) -> DeliveryRecord | None:
         """A passive record becomes ours and ``received`` again (a Send click on any replica).
         ``wait_reason`` is kept: a message that waited on a busy session was sent knowingly."""
-        params = {"record_id": record_id, "me": self.owner, "author": author}
+        params = {"record_id": record_id, "me": self.owner, "by_author": author}
 
         def statement(returning: bool) -> Prepared:
             return _claim(tuple(from_states), by_author=author is not None, returning=returning)

@@ -55,9 +55,14 @@ _BIND_THREAD: Final = insert_ignoring(
     },
     ("surface", "thread_key"),
 )
+# An UPDATE's parameters never take a column's name: SQLAlchemy's ordinary way would read one as
+# a further column to SET.
 _SET_SHOWN: Final = Prepared(
     update(THREADS)
-    .where(THREADS.c.surface == _SURFACE, THREADS.c.session_id == _SESSION)
+    .where(
+        THREADS.c.surface == bindparam("of_surface", type_=THREADS.c.surface.type),
+        THREADS.c.session_id == bindparam("of_session", type_=Id),
+    )
     .values(
         last_shown_message_id=bindparam("shown", type_=THREADS.c.last_shown_message_id.type),
         updated_at=db_now(),
@@ -157,7 +162,7 @@ class SurfaceState:
 
     async def set_shown(self, session_id: int, message_id: str | None) -> None:
         """Record the tail the surface's thread(s) of the session now show."""
-        params = {"surface": self.surface, "session_id": session_id, "shown": message_id}
+        params = {"of_surface": self.surface, "of_session": session_id, "shown": message_id}
         async with self.db.write() as conn:
             await _SET_SHOWN.run(conn, params)
 
