@@ -190,7 +190,10 @@ async def _bookkeeping(db: Database, store: SessionStore) -> dict[str, Any]:
 async def test_prepared__bookkeeping_reads_back_the_same_either_way(
     store: SessionStore, db: Database, backend: str, watched: bool
 ) -> None:
-    with statements(db) if watched else contextlib.nullcontext([]) as seen:
+    seen: list[tuple[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        if watched:
+            seen = stack.enter_context(statements(db))
         got = await _bookkeeping(db, store)
     assert bool(seen) == watched
     assert got["session"] == ("a title", True, True, False)
