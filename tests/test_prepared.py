@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core.errors import DatabaseError, DuplicateMessage
 from core.messages import assistant_message, user_message
+from core.records import ANY_TAIL
 from core.storage import queries as q
 from core.storage.deliveries import Deliveries
 from core.storage.engine import Database, InlineConnection
@@ -257,3 +258,29 @@ async def test_prepared__unwatched_postgresql_runs_on_asyncpg_inside_the_transac
         async with db.read() as conn:  # a read outside any transaction
             assert (await q._TOKEN.run(conn, {"sid": session.id})).row == ("kept",)
     assert await store.is_turn_active(session.id)
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["unwatched", "watched"])
+async def test_prepared__stops_are_read_for_every_running_turn_at_once(
+    store: SessionStore, db: Database, backend: str, watched: bool
+) -> None:
+    """The stop poll's one statement (its sessions one JSON parameter) finds exactly the turns
+    asked to stop, however many it asks about, and not a later turn of a stopped session."""
+    leases = []
+    for _ in range(3):
+        _, session = await new_session(store)
+        leases.append(
+            await store.start_turn(session.id, user_message=None, last_message_id=ANY_TAIL)
+        )
+    assert await store.request_stop(leases[0].session_id)
+    assert await store.request_stop(leases[2].session_id)
+    with contextlib.ExitStack() as stack:
+        if watched:
+            stack.enter_context(statements(db))
+        assert await store.stops_requested(leases) == {leases[0].session_id, leases[2].session_id}
+        assert await store.stops_requested(leases[1:2]) == set()
+        await store.release(leases[0])
+        later = await store.start_turn(
+            leases[0].session_id, user_message=None, last_message_id=ANY_TAIL
+        )
+        assert await store.stops_requested([later, *leases[1:]]) == {leases[2].session_id}

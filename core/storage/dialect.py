@@ -8,11 +8,11 @@ clocks agree.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, DateTime, String, Table, select, update
+from sqlalchemy import Boolean, ColumnElement, DateTime, String, Table, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect, Row
 from sqlalchemy.ext.compiler import compiles
@@ -157,6 +157,34 @@ def _pg_json_with_id(element: json_with_id, compiler: SQLCompiler, **kw: Any) ->
         f" ELSE CAST(jsonb_set(CAST({message} AS JSONB), '{{id}}', to_jsonb({new_id})) AS JSON)"
         " END"
     )
+
+
+class in_json_ids(FunctionElement[bool]):
+    """``in_json_ids(column, ids)``: ``column`` is one of ``ids``, a JSON array of integers given
+    as one text parameter (``json_ids``). The statement is the same however many ids, so it is
+    built and compiled once (``core.storage.prepared``), where an IN list of bound values is
+    expanded, and so compiled, per call."""
+
+    type = Boolean()
+    inherit_cache = True
+    name = "in_json_ids"
+
+
+@compiles(in_json_ids, "sqlite")
+def _sqlite_in_json_ids(element: in_json_ids, compiler: SQLCompiler, **kw: Any) -> str:
+    column, ids = (compiler.process(arg, **kw) for arg in element.clauses)
+    return f"{column} IN (SELECT value FROM json_each({ids}))"
+
+
+@compiles(in_json_ids, "postgresql")
+def _pg_in_json_ids(element: in_json_ids, compiler: SQLCompiler, **kw: Any) -> str:
+    column, ids = (compiler.process(arg, **kw) for arg in element.clauses)
+    return f"{column} IN (SELECT CAST(jsonb_array_elements_text(CAST({ids} AS jsonb)) AS BIGINT))"
+
+
+def json_ids(ids: Iterable[int]) -> str:
+    """The ``ids`` parameter of ``in_json_ids``."""
+    return "[" + ",".join(str(int(i)) for i in ids) + "]"
 
 
 def ago(seconds: float) -> db_now:

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final, NoReturn
 
-from sqlalchemy import Boolean, Float, bindparam, delete, select, type_coerce, update
+from sqlalchemy import Boolean, Float, String, bindparam, delete, select, type_coerce, update
 
 from core import metrics
 from core.errors import (
@@ -45,7 +45,7 @@ from core.records import (
 )
 from core.storage import queries as q
 from core.storage.custom_providers import CustomProviders
-from core.storage.dialect import db_now, insert_ignoring
+from core.storage.dialect import db_now, in_json_ids, insert_ignoring, json_ids
 from core.storage.engine import Conn, Database
 from core.storage.models import validate_message
 from core.storage.prepared import Prepared
@@ -74,6 +74,14 @@ _KEY: Final = bindparam("project_session_id", type_=SESSIONS.c.project_session_i
 _FIND_SESSION: Final = Prepared(
     select(*SESSIONS.c, type_coerce(q.TURN_ACTIVE_BOUND, Boolean).label("is_turn_active")).where(
         SESSIONS.c.project_name == _PROJECT, SESSIONS.c.project_session_id == _KEY
+    )
+)
+# The running turns asked to stop, among sessions given as a JSON array (``ids``): polled every
+# second for all of a process's turns, however many.
+_STOPS: Final = Prepared(
+    select(SESSIONS.c.id, SESSIONS.c.stop_token).where(
+        in_json_ids(SESSIONS.c.id, bindparam("ids", type_=String())),
+        SESSIONS.c.stop_token.is_not(None),
     )
 )
 _NEW_SESSION: Final[dict[str, Any]] = {
@@ -302,12 +310,8 @@ class SessionStore(TranscriptOperations):
             return set()
         tokens = {lease.session_id: lease.token for lease in leases}
         async with self.db.read() as conn:
-            rows = await conn.execute(
-                select(SESSIONS.c.id, SESSIONS.c.stop_token).where(
-                    SESSIONS.c.id.in_(list(tokens)), SESSIONS.c.stop_token.is_not(None)
-                )
-            )
-            return {int(r.id) for r in rows if r.stop_token == tokens.get(int(r.id))}
+            rows = await _STOPS.rows(conn, {"ids": json_ids(tokens)})
+        return {int(sid) for sid, stop in rows if stop == tokens.get(int(sid))}
 
     # -- the turn lock ------------------------------------------------------------------------
 
