@@ -1,22 +1,27 @@
-"""Statements compiled once and run on the driver itself, where SQLAlchemy's own work is most
-of their cost.
+"""Statements built and compiled once and run on the driver itself, where SQLAlchemy's own
+work is most of their cost.
 
-A turn runs a handful of small statements (the claim, the stale-guarded insert, the fence and
-the answer's insert). Through SQLAlchemy each costs several times what SQLite's own work takes:
-the compiled-cache lookup, the execution context, the events and the result object are the rest
-(docs/benchmarks.md, *Figures behind choices in the code*). A ``Prepared`` statement is compiled for
-the connection's dialect once, with its parameters' order, its literal values and its types' bind
-processors (JSON serialisation, UTC datetimes), and then runs as ``cursor.execute(sql, values)``:
-the same SQL SQLAlchemy would send.
+A turn runs a few dozen small statements: its own (the claim, the stale-guarded insert, the
+fence and the answer's insert) and the bookkeeping around it (the delivery record and its
+moves, the session and thread look-ups, the usage ledger's row, the stop poll). Through
+SQLAlchemy each costs several times what SQLite's own work takes: building the statement, the
+compiled-cache lookup, the execution context, the events and the result object are the rest
+(docs/benchmarks.md, *Figures behind choices in the code* and *A turn's own CPU*). A
+``Prepared`` statement is built once (at import, every varying value a ``bindparam``), compiled
+for the connection's dialect once, with its parameters' order, its literal values and its
+types' bind and result processors (JSON, UTC datetimes, booleans), and then runs as the
+driver's own call with the same SQL SQLAlchemy would send, its rows processed as SQLAlchemy
+would.
 
-It takes that path only where it pays and changes nothing observable: an ``InlineConnection``
-(statements in place on the event loop) whose engine nobody watches. When anything listens to
-the engine's statement events or echoes SQL (a test counting statements, an operator's
-tracing), and in a worker thread, the statement goes SQLAlchemy's ordinary way; so does a
-small statement on PostgreSQL, where the round trip dominates. A read whose rows grow with the
-data (``Prepared.all``: a history load) also runs on asyncpg itself on PostgreSQL, since there
-SQLAlchemy's per-row work is what dominates. Driver errors are wrapped as SQLAlchemy's, so
-callers catch ``IntegrityError`` alike on both paths.
+It takes that path only where it changes nothing observable: an ``InlineConnection`` (SQLite,
+statements in place on the event loop) or a PostgreSQL ``AsyncConnection`` whose engine nobody
+watches. When anything listens to the engine's statement events or echoes SQL (a test counting
+statements, an operator's tracing), and in a worker thread, the statement goes SQLAlchemy's
+ordinary way. On PostgreSQL it runs on asyncpg inside the transaction SQLAlchemy has open (begun
+first if it is the transaction's first statement, as SQLAlchemy's adapter would), or, in a read
+with no transaction yet, on its own (one statement is consistent by itself, and the BEGIN and
+ROLLBACK round trips are saved). Driver errors are wrapped as SQLAlchemy's, so callers catch
+``IntegrityError`` alike on every path.
 """
 
 from __future__ import annotations
