@@ -122,22 +122,28 @@ async def ours(url: str) -> dict[str, float]:
         await storage.dispose()
 
 
+async def _filled_peer(session: Any) -> Callable[[], Awaitable[list[str]]]:
+    """An Agents SDK session given the benchmark's messages; returns its timed load."""
+    for start in range(0, MESSAGES, 500):
+        await session.add_items(
+            [
+                {"role": "user" if i % 2 == 0 else "assistant", "content": _text(i)}
+                for i in range(start, start + 500)
+            ]
+        )
+
+    async def load() -> list[str]:
+        return [str(row["content"]) for row in await session.get_items()]
+
+    return load
+
+
 async def agents_sqlite(path: str) -> dict[str, float]:
     from agents import SQLiteSession
 
     session: Any = SQLiteSession("bench", db_path=path)  # its item types are not ours
     try:
-        for start in range(0, MESSAGES, 500):
-            await session.add_items(
-                [
-                    {"role": "user" if i % 2 == 0 else "assistant", "content": _text(i)}
-                    for i in range(start, start + 500)
-                ]
-            )
-
-        async def load() -> list[str]:
-            return [str(row["content"]) for row in await session.get_items()]
-
+        load = await _filled_peer(session)
         return await _timed(load)
     finally:
         session.close()
@@ -148,17 +154,7 @@ async def agents_sqlalchemy(url: str) -> dict[str, float]:
 
     session: Any = SQLAlchemySession.from_url("bench", url=url, create_tables=True)
     try:
-        for start in range(0, MESSAGES, 500):
-            await session.add_items(
-                [
-                    {"role": "user" if i % 2 == 0 else "assistant", "content": _text(i)}
-                    for i in range(start, start + 500)
-                ]
-            )
-
-        async def load() -> list[str]:
-            return [str(row["content"]) for row in await session.get_items()]
-
+        load = await _filled_peer(session)
         return await _timed(load, _server(url))
     finally:
         await session.engine.dispose()

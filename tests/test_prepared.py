@@ -127,31 +127,21 @@ async def _bookkeeping(db: Database, store: SessionStore) -> dict[str, Any]:
     )
     again, created_again = await store.get_or_create_session("slack", "T1/C9/1.0", user_id=user)
     deliveries = Deliveries(db, "slack")
-    first = await deliveries.record(
-        event_key="T1/C9/1.0",
-        thread_key="T1/C9/1.0",
-        author="U9",
-        message_id=str(uuid.uuid4()),
-        text="first",
-        context={"files": ["é"], "n": 1},
-    )
-    second = await deliveries.record(
-        event_key="T1/C9/2.0",
-        thread_key="T1/C9/1.0",
-        author="U9",
-        message_id=str(uuid.uuid4()),
-        text="second",
-        context={},
-    )
-    stray = await deliveries.record(
-        event_key="T1/C9/3.0",
-        thread_key="T1/C9/1.0",
-        author="U9",
-        message_id=str(uuid.uuid4()),
-        text="ignored",
-        context={},
-        stray=True,
-    )
+
+    async def record(ts: str, text: str, context: dict[str, Any], **kw: Any) -> Any:
+        return await deliveries.record(
+            event_key=f"T1/C9/{ts}",
+            thread_key="T1/C9/1.0",
+            author="U9",
+            message_id=str(uuid.uuid4()),
+            text=text,
+            context=context,
+            **kw,
+        )
+
+    first = await record("1.0", "first", {"files": ["é"], "n": 1})
+    second = await record("2.0", "second", {})
+    stray = await record("3.0", "ignored", {}, stray=True)
     assert first is not None
     assert second is not None
     assert stray is not None

@@ -32,29 +32,25 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-def _on_postgresql() -> bool:
-    return op.get_bind().dialect.name == "postgresql"
+def _message_column(
+    to: sa.types.TypeEngine[object], cast: str, was: sa.types.TypeEngine[object]
+) -> None:
+    """The messages' document column converted to ``to`` (PostgreSQL only: SQLite's JSON is
+    text either way)."""
+    if op.get_bind().dialect.name == "postgresql":
+        op.alter_column(
+            "agent_session_messages",
+            "message",
+            type_=to,
+            existing_type=was,
+            existing_nullable=False,
+            postgresql_using=f"message::{cast}",
+        )
 
 
 def upgrade() -> None:
-    if _on_postgresql():
-        op.alter_column(
-            "agent_session_messages",
-            "message",
-            type_=sa.JSON(),
-            existing_type=postgresql.JSONB(),
-            existing_nullable=False,
-            postgresql_using="message::json",
-        )
+    _message_column(sa.JSON(), "json", postgresql.JSONB())
 
 
 def downgrade() -> None:
-    if _on_postgresql():
-        op.alter_column(
-            "agent_session_messages",
-            "message",
-            type_=postgresql.JSONB(),
-            existing_type=sa.JSON(),
-            existing_nullable=False,
-            postgresql_using="message::jsonb",
-        )
+    _message_column(postgresql.JSONB(), "jsonb", sa.JSON())
