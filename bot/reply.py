@@ -9,8 +9,9 @@ The model writes Markdown, and it goes to Slack as Markdown (``markdown_text``),
   more than ``STREAM_CALLS_PER_SECOND`` replies stream at once (``StreamPacer``; Slack
   rate-limits them); the first text goes out at once. A piece shorter than ``SMALL_PIECE``
   characters waits up to ``SMALL_PIECE_WAITS`` intervals more for the words after it: a model
-  that trickles a word a second would otherwise cost an update (a Web API call, about a third
-  of a millisecond of our CPU) per word, while a typical one fills a piece within the second.
+  that trickles a word a second would otherwise cost an update (a Web API call: roughly a
+  third of a millisecond of our CPU, by the profile in docs/benchmarks.md) per word; one that
+  writes 256 characters a second or more is paced as before.
   (slack_sdk's own ``chat_stream`` helper waits for 256 characters, however long.) 429s, 5xx
   answers and dropped
   connections are retried by slack_sdk's retry handlers (``bot.web``).
