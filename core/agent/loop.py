@@ -350,10 +350,14 @@ class Agent:
 
             async def work() -> ApprovalRequest | None:
                 nonlocal compacted
-                compacted = await self._auto_compact(turn, model, emit, account)
+                # Read once: the model is given what auto-compaction looked at, unless it
+                # inserted a checkpoint.
+                history = await turn.history()
+                compacted = await self._auto_compact(turn, model, emit, account, history)
                 if compacted:
                     notices.append(COMPACTED_NOTICE)
                     await emit(Notice(COMPACTED_NOTICE))
+                    history = await turn.history()
                 return await self._loop(
                     turn,
                     model,
@@ -362,6 +366,7 @@ class Agent:
                     emit,
                     account,
                     notes=notices[-len(refused) :] if refused else [],
+                    stored=history,
                 )
 
             stored, error, waiting = await self._answered(
@@ -510,8 +515,13 @@ class Agent:
         account: TurnAccount,
         *,
         notes: Sequence[str] = (),
+        stored: Sequence[StoredMessage] | None = None,
     ) -> ApprovalRequest | None:
-        history = _told([m.message for m in await turn.history()], notes)
+        """The model's rounds; ``stored``: the transcript as this turn already read it (read
+        here when not given)."""
+        if stored is None:
+            stored = await turn.history()
+        history = _told([m.message for m in stored], notes)
         if self.approvals is not None:
             # Requests still waiting when the conversation moves on are settled first.
             history = await mcp_calls.settle_waiting(turn, history, self.approvals)
@@ -596,12 +606,16 @@ class Agent:
         return None if captured is None else await self.store.snapshots.store(captured)
 
     async def _auto_compact(
-        self, turn: Turn, model: ResolvedModel, emit: OnEvent, account: TurnAccount
+        self,
+        turn: Turn,
+        model: ResolvedModel,
+        emit: OnEvent,
+        account: TurnAccount,
+        history: Sequence[StoredMessage],
     ) -> bool:
         limit = self.config.auto_compact_tokens
         if limit <= 0:
             return False
-        history = await turn.history()
         earlier = history[:-1]  # everything but this turn's own user message
         if len(earlier) < 2 or earlier[-1].is_compaction_message:
             return False

@@ -76,6 +76,12 @@ _FIND_SESSION: Final = Prepared(
         SESSIONS.c.project_name == _PROJECT, SESSIONS.c.project_session_id == _KEY
     )
 )
+# The same by id: every turn reads its session first (its model), so it is built once too.
+_GET_SESSION: Final = Prepared(
+    select(*SESSIONS.c, type_coerce(q.TURN_ACTIVE_BOUND, Boolean).label("is_turn_active")).where(
+        SESSIONS.c.id == bindparam("session_id", type_=SESSIONS.c.id.type)
+    )
+)
 # The running turns asked to stop, among sessions given as a JSON array (``ids``): polled every
 # second for all of a process's turns, however many.
 _STOPS: Final = Prepared(
@@ -199,15 +205,12 @@ class SessionStore(TranscriptOperations):
         return q.session_info(rows[0]) if rows else None
 
     async def get_session(self, session_id: int) -> SessionInfo:
+        params = {"session_id": session_id, "staleness": self.staleness_seconds}
         async with self.db.read() as conn:
-            row = (
-                await conn.execute(
-                    q.session_select(self.staleness_seconds).where(SESSIONS.c.id == session_id)
-                )
-            ).first()
-        if row is None:
+            rows = await _GET_SESSION.rows(conn, params)
+        if not rows:
             raise AgentSessionNotFound(f"session {session_id} does not exist")
-        return q.session_info(row)
+        return q.session_info(rows[0])
 
     async def list_sessions(
         self, *, user_id: int | None = None, project_name: str | None = None, limit: int = 50

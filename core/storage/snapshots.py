@@ -73,6 +73,7 @@ from core.storage.models import (
     SnapshotSet,
     SnapshotSetMember,
 )
+from core.storage.prepared import Prepared
 
 CONTENTS: Final = cast(Table, SnapshotContent.__table__)
 SETS: Final = cast(Table, SnapshotSet.__table__)
@@ -435,8 +436,8 @@ async def messages_with_snapshots(db: Database, session_id: int) -> set[str]:
 
 # Built once: restoring is on a turn's critical path, and building the statement costs more
 # than SQLite takes to run it.
-_STATE_LATEST: Final = state_statement(at_message=False)
-_STATE_AT: Final = state_statement(at_message=True)
+_STATE_LATEST: Final = Prepared(state_statement(at_message=False))
+_STATE_AT: Final = Prepared(state_statement(at_message=True))
 
 
 async def load_state(
@@ -447,12 +448,11 @@ async def load_state(
     One query."""
     async with db.read() as conn:
         if at_message_id is None:
-            result = await conn.execute(_STATE_LATEST, {"session_id": session_id})
+            rows = await _STATE_LATEST.rows(conn, {"session_id": session_id})
         else:
-            result = await conn.execute(
-                _STATE_AT, {"session_id": session_id, "at_message_id": at_message_id}
+            rows = await _STATE_AT.rows(
+                conn, {"session_id": session_id, "at_message_id": at_message_id}
             )
-        rows = cast(list[tuple[Any, ...]], result.all())
     if not rows:
         return None
     message_id, commit, base_set_id, base_set_digest = rows[0][:4]
