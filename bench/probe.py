@@ -439,8 +439,8 @@ def main(argv: list[str]) -> int:
         background.append(asyncio.ensure_future(probe.tick()))
         background.append(asyncio.ensure_future(probe.keep_writing()))
 
-    # ``serve`` calls it once its listener is up, by the name it imported: the recorders start
-    # on the running loop from there.
+    # ``serve`` calls it as it starts (before its worker and listener), by the name it
+    # imported: the recorders start on the running loop from there.
     vars(serve)["tune_garbage_collection"] = tune_and_record
     settings = load_settings()
     configure_logging(settings.log_level, settings.log_format)

@@ -15,7 +15,10 @@ def tune_garbage_collection() -> None:
 
     - what start-up made (modules, the app, engines, clients: all alive as long as the
       process) is frozen out of every later collection, which makes each full collection
-      about half as long;
+      about half as long. ``serve`` calls this before its worker and listener start: the
+      collection stops every thread of the process, and once messages were being
+      acknowledged and leased that pause crossed short staleness windows on loaded machines.
+      (What the intake's thread makes after it, an engine and an app, stays unfrozen: little.)
     - a full collection comes after ``FULL_COLLECTION_AFTER`` collections of the middle
       generation instead of 10, so a replica taking on hundreds of turns is not walked again
       at every quarter of growth. Garbage in cycles waits longer for its collection: the

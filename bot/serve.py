@@ -76,6 +76,10 @@ async def serve(settings: Settings) -> None:
     intake: IntakeThread | None = None
     socket: Any = None
     try:
+        # Before anything is leased or acknowledged: the full collection stops the whole
+        # process (every thread: the intake too), for over a second on a loaded machine, and
+        # after the listener was up it stopped a replica already holding messages.
+        tune_garbage_collection()
         socket_mode = bool(settings.slack_app_token)
         bot.start()  # before the intake: it hands records to the running worker
         intake = IntakeThread(bot, settings.host, settings.port, events=not socket_mode)
@@ -101,7 +105,6 @@ async def serve(settings: Settings) -> None:
         else:
             operator = (settings.host, settings.port)
         log.info("/healthz and /metrics on http://%s:%d", *operator)
-        tune_garbage_collection()
         await stop.wait()
         log.info(
             "stopping: no new events; waiting messages go back to the database; running turns "

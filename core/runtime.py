@@ -43,7 +43,6 @@ class Runtime:
     agent: Agent
     tools: McpTools | None = None  # None: no MCP servers configured
     tracer: Tracer = field(default_factory=Tracer.off)
-    _warming: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
     async def open(
@@ -58,13 +57,11 @@ class Runtime:
                 await storage.migrate()
             runtime = cls.on(settings, storage)
             await runtime.providers.check(storage.sessions.custom_providers)
+            if _prices_from_the_table(settings):
+                await _warm_prices()
         except BaseException:
             await storage.dispose()
             raise
-        if _prices_from_the_table(settings):
-            # genai-prices loads and indexes its table on first use (about a second of CPU):
-            # done now, in a thread, instead of on the event loop inside the first turn.
-            runtime._warming = asyncio.create_task(asyncio.to_thread(prices.warm))
         if runtime.tools is not None:
             await runtime.tools.start()  # returns at once; servers connect in the background
             # The first messages after a start should find the tools of servers that start
@@ -112,15 +109,27 @@ class Runtime:
         return self.storage.deliveries(surface)
 
     async def close(self) -> None:
-        if self._warming is not None:
-            with contextlib.suppress(Exception):  # only a head start: a failure shows at first use
-                await self._warming
         if self.tools is not None:
             await self.tools.aclose()
         if self.tracer.enabled:  # flushes what is queued, within a bounded time, off the loop
             await asyncio.to_thread(self.tracer.shutdown)
         await self.providers.aclose()
         await self.storage.dispose()
+
+
+async def _warm_prices() -> None:
+    """Load genai-prices' table before ``open`` returns, not inside the first turn, and not
+    while anything runs beside it either. The loading is about a second of CPU, and much of
+    it is single calls that hold the GIL throughout: compiling its 1.6 MB data module alone
+    held it for 0.4-0.6 s where no bytecode is cached (``PYTHONDONTWRITEBYTECODE``, a
+    read-only install), over a second on a loaded machine. A thread of the same process does
+    not keep the event loop running through such a call: loaded in the background after
+    start-up, it stopped a replica that was already acknowledging messages and holding
+    leases, long enough to cross a short staleness window (a turn stopping itself, its
+    delivery taken over). At start-up nothing is held yet. Still a thread, so the loop's own
+    callbacks run between the loading's Python steps."""
+    with contextlib.suppress(Exception):  # only a head start: a failure shows at first use
+        await asyncio.to_thread(prices.warm)
 
 
 def _prices_from_the_table(settings: Settings) -> bool:

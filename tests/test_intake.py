@@ -20,8 +20,12 @@ from core.testing.openai import GatedModel
 from core.testing.slack import SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
 
-# A short lease window so a replica with room takes a shed message over within the test.
-LEASES = {"turn_lock_staleness_seconds": 2, "turn_heartbeat_seconds": 0.25}
+# Lease upkeep (renewals, take-overs) every quarter second, so a replica with room takes a shed
+# message over within the test. The staleness window stays the default minute: a shed record
+# has no lease to lapse (it is taken at once), and the only leases that could lapse here are of
+# turns that must stay where they run. A 2 s window let one pause of this process (a full
+# collection, a loaded machine) hand the saturated replica's running turn to the other one.
+LEASES = {"turn_heartbeat_seconds": 0.25}
 
 
 def gated(model: GatedModel) -> dict[str, object]:

@@ -369,7 +369,7 @@ async def test_slack_answering_a_page_not_json__is_a_slack_error_the_callers_han
 
 
 def test_serve__start_up_freezes_its_heap_and_spaces_full_collections() -> None:
-    """What ``serve`` does once it listens (``tune_garbage_collection``): what start-up made
+    """What ``serve`` does as it starts (``tune_garbage_collection``): what start-up made
     leaves later collections, and a full collection waits for 100 middle ones."""
     before_threshold, before_frozen = gc.get_threshold(), gc.get_freeze_count()
     try:

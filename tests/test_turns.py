@@ -17,6 +17,7 @@ from core.errors import (
     DuplicateMessage,
 )
 from core.messages import assistant_message, message_text, user_message
+from core.providers.uimessages import step_start_part
 from core.records import ModelChoice
 from core.storage import queries as q
 from core.storage.engine import Database, create_database
@@ -288,6 +289,26 @@ async def test_run_turn__failure_persists_partial_output_as_interrupted(
     assert [m.role for m in messages] == ["user", "assistant"]
     assert messages[1].message["metadata"] == {"interrupted": True, "interrupted_by": "error"}
     assert messages[1].message["parts"][0]["text"] == "Half an ans"
+    assert not await store.is_turn_active(session.id)
+
+
+async def test_run_turn__failure_before_the_model_said_anything_keeps_no_empty_answer(
+    store: SessionStore,
+) -> None:
+    """Its message is answered again from the transcript: an empty interrupted answer after it
+    made the resume take the message as answered, and no reply was ever posted."""
+    _, session = await new_session(store)
+
+    async def fails_while_waiting_for_the_model() -> None:
+        async with run_turn(
+            store, session.id, user_message=user_message("q"), last_message_id=None
+        ) as turn:
+            turn.partial = {**assistant_message(""), "parts": [step_start_part()]}
+            raise RuntimeError("the database went away")
+
+    with pytest.raises(RuntimeError, match="went away"):
+        await fails_while_waiting_for_the_model()
+    assert [m.role for m in await store.messages(session.id)] == ["user"]
     assert not await store.is_turn_active(session.id)
 
 

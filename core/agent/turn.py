@@ -139,8 +139,18 @@ class Turn:
         self.interrupt(UNREACHABLE)
 
     async def _keep_partial(self, reason: str) -> None:
-        """Persist what the turn wrote so far, marked interrupted, with its sandbox state."""
+        """Persist what the turn wrote so far, marked interrupted, with its sandbox state.
+
+        A turn that failed (``database_unreachable``, an error) before its model said or did
+        anything keeps nothing: its message is answered again by whoever resumes it, and an
+        interrupted answer holding only ``step-start`` parts, stored after the message, made
+        that resume take the message as answered (``AlreadyAnswered`` with nothing to show):
+        the record finished and no reply was ever posted. A turn stopped on purpose (a stop,
+        a shutdown, a lost lock) keeps its empty answer as before: its message is not tried
+        again, and the transcript says it was interrupted."""
         if self.finished or self.partial is None or not self.partial.get("parts"):
+            return
+        if reason in (UNREACHABLE, "error") and not _said_anything(self.partial):
             return
         metadata = {**self.partial.get("metadata", {}), "interrupted": True}
         metadata.setdefault("interrupted_by", reason)
@@ -154,6 +164,11 @@ class Turn:
             pass
         except DatabaseError as exc:  # the error that ends the turn is the one to report
             log.warning("session %s: partial answer not kept: %s", self.session_id, exc)
+
+
+def _said_anything(message: Message) -> bool:
+    """The answer holds more than the markers of model calls begun (text, a tool call...)."""
+    return any(part.get("type") != "step-start" for part in message.get("parts") or [])
 
 
 @contextlib.asynccontextmanager
