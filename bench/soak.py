@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
+from sqlalchemy import text as sql
 
 from bench.load import CHANNEL, Answer, Plan, Sender
 from bench.replicas import Replica
@@ -342,6 +343,8 @@ class Soak:
         self.acknowledged = sender.acknowledged
         if not settled:
             self.report.violations.append("the replicas did not settle within settle_seconds")
+            if self.postgres:
+                self.report.violations += await database_sessions(db)
 
     def _in_outage(self, answer: Answer) -> bool:
         """Sent to a replica that could not reach the database then: a 5xx is its right answer
@@ -724,3 +727,31 @@ def format_report(report: SoakReport) -> str:
         lines.append(f"BROKEN ({len(r.violations)}):")
         lines += [f"  - {violation}" for violation in r.violations[:50]]
     return "\n".join(lines)
+
+
+# The database's own sessions that are not idle: what holds or waits for locks when the replicas
+# cannot settle (every replica's connections are bounded by statement and idle-in-transaction
+# timeouts, so a session here for long is the bug to look at).
+_BUSY_SESSIONS = sql(
+    "SELECT pid, application_name, state, wait_event_type, wait_event,"
+    " round(extract(epoch FROM now() - xact_start)::numeric, 1) AS in_transaction_s,"
+    " (SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid AND NOT l.granted) AS waiting_locks,"
+    " left(query, 160) AS query"
+    " FROM pg_stat_activity a"
+    " WHERE datname = current_database() AND pid <> pg_backend_pid() AND state <> 'idle'"
+    " ORDER BY xact_start"
+)
+
+
+async def database_sessions(db: Any) -> list[str]:
+    """One line per PostgreSQL session of the soak's database that is not idle (what it
+    runs, how long its transaction is open, whether it waits for a lock), for a soak whose
+    replicas did not settle."""
+    async with db.read() as conn:
+        rows = (await conn.execute(_BUSY_SESSIONS)).all()
+    return [
+        f"database session {r.pid} ({r.application_name or 'no name'}): {r.state}, "
+        f"transaction open {r.in_transaction_s} s, waiting for {r.wait_event_type or '-'}"
+        f"/{r.wait_event or '-'}, {r.waiting_locks} lock(s) not granted: {r.query}"
+        for r in rows
+    ]

@@ -11,9 +11,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text as sql
 
-from bench.soak import FAULTS, SoakConfig, parse_faults, run_soak
+from bench.soak import FAULTS, SoakConfig, database_sessions, parse_faults, run_soak
 from bench.soak_profile import summary
+from core.storage.engine import Database
+from core.storage.sessions import SessionStore
 from core.testing.faults import FaultSchedule
 from tests.test_cli import cli, one_line_error
 
@@ -104,3 +107,19 @@ def test_faults__all_none_some_or_all_but_some() -> None:
 def test_faults__a_list_that_means_nothing_is_refused_in_one_line(value: str) -> None:
     line = one_line_error(cli("soak", f"--faults={value}"))
     assert line.startswith("slack-agent: usage_error: --faults:"), line
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)  # pg_stat_activity's own
+async def test_soak_diagnosis__names_a_database_session_left_in_a_transaction(
+    db: Database, replica: SessionStore
+) -> None:
+    """What a soak whose replicas did not settle reports: the sessions of its database that
+    are not idle, here one whose transaction another connection left open."""
+    assert await database_sessions(db) == []
+    async with replica.db.read() as conn:
+        await conn.execute(sql("SELECT 1"))  # the read's transaction is open, and left idle
+        found = await database_sessions(db)
+    assert len(found) == 1, found
+    assert "idle in transaction" in found[0]
+    assert "SELECT 1" in found[0]
+    assert await database_sessions(db) == []
