@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 LOCK_LOST = "lock_lost"
 STOPPED = "stopped"
 UNREACHABLE = "database_unreachable"
+FAILED = "error"  # ended by an exception of its own (retried like any failure)
 
 
 class Turn:
@@ -150,7 +151,7 @@ class Turn:
         again, and the transcript says it was interrupted."""
         if self.finished or self.partial is None or not self.partial.get("parts"):
             return
-        if reason in (UNREACHABLE, "error") and not _said_anything(self.partial):
+        if reason in (UNREACHABLE, FAILED) and not _said_anything(self.partial):
             return
         metadata = {**self.partial.get("metadata", {}), "interrupted": True}
         metadata.setdefault("interrupted_by", reason)
@@ -225,7 +226,7 @@ async def run_turn(
         outcome = LOCK_LOST
         raise
     except BaseException:
-        await turn._keep_partial("error")
+        await turn._keep_partial(FAILED)
         raise
     finally:
         stops.forget(lease)

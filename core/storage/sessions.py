@@ -70,17 +70,16 @@ _ADD_USER: Final = insert_ignoring(
 )
 _PROJECT: Final = bindparam("project_name", type_=SESSIONS.c.project_name.type)
 _KEY: Final = bindparam("project_session_id", type_=SESSIONS.c.project_session_id.type)
-# ``q.session_select`` with the staleness window a parameter (``staleness``).
-_FIND_SESSION: Final = Prepared(
-    select(*SESSIONS.c, type_coerce(q.TURN_ACTIVE_BOUND, Boolean).label("is_turn_active")).where(
-        SESSIONS.c.project_name == _PROJECT, SESSIONS.c.project_session_id == _KEY
-    )
+# ``q.session_select`` with the staleness window a parameter (``staleness``), found by project
+# key or by id (every turn reads its session first, for its model).
+_SESSION_ROW: Final = select(
+    *SESSIONS.c, type_coerce(q.TURN_ACTIVE_BOUND, Boolean).label("is_turn_active")
 )
-# The same by id: every turn reads its session first (its model), so it is built once too.
+_FIND_SESSION: Final = Prepared(
+    _SESSION_ROW.where(SESSIONS.c.project_name == _PROJECT, SESSIONS.c.project_session_id == _KEY)
+)
 _GET_SESSION: Final = Prepared(
-    select(*SESSIONS.c, type_coerce(q.TURN_ACTIVE_BOUND, Boolean).label("is_turn_active")).where(
-        SESSIONS.c.id == bindparam("session_id", type_=SESSIONS.c.id.type)
-    )
+    _SESSION_ROW.where(SESSIONS.c.id == bindparam("session_id", type_=SESSIONS.c.id.type))
 )
 # The running turns asked to stop, among sessions given as a JSON array (``ids``): polled every
 # second for all of a process's turns, however many.
