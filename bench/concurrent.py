@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -58,6 +59,7 @@ from bench.slack import (
     standin_process,
     stop_process,
 )
+from bench.turn_counts import read_counts
 from bot.post import PROJECT, SURFACE, thread_key
 from core.settings import Settings
 from core.storage import Storage
@@ -71,10 +73,43 @@ PROBE_SPACING: Final = 0.1
 CHANNEL: Final = "C0BENCH"
 
 
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
+def _cpu_times(stat_path: str) -> tuple[float, float]:
+    """User and system CPU seconds from a ``/proc`` ``stat`` file."""
+    with open(stat_path) as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _cpu_seconds(pid: int) -> float:
+    return sum(_cpu_times(f"/proc/{pid}/stat"))
+
+
+def _main_thread_cpu(pid: int) -> float:
+    """The CPU of the process's main thread (the turns' event loop) alone."""
+    return sum(_cpu_times(f"/proc/{pid}/task/{pid}/stat"))
+
+
+def _system_cpu(pid: int) -> float:
+    return _cpu_times(f"/proc/{pid}/stat")[1]
+
+
+async def _counted(proc: Process, out: Path, answered: int) -> dict[str, int]:
+    """``bench.turn_counts``'s counters now (SIGUSR2, then its ``answered``-th write)."""
+    proc.send_signal(signal.SIGUSR2)
+    for _ in range(200):
+        counts = read_counts(out)
+        if counts.get("answered", 0) >= answered:
+            return counts
+        await asyncio.sleep(0.05)
+    raise RuntimeError("the replica did not write its counts")
+
+
+def _per_turn(before: dict[str, int], after: dict[str, int], turns: int) -> dict[str, float]:
+    return {
+        key: round((after.get(key, 0) - before.get(key, 0)) / max(1, turns), 1)
+        for key in sorted(set(after) - {"answered"})
+    }
 
 
 async def _model_process(seconds: float) -> tuple[Process, str]:
@@ -139,9 +174,15 @@ async def _probe(
 
 
 async def _concurrent(
-    n: int, database_url: str | None, *, stream_seconds: float, probes: int
+    n: int, database_url: str | None, *, stream_seconds: float, probes: int, counts: bool = False
 ) -> dict[str, Any]:
+    """One wave; ``counts``: the replica runs under ``bench.turn_counts`` and what it did per
+    turn is reported (``per_turn``, ``cpu_split``)."""
+    counted: list[dict[str, int]] = []
+    split: list[tuple[float, float, float]] = []  # (process, main thread, system) CPU seconds
     with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "counts.json"
+        command = ("-m", "bench.turn_counts", str(out)) if counts else ("-m", "bot", "serve")
         url = database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
         standin, api_url = await standin_process()
         model, model_url = await _model_process(stream_seconds)
@@ -154,7 +195,7 @@ async def _concurrent(
         }
         proc: Process | None = None
         try:
-            proc, port = await serve_process(url, api_url, tmp, env)
+            proc, port = await serve_process(url, api_url, tmp, env, command)
             clock = _Clock()
             async with aiohttp.ClientSession() as http:
                 warm = await Connection.open(port)  # one turn first: imports, caches, pools
@@ -165,6 +206,11 @@ async def _concurrent(
                 base = await _stats(http, model_url)
                 wave = [await Connection.open(port) for _ in range(min(n, 100))]
                 probe = [await Connection.open(port) for _ in range(probes)]
+                if counts:
+                    counted.append(await _counted(proc, out, 1))
+                split.append(
+                    (_cpu_seconds(proc.pid), _main_thread_cpu(proc.pid), _system_cpu(proc.pid))
+                )
                 cpu_start = _cpu_seconds(proc.pid)
                 started = time.perf_counter()
                 wave_acks = await _send_all(
@@ -197,6 +243,11 @@ async def _concurrent(
                 )
                 await asyncio.sleep(1.0)  # the last replies' final Slack updates and releases
                 cpu = _cpu_seconds(proc.pid) - cpu_start
+                split.append(
+                    (_cpu_seconds(proc.pid), _main_thread_cpu(proc.pid), _system_cpu(proc.pid))
+                )
+                if counts:
+                    counted.append(await _counted(proc, out, 2))
                 for c in [warm, *wave, *probe]:
                     c.close()
         finally:
@@ -205,7 +256,20 @@ async def _concurrent(
             await stop_process(model)
             await stop_process(standin)
     turns = done["finished"] + done["failed"] - base["finished"] - base["failed"]
-    return {
+    (total0, main0, system0), (total1, main1, system1) = split
+    used = max(total1 - total0, 1e-9)
+    extra: dict[str, Any] = {
+        # Shares of the replica's CPU over the wave: its main thread (the turns' loop), every
+        # other thread (the intake's loop, to_thread workers), and of the total, system time.
+        "cpu_split": {
+            "turns_loop": round((main1 - main0) / used, 3),
+            "other_threads": round(1 - (main1 - main0) / used, 3),
+            "system": round((system1 - system0) / used, 3),
+        }
+    }
+    if counts:
+        extra["per_turn"] = _per_turn(counted[0], counted[1], turns)
+    return extra | {
         "turns": n,
         "running_at_once": running,
         "running_during_probes": during["in_flight"],
@@ -229,12 +293,13 @@ async def bench_concurrent_turns(
     sizes: tuple[int, ...] = SIZES,
     stream_seconds: float = 20.0,
     probes: int = 50,
+    counts: bool = False,
 ) -> dict[str, Any]:
     """``concurrent_turns``: one fresh replica per N (module docstring)."""
     result: dict[str, Any] = {"stream_seconds": stream_seconds, "load_start": os.getloadavg()}
     for n in sizes:
         result[str(n)] = await _concurrent(
-            n, database_url, stream_seconds=stream_seconds, probes=probes
+            n, database_url, stream_seconds=stream_seconds, probes=probes, counts=counts
         )
     result["load_end"] = os.getloadavg()
     return result
@@ -439,6 +504,16 @@ def format_lines(result: dict[str, Any]) -> list[str]:
                     else f"; {row['rss_per_active_turn_bytes'] / 1024:,.0f} KiB per active turn"
                 )
             )
+            split = row["cpu_split"]
+            lines.append(
+                f"         CPU: turns' loop {split['turns_loop']:.0%}, other threads "
+                f"{split['other_threads']:.0%}; system {split['system']:.0%}"
+            )
+            if "per_turn" in row:
+                lines.append(
+                    "         per turn: "
+                    + ", ".join(f"{k} {v:g}" for k, v in row["per_turn"].items())
+                )
     fork = result.get("ack_during_fork_and_sweep")
     if isinstance(fork, dict):
         ack, base = fork["ack"], fork["ack_baseline"]
@@ -454,11 +529,15 @@ def format_lines(result: dict[str, Any]) -> list[str]:
 
 
 if __name__ == "__main__":
-    what = sys.argv[1] if len(sys.argv) > 1 else "turns"
-    target = sys.argv[2] if len(sys.argv) > 2 else None
+    # turns [DATABASE_URL [SIZES]] [--counts] | fork [DATABASE_URL]
+    counting = "--counts" in sys.argv
+    args = [a for a in sys.argv if a != "--counts"]
+    what = args[1] if len(args) > 1 else "turns"
+    target = args[2] if len(args) > 2 else None
     if what == "fork":
         print(json.dumps(asyncio.run(bench_ack_during_fork_and_sweep(target))))
     else:
-        sizes = tuple(int(x) for x in sys.argv[3].split(",")) if len(sys.argv) > 3 else SIZES
+        sizes = tuple(int(x) for x in args[3].split(",")) if len(args) > 3 else SIZES
         with contextlib.suppress(KeyboardInterrupt):
-            print(json.dumps(asyncio.run(bench_concurrent_turns(target, sizes=sizes))))
+            result = bench_concurrent_turns(target or None, sizes=sizes, counts=counting)
+            print(json.dumps(asyncio.run(result)))

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from asyncio.subprocess import Process
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +68,14 @@ async def standin_process() -> tuple[Process, str]:
 
 
 async def serve_process(
-    url: str, api_url: str, cwd: str, extra_env: dict[str, str] | None = None
+    url: str,
+    api_url: str,
+    cwd: str,
+    extra_env: dict[str, str] | None = None,
+    command: Sequence[str] = ("-m", "bot", "serve"),
 ) -> tuple[Process, int]:
-    """A ``slack-agent serve`` child on a free port, once its health check answers."""
+    """A ``slack-agent serve`` child on a free port, once its health check answers;
+    ``command``: its arguments to Python (a module that runs ``serve`` with recorders)."""
     port = free_port()
     env = child_environment(
         DATABASE_URL=url,
@@ -84,9 +90,7 @@ async def serve_process(
     env.update(extra_env or {})
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        "-m",
-        "bot",
-        "serve",
+        *command,
         env=env,
         cwd=cwd,
         stdout=asyncio.subprocess.DEVNULL,

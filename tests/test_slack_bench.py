@@ -35,6 +35,23 @@ async def test_concurrent_turns__small_n_reports_what_it_measured() -> None:
     assert format_lines({"concurrent_turns": result})
 
 
+async def test_concurrent_turns__counts_what_a_turn_does() -> None:
+    """``--counts``: the replica under ``bench.turn_counts``; every turn (3 and the probe)
+    opened a stream and called the model once, on loop passes of its own."""
+    result = await bench_concurrent_turns(
+        None, sizes=(3,), stream_seconds=1.0, probes=1, counts=True
+    )
+    per_turn = result["3"]["per_turn"]
+    assert per_turn["slack.chat.startStream"] == 1.0, per_turn
+    assert per_turn["slack.chat.stopStream"] == 1.0, per_turn
+    assert per_turn["db_write_transactions"] >= 3, per_turn
+    assert per_turn["loop_passes"] >= 10, per_turn
+    assert per_turn["callbacks"] >= per_turn["loop_passes"] / 2, per_turn
+    split = result["3"]["cpu_split"]
+    assert 0 < split["turns_loop"] <= 1
+    assert any("per turn" in line for line in format_lines({"concurrent_turns": result}))
+
+
 async def test_ack_during_fork_and_sweep__both_happen_within_the_window() -> None:
     result = await bench_ack_during_fork_and_sweep(
         None, fork_messages=200, sweep_sessions=50, window_seconds=6.0, spacing=0.5

@@ -1,0 +1,142 @@
+"""What a replica does per turn, counted: ``python -m bench.turn_counts OUT.json``.
+
+Started by ``bench.concurrent`` in place of ``python -m bot serve`` when it counts (``turns
+… --counts``), it runs the same ``serve`` with counters around it and writes them to ``OUT.json``
+whenever it receives SIGUSR2; the benchmark asks at the start and at the end of its wave and
+divides the difference by the turns run:
+
+- **the event loop's passes** (``BaseEventLoop._run_once``) and the **callbacks** they ran
+  (``Handle._run``): how often a turn's work wakes the loop;
+- **Slack Web API calls by method** (``AsyncBaseClient.api_call``, which every call of the
+  replica's ``AsyncWebClient`` goes through);
+- **database transactions**, write and read (``Database.write`` / ``Database.read``);
+- **timers armed** (``call_at``, which ``call_later`` and ``sleep`` use) and **tasks created**.
+
+CPU by thread is read by the benchmark from ``/proc`` (it needs no help from inside). Counting
+costs a counter increment per loop pass and per callback, a little CPU the benchmark's
+``cpu_ms_per_turn`` includes: compare CPU figures between runs without ``--counts``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+
+class Counts:
+    """The counters of one process; ``install`` before its loop runs."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.counts: Counter[str] = Counter()
+        self.answered = 0  # SIGUSR2s answered: the benchmark waits for its own
+
+    def install(self) -> None:
+        from slack_sdk.web.async_base_client import AsyncBaseClient
+
+        from core.storage.engine import Database
+
+        counts = self.counts
+        main = threading.get_ident()
+        base = asyncio.base_events.BaseEventLoop
+        run_once, call_at, create_task = base._run_once, base.call_at, base.create_task  # type: ignore[attr-defined]
+        handle_run = asyncio.events.Handle._run
+
+        # By loop: the turns' (the main thread's) and the intake's (a thread of its own).
+        def counted_run_once(loop: Any) -> None:
+            counts["loop_passes" if threading.get_ident() == main else "intake.loop_passes"] += 1
+            run_once(loop)
+
+        def counted_handle(handle: asyncio.Handle) -> None:
+            counts["callbacks" if threading.get_ident() == main else "intake.callbacks"] += 1
+            handle_run(handle)
+
+        def counted_call_at(loop: Any, *args: Any, **kwargs: Any) -> Any:
+            counts["timers"] += 1
+            return call_at(loop, *args, **kwargs)
+
+        def counted_create_task(loop: Any, *args: Any, **kwargs: Any) -> Any:
+            counts["tasks"] += 1
+            return create_task(loop, *args, **kwargs)
+
+        base._run_once = counted_run_once  # type: ignore[attr-defined]
+        base.call_at = counted_call_at  # type: ignore[method-assign,assignment]
+        base.create_task = counted_create_task  # type: ignore[method-assign,assignment]
+        asyncio.events.Handle._run = counted_handle  # type: ignore[method-assign,assignment]
+
+        api_call = AsyncBaseClient.api_call
+
+        async def counted_api_call(client: Any, api_method: str, **kwargs: Any) -> Any:
+            counts[f"slack.{api_method}"] += 1
+            return await api_call(client, api_method, **kwargs)
+
+        AsyncBaseClient.api_call = counted_api_call  # type: ignore[method-assign,assignment]
+
+        write, read = Database.write, Database.read
+
+        @contextlib.asynccontextmanager
+        async def counted_write(db: Database, **options: bool) -> AsyncIterator[Any]:
+            counts["db_write_transactions"] += 1
+            async with write(db, **options) as conn:
+                yield conn
+
+        @contextlib.asynccontextmanager
+        async def counted_read(db: Database, **options: bool) -> AsyncIterator[Any]:
+            counts["db_read_transactions"] += 1
+            async with read(db, **options) as conn:
+                yield conn
+
+        Database.write = counted_write  # type: ignore[method-assign,assignment]
+        Database.read = counted_read  # type: ignore[method-assign,assignment]
+
+    def write(self) -> None:
+        partial = self.out.with_suffix(".tmp")
+        self.answered += 1
+        partial.write_text(json.dumps({**self.counts, "answered": self.answered}))
+        partial.replace(self.out)
+
+
+def read_counts(path: Path) -> dict[str, int]:
+    """What ``OUT.json`` holds (nothing before the first SIGUSR2 was answered)."""
+    try:
+        return {k: int(v) for k, v in json.loads(path.read_text()).items()}
+    except FileNotFoundError:
+        return {}
+
+
+def main(argv: list[str]) -> int:
+    """``python -m bench.turn_counts OUT.json``: ``serve`` with the counters on."""
+    if len(argv) != 1:
+        print("usage: python -m bench.turn_counts OUT.json", file=sys.stderr)
+        return 2
+    from bot import gc_tuning, serve
+    from core.logs import configure_logging
+    from core.settings import load_settings
+
+    counts = Counts(Path(argv[0]))
+    counts.install()
+    original = gc_tuning.tune_garbage_collection
+
+    def tune_and_count() -> None:
+        original()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, counts.write)
+
+    # ``serve`` calls it as it starts, before its listener, by the name it imported (as
+    # ``bench.probe`` does): the signal handler is on the running loop from there.
+    vars(serve)["tune_garbage_collection"] = tune_and_count
+    settings = load_settings()
+    configure_logging(settings.log_level, settings.log_format)
+    asyncio.run(serve.serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
