@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -38,6 +39,8 @@ class Counts:
         self.out = out
         self.counts: Counter[str] = Counter()
         self.answered = 0  # SIGUSR2s answered: the benchmark waits for its own
+        # Timers and tasks also by where they were made (``BENCH_COUNT_SITES=1``): slower.
+        self.sites = os.environ.get("BENCH_COUNT_SITES") == "1"
 
     def install(self) -> None:
         from slack_sdk.web.async_base_client import AsyncBaseClient
@@ -61,10 +64,14 @@ class Counts:
 
         def counted_call_at(loop: Any, *args: Any, **kwargs: Any) -> Any:
             counts["timers"] += 1
+            if self.sites:
+                counts[f"timers@{_site()}"] += 1
             return call_at(loop, *args, **kwargs)
 
         def counted_create_task(loop: Any, *args: Any, **kwargs: Any) -> Any:
             counts["tasks"] += 1
+            if self.sites:
+                counts[f"tasks@{_site()}"] += 1
             return create_task(loop, *args, **kwargs)
 
         base._run_once = counted_run_once  # type: ignore[attr-defined]
@@ -85,12 +92,16 @@ class Counts:
         @contextlib.asynccontextmanager
         async def counted_write(db: Database, **options: bool) -> AsyncIterator[Any]:
             counts["db_write_transactions"] += 1
+            if self.sites:
+                counts[f"db_write_transactions@{_site()}"] += 1
             async with write(db, **options) as conn:
                 yield conn
 
         @contextlib.asynccontextmanager
         async def counted_read(db: Database, **options: bool) -> AsyncIterator[Any]:
             counts["db_read_transactions"] += 1
+            if self.sites:
+                counts[f"db_read_transactions@{_site()}"] += 1
             async with read(db, **options) as conn:
                 yield conn
 
@@ -102,6 +113,20 @@ class Counts:
         self.answered += 1
         partial.write_text(json.dumps({**self.counts, "answered": self.answered}))
         partial.replace(self.out)
+
+
+def _site() -> str:
+    """The first caller outside asyncio, contextlib and this module: who armed the timer,
+    made the task, opened the transaction."""
+    frame = sys._getframe(2)
+    while frame is not None and (
+        "/asyncio/" in frame.f_code.co_filename
+        or frame.f_code.co_filename in (__file__, contextlib.__file__)
+    ):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return "?"
+    return f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
 
 
 def read_counts(path: Path) -> dict[str, int]:
