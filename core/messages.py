@@ -71,6 +71,11 @@ def message_text(message: Message) -> str:
     )
 
 
+def said_anything(message: Message) -> bool:
+    """The message holds more than the markers of model calls begun (text, a tool call...)."""
+    return any(part.get("type") != "step-start" for part in message.get("parts") or [])
+
+
 def with_new_id(message: Message) -> Message:
     """A copy with a fresh id (forks break identity with their source)."""
     return {**message, "id": new_message_id()}

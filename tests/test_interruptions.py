@@ -12,12 +12,22 @@ import pytest
 
 from core.agent.loop import Agent, AgentConfig, TurnResult
 from core.agent.model_choice import ProviderCache
-from core.agent.turn import run_turn
+from core.agent.turn import STOPPED, run_turn
+from core.conversation import (
+    AlreadyAnswered,
+    Answered,
+    Conversation,
+    Conversations,
+    PickingUp,
+    TurnRequest,
+)
 from core.errors import AgentSessionLockLost, AgentSessionStale, TurnInterrupted
 from core.messages import assistant_message, message_text, user_message
+from core.providers import step_start_part
 from core.providers.streaming import HttpOptions, RetryPolicy
 from core.settings import Settings
 from core.storage.engine import Database
+from core.storage.feedback import Feedback
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import load_state
 from core.testing.openai import GatedModel
@@ -145,6 +155,64 @@ async def test_resume__answers_the_user_message_already_stored_without_storing_i
         await agent(store, caches, None).run_turn(
             session.id, user_message=None, last_message_id=dead.tail.message_id
         )
+
+
+async def _interrupted_empty(
+    store: SessionStore, conversations: Conversations, interrupted_by: str
+) -> tuple[Conversation, str]:
+    """A conversation whose turn stopped (``interrupted_by``) before its model said anything:
+    the user message, then an interrupted answer holding only ``step-start``."""
+    person = await conversations.person("cli:someone")
+    conversation = await conversations.open("k1", owner=person)
+    lease = await store.start_turn(
+        conversation.id, user_message=user_message("are you there?"), last_message_id=None
+    )
+    assert lease.tail is not None
+    metadata = {"interrupted": True, "interrupted_by": interrupted_by}
+    empty = {**assistant_message(""), "parts": [step_start_part()], "metadata": metadata}
+    await store.finish(lease, [empty])
+    return conversation, lease.tail.message_id
+
+
+@pytest.mark.parametrize("interrupted_by", ["shutdown", "lock_lost", "database_unreachable"])
+async def test_resume__an_answer_that_said_nothing_does_not_answer_the_message(
+    store: SessionStore, db: Database, caches: list[ProviderCache], interrupted_by: str
+) -> None:
+    """The message is answered after it, once; the model never sees the empty answer (the
+    offline model quotes the message it answers)."""
+    conversations = Conversations(store, agent(store, caches, None), Feedback(db), project="t")
+    conversation, message_id = await _interrupted_empty(store, conversations, interrupted_by)
+    events: list[object] = []
+
+    async def seen(event: object) -> None:
+        events.append(event)
+
+    request = TurnRequest("are you there?", message_id=message_id, resume=True)
+    outcome = await conversation.take_turn(request, seen)
+    assert isinstance(outcome, Answered)
+    assert isinstance(events[0], PickingUp)
+    messages = await store.messages(conversation.id)
+    assert [m.role for m in messages] == ["user", "assistant", "assistant"]
+    assert outcome.result.answer is not None
+    assert outcome.result.answer.message_id == messages[2].message_id
+    assert "are you there?" in message_text(messages[2].message)
+    again = await conversation.take_turn(request)  # a second retry: answered now, by that one
+    assert isinstance(again, AlreadyAnswered)
+    assert again.answer is not None
+    assert again.answer.message_id == messages[2].message_id
+    assert len(await store.messages(conversation.id)) == 3
+
+
+async def test_resume__an_answer_the_person_stopped_stays_the_answer(
+    store: SessionStore, db: Database, caches: list[ProviderCache]
+) -> None:
+    """Their own stop is an answer of sorts: the message is not answered again."""
+    conversations = Conversations(store, agent(store, caches, None), Feedback(db), project="t")
+    conversation, message_id = await _interrupted_empty(store, conversations, STOPPED)
+    request = TurnRequest("are you there?", message_id=message_id, resume=True)
+    outcome = await conversation.take_turn(request)
+    assert isinstance(outcome, AlreadyAnswered)
+    assert [m.role for m in await store.messages(conversation.id)] == ["user", "assistant"]
 
 
 async def test_stop__requested_on_another_replica_stops_the_running_turn(

@@ -274,7 +274,9 @@ class Agent:
 
         ``user_message=None`` answers the user message that is already the tail, named by
         ``last_message_id``: a turn resumed after the process running it died; the stale guard
-        makes sure nothing was added after it meanwhile. ``files`` (path -> bytes) are put into
+        makes sure nothing was added after it meanwhile. (The tail may also be an answer
+        interrupted before its model said anything, right after that message: the model does
+        not see an empty answer, so it answers the message.) ``files`` (path -> bytes) are put into
         the sandbox before the model runs, so they are part of this turn's snapshot (a rewind
         to before it removes them). ``attribution``: who pays (budgets, the usage ledger) and
         the surface (traces); a payer over a budget is refused at the claim

@@ -46,7 +46,7 @@ from collections.abc import AsyncIterator, Sequence
 from core import metrics
 from core.agent.stops import stops_for
 from core.errors import AgentSessionLockLost, DatabaseError, DatabaseUnreachable, TurnInterrupted
-from core.messages import Message
+from core.messages import Message, said_anything
 from core.records import AnyTail, ModelChoice, StoredMessage, TurnLease
 from core.settings import TURN_SAFE_SHARE
 from core.storage.sessions import SessionStore
@@ -151,7 +151,7 @@ class Turn:
         again, and the transcript says it was interrupted."""
         if self.finished or self.partial is None or not self.partial.get("parts"):
             return
-        if reason in (UNREACHABLE, FAILED) and not _said_anything(self.partial):
+        if reason in (UNREACHABLE, FAILED) and not said_anything(self.partial):
             return
         metadata = {**self.partial.get("metadata", {}), "interrupted": True}
         metadata.setdefault("interrupted_by", reason)
@@ -165,11 +165,6 @@ class Turn:
             pass
         except DatabaseError as exc:  # the error that ends the turn is the one to report
             log.warning("session %s: partial answer not kept: %s", self.session_id, exc)
-
-
-def _said_anything(message: Message) -> bool:
-    """The answer holds more than the markers of model calls begun (text, a tool call...)."""
-    return any(part.get("type") != "step-start" for part in message.get("parts") or [])
 
 
 @contextlib.asynccontextmanager

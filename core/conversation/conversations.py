@@ -19,12 +19,14 @@ database) are the core's exceptions, with stable codes.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from core.agent.accounting import Attribution, Payer
 from core.agent.loop import Agent, AgentEvent, TurnStarted
+from core.agent.turn import STOPPED
 from core.conversation.approvals import ApprovalDesk, calls_outside
 from core.conversation.outcomes import (
     AlreadyAnswered,
@@ -49,7 +51,7 @@ from core.errors import (
     DuplicateMessage,
     MessageNotFound,
 )
-from core.messages import message_text, user_message
+from core.messages import message_text, said_anything, user_message
 from core.records import Actor, SessionInfo, StoredMessage
 from core.storage import Approvals, Feedback, SessionStore, SurfaceState
 from core.storage.approvals import ApprovalRecord
@@ -341,8 +343,15 @@ class Conversation:
         if found is None:
             return await self._turn(request, emit, retry=True)
         after = await self.store.messages(self.id, after_position=found[1].position)
-        answer = after[0] if after and after[0].role == "assistant" else None
-        return AlreadyAnswered(answer)
+        answers = list(itertools.takewhile(lambda m: m.role == "assistant", after))
+        counted = [m for m in answers if not _answers_nothing(m)]
+        if answers and not counted and len(answers) == len(after):
+            # Its turn stopped before the model said anything (a shutdown, a lost lock), and
+            # nothing came after: the message is answered from here, after the empty answer
+            # (which the model is not shown).
+            await emit(PickingUp())
+            return await self._turn(request, emit, resume=True, tail=answers[-1].message_id)
+        return AlreadyAnswered(counted[0] if counted else None)
 
     async def _turn(
         self,
@@ -351,7 +360,9 @@ class Conversation:
         *,
         resume: bool = False,
         retry: bool = False,
+        tail: str | None = None,
     ) -> TurnOutcome:
+        """``resume``: answer the stored message, the transcript's tail (or, given, ``tail``)."""
         shown = await self.view.shown()
         self._sent = None
 
@@ -370,7 +381,7 @@ class Conversation:
             result = await self._all.agent.run_turn(
                 self.id,
                 user_message=message,
-                last_message_id=request.message_id if resume else shown,
+                last_message_id=(tail or request.message_id) if resume else shown,
                 on_event=noted,
                 files=request.files,
                 attribution=Attribution(self._all.project, request.payer),
@@ -569,3 +580,16 @@ async def _ignore(_event: ConversationEvent) -> None:
 
 
 __all__ = ["Conversation", "Conversations", "Forked"]
+
+
+def _answers_nothing(answer: StoredMessage) -> bool:
+    """An answer interrupted before its model said or did anything, by anything but the
+    person's own stop: the message before it is still to be answered. (Turns that fail on their
+    own, or lose the database, store no such answer; a shutdown past its grace, a lost lock and
+    earlier versions did.)"""
+    metadata = answer.message.get("metadata") or {}
+    return (
+        bool(metadata.get("interrupted"))
+        and metadata.get("interrupted_by") != STOPPED
+        and not said_anything(answer.message)
+    )
