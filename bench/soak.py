@@ -582,6 +582,9 @@ class Soak:
                     f"{sum(stored.values())} answers ({sorted((shown - stored).elements())} "
                     f"more, {sorted((stored - shown).elements())} missing)"
                 )
+                ts_of = {slack_message_id(TEAM, CHANNEL, ts): ts for ts in threads[root]}
+                for extra in sorted(set(shown - stored)):
+                    v += self._shown_twice(extra, replies, messages, ts_of)
         report.turns = answers
         report.resumed = sum(
             1
@@ -593,6 +596,44 @@ class Soak:
         for recovery in report.recoveries:
             if recovery.seconds is None:
                 v.append(f"not recovered: {recovery.fault}")
+
+    def _shown_twice(
+        self,
+        answer: str,
+        replies: list[Any],
+        messages: list[Any],
+        ts_of: dict[str, str],
+    ) -> list[str]:
+        """Where an answer shown more often than stored was shown: the replies holding it, the
+        Web API calls that wrote them (in order), the stored answers holding it and the user
+        message before each, and what the replicas logged about that message."""
+        lines = []
+        holding = {p.ts for p in replies if answer in p.text}
+        for p in replies:
+            if p.ts in holding:
+                lines.append(
+                    f"  shown in reply {p.ts} (streaming={p.streaming}): …{p.text[-160:]!r}"
+                )
+        for i, call in enumerate(self.slack.calls):
+            ts = call.args.get("ts") or call.result.get("ts")
+            if ts in holding:
+                lines.append(
+                    f"  call #{i} {call.method} ts={ts} ok={call.result.get('ok')} "
+                    f"{call.result.get('error') or ''} text=…{call.text[-80:]!r}"
+                )
+        for at, m in enumerate(messages):
+            if m.role != "assistant" or answer not in message_text(m.message):
+                continue
+            asked = next((u for u in reversed(messages[:at]) if u.role == "user"), None)
+            ts = ts_of.get(asked.message_id, "?") if asked is not None else "?"
+            lines.append(
+                f"  stored at position {m.position} with {m.message.get('metadata')}, "
+                f"answering message {ts}"
+            )
+            for log in sorted(self.workdir.glob("*.log")):
+                mentions = [ln for ln in log.read_text().splitlines() if ts in ln]
+                lines += [f"  {log.name}: {ln[:300]}" for ln in mentions[-20:]]
+        return lines
 
     def _thread_of(self, ts: str) -> str:
         return self.plan.messages.get(ts, ts) if self.plan else ts
