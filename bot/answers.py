@@ -54,6 +54,7 @@ from core.conversation import (
 )
 from core.conversation.surface import Notice as Waiting
 from core.conversation.surface import Outcome, Progress
+from core.conversation.worker import RECORD_LOST
 from core.errors import (
     AgentSessionBudgetExceeded,
     AgentSessionLockLost,
@@ -345,12 +346,12 @@ class ThreadAnswers:
         except TurnInterrupted:
             await self._close(client, post, stream, stream.text + "\n" + text.stopped())
             return Outcome.ANSWERED
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             # A shutdown past its grace: the core kept the partial answer; say so in the thread.
+            # A record this replica may no longer hold: the replica that takes it over goes on.
+            ending = text.will_retry() if RECORD_LOST in exc.args else text.shut_down()
             with contextlib.suppress(Exception):
-                await asyncio.shield(
-                    self._close(client, post, stream, stream.text + "\n" + text.shut_down())
-                )
+                await asyncio.shield(self._close(client, post, stream, stream.text + "\n" + ending))
             raise
         except Exception:
             # A database or Slack failure mid-turn: the record stays ours (retried by this

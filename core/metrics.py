@@ -64,6 +64,11 @@ LOCKS_LOST = Counter(
     "slack_agent_locks_lost_total",
     "Turns that found their lock taken over and stopped.",
 )
+TURNS_RECORD_LOST = Counter(
+    "slack_agent_turns_record_lost_total",
+    "Turns stopped because this replica could not confirm it still held their message (its "
+    "lease renewal unconfirmed within 0.8 of the window, or the message taken over).",
+)
 TURNS_SELF_STOPPED = Counter(
     "slack_agent_turns_self_stopped_total",
     "Turns that stopped themselves because the database did not confirm their lock in time.",

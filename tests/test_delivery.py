@@ -10,14 +10,14 @@ import asyncio
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 
 from bot import texts as text
 from core.agent.turn import run_turn
 from core.messages import assistant_message, message_text, user_message
 from core.records import StoredMessage
 from core.storage.deliveries import DELIVERIES
-from core.storage.dialect import ago
+from core.storage.dialect import ago, db_now
 from core.storage.models import Delivery
 from core.storage.sessions import SessionStore
 from core.testing.openai import GatedModel
@@ -356,3 +356,87 @@ async def test_sigkill_before_the_reply_is_recorded__the_stream_slack_started_is
     assert shown.text.count(text.cut_short()) == 1
     assert [m.role for m in await transcript(store, root)] == ["user", "assistant"]
     assert {r.state for r in await records(store)} == {"done"}
+
+
+async def _reply_started(slack: SlackStandIn) -> str:
+    started = await slack.wait_for(lambda: slack.named("chat.startStream"), within=60)
+    return str(started[0].result["ts"])
+
+
+async def _stopped_saying(slack: SlackStandIn, ts: str, words: str) -> None:
+    await slack.wait_for(
+        lambda: [
+            c
+            for c in slack.named("chat.stopStream")
+            if c.args.get("ts") == ts and words in str(c.args.get("markdown_text"))
+        ],
+        within=30,
+    )
+
+
+async def _all_done(store: SessionStore) -> set[str]:
+    for _ in range(300):
+        states = {r.state for r in await records(store)}
+        if states == {"done"}:
+            break
+        await asyncio.sleep(0.1)
+    return states
+
+
+async def test_record_taken_over_while_its_turn_runs__the_turn_stops_before_it_answers(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    """Another replica holds the message now (its lease lapsed here unnoticed): this replica's
+    turn stops at its next lease renewal, its reply saying it will be picked up, instead of
+    going on to answer beside the replica that took the message over."""
+    async with GatedModel(early="the first words ") as model:
+        a = ServeProcess(database_url, slack, **model_env(model, **LOCK))
+        try:
+            await a.ready()
+            async with SlackClient(a.url) as to_a:
+                root = await to_a.message("answer me", mention=True)
+            reply = await _reply_started(slack)
+            async with store.db.write() as conn:
+                await conn.execute(
+                    update(DELIVERIES)
+                    .where(DELIVERIES.c.state == "started")
+                    .values(owner="another-replica", lease_at=db_now())
+                )
+            await _stopped_saying(slack, reply, text.will_retry())
+            model.gate.set()  # too late for the stopped turn
+            # The stand-in owner never renews its lease: this replica takes the message back
+            # and finds it answered by what the stopped turn kept.
+            assert await _all_done(store) == {"done"}
+        finally:
+            await a.astop()
+    messages = await transcript(store, root)
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert messages[1].message["metadata"]["interrupted_by"] == "record_lost"
+    assert not any("answer 1" in m.text for m in slack.messages.values())
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_lease_renewal_blocked_while_its_turn_runs__the_turn_stops_within_the_window(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    """The message's row locked by another transaction (the renewal waits while the turn's own
+    heartbeat, on the session's row, goes through): the turn stops before 0.8 of the window,
+    before any other replica could take the message over. PostgreSQL only: SQLite has no row
+    locks, and a lock on its whole database stops the heartbeat too."""
+    async with GatedModel(early="the first words ") as model:
+        a = ServeProcess(database_url, slack, **model_env(model, **LOCK))
+        try:
+            await a.ready()
+            async with SlackClient(a.url) as to_a:
+                await to_a.message("answer me", mention=True)
+            reply = await _reply_started(slack)
+            async with store.db.write() as conn:
+                await conn.execute(
+                    select(DELIVERIES.c.id).where(DELIVERIES.c.state == "started").with_for_update()
+                )
+                await _stopped_saying(slack, reply, text.will_retry())
+            model.gate.set()
+            assert await _all_done(store) == {"done"}
+        finally:
+            await a.astop()
+    assert not any("answer 1" in m.text for m in slack.messages.values())

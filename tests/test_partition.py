@@ -42,8 +42,13 @@ LOCK = {
 }
 ANSWER = "the whole answer"
 # What the cut-off replica logs when it finds the message is no longer its own, when it has
-# given it up to a take-over, or when its turn found the lock taken over.
-LEFT_IT = r"no longer ours; leaving it|failed; it will be taken over|turn lost its lock"
+# given it up to a take-over, when its turn found the lock taken over, or when it stopped the
+# turn because the message's lease went unconfirmed (whichever of the turn's own lock and the
+# message's lease was renewed last, before the cut, goes unconfirmed first).
+LEFT_IT = (
+    r"no longer ours; leaving it|failed; it will be taken over|turn lost its lock"
+    r"|lease not confirmed in time"
+)
 
 
 class EndlessFirstAnswer(LocalServer):

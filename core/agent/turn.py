@@ -201,6 +201,7 @@ async def run_turn(
         yield turn
         outcome = turn.outcome
     except asyncio.CancelledError as exc:
+        beat.cancel()  # no second interruption while the partial answer is kept
         reason = turn.interrupted_by or (str(exc.args[0]) if exc.args else "cancelled")
         outcome = reason if reason in (LOCK_LOST, UNREACHABLE) else "interrupted"
         await turn._keep_partial(reason)
@@ -221,6 +222,7 @@ async def run_turn(
         outcome = LOCK_LOST
         raise
     except BaseException:
+        beat.cancel()
         await turn._keep_partial(FAILED)
         raise
     finally:

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic
@@ -70,6 +71,14 @@ TURNS_AT_WORK = 4
 
 
 SHUTDOWN = "shutdown"  # the cancellation message of work stopped by a shutdown
+# The cancellation message of a turn stopped because this process may no longer hold its
+# record: its lease went unconfirmed too long, or another replica took the record over.
+RECORD_LOST = "record_lost"
+# The share of the lease window after which a turn whose record's lease renewal went
+# unconfirmed is stopped: later than a turn stops itself when its own lock goes unconfirmed
+# (``TURN_SAFE_SHARE``), so a replica cut off from its database stops its turns by their own
+# path; before the window ends, so no other replica has taken the record over yet.
+LEASE_SAFE_SHARE = 0.9
 
 
 class DeliveryWorker(Generic[C]):
@@ -94,11 +103,17 @@ class DeliveryWorker(Generic[C]):
         # Where each record's reply went, as soon as the surface said (``_Progress.replying``).
         self.replies: dict[int, str] = {}
         self._turning: set[int] = set()  # records whose turn runs now (not released on stop)
+        # When (monotonic) each record's lease was last confirmed: the statement that renewed
+        # it (or took or wrote it) was sent no earlier. A turn stops before its lease can lapse.
+        self._confirmed: dict[int, float] = {}
+        self._lost: set[int] = set()  # records whose task was stopped as ``RECORD_LOST``
+        self._stopping: set[int] = set()  # turns stopped (by us or by themselves): not watched
         self._wake: dict[str, asyncio.Event] = {}  # thread -> set when a record of it finishes
         # Turns run at once by this process; the rest wait, already recorded and leased.
         self._slots = asyncio.Semaphore(max_turns)
         self.at_work = asyncio.Semaphore(TURNS_AT_WORK)  # taken by ``_Progress``
         self._upkeep: asyncio.Task[None] | None = None
+        self._leases: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._waiters: dict[int, _Waiter] = {}  # records waiting here, by id
         self._parked: set[int] = set()  # records waiting for another turn to end (``held``)
@@ -198,12 +213,17 @@ class DeliveryWorker(Generic[C]):
     def _carry_on(self, record: DeliveryRecord, client: C | None, *, resumed: bool) -> None:
         task = asyncio.create_task(self._guarded(record, client, resumed))
         self._tasks[record.id] = task
+        # Written or taken a moment ago (the handover's delay is well inside the window).
+        self._confirmed.setdefault(record.id, time.monotonic())
 
         def forget(done: asyncio.Task[None]) -> None:
             # A click may start a record's next task while the one that offered it is still
             # finishing: only the task a record is tracked under is forgotten.
             if self._tasks.get(record.id) is done:
                 del self._tasks[record.id]
+                self._confirmed.pop(record.id, None)
+                self._lost.discard(record.id)
+                self._stopping.discard(record.id)
 
         task.add_done_callback(forget)
 
@@ -303,7 +323,13 @@ class DeliveryWorker(Generic[C]):
             async with self._slots:
                 if self.closing:
                     return
+                if self._unconfirmed_for(current.id) >= 0:
+                    # Its lease may have lapsed while it waited for a place: whoever takes
+                    # it over answers it.
+                    log.warning("message %s: lease not confirmed; leaving it", current.event_key)
+                    return
                 self._turning.add(current.id)  # from here on, a stop waits for it
+                self._stopping.discard(current.id)
                 progress = _Progress(self, current)
                 try:
                     await progress.enter()  # its work before the model call
@@ -317,6 +343,8 @@ class DeliveryWorker(Generic[C]):
                         await self._finish(current, "done")
                         return
                 except asyncio.CancelledError:
+                    if current.id in self._lost:
+                        raise  # not ours any more, or the database cannot say: nothing to do
                     # A stop past its grace. A turn that started was interrupted and answered
                     # as such; one that had not is handed to the next replica.
                     if await asyncio.shield(self._was_started(current)):
@@ -539,12 +567,12 @@ class DeliveryWorker(Generic[C]):
         if self._upkeep is None and not self.closing:
             self._loop = asyncio.get_running_loop()
             self._upkeep = asyncio.create_task(self._keep_up())
+            self._leases = asyncio.create_task(self._keep_leases())
             self._watcher = asyncio.create_task(self._watch_waiting())
 
     async def _keep_up(self) -> None:
         while True:
             try:
-                await self._renew()
                 if not self.closing:
                     await self._take_over()
             except asyncio.CancelledError:
@@ -555,10 +583,86 @@ class DeliveryWorker(Generic[C]):
                 log.exception("delivery upkeep failed; will retry")
             await asyncio.sleep(self.settings.turn_heartbeat_seconds)
 
+    async def _keep_leases(self) -> None:
+        """Renew the leases of this process's records every ``TURN_HEARTBEAT_SECONDS``; stop
+        the turn of a record whose lease was not confirmed within ``LEASE_SAFE_SHARE`` of the
+        window, or that another replica took over.
+
+        The turn's own lock does not cover this: its heartbeat renews the session's row, and a
+        renewal of the records' rows can fail while it succeeds (the rows locked by another
+        transaction until the statement timeout). After the window another replica takes the
+        record over, waits for the session and, finding the answer stored, shows it; a turn
+        that went on here showed it too. So a turn stops first, as it does when its own lock
+        goes unconfirmed, and its reply says another replica picks it up."""
+        while True:
+            try:
+                await self._renew()
+            except asyncio.CancelledError:
+                raise
+            except (DatabaseError, TimeoutError) as exc:
+                log.warning("lease renewal failed (%s); will retry", str(exc) or "timed out")
+            except Exception:
+                log.exception("lease renewal failed; will retry")
+            self._stop_unconfirmed()
+            heartbeat = self.settings.turn_heartbeat_seconds
+            await asyncio.sleep(max(0.0, min(heartbeat, self._trusted_for(heartbeat))))
+
+    def _window(self) -> float:
+        return LEASE_SAFE_SHARE * self.deliveries.staleness_seconds
+
+    def _trusted_for(self, default: float) -> float:
+        """Seconds until the first running turn's lease can no longer be trusted."""
+        return min(
+            (-self._unconfirmed_for(r) for r in self._turning - self._stopping),
+            default=default,
+        )
+
+    def _unconfirmed_for(self, record_id: int) -> float:
+        """Seconds past the point where the record's lease can no longer be trusted (negative:
+        how long it still can)."""
+        confirmed = self._confirmed.get(record_id, time.monotonic())
+        return time.monotonic() - confirmed - self._window()
+
     async def _renew(self) -> None:
-        """A record taken over elsewhere meanwhile (this process could not renew it in time) is
-        not renewed; its task finds out at its next step, and its turn is fenced anyway."""
-        await self.deliveries.refresh(list(self._tasks))
+        ids = list(self._tasks)
+        if not ids:
+            return
+        sent = time.monotonic()
+        # Bounded: a renewal that hangs past the turns' deadline is given up then.
+        async with asyncio.timeout(max(0.0, self._trusted_for(self._window()))):
+            ours = await self.deliveries.refresh(ids)
+        for record_id in ours:
+            if record_id in self._confirmed:
+                self._confirmed[record_id] = max(self._confirmed[record_id], sent)
+        for record_id in set(ids) - ours:
+            if record_id in self._turning and await self._taken_over(record_id):
+                self._stop_turn(record_id, "taken over by another replica")
+
+    async def _taken_over(self, record_id: int) -> bool:
+        """Active under another owner (not merely finished here a moment ago)."""
+        current = await self.deliveries.get(record_id)
+        return current is not None and current.active and current.owner != self.deliveries.owner
+
+    def _stop_unconfirmed(self) -> None:
+        for record_id in list(self._turning - self._stopping):
+            if self._unconfirmed_for(record_id) >= 0:
+                self._stop_turn(record_id, "its lease not confirmed in time")
+
+    def _stop_turn(self, record_id: int, why: str) -> None:
+        task = self._tasks.get(record_id)
+        if task is None or record_id in self._stopping:
+            return
+        self._stopping.add(record_id)
+        if task.cancelling():
+            return  # already stopping: its turn stopped itself (or a shutdown stops it)
+        log.error(
+            "record %s: %s; the turn stops before another replica may take it over",
+            record_id,
+            why,
+        )
+        metrics.TURNS_RECORD_LOST.inc()
+        self._lost.add(record_id)
+        task.cancel(RECORD_LOST)
 
     async def _take_over(self) -> None:
         room = self.max_held - self.held
@@ -602,7 +706,7 @@ class DeliveryWorker(Generic[C]):
             for task in pending:
                 task.cancel(SHUTDOWN)
             await asyncio.gather(*pending, return_exceptions=True)
-        for background in (self._upkeep, self._watcher):
+        for background in (self._upkeep, self._leases, self._watcher):
             if background is not None:
                 background.cancel()
                 await asyncio.gather(background, return_exceptions=True)
