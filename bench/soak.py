@@ -548,6 +548,7 @@ class Soak:
                 after = ids.index(wanted) + 1
                 if after >= len(messages) or messages[after].role != "assistant":
                     v.append(f"message {ts}: not answered")
+                    v += self._around(messages, after - 1, ts)
             thread_answers = [m for m in messages if m.role == "assistant"]
             answers += len(thread_answers)
             report.model_errors += sum(
@@ -596,6 +597,20 @@ class Soak:
         for recovery in report.recoveries:
             if recovery.seconds is None:
                 v.append(f"not recovered: {recovery.fault}")
+
+    def _around(self, messages: list[Any], at: int, ts: str) -> list[str]:
+        """The transcript around an unanswered message, and what the replicas logged of it."""
+        lines = []
+        for m in messages[max(0, at - 2) : at + 4]:
+            metadata = m.message.get("metadata") or {}
+            lines.append(
+                f"  {m.position} {m.role} {message_text(m.message)[:60]!r} "
+                f"interrupted_by={metadata.get('interrupted_by')} error={metadata.get('error')}"
+            )
+        for log in sorted(self.workdir.glob("*.log")):
+            mentions = [ln for ln in log.read_text().splitlines() if ts in ln]
+            lines += [f"  {log.name}: {ln[:300]}" for ln in mentions[-20:]]
+        return lines
 
     def _shown_twice(
         self,

@@ -440,3 +440,57 @@ async def test_lease_renewal_blocked_while_its_turn_runs__the_turn_stops_within_
         finally:
             await a.astop()
     assert not any("answer 1" in m.text for m in slack.messages.values())
+
+
+async def test_record_taken_over_while_it_waits__its_old_task_never_answers_it(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    """A follow-up waits here on a session the terminal holds; its lease lapses unnoticed and
+    another replica holds it now. When the session frees, the task that waited here must not
+    answer it (it would answer beside that replica): it reads the record again and leaves it.
+    The stand-in owner then stops renewing, this replica takes the message over, and it is
+    answered once."""
+    async with GatedModel() as model:
+        model.gate.set()
+        env = model_env(model, BUSY_MODE="queue", BUSY_POLL_SECONDS="0.25", **LOCK)
+        a = ServeProcess(database_url, slack, **env)
+        renewing = asyncio.Event()
+
+        async def another_replica_renews() -> None:
+            while not renewing.is_set():
+                async with store.db.write() as conn:
+                    await conn.execute(
+                        update(DELIVERIES)
+                        .where(DELIVERIES.c.owner == "another-replica")
+                        .values(lease_at=db_now())
+                    )
+                await asyncio.sleep(0.2)
+
+        try:
+            await a.ready()
+            async with SlackClient(a.url) as to_a:
+                root = await to_a.message("first", mention=True)
+                assert await _all_done(store) == {"done"}  # answered, and the answer stored
+                terminal = await TerminalTurn(store, root).start()
+                await to_a.message("follow-up", thread_ts=root)
+            for _ in range(300):
+                if any(r.state == "waiting" for r in await records(store)):
+                    break
+                await asyncio.sleep(0.1)
+            async with store.db.write() as conn:
+                await conn.execute(
+                    update(DELIVERIES)
+                    .where(DELIVERIES.c.state == "waiting")
+                    .values(owner="another-replica", lease_at=db_now())
+                )
+            renewer = asyncio.create_task(another_replica_renews())
+            await asyncio.sleep(2.5)  # past 0.9 of the window since this replica renewed it
+            await terminal.finish()
+            await asyncio.sleep(1.5)  # the waiting task sees the session free, and leaves it
+            renewing.set()
+            await renewer
+            assert await _all_done(store) == {"done"}
+        finally:
+            await a.astop()
+    assert [m.role for m in await transcript(store, root)] == ["user", "assistant"] * 3
+    assert slack.shown(root).count("answer 2") == 1, slack.shown(root)

@@ -106,7 +106,7 @@ class DeliveryWorker(Generic[C]):
         # When (monotonic) each record's lease was last confirmed: the statement that renewed
         # it (or took or wrote it) was sent no earlier. A turn stops before its lease can lapse.
         self._confirmed: dict[int, float] = {}
-        self._lost: set[int] = set()  # records whose task was stopped as ``RECORD_LOST``
+        self._lost: set[asyncio.Task[None]] = set()  # tasks stopped as ``RECORD_LOST``
         self._stopping: set[int] = set()  # turns stopped (by us or by themselves): not watched
         self._wake: dict[str, asyncio.Event] = {}  # thread -> set when a record of it finishes
         # Turns run at once by this process; the rest wait, already recorded and leased.
@@ -213,16 +213,17 @@ class DeliveryWorker(Generic[C]):
     def _carry_on(self, record: DeliveryRecord, client: C | None, *, resumed: bool) -> None:
         task = asyncio.create_task(self._guarded(record, client, resumed))
         self._tasks[record.id] = task
-        # Written or taken a moment ago (the handover's delay is well inside the window).
-        self._confirmed.setdefault(record.id, time.monotonic())
+        # Its lease was written a moment ago (received, taken over, claimed back by a click;
+        # the handover's delay is well inside the window).
+        self._confirmed[record.id] = time.monotonic()
 
         def forget(done: asyncio.Task[None]) -> None:
             # A click may start a record's next task while the one that offered it is still
             # finishing: only the task a record is tracked under is forgotten.
+            self._lost.discard(done)
             if self._tasks.get(record.id) is done:
                 del self._tasks[record.id]
                 self._confirmed.pop(record.id, None)
-                self._lost.discard(record.id)
                 self._stopping.discard(record.id)
 
         task.add_done_callback(forget)
@@ -343,7 +344,7 @@ class DeliveryWorker(Generic[C]):
                         await self._finish(current, "done")
                         return
                 except asyncio.CancelledError:
-                    if current.id in self._lost:
+                    if asyncio.current_task() in self._lost:
                         raise  # not ours any more, or the database cannot say: nothing to do
                     # A stop past its grace. A turn that started was interrupted and answered
                     # as such; one that had not is handed to the next replica.
@@ -655,13 +656,16 @@ class DeliveryWorker(Generic[C]):
         self._stopping.add(record_id)
         if task.cancelling():
             return  # already stopping: its turn stopped itself (or a shutdown stops it)
+        self._stop_task(task, record_id, why)
+
+    def _stop_task(self, task: asyncio.Task[None], record_id: int, why: str) -> None:
         log.error(
             "record %s: %s; the turn stops before another replica may take it over",
             record_id,
             why,
         )
         metrics.TURNS_RECORD_LOST.inc()
-        self._lost.add(record_id)
+        self._lost.add(task)
         task.cancel(RECORD_LOST)
 
     async def _take_over(self) -> None:
@@ -670,6 +674,11 @@ class DeliveryWorker(Generic[C]):
             return  # saturated: what lapsed is left to replicas with room
         for record in await self.deliveries.take_over(min(TAKEOVER_BATCH, room)):
             metrics.DELIVERIES_TAKEN_OVER.inc()
+            earlier = self._tasks.get(record.id)
+            if earlier is not None and not earlier.done():
+                # Its lease lapsed here while its task still held it: that task goes no
+                # further (it would answer it a second time beside the one taking it now).
+                self._stop_task(earlier, record.id, "taken back after its lease lapsed here")
             client = await self.surface.client_for(record)
             if record.takeovers > MAX_TAKEOVERS or client is None:
                 log.error(
