@@ -563,9 +563,10 @@ class Soak:
             report.cut_off_streams += len(open_streams)
             if open_streams:
                 v.append(f"thread {root}: replies {open_streams} left streaming")
-            interim = [
-                p for p in replies if text.cut_short() in p.text or text.will_retry() in p.text
-            ]
+            # Replies that say they were interrupted (by a take-over, a failure, a stop): what
+            # they showed is answered again, or kept, elsewhere.
+            marks = (text.cut_short(), text.will_retry(), text.shut_down())
+            interim = [p for p in replies if any(mark in p.text for mark in marks)]
             report.closed_for_a_takeover += len(interim)
             # Each answer shown once: a reply whose stream broke goes on in a message of its
             # own (nothing lost), so answers are matched by their text across the thread's
