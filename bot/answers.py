@@ -374,15 +374,15 @@ class ThreadAnswers:
             )
             return Outcome.ANSWERED
         if isinstance(outcome, AlreadyAnswered):
-            if outcome.answer is not None:
-                # Answered before the replica died; its reply may not have been finished.
-                reply = message_text(outcome.answer.message)
+            answer = outcome.answer
+            if answer is not None and not await conversation.was_shown(answer.message_id):
+                # Answered before the replica died; its reply may not have been finished (one
+                # it showed whole and recorded, ``showed``, is left as it is).
+                reply = message_text(answer.message)
                 if record.reply_ref is not None:
                     await self._close_reply(client, post, record.reply_ref, reply, replace=True)
                 else:
-                    await self._post_reply(
-                        client, post, conversation, outcome.answer.message_id, reply
-                    )
+                    await self._post_reply(client, post, conversation, answer.message_id, reply)
             if self.cards is not None:  # and the card its turn stopped at, if never posted
                 await self.cards.post_missing(client, post, conversation.id)
             return Outcome.ANSWERED

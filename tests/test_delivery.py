@@ -494,3 +494,33 @@ async def test_record_taken_over_while_it_waits__its_old_task_never_answers_it(
             await a.astop()
     assert [m.role for m in await transcript(store, root)] == ["user", "assistant"] * 3
     assert slack.shown(root).count("answer 2") == 1, slack.shown(root)
+
+
+async def test_replica_died_after_showing_the_answer__the_take_over_shows_nothing_more(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    """The answer was stored, shown whole and recorded as shown, and the replica died before it
+    finished the message's record (whose reply it never got to record): the replica that takes
+    the record over finds the message answered and shown, and posts nothing."""
+    async with GatedModel() as model:
+        model.gate.set()
+        a = ServeProcess(database_url, slack, **model_env(model, **LOCK))
+        try:
+            await a.ready()
+            async with SlackClient(a.url) as to_a:
+                root = await to_a.message("answer me", mention=True)
+            assert await _all_done(store) == {"done"}
+            assert slack.shown(root).count("answer 1") == 1
+            replies = len(slack.named("chat.startStream", "chat.postMessage"))
+            async with store.db.write() as conn:  # as the dead replica left it
+                await conn.execute(
+                    update(DELIVERIES).values(
+                        state="started", owner="a-dead-replica", lease_at=ago(120), reply_ref=None
+                    )
+                )
+            assert await _all_done(store) == {"done"}  # taken over, and finished
+        finally:
+            await a.astop()
+    assert len(slack.named("chat.startStream", "chat.postMessage")) == replies
+    assert slack.shown(root).count("answer 1") == 1
+    assert [m.role for m in await transcript(store, root)] == ["user", "assistant"]

@@ -427,6 +427,14 @@ class Conversation:
         known = {r.message_id for r in await state.refs_for(users)}
         return set(users) <= known
 
+    async def was_shown(self, message_id: str) -> bool:
+        """Whether a surface recorded showing ``message_id`` whole (``showed`` or ``noted`` it
+        as a reply): a resume that finds it answered has nothing left to show."""
+        state = self._all._state
+        if state is None:
+            return False
+        return any(r.kind == "reply" for r in await state.refs_for([message_id]))
+
     async def showed(self, message_id: str, refs: Sequence[str] = (), kind: str = "reply") -> None:
         """The surface showed ``message_id`` (an answer, a checkpoint), under ``refs``."""
         await self.view.show(message_id)
