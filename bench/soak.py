@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import re
 import shlex
 import shutil
@@ -48,7 +49,7 @@ from bench.replicas import Replica
 from bench.soak_profile import SoakProfile
 from bot import texts as text
 from core.errors import SlackAgentError
-from core.messages import message_text, slack_message_id
+from core.messages import message_text, said_anything, slack_message_id
 from core.storage.deliveries import Deliveries
 from core.storage.engine import create_database
 from core.storage.migrate import upgrade
@@ -546,10 +547,16 @@ class Soak:
                     v.append(f"message {ts}: stored {ids.count(wanted)} times")
                     continue
                 after = ids.index(wanted) + 1
-                if after >= len(messages) or messages[after].role != "assistant":
+                # Answered: an answer that says something follows it, before the next message
+                # (an answer interrupted before its model said anything answers nothing: the
+                # message is answered again after it).
+                following = itertools.takewhile(lambda m: m.role == "assistant", messages[after:])
+                if not any(said_anything(m.message) for m in following):
                     v.append(f"message {ts}: not answered")
                     v += self._around(messages, after - 1, ts)
-            thread_answers = [m for m in messages if m.role == "assistant"]
+            thread_answers = [
+                m for m in messages if m.role == "assistant" and said_anything(m.message)
+            ]
             answers += len(thread_answers)
             report.model_errors += sum(
                 1 for m in thread_answers if (m.message.get("metadata") or {}).get("error")
