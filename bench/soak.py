@@ -48,8 +48,9 @@ from bench.load import CHANNEL, Answer, Plan, Sender
 from bench.replicas import Replica
 from bench.soak_profile import SoakProfile
 from bot import texts as text
+from core.conversation.conversations import answers_nothing
 from core.errors import SlackAgentError
-from core.messages import message_text, said_anything, slack_message_id
+from core.messages import message_text, slack_message_id
 from core.storage.deliveries import Deliveries
 from core.storage.engine import create_database
 from core.storage.migrate import upgrade
@@ -551,11 +552,11 @@ class Soak:
                 # (an answer interrupted before its model said anything answers nothing: the
                 # message is answered again after it).
                 following = itertools.takewhile(lambda m: m.role == "assistant", messages[after:])
-                if not any(said_anything(m.message) for m in following):
+                if all(answers_nothing(m) for m in following):
                     v.append(f"message {ts}: not answered")
                     v += self._around(messages, after - 1, ts)
             thread_answers = [
-                m for m in messages if m.role == "assistant" and said_anything(m.message)
+                m for m in messages if m.role == "assistant" and not answers_nothing(m)
             ]
             answers += len(thread_answers)
             report.model_errors += sum(

@@ -158,7 +158,10 @@ async def test_resume__answers_the_user_message_already_stored_without_storing_i
 
 
 async def _interrupted_empty(
-    store: SessionStore, conversations: Conversations, interrupted_by: str
+    store: SessionStore,
+    conversations: Conversations,
+    interrupted_by: str | None,
+    error: dict[str, str] | None = None,
 ) -> tuple[Conversation, str]:
     """A conversation whose turn stopped (``interrupted_by``) before its model said anything:
     the user message, then an interrupted answer holding only ``step-start``."""
@@ -168,7 +171,11 @@ async def _interrupted_empty(
         conversation.id, user_message=user_message("are you there?"), last_message_id=None
     )
     assert lease.tail is not None
-    metadata = {"interrupted": True, "interrupted_by": interrupted_by}
+    metadata: dict[str, object] = {"interrupted": True}
+    if interrupted_by is not None:
+        metadata["interrupted_by"] = interrupted_by
+    if error is not None:
+        metadata["error"] = error
     empty = {**assistant_message(""), "parts": [step_start_part()], "metadata": metadata}
     await store.finish(lease, [empty])
     return conversation, lease.tail.message_id
@@ -203,12 +210,22 @@ async def test_resume__an_answer_that_said_nothing_does_not_answer_the_message(
     assert len(await store.messages(conversation.id)) == 3
 
 
-async def test_resume__an_answer_the_person_stopped_stays_the_answer(
-    store: SessionStore, db: Database, caches: list[ProviderCache]
+@pytest.mark.parametrize(
+    ("interrupted_by", "error"),
+    [(STOPPED, None), (None, {"code": "model_provider_timeout", "message": "sent nothing"})],
+    ids=["the person's stop", "a model error"],
+)
+async def test_resume__an_empty_answer_the_person_was_shown_stays_the_answer(
+    store: SessionStore,
+    db: Database,
+    caches: list[ProviderCache],
+    interrupted_by: str | None,
+    error: dict[str, str] | None,
 ) -> None:
-    """Their own stop is an answer of sorts: the message is not answered again."""
+    """Their own stop, or the model's failure (said in the thread), is the answer: the message
+    is not answered again."""
     conversations = Conversations(store, agent(store, caches, None), Feedback(db), project="t")
-    conversation, message_id = await _interrupted_empty(store, conversations, STOPPED)
+    conversation, message_id = await _interrupted_empty(store, conversations, interrupted_by, error)
     request = TurnRequest("are you there?", message_id=message_id, resume=True)
     outcome = await conversation.take_turn(request)
     assert isinstance(outcome, AlreadyAnswered)

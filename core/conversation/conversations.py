@@ -344,7 +344,7 @@ class Conversation:
             return await self._turn(request, emit, retry=True)
         after = await self.store.messages(self.id, after_position=found[1].position)
         answers = list(itertools.takewhile(lambda m: m.role == "assistant", after))
-        counted = [m for m in answers if not _answers_nothing(m)]
+        counted = [m for m in answers if not answers_nothing(m)]
         if answers and not counted and len(answers) == len(after):
             # Its turn stopped before the model said anything (a shutdown, a lost lock), and
             # nothing came after: the message is answered from here, after the empty answer
@@ -587,17 +587,18 @@ async def _ignore(_event: ConversationEvent) -> None:
     return None
 
 
-__all__ = ["Conversation", "Conversations", "Forked"]
+__all__ = ["Conversation", "Conversations", "Forked", "answers_nothing"]
 
 
-def _answers_nothing(answer: StoredMessage) -> bool:
+def answers_nothing(answer: StoredMessage) -> bool:
     """An answer interrupted before its model said or did anything, by anything but the
-    person's own stop: the message before it is still to be answered. (Turns that fail on their
-    own, or lose the database, store no such answer; a shutdown past its grace, a lost lock and
-    earlier versions did.)"""
+    person's own stop or a model error (both shown as the answer): the message before it is
+    still to be answered. (Turns that fail on their own, or lose the database, store no such
+    answer; a shutdown past its grace, a lost lock and earlier versions did.)"""
     metadata = answer.message.get("metadata") or {}
     return (
         bool(metadata.get("interrupted"))
+        and not metadata.get("error")
         and metadata.get("interrupted_by") != STOPPED
         and not said_anything(answer.message)
     )

@@ -656,9 +656,6 @@ class DeliveryWorker(Generic[C]):
         self._stopping.add(record_id)
         if task.cancelling():
             return  # already stopping: its turn stopped itself (or a shutdown stops it)
-        self._stop_task(task, record_id, why)
-
-    def _stop_task(self, task: asyncio.Task[None], record_id: int, why: str) -> None:
         log.error(
             "record %s: %s; the turn stops before another replica may take it over",
             record_id,
@@ -674,11 +671,6 @@ class DeliveryWorker(Generic[C]):
             return  # saturated: what lapsed is left to replicas with room
         for record in await self.deliveries.take_over(min(TAKEOVER_BATCH, room)):
             metrics.DELIVERIES_TAKEN_OVER.inc()
-            earlier = self._tasks.get(record.id)
-            if earlier is not None and not earlier.done():
-                # Its lease lapsed here while its task still held it: that task goes no
-                # further (it would answer it a second time beside the one taking it now).
-                self._stop_task(earlier, record.id, "taken back after its lease lapsed here")
             client = await self.surface.client_for(record)
             if record.takeovers > MAX_TAKEOVERS or client is None:
                 log.error(
