@@ -31,15 +31,15 @@ ROUNDS: Final = 5
 TOKEN: Final = "xoxb-bench"
 
 
-async def _per_call(call: Callable[[], Awaitable[Any]]) -> float:
-    """CPU milliseconds per call, over ``CALLS`` calls one after another."""
+async def _per_call(call: Callable[[], Awaitable[Any]], calls: int) -> float:
+    """CPU milliseconds per call, over ``calls`` calls one after another."""
     started = time.process_time()
-    for _ in range(CALLS):
+    for _ in range(calls):
         await call()
-    return (time.process_time() - started) * 1000 / CALLS
+    return (time.process_time() - started) * 1000 / calls
 
 
-async def bench_slack_calls() -> dict[str, Any]:
+async def bench_slack_calls(calls: int = CALLS, rounds_of: int = ROUNDS) -> dict[str, Any]:
     proc, api_url = await standin_process()
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -62,9 +62,9 @@ async def bench_slack_calls() -> dict[str, Any]:
             await sdk()  # warm
             await bare()
             rounds: dict[str, list[float]] = {"slack_sdk": [], "aiohttp": []}
-            for _ in range(ROUNDS):
-                rounds["slack_sdk"].append(await _per_call(sdk))
-                rounds["aiohttp"].append(await _per_call(bare))
+            for _ in range(rounds_of):
+                rounds["slack_sdk"].append(await _per_call(sdk, calls))
+                rounds["aiohttp"].append(await _per_call(bare, calls))
     finally:
         await stop_process(proc)
     return {

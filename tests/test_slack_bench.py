@@ -10,6 +10,7 @@ from bench.concurrent import (
     format_lines,
 )
 from bench.slack import bench_slack
+from bench.slack_calls import bench_slack_calls
 
 # Real processes or long runs: outside the developer's quick subset (README, *The tests*).
 pytestmark = pytest.mark.slow
@@ -50,6 +51,16 @@ async def test_concurrent_turns__counts_what_a_turn_does() -> None:
     split = result["3"]["cpu_split"]
     assert 0 < split["turns_loop"] <= 1
     assert any("per turn" in line for line in format_lines({"concurrent_turns": result}))
+
+
+async def test_slack_calls__both_clients_measured_per_round() -> None:
+    """``bench.slack_calls``: each client's calls reached the stand-in (the bare POST checks
+    Slack's ``ok``, slack_sdk raises on a refusal) and cost measurable CPU, round by round."""
+    result = await bench_slack_calls(calls=20, rounds_of=2)
+    assert set(result) == {"slack_sdk", "aiohttp"}
+    for client in result.values():
+        assert len(client["rounds_ms"]) == 2
+        assert client["median_ms"] > 0
 
 
 async def test_ack_during_fork_and_sweep__both_happen_within_the_window() -> None:
