@@ -616,6 +616,11 @@ class Soak:
                 f"  {m.position} {m.role} {message_text(m.message)[:60]!r} "
                 f"interrupted_by={metadata.get('interrupted_by')} error={metadata.get('error')}"
             )
+        return lines + self._logged(ts)
+
+    def _logged(self, ts: str) -> list[str]:
+        """The replicas' last log lines about the message ``ts``."""
+        lines = []
         for log in sorted(self.workdir.glob("*.log")):
             mentions = [ln for ln in log.read_text().splitlines() if ts in ln]
             lines += [f"  {log.name}: {ln[:300]}" for ln in mentions[-20:]]
@@ -631,13 +636,11 @@ class Soak:
         """Where an answer shown more often than stored was shown: the replies holding it, the
         Web API calls that wrote them (in order), the stored answers holding it and the user
         message before each, and what the replicas logged about that message."""
-        lines = []
-        holding = {p.ts for p in replies if answer in p.text}
-        for p in replies:
-            if p.ts in holding:
-                lines.append(
-                    f"  shown in reply {p.ts} (streaming={p.streaming}): …{p.text[-160:]!r}"
-                )
+        shown = [p for p in replies if answer in p.text]
+        lines = [
+            f"  shown in reply {p.ts} (streaming={p.streaming}): …{p.text[-160:]!r}" for p in shown
+        ]
+        holding = {p.ts for p in shown}
         for i, call in enumerate(self.slack.calls):
             ts = call.args.get("ts") or call.result.get("ts")
             if ts in holding:
@@ -654,9 +657,7 @@ class Soak:
                 f"  stored at position {m.position} with {m.message.get('metadata')}, "
                 f"answering message {ts}"
             )
-            for log in sorted(self.workdir.glob("*.log")):
-                mentions = [ln for ln in log.read_text().splitlines() if ts in ln]
-                lines += [f"  {log.name}: {ln[:300]}" for ln in mentions[-20:]]
+            lines += self._logged(ts)
         return lines
 
     def _thread_of(self, ts: str) -> str:
