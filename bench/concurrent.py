@@ -42,7 +42,7 @@ import time
 import uuid
 from asyncio.subprocess import Process
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 from urllib.parse import urlencode
 
 import aiohttp
@@ -52,6 +52,7 @@ from bench.costs import MESSAGES, SESSIONS, _message_row, transcript
 from bench.slack import (
     SECRET,
     Connection,
+    cpu_times,
     percentiles,
     request_bytes,
     rss_bytes,
@@ -73,25 +74,18 @@ PROBE_SPACING: Final = 0.1
 CHANNEL: Final = "C0BENCH"
 
 
-def _cpu_times(stat_path: str) -> tuple[float, float]:
-    """User and system CPU seconds from a ``/proc`` ``stat`` file."""
-    with open(stat_path) as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
+class _Cpu(NamedTuple):
+    """A replica's CPU seconds so far: all of it, its main thread's (the turns' event loop),
+    and the system time of all of it."""
+
+    total: float
+    main: float
+    system: float
 
 
-def _cpu_seconds(pid: int) -> float:
-    return sum(_cpu_times(f"/proc/{pid}/stat"))
-
-
-def _main_thread_cpu(pid: int) -> float:
-    """The CPU of the process's main thread (the turns' event loop) alone."""
-    return sum(_cpu_times(f"/proc/{pid}/task/{pid}/stat"))
-
-
-def _system_cpu(pid: int) -> float:
-    return _cpu_times(f"/proc/{pid}/stat")[1]
+def _cpu_now(pid: int) -> _Cpu:
+    user, system = cpu_times(pid)
+    return _Cpu(user + system, sum(cpu_times(pid, pid)), system)
 
 
 async def _counted(proc: Process, out: Path, answered: int) -> dict[str, int]:
@@ -179,7 +173,6 @@ async def _concurrent(
     """One wave; ``counts``: the replica runs under ``bench.turn_counts`` and what it did per
     turn is reported (``per_turn``, ``cpu_split``)."""
     counted: list[dict[str, int]] = []
-    split: list[tuple[float, float, float]] = []  # (process, main thread, system) CPU seconds
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "counts.json"
         command = ("-m", "bench.turn_counts", str(out)) if counts else ("-m", "bot", "serve")
@@ -208,10 +201,7 @@ async def _concurrent(
                 probe = [await Connection.open(port) for _ in range(probes)]
                 if counts:
                     counted.append(await _counted(proc, out, 1))
-                split.append(
-                    (_cpu_seconds(proc.pid), _main_thread_cpu(proc.pid), _system_cpu(proc.pid))
-                )
-                cpu_start = _cpu_seconds(proc.pid)
+                cpu_start = _cpu_now(proc.pid)
                 started = time.perf_counter()
                 wave_acks = await _send_all(
                     port, wave, [request_bytes(port, clock.next()) for _ in range(n)]
@@ -242,10 +232,7 @@ async def _concurrent(
                     stream_seconds * 6 + 60,
                 )
                 await asyncio.sleep(1.0)  # the last replies' final Slack updates and releases
-                cpu = _cpu_seconds(proc.pid) - cpu_start
-                split.append(
-                    (_cpu_seconds(proc.pid), _main_thread_cpu(proc.pid), _system_cpu(proc.pid))
-                )
+                cpu_end = _cpu_now(proc.pid)
                 if counts:
                     counted.append(await _counted(proc, out, 2))
                 for c in [warm, *wave, *probe]:
@@ -256,15 +243,16 @@ async def _concurrent(
             await stop_process(model)
             await stop_process(standin)
     turns = done["finished"] + done["failed"] - base["finished"] - base["failed"]
-    (total0, main0, system0), (total1, main1, system1) = split
-    used = max(total1 - total0, 1e-9)
+    cpu = cpu_end.total - cpu_start.total
+    used = max(cpu, 1e-9)
+    main_share = (cpu_end.main - cpu_start.main) / used
     extra: dict[str, Any] = {
         # Shares of the replica's CPU over the wave: its main thread (the turns' loop), every
         # other thread (the intake's loop, to_thread workers), and of the total, system time.
         "cpu_split": {
-            "turns_loop": round((main1 - main0) / used, 3),
-            "other_threads": round(1 - (main1 - main0) / used, 3),
-            "system": round((system1 - system0) / used, 3),
+            "turns_loop": round(main_share, 3),
+            "other_threads": round(1 - main_share, 3),
+            "system": round((cpu_end.system - cpu_start.system) / used, 3),
         }
     }
     if counts:

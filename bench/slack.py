@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -210,6 +211,14 @@ async def bench_ack(database_url: str | None = None, *, events: int = 100) -> di
     """``ack``: ms from sending to the HTTP answer, ``events`` signed events at once."""
     result = await _measure(database_url, events=events, settle_seconds=0.5)
     return {"ack": result["ack"]}
+
+
+def cpu_times(pid: int, thread: int | None = None) -> tuple[float, float]:
+    """User and system CPU seconds of a process (or of one of its threads) so far (``/proc``)."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def rss_bytes(pid: int) -> int:

@@ -34,6 +34,7 @@ from typing import Any
 
 from bench.load import Answer
 from bench.probe import BUCKETS_MS, Probe
+from bench.slack import cpu_times
 
 PYSPY_RATE = 100  # samples a second
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -50,10 +51,9 @@ def pyspy() -> str:
 def _cpu_seconds(pid: int) -> float | None:
     """User + system CPU of a process so far (``/proc``), None if it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(cpu_times(pid))
     except (OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 def _scheduled_seconds(pid: int) -> tuple[float, float] | None:

@@ -49,6 +49,12 @@ class Counts:
 
         counts = self.counts
         main = threading.get_ident()
+
+        def count(name: str) -> None:
+            counts[name] += 1
+            if self.sites:
+                counts[f"{name}@{_site()}"] += 1
+
         base = asyncio.base_events.BaseEventLoop
         run_once, call_at, create_task = base._run_once, base.call_at, base.create_task  # type: ignore[attr-defined]
         handle_run = asyncio.events.Handle._run
@@ -63,15 +69,11 @@ class Counts:
             handle_run(handle)
 
         def counted_call_at(loop: Any, *args: Any, **kwargs: Any) -> Any:
-            counts["timers"] += 1
-            if self.sites:
-                counts[f"timers@{_site()}"] += 1
+            count("timers")
             return call_at(loop, *args, **kwargs)
 
         def counted_create_task(loop: Any, *args: Any, **kwargs: Any) -> Any:
-            counts["tasks"] += 1
-            if self.sites:
-                counts[f"tasks@{_site()}"] += 1
+            count("tasks")
             return create_task(loop, *args, **kwargs)
 
         base._run_once = counted_run_once  # type: ignore[attr-defined]
@@ -87,26 +89,19 @@ class Counts:
 
         AsyncBaseClient.api_call = counted_api_call  # type: ignore[method-assign,assignment]
 
-        write, read = Database.write, Database.read
+        def counted_transactions(kind: str) -> Any:
+            opened = getattr(Database, kind)
 
-        @contextlib.asynccontextmanager
-        async def counted_write(db: Database, **options: bool) -> AsyncIterator[Any]:
-            counts["db_write_transactions"] += 1
-            if self.sites:
-                counts[f"db_write_transactions@{_site()}"] += 1
-            async with write(db, **options) as conn:
-                yield conn
+            @contextlib.asynccontextmanager
+            async def counted(db: Database, **options: bool) -> AsyncIterator[Any]:
+                count(f"db_{kind}_transactions")
+                async with opened(db, **options) as conn:
+                    yield conn
 
-        @contextlib.asynccontextmanager
-        async def counted_read(db: Database, **options: bool) -> AsyncIterator[Any]:
-            counts["db_read_transactions"] += 1
-            if self.sites:
-                counts[f"db_read_transactions@{_site()}"] += 1
-            async with read(db, **options) as conn:
-                yield conn
+            return counted
 
-        Database.write = counted_write  # type: ignore[method-assign,assignment]
-        Database.read = counted_read  # type: ignore[method-assign,assignment]
+        Database.write = counted_transactions("write")  # type: ignore[method-assign]
+        Database.read = counted_transactions("read")  # type: ignore[method-assign]
 
     def write(self) -> None:
         partial = self.out.with_suffix(".tmp")
