@@ -106,7 +106,6 @@ class DeliveryWorker(Generic[C]):
         # When (monotonic) each record's lease was last confirmed: the statement that renewed
         # it (or took or wrote it) was sent no earlier. A turn stops before its lease can lapse.
         self._confirmed: dict[int, float] = {}
-        self._lost: set[asyncio.Task[None]] = set()  # tasks stopped as ``RECORD_LOST``
         self._stopping: set[int] = set()  # turns stopped (by us or by themselves): not watched
         self._wake: dict[str, asyncio.Event] = {}  # thread -> set when a record of it finishes
         # Turns run at once by this process; the rest wait, already recorded and leased.
@@ -220,7 +219,6 @@ class DeliveryWorker(Generic[C]):
         def forget(done: asyncio.Task[None]) -> None:
             # A click may start a record's next task while the one that offered it is still
             # finishing: only the task a record is tracked under is forgotten.
-            self._lost.discard(done)
             if self._tasks.get(record.id) is done:
                 del self._tasks[record.id]
                 self._confirmed.pop(record.id, None)
@@ -343,8 +341,8 @@ class DeliveryWorker(Generic[C]):
                     if outcome is Outcome.ANSWERED:
                         await self._finish(current, "done")
                         return
-                except asyncio.CancelledError:
-                    if asyncio.current_task() in self._lost:
+                except asyncio.CancelledError as exc:
+                    if RECORD_LOST in exc.args:
                         raise  # not ours any more, or the database cannot say: nothing to do
                     # A stop past its grace. A turn that started was interrupted and answered
                     # as such; one that had not is handed to the next replica.
@@ -572,17 +570,29 @@ class DeliveryWorker(Generic[C]):
             self._watcher = asyncio.create_task(self._watch_waiting())
 
     async def _keep_up(self) -> None:
+        async def take_over() -> None:
+            if not self.closing:
+                await self._take_over()
+
+        heartbeat = self.settings.turn_heartbeat_seconds
+        await self._every("delivery upkeep", take_over, lambda: heartbeat)
+
+    @staticmethod
+    async def _every(
+        what: str, step: Callable[[], Awaitable[None]], pause: Callable[[], float]
+    ) -> None:
+        """``step`` again and again, ``pause()`` seconds apart; a failure is logged and the
+        next step tries again (a database blip: leases are renewed well within the window)."""
         while True:
             try:
-                if not self.closing:
-                    await self._take_over()
+                await step()
             except asyncio.CancelledError:
                 raise
-            except DatabaseError as exc:  # a blip: leases are renewed well within the window
-                log.warning("delivery upkeep failed (%s); will retry", exc)
+            except (DatabaseError, TimeoutError) as exc:
+                log.warning("%s failed (%s); will retry", what, str(exc) or "timed out")
             except Exception:
-                log.exception("delivery upkeep failed; will retry")
-            await asyncio.sleep(self.settings.turn_heartbeat_seconds)
+                log.exception("%s failed; will retry", what)
+            await asyncio.sleep(pause())
 
     async def _keep_leases(self) -> None:
         """Renew the leases of this process's records every ``TURN_HEARTBEAT_SECONDS``; stop
@@ -595,18 +605,17 @@ class DeliveryWorker(Generic[C]):
         record over, waits for the session and, finding the answer stored, shows it; a turn
         that went on here showed it too. So a turn stops first, as it does when its own lock
         goes unconfirmed, and its reply says another replica picks it up."""
-        while True:
+
+        async def renew() -> None:
             try:
                 await self._renew()
-            except asyncio.CancelledError:
-                raise
-            except (DatabaseError, TimeoutError) as exc:
-                log.warning("lease renewal failed (%s); will retry", str(exc) or "timed out")
-            except Exception:
-                log.exception("lease renewal failed; will retry")
-            self._stop_unconfirmed()
-            heartbeat = self.settings.turn_heartbeat_seconds
-            await asyncio.sleep(max(0.0, min(heartbeat, self._trusted_for(heartbeat))))
+            finally:  # renewed or not, a turn past its lease's trust stops
+                self._stop_unconfirmed()
+
+        heartbeat = self.settings.turn_heartbeat_seconds
+        await self._every(
+            "lease renewal", renew, lambda: max(0.0, min(heartbeat, self._trusted_for(heartbeat)))
+        )
 
     def _window(self) -> float:
         return LEASE_SAFE_SHARE * self.deliveries.staleness_seconds
@@ -662,7 +671,6 @@ class DeliveryWorker(Generic[C]):
             why,
         )
         metrics.TURNS_RECORD_LOST.inc()
-        self._lost.add(task)
         task.cancel(RECORD_LOST)
 
     async def _take_over(self) -> None:
