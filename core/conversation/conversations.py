@@ -587,9 +587,6 @@ async def _ignore(_event: ConversationEvent) -> None:
     return None
 
 
-__all__ = ["Conversation", "Conversations", "Forked", "answers_nothing"]
-
-
 def answers_nothing(answer: StoredMessage) -> bool:
     """An answer interrupted before its model said or did anything, by anything but the
     person's own stop or a model error (both shown as the answer): the message before it is
@@ -602,3 +599,6 @@ def answers_nothing(answer: StoredMessage) -> bool:
         and metadata.get("interrupted_by") != STOPPED
         and not said_anything(answer.message)
     )
+
+
+__all__ = ["Conversation", "Conversations", "Forked", "answers_nothing"]
