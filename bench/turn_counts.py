@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -95,8 +96,12 @@ class Counts:
             @contextlib.asynccontextmanager
             async def counted(db: Database, **options: bool) -> AsyncIterator[Any]:
                 count(f"db_{kind}_transactions")
-                async with opened(db, **options) as conn:
-                    yield conn
+                start = time.thread_time_ns()
+                try:
+                    async with opened(db, **options) as conn:
+                        yield conn
+                finally:
+                    counts[f"db_{kind}_cpu_us"] += (time.thread_time_ns() - start) // 1000
 
             return counted
 

@@ -95,6 +95,41 @@ async def test_prepared__unwatched_sqlite_runs_the_compiled_sql_on_the_cursor(
     assert " ".join(traced[0].split()).startswith(" ".join(compiled.split()).split("?")[0])
 
 
+@pytest.mark.parametrize("backend", ["sqlite"])  # the reader connection is SQLite's path only
+async def test_prepared__a_one_statement_read_runs_on_the_reader_outside_any_transaction(
+    store: SessionStore, db: Database, backend: str
+) -> None:
+    """``Prepared.fetch`` on SQLite: the statement alone on the process's reader connection
+    (no BEGIN, no ROLLBACK), seeing what other connections committed just before; a reader
+    that failed is replaced, and the failure reaches the caller as a ``DatabaseError``."""
+    surface = SurfaceState(db, "slack")
+    assert await surface.get_thread("T1/C1/1.0") is None
+    with db.sqlite_reader() as reader:
+        traced: list[str] = []
+        reader.set_trace_callback(traced.append)
+    _, session = await new_session(store)
+    await surface.bind_thread("T1/C1/1.0", session.id)  # binds on the writer connection
+    await surface.set_shown(session.id, "m-1")
+    try:
+        found = await surface.get_thread("T1/C1/1.0")
+    finally:
+        reader.set_trace_callback(None)
+    assert found is not None
+    assert (found.session_id, found.last_shown_message_id) == (session.id, "m-1")
+    reads = [t for t in traced if "surface_threads" in t]
+    assert reads
+    assert all(t.lstrip().startswith("SELECT") for t in traced)  # no BEGIN, no ROLLBACK
+    assert not reader.in_transaction
+
+    reader.close()  # under the reader: as a connection that broke
+    with pytest.raises(DatabaseError, match="closed"):
+        await surface.get_thread("T1/C1/1.0")
+    again = await surface.get_thread("T1/C1/1.0")
+    assert again == found
+    with db.sqlite_reader() as replaced:
+        assert replaced is not reader
+
+
 async def test_prepared__a_constraint_failure_is_sqlalchemys_error_either_way(
     store: SessionStore, db: Database, backend: str
 ) -> None:

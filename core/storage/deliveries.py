@@ -439,8 +439,7 @@ class Deliveries:
         Only strays posted after the thread's first recorded message: what people wrote in a
         thread before they called the agent into it is context (``bot.context``), not a
         message to answer. (Slack ``ts`` values of one channel order as strings.)"""
-        async with self.db.read() as conn:
-            rows = await _STRAYS.rows(conn, {"surface": self.surface, "thread_key": thread_key})
+        rows = await _STRAYS.fetch(self.db, {"surface": self.surface, "thread_key": thread_key})
         return [_record(row) for row in rows]
 
     async def adopt_strays(
@@ -512,8 +511,7 @@ class Deliveries:
     async def blocker(self, record: DeliveryRecord) -> DeliveryRecord | None:
         """The earliest record of the same thread that must be answered before this one."""
         params = {"surface": self.surface, "thread_key": record.thread_key, "record_id": record.id}
-        async with self.db.read() as conn:
-            rows = await _BLOCKER.rows(conn, params)
+        rows = await _BLOCKER.fetch(self.db, params)
         return _record(rows[0]) if rows else None
 
     async def unblocked(self, record_ids: list[int]) -> set[int]:

@@ -32,13 +32,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import asyncpg
-from sqlalchemy import ColumnElement, Connection, Insert, Select, Update, literal
+from sqlalchemy import ColumnElement, Connection, Engine, Insert, Select, Update, literal
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from core.storage.engine import Conn, InlineConnection
+from core.storage.engine import Conn, Database, InlineConnection
 
 
 class Ran(NamedTuple):
@@ -129,12 +129,35 @@ class Prepared:
             return (await self._on_asyncpg(conn, direct, params))[1]
         return (await conn.execute(self.statement, params)).all()
 
+    async def fetch(self, db: Database, params: dict[str, Any]) -> Sequence[Any]:
+        """Every row of this statement run as a read of its own, processed as ``rows``
+        processes them: for the reads of one statement, most of a turn's.
+
+        On SQLite, when nobody watches the engine's statements, it runs in place on the
+        process's reader connection, outside any transaction (``Database.sqlite_reader``);
+        otherwise in a read transaction of its own (where, on PostgreSQL, an unwatched
+        statement already runs outside a transaction)."""
+        engine = db.sync_engine
+        if engine.dialect.name == "sqlite" and not _engine_watched(engine):
+            with db.sqlite_reader() as raw:
+                _, rows = self._on_sqlite(raw, engine.dialect, params, first=False)
+            processed = self._compiled["sqlite"].processed
+            return [processed(row) for row in rows]
+        async with db.read() as conn:
+            return await self.rows(conn, params)
+
     def _inline(
         self, conn: InlineConnection, params: dict[str, Any], *, first: bool
     ) -> tuple[int, Sequence[Any]]:
-        compiled = self._compile(conn.dialect)
+        raw = conn.sync_connection.connection.dbapi_connection
+        return self._on_sqlite(raw, conn.dialect, params, first=first)
+
+    def _on_sqlite(
+        self, raw: Any, dialect: Dialect, params: dict[str, Any], *, first: bool
+    ) -> tuple[int, Sequence[Any]]:
+        compiled = self._compile(dialect)
         values = compiled.values(params)
-        cursor = conn.sync_connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        cursor = raw.cursor()
         try:
             cursor.execute(compiled.sql, values)
             if cursor.description is None:
@@ -257,15 +280,22 @@ def _watched(sync: Connection | None) -> bool:
     listeners on the engine or this connection, or SQL echo."""
     if sync is None:  # an async connection not yet connected: the ordinary way
         return True
-    dispatch = sync.engine.dispatch
     return bool(
-        sync.engine.echo
+        _engine_watched(sync.engine)
+        or sync.dispatch.before_cursor_execute
+        or sync.dispatch.after_cursor_execute
+    )
+
+
+def _engine_watched(engine: Engine) -> bool:
+    """Statement listeners on the engine, or SQL echo (``_watched``)."""
+    dispatch = engine.dispatch
+    return bool(
+        engine.echo
         or dispatch.before_cursor_execute
         or dispatch.after_cursor_execute
         or dispatch.before_execute
         or dispatch.after_execute
-        or sync.dispatch.before_cursor_execute
-        or sync.dispatch.after_cursor_execute
     )
 
 

@@ -145,10 +145,9 @@ class SessionStore(TranscriptOperations):
         Read first: users are never deleted, so a known one (every turn but a person's first)
         costs a read, not a write transaction.
         """
-        async with self.db.read() as conn:
-            known = (await _USER_ID.run(conn, {"external_id": external_id})).row
-        if known is not None:
-            return int(known[0])
+        known = await _USER_ID.fetch(self.db, {"external_id": external_id})
+        if known:
+            return int(known[0][0])
         async with self.db.write() as conn:
             params = {"external_id": external_id, "display_name": display_name}
             await _ADD_USER[conn.dialect.name].run(conn, params)
@@ -199,14 +198,12 @@ class SessionStore(TranscriptOperations):
             "project_session_id": project_session_id,
             "staleness": self.staleness_seconds,
         }
-        async with self.db.read() as conn:
-            rows = await _FIND_SESSION.rows(conn, params)
+        rows = await _FIND_SESSION.fetch(self.db, params)
         return q.session_info(rows[0]) if rows else None
 
     async def get_session(self, session_id: int) -> SessionInfo:
         params = {"session_id": session_id, "staleness": self.staleness_seconds}
-        async with self.db.read() as conn:
-            rows = await _GET_SESSION.rows(conn, params)
+        rows = await _GET_SESSION.fetch(self.db, params)
         if not rows:
             raise AgentSessionNotFound(f"session {session_id} does not exist")
         return q.session_info(rows[0])
@@ -311,8 +308,7 @@ class SessionStore(TranscriptOperations):
         if not leases:
             return set()
         tokens = {lease.session_id: lease.token for lease in leases}
-        async with self.db.read() as conn:
-            rows = await _STOPS.rows(conn, {"ids": json_ids(tokens)})
+        rows = await _STOPS.fetch(self.db, {"ids": json_ids(tokens)})
         return {int(sid) for sid, stop in rows if stop == tokens.get(int(sid))}
 
     # -- the turn lock ------------------------------------------------------------------------

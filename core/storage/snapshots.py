@@ -446,13 +446,10 @@ async def load_state(
     """The sandbox state of the newest message with a snapshot at or before ``at_message_id``
     (or the session's newest); None when there is none (or no such message in the session).
     One query."""
-    async with db.read() as conn:
-        if at_message_id is None:
-            rows = await _STATE_LATEST.rows(conn, {"session_id": session_id})
-        else:
-            rows = await _STATE_AT.rows(
-                conn, {"session_id": session_id, "at_message_id": at_message_id}
-            )
+    if at_message_id is None:
+        rows = await _STATE_LATEST.fetch(db, {"session_id": session_id})
+    else:
+        rows = await _STATE_AT.fetch(db, {"session_id": session_id, "at_message_id": at_message_id})
     if not rows:
         return None
     message_id, commit, base_set_id, base_set_digest = rows[0][:4]

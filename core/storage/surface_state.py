@@ -128,13 +128,10 @@ class SurfaceState:
         return found
 
     async def get_thread(self, thread_key: str) -> ThreadInfo | None:
-        async with self.db.read() as conn:
-            row = (
-                await _GET_THREAD.run(conn, {"surface": self.surface, "thread_key": thread_key})
-            ).row
-        if row is None:
+        rows = await _GET_THREAD.fetch(self.db, {"surface": self.surface, "thread_key": thread_key})
+        if not rows:
             return None
-        key, session_id, shown = row
+        key, session_id, shown = rows[0]
         return ThreadInfo(key, int(session_id), shown)
 
     async def find_thread_ending(self, suffix: str) -> ThreadInfo | None:
