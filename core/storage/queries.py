@@ -49,7 +49,7 @@ from core.errors import (
 from core.messages import Message
 from core.records import Actor, SessionInfo, StoredMessage
 from core.storage.dialect import ago, db_now
-from core.storage.engine import Conn, database_error, json_loads
+from core.storage.engine import Conn, Database, database_error, json_loads
 from core.storage.models import (
     AgentSession,
     AgentSessionMessage,
@@ -226,8 +226,14 @@ async def history(conn: Conn, session_id: int) -> list[StoredMessage]:
 
 
 async def tail(conn: Conn, session_id: int) -> StoredMessage | None:
-    row = (await conn.execute(TAIL, {"sid": session_id})).first()
-    return None if row is None else stored(row)
+    rows = await _TAIL.rows(conn, {"sid": session_id})
+    return stored(rows[0]) if rows else None
+
+
+async def read_tail(db: Database, session_id: int) -> StoredMessage | None:
+    """The tail as a read of its own (``Prepared.fetch``)."""
+    rows = await _TAIL.fetch(db, {"sid": session_id})
+    return stored(rows[0]) if rows else None
 
 
 async def message_in(conn: Conn, session_id: int, message_id: str) -> StoredMessage:
@@ -356,7 +362,7 @@ async def claim(conn: Conn, params: dict[str, Any], *, stamp: bool) -> str | Non
     return str(token[0])
 
 
-TAIL: Final = (
+_TAIL: Final = Prepared(
     select(*MESSAGE_COLUMNS)
     .where(MESSAGES.c.session_id == bindparam("sid", type_=Id))
     .order_by(MESSAGES.c.position.desc())

@@ -33,8 +33,7 @@ class TranscriptOperations:
     staleness_seconds: float
 
     async def tail(self, session_id: int) -> StoredMessage | None:
-        async with self.db.read() as conn:
-            return await q.tail(conn, session_id)
+        return await q.read_tail(self.db, session_id)
 
     async def messages(
         self, session_id: int, *, after_position: int = -1, containing: str | None = None
