@@ -298,7 +298,8 @@ async def _changed_record(
 ) -> DeliveryRecord | None:
     """Run an UPDATE of one record (by ``record_id``); the record as changed, or None. Where
     the database has no RETURNING (SQLite before 3.35), the record is read back in the same
-    write transaction, which no other writer can interleave with."""
+    write transaction, which no other writer can interleave with; elsewhere it is one
+    statement (so on PostgreSQL its callers run it autocommitted, ``Database.autocommit``)."""
     if conn.dialect.update_returning:
         rows = await statement(True).rows(conn, params)
     elif (await statement(False).run(conn, params)).rowcount:
@@ -583,7 +584,7 @@ class Deliveries:
                 tuple(from_states), to_state, keys, waiting_now=waiting_now, returning=returning
             )
 
-        async with self.db.write() as conn:
+        async with self.db.autocommit() as conn:
             return await _changed_record(conn, statement, params)
 
     async def wait(
@@ -604,7 +605,7 @@ class Deliveries:
     async def set_reply(self, record_id: int, reply_ref: str) -> None:
         """Remember where the answer is being shown (fenced on the owner, like every move)."""
         params = {"record_id": record_id, "me": self.owner, "reply_ref": reply_ref}
-        async with self.db.write() as conn:
+        async with self.db.autocommit() as conn:
             await _SET_REPLY.run(conn, params)
 
     async def claim(
@@ -617,7 +618,7 @@ class Deliveries:
         def statement(returning: bool) -> Prepared:
             return _claim(tuple(from_states), by_author=author is not None, returning=returning)
 
-        async with self.db.write() as conn:
+        async with self.db.autocommit() as conn:
             return await _changed_record(conn, statement, params)
 
     async def discard(self, record_id: int, *, author: str) -> DeliveryRecord | None:

@@ -476,7 +476,9 @@ class Database:
     @contextlib.asynccontextmanager
     async def autocommit(self) -> AsyncIterator[Conn]:
         """PostgreSQL: a connection outside any transaction, for a one-statement write (no
-        BEGIN or COMMIT round trips). SQLite: an ordinary write transaction."""
+        BEGIN or COMMIT round trips: most of a turn's bookkeeping writes, a record's moves,
+        a message's reference, the thread's mark, the usage row, are one statement each).
+        SQLite: an ordinary write transaction."""
         if self._async is None:
             async with self.write() as conn:
                 yield conn

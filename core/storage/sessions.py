@@ -184,7 +184,7 @@ class SessionStore(TranscriptOperations):
             "title": shorten(title) if title else None,
             "ttl_seconds": self.temporary_ttl_hours * 3600,
         }
-        async with self.db.write() as conn:
+        async with self.db.autocommit() as conn:
             ran = await _ADD_SESSION[temporary][conn.dialect.name].run(conn, params)
             created = ran.rowcount == 1
         session = await self.find_session(project_name, project_session_id)

@@ -121,7 +121,7 @@ class SurfaceState:
             "session_id": session_id,
             "shown": last_shown_message_id,
         }
-        async with self.db.write() as conn:
+        async with self.db.autocommit() as conn:
             await _BIND_THREAD[conn.dialect.name].run(conn, params)
         found = await self.get_thread(thread_key)
         assert found is not None
@@ -160,7 +160,7 @@ class SurfaceState:
     async def set_shown(self, session_id: int, message_id: str | None) -> None:
         """Record the tail the surface's thread(s) of the session now show."""
         params = {"of_surface": self.surface, "of_session": session_id, "shown": message_id}
-        async with self.db.write() as conn:
+        async with self.db.autocommit() as conn:
             await _SET_SHOWN.run(conn, params)
 
     # -- state between a posted message and a click on it -----------------------------------------
@@ -211,7 +211,7 @@ class SurfaceState:
             "message_id": message_id,
             "kind": kind,
         }
-        async with self.db.write() as conn:
+        async with self.db.autocommit() as conn:
             await _ADD_REF[conn.dialect.name].run(conn, params)
 
     async def find_ref(self, ref_key: str) -> MessageRef | None:

@@ -322,7 +322,7 @@ class UsageLedger:
 
     async def record(self, entry: LedgerEntry) -> None:
         row = entry.row()
-        async with self._db.write() as conn:
+        async with self._db.autocommit() as conn:
             await _RECORD_REQUEST.run(conn, row)
 
     async def record_many(self, entries: Sequence[LedgerEntry]) -> None:
