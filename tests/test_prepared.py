@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -23,8 +24,9 @@ from core.messages import assistant_message, user_message
 from core.records import ANY_TAIL
 from core.storage import queries as q
 from core.storage.deliveries import Deliveries
+from core.storage.dialect import json_ids
 from core.storage.engine import Database, InlineConnection
-from core.storage.sessions import SessionStore
+from core.storage.sessions import _STOPS, SessionStore
 from core.storage.surface_state import SurfaceState
 from tests.helpers import new_session, statements
 
@@ -346,3 +348,45 @@ async def test_prepared__stops_are_read_for_every_running_turn_at_once(
             leases[0].session_id, user_message=None, last_message_id=ANY_TAIL
         )
         assert await store.stops_requested([later, *leases[1:]]) == {leases[2].session_id}
+
+
+async def test_prepared__the_stop_poll_looks_up_its_sessions_by_primary_key(
+    store: SessionStore, db: Database, backend: str
+) -> None:
+    """The stop poll runs every second for all of a process's turns: among thousands of
+    sessions, its few must be found by their primary key, never by reading every session. On
+    SQLite, SQLAlchemy once compared the ``IN`` with 1 (``id IN (…) = 1``), which no index
+    serves (13 ms a poll at 50,000 sessions)."""
+    user = await store.get_or_create_user("slack:T1:U1")
+    numbers = (
+        "generate_series(1, 20000) AS n"
+        if backend == "postgresql"
+        else "(WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < 20000)"
+        " SELECT n FROM s)"
+    )
+    async with db.write() as conn:  # 20,000 sessions, one in a thousand asked to stop
+        await conn.execute(
+            text(
+                "INSERT INTO agent_sessions (project_name, project_session_id, user_id, stop_token)"
+                f" SELECT 'slack', 'T1/C1/' || n, {user},"
+                f" CASE WHEN n % 1000 = 0 THEN 'stop' END FROM {numbers}"
+            )
+        )
+        await conn.execute(text("ANALYZE"))
+    sql = str(_STOPS.statement.compile(dialect=db.sync_engine.dialect))
+    ids = json_ids([1, 2, 3])
+    async with db.read() as conn:
+        if backend == "sqlite":
+            explained = await conn.run_sync(
+                lambda sync: sync.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, (ids,)).all()
+            )
+            plan = " ".join(row[-1] for row in explained)
+            assert "SEARCH agent_sessions USING INTEGER PRIMARY KEY" in plan
+        else:
+            # PostgreSQL's planner chooses by its statistics (at 50,000 sessions, by hand:
+            # a lookup by key per id); the predicate must only never hide the key from it.
+            plan = sql
+            assert "IN (SELECT" in plan
+            assert ") = true" not in plan
+    assert "SCAN agent_sessions" not in plan
+    assert ") = 1" not in plan

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 from sqlalchemy import Boolean, ColumnElement, DateTime, String, Table, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -18,6 +18,7 @@ from sqlalchemy.engine import Dialect, Row
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.sql.operators import OperatorType
 from sqlalchemy.types import TypeDecorator
 
 from core.storage.engine import Conn
@@ -168,6 +169,13 @@ class in_json_ids(FunctionElement[bool]):
     type = Boolean()
     inherit_cache = True
     name = "in_json_ids"
+
+    def self_group(self, against: OperatorType | None = None) -> Self:
+        """Itself, in a WHERE clause too: SQLAlchemy compares a Boolean function with 1 on
+        SQLite (``id IN (…) = 1``), which no index serves: the stop poll scanned every session
+        (13 ms a poll at 50,000 sessions, every second) where it now looks up each id. The
+        SQL is an ``IN`` already, which binds tighter than AND, OR and NOT."""
+        return self
 
 
 @compiles(in_json_ids, "sqlite")
