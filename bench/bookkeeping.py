@@ -75,7 +75,7 @@ async def _round(storage: Storage, user: int, i: int, run: str) -> None:
 
 async def main(url: str) -> dict[str, Any]:
     storage = Storage.open(Settings(database_url=url))
-    direct = prepared._asyncpg, prepared._watched
+    direct = prepared._asyncpg, prepared._watched, prepared._engine_watched
     try:
         await storage.migrate()
         user = await storage.sessions.get_or_create_user("bench:bookkeeping")
@@ -89,12 +89,13 @@ async def main(url: str) -> dict[str, Any]:
                 if way == "ordinary":
                     prepared._asyncpg = lambda conn: None
                     prepared._watched = lambda sync: True
+                    prepared._engine_watched = lambda engine: True
                 start = time.process_time()
                 for _ in range(ROUNDS):
                     await _round(storage, user, n, run)
                     n += 1
                 cpu[way].append((time.process_time() - start) * 1000 / ROUNDS)
-                prepared._asyncpg, prepared._watched = direct
+                prepared._asyncpg, prepared._watched, prepared._engine_watched = direct
         return {
             "database": storage.dialect,
             "rounds": ROUNDS * REPEATS,
@@ -104,7 +105,7 @@ async def main(url: str) -> dict[str, Any]:
             },
         }
     finally:
-        prepared._asyncpg, prepared._watched = direct
+        prepared._asyncpg, prepared._watched, prepared._engine_watched = direct
         await storage.dispose()
 
 
