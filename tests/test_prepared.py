@@ -9,7 +9,6 @@ the same SQLAlchemy error.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 from typing import Any
@@ -131,42 +130,6 @@ async def test_prepared__a_one_statement_read_runs_on_the_reader_outside_any_tra
     assert again == found
     with db.sqlite_reader() as replaced:
         assert replaced is not reader
-
-
-@pytest.mark.parametrize("backend", ["sqlite"])  # SQLite's inline writes share one connection
-async def test_prepared__a_write_of_prepared_statements_only_is_undone_when_it_fails(
-    store: SessionStore, db: Database, backend: str
-) -> None:
-    """SQLAlchemy never hears of a write whose statements are all ``Prepared`` (its begin and
-    commit are skipped): a failure or a cancellation after a statement must still roll SQLite's
-    transaction back, and the writer connection stays for the next write."""
-    _, session = await new_session(store)
-
-    def row(position: int, text: str) -> dict[str, Any]:
-        return q.message_row(session.id, position, user_message(text))
-
-    with pytest.raises(RuntimeError):  # noqa: PT012 (a write that fails inside)
-        async with db.write() as conn:
-            await q._INSERT_ONE.run(conn, row(0, "failed"))
-            raise RuntimeError("the write fails after its statement")
-    writer = db._writer
-    inside = asyncio.Event()
-
-    async def cancelled() -> None:
-        async with db.write() as conn:
-            await q._INSERT_ONE.run(conn, row(0, "cancelled"))
-            inside.set()
-            await asyncio.sleep(30)
-
-    task = asyncio.create_task(cancelled())
-    await asyncio.wait_for(inside.wait(), 10)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    async with db.write() as conn:
-        await q._INSERT_ONE.run(conn, row(0, "kept"))
-    assert [m.message["parts"][0]["text"] for m in await store.history(session.id)] == ["kept"]
-    assert db._writer is writer  # rolled back, not replaced
 
 
 async def test_prepared__a_constraint_failure_is_sqlalchemys_error_either_way(

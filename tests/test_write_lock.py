@@ -6,10 +6,17 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import String, bindparam, column, insert, table, text
 
 from core.errors import DatabaseError
-from core.storage.engine import SQLITE_READ_BUSY_MS, Database, _WriteLock, create_database
+from core.storage.engine import (
+    SQLITE_READ_BUSY_MS,
+    Conn,
+    Database,
+    _WriteLock,
+    create_database,
+)
+from core.storage.prepared import Prepared
 
 
 async def test_urgent_writers_go_before_waiting_ordinary_ones_each_queue_in_order() -> None:
@@ -86,27 +93,44 @@ async def test_postgresql__an_urgent_write_goes_through_while_turns_hold_every_p
         await db.dispose()
 
 
+# A mark sent as a prepared statement: SQLAlchemy never hears of the write's transaction.
+_MARK = Prepared(
+    insert(table("marks", column("name"))).values(name=bindparam("name", type_=String()))
+)
+
+
 @pytest.mark.parametrize("backend", ["sqlite"])  # SQLite's inline writes share one connection
+@pytest.mark.parametrize("way", ["ordinary", "prepared"])
 async def test_sqlite__a_write_that_fails_or_is_cancelled_leaves_nothing_for_the_next(
-    db: Database, backend: str
+    db: Database, backend: str, way: str
 ) -> None:
     """Inline writes reuse one connection (``Database._sqlite_writer_begin``): whatever a write
     left undone, by an error or a cancellation between statements, must be rolled back before
     the next one begins, and the connection's busy timeout of 0 must never reach the pool's
-    readers."""
+    readers. Its statements sent SQLAlchemy's ordinary way begin SQLAlchemy's view of the
+    transaction; prepared ones do not, and SQLite's transaction must be undone all the same,
+    keeping the connection."""
+
+    async def mark(conn: Conn, name: str) -> None:
+        if way == "prepared":
+            await _MARK.run(conn, {"name": name})
+        else:
+            await conn.execute(text(f"INSERT INTO marks VALUES ('{name}')"))
+
     async with db.write() as conn:
         await conn.execute(text("CREATE TABLE marks (name TEXT)"))
+    writer = db._writer
 
     with pytest.raises(DatabaseError, match="boom"):  # noqa: PT012 (a write that fails inside)
         async with db.write() as conn:
-            await conn.execute(text("INSERT INTO marks VALUES ('failed')"))
+            await mark(conn, "failed")
             raise DatabaseError("boom")
 
     inside = asyncio.Event()
 
     async def cancelled() -> None:
         async with db.write() as conn:
-            await conn.execute(text("INSERT INTO marks VALUES ('cancelled')"))
+            await mark(conn, "cancelled")
             inside.set()
             await asyncio.sleep(30)
 
@@ -117,7 +141,8 @@ async def test_sqlite__a_write_that_fails_or_is_cancelled_leaves_nothing_for_the
         await task
 
     async with db.write() as conn:
-        await conn.execute(text("INSERT INTO marks VALUES ('kept')"))
+        await mark(conn, "kept")
     async with db.read() as conn:
         assert list((await conn.execute(text("SELECT name FROM marks"))).scalars()) == ["kept"]
         assert await conn.scalar(text("PRAGMA busy_timeout")) == SQLITE_READ_BUSY_MS
+    assert db._writer is writer  # rolled back, not replaced
