@@ -161,6 +161,13 @@ class InlineConnection:
         return self.sync_connection.scalars(statement, parameters)
 
     async def run_sync(self, fn: Callable[[Connection], T]) -> T:
+        """``fn`` with the connection, SQLAlchemy told of the transaction it is in first: a
+        write of prepared statements leaves SQLAlchemy's view unbegun (``Database.write``), and
+        code given the connection (an ORM session, Alembic) must join the write's transaction,
+        not begin and end one of its own (an ORM session closed without committing rolls back
+        a transaction it began, and so the write's)."""
+        if not self.sync_connection.in_transaction():
+            self.sync_connection.begin()
         return fn(self.sync_connection)
 
 
