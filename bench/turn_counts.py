@@ -9,7 +9,10 @@ divides the difference by the turns run:
   (``Handle._run``): how often a turn's work wakes the loop;
 - **Slack Web API calls by method** (``AsyncBaseClient.api_call``, which every call of the
   replica's ``AsyncWebClient`` goes through);
-- **database transactions**, write and read (``Database.write`` / ``Database.read``);
+- **database transactions**, write and read (``Database.write`` / ``Database.read``), the CPU
+  of the thread inside them (``db_*_cpu_us``: a write that waits for the write lock counts what
+  the thread ran meanwhile), and the **reads of one statement** run outside any transaction
+  (``Prepared.fetch``: ``db_reads_alone``);
 - **timers armed** (``call_at``, which ``call_later`` and ``sleep`` use) and **tasks created**.
 
 CPU by thread is read by the benchmark from ``/proc`` (it needs no help from inside). Counting
@@ -47,6 +50,7 @@ class Counts:
         from slack_sdk.web.async_base_client import AsyncBaseClient
 
         from core.storage.engine import Database
+        from core.storage.prepared import Prepared
 
         counts = self.counts
         main = threading.get_ident()
@@ -107,6 +111,14 @@ class Counts:
 
         Database.write = counted_transactions("write")  # type: ignore[method-assign]
         Database.read = counted_transactions("read")  # type: ignore[method-assign]
+
+        fetch = Prepared.fetch
+
+        async def counted_fetch(statement: Prepared, db: Database, params: dict[str, Any]) -> Any:
+            count("db_reads_alone")
+            return await fetch(statement, db, params)
+
+        Prepared.fetch = counted_fetch  # type: ignore[method-assign,assignment]
 
     def write(self) -> None:
         partial = self.out.with_suffix(".tmp")

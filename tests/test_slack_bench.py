@@ -46,6 +46,7 @@ async def test_concurrent_turns__counts_what_a_turn_does() -> None:
     assert per_turn["slack.chat.startStream"] == 1.0, per_turn
     assert per_turn["slack.chat.stopStream"] == 1.0, per_turn
     assert per_turn["db_write_transactions"] >= 3, per_turn
+    assert per_turn["db_reads_alone"] >= 3, per_turn  # the session, the thread, the line …
     assert per_turn["loop_passes"] >= 10, per_turn
     assert per_turn["callbacks"] >= per_turn["loop_passes"] / 2, per_turn
     split = result["3"]["cpu_split"]
