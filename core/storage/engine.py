@@ -47,6 +47,7 @@ from sqlalchemy.engine import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.base import Executable
 
 from core.errors import ConfigError, DatabaseError
@@ -277,7 +278,7 @@ class Database:
         self._sqlite: Engine | None = None
         self._sqlite_uri = ""  # SQLite: see _sqlite_file
         self._writer: Connection | None = None  # SQLite's inline writes: _sqlite_writer_begin
-        self._reader: Any = None  # SQLite's one-statement reads: sqlite_reader
+        self._reader: PoolProxiedConnection | None = None  # SQLite's one-statement reads
         self._write_lock = _WriteLock()
         if self.url.startswith("sqlite"):
             check_sqlite_version()
@@ -364,7 +365,7 @@ class Database:
         try:
             if self._reader is None:
                 self._reader = self._sqlite.raw_connection()
-            yield self._reader.dbapi_connection
+            yield cast(sqlite3.Connection, self._reader.dbapi_connection)
         except (SQLAlchemyError, OSError, sqlite3.Error) as exc:
             reader, self._reader = self._reader, None
             if reader is not None:
