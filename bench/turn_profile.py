@@ -8,6 +8,14 @@ summed here)::
         .venv/bin/python -m bench.concurrent turns "" 500
     uv run python -m bench.turn_profile turns.raw
 
+Or the wave alone, without start-up and the warm-up turn: py-spy attached to the replica once
+its first turn is done (the benchmark's warm-up takes a few seconds; the wave about 25 s)::
+
+    uv run python -m bench.concurrent turns "" 10 &
+    sleep 12; uv run py-spy record --rate 250 --format raw -o wave.raw --duration 24 \\
+        --pid "$(pgrep -f 'bot serve' | head -1)"
+    uv run python -m bench.turn_profile wave.raw
+
 A sample goes to the first part whose frames it contains, in the order of ``PARTS``; the
 shares are of the replica's samples, start-up included (the benchmark's own CPU figure starts
 at the first mention, so read start-up imports as outside a turn). py-spy's sampling slows
@@ -41,9 +49,13 @@ def summarise(path: Path) -> list[tuple[str, float]]:
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
-        if len(frames) < 2 or REPLICA not in frames[1] or any(i in frames[-1] for i in IDLE):
+        if frames[0].startswith("process "):  # --subprocesses: the replica's samples only
+            if len(frames) < 2 or REPLICA not in frames[1]:
+                continue
+            frames = frames[2:]  # the benchmark's process, then the replica's
+        if not frames or any(i in frames[-1] for i in IDLE):
             continue
-        body = ";".join(frames[2:])
+        body = ";".join(frames)
         part = next((name for name, keys in PARTS if any(k in body for k in keys)), "other")
         parts[part] += int(count)
     busy = sum(parts.values()) or 1

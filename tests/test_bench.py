@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import func, select
 
 from bench.costs import QUICK, BenchError, claim_round, format_table, run_bench
+from bench.turn_profile import summarise
 from core.errors import AgentSessionBusy
 from core.messages import Message
 from core.records import ModelChoice, TurnLease
@@ -144,3 +145,25 @@ async def test_claim_round__anything_but_one_winner_fails_the_run(winners: int) 
 async def test_claim_round__a_driver_error_fails_the_run() -> None:
     with pytest.raises(BenchError, match="unexpected error"):
         await claim_round(_FakeStore(1, error=RuntimeError("boom")), 7, None, 50)
+
+
+def test_turn_profile__sums_the_replicas_samples_recorded_either_way(tmp_path: Path) -> None:
+    """``bench.turn_profile``: a profile of every process of the benchmark counts only the
+    replica's samples; a profile attached to the replica alone counts all of them; idle
+    samples (the loop waiting) count in neither."""
+    turn = "main (slack_agent/cli.py:1);Deliveries.move (core/storage/deliveries.py:5)"
+    slack = "main (slack_agent/cli.py:1);AsyncBaseClient.api_call (slack_sdk/x.py:9)"
+    idle = "main (slack_agent/cli.py:1);EpollSelector.select (selectors.py:468)"
+    replica = 'process 1:"python -m bench.concurrent";process 2:"python -m bot serve"'
+    other = 'process 1:"python -m bench.concurrent";process 3:"python -m core.testing.slack"'
+    everything = tmp_path / "all.raw"
+    everything.write_text(
+        f"{replica};{turn} 3\n{replica};{slack} 1\n{replica};{idle} 50\n{other};{turn} 40\n"
+    )
+    attached = tmp_path / "wave.raw"
+    attached.write_text(f"{turn} 3\n{slack} 1\n{idle} 50\n")
+    for path in (everything, attached):
+        assert dict(summarise(path)) == {
+            "storage (core/storage, SQLAlchemy, drivers)": 0.75,
+            "Slack Web API calls (slack_sdk, aiohttp)": 0.25,
+        }
