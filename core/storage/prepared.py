@@ -141,7 +141,7 @@ class Prepared:
         if engine.dialect.name == "sqlite" and not _engine_watched(engine):
             with db.sqlite_reader() as raw:
                 _, rows = self._on_sqlite(raw, engine.dialect, params, first=False)
-            processed = self._compiled["sqlite"].processed
+            processed = self._compile(engine.dialect).processed
             return [processed(row) for row in rows]
         async with db.read() as conn:
             return await self.rows(conn, params)
