@@ -9,6 +9,7 @@ the same SQLAlchemy error.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from typing import Any
@@ -24,7 +25,7 @@ from core.records import ANY_TAIL
 from core.storage import queries as q
 from core.storage.deliveries import Deliveries
 from core.storage.dialect import json_ids
-from core.storage.engine import Database, InlineConnection
+from core.storage.engine import HELD_AUTOCOMMIT, Database, InlineConnection
 from core.storage.sessions import _STOPS, SessionStore
 from core.storage.surface_state import SurfaceState
 from tests.helpers import new_session, statements
@@ -130,6 +131,49 @@ async def test_prepared__a_one_statement_read_runs_on_the_reader_outside_any_tra
     assert again == found
     with db.sqlite_reader() as replaced:
         assert replaced is not reader
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])  # held connections are PostgreSQL's path only
+async def test_prepared__statements_of_their_own_run_on_held_connections_outside_transactions(
+    db: Database, backend: str
+) -> None:
+    """``Database.autocommit`` on PostgreSQL: a few connections held open outside any
+    transaction and used again (the same server process); what a statement writes is
+    committed as it returns; a statement that fails or is cancelled midway gives its connection
+    back to the pool, and the next one runs; more users at once than held connections all run,
+    the others on pooled connections."""
+
+    async def backend_pid(pause: float = 0.0) -> int:
+        async with db.autocommit() as conn:
+            return int(
+                await conn.scalar(text("SELECT pg_backend_pid() FROM pg_sleep(:s)"), {"s": pause})
+            )
+
+    first = await backend_pid()
+    assert await backend_pid() == first
+
+    async with db.autocommit() as conn:
+        await conn.execute(text("INSERT INTO users (external_id) VALUES ('held-1')"))
+        async with db.read() as other:  # another connection sees it at once: committed
+            found = "SELECT count(*) FROM users WHERE external_id = 'held-1'"
+            assert await other.scalar(text(found)) == 1
+
+    with pytest.raises(DatabaseError, match="division by zero"):
+        async with db.autocommit() as conn:
+            await conn.execute(text("SELECT 1 / 0"))
+    async with asyncio.timeout(30):
+        await backend_pid()
+
+    sleeping = asyncio.create_task(backend_pid(pause=30))
+    await asyncio.sleep(0.5)
+    sleeping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sleeping
+    async with asyncio.timeout(30):  # not behind the cancelled statement
+        await backend_pid()
+
+    at_once = await asyncio.gather(*(backend_pid(pause=0.3) for _ in range(HELD_AUTOCOMMIT + 3)))
+    assert len(set(at_once)) == HELD_AUTOCOMMIT + 3
 
 
 async def test_prepared__a_constraint_failure_is_sqlalchemys_error_either_way(

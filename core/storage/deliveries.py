@@ -368,9 +368,14 @@ class _GroupCommit:
             for values, _ in batch:
                 first.setdefault(values["event_key"], values)  # a duplicate in the same batch
             try:
-                # Urgent: acknowledgements wait for this commit, turns' writes can wait.
-                async with self.db.write(urgent=True) as conn:
-                    written = await self._insert_rows(conn, list(first.values()))
+                # Urgent: acknowledgements wait for this commit, turns' writes can wait. One
+                # row (the usual case) is one statement, so on PostgreSQL it needs no BEGIN
+                # and COMMIT round trips; a burst's rows may be several (insertmanyvalues
+                # batches), and commit together.
+                rows = list(first.values())
+                opened = self.db.autocommit if len(rows) == 1 else self.db.write
+                async with opened(urgent=True) as conn:
+                    written = await self._insert_rows(conn, rows)
             except Exception as exc:
                 for _, future in batch:
                     if not future.done():

@@ -46,7 +46,7 @@ from sqlalchemy.engine import (
     make_url,
 )
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.base import Executable
 
@@ -205,6 +205,9 @@ class ThreadedConnection(InlineConnection):
 
 # Connections of a PostgreSQL ``Database`` kept for urgent writes (``Database.write``).
 URGENT_POOL_SIZE = 2
+# Connections of a PostgreSQL ``Database`` held open outside any transaction, for statements
+# of their own (``Database.autocommit``); taken from its pool, so they count in its size.
+HELD_AUTOCOMMIT = 2
 
 
 class _WriteLock:
@@ -279,6 +282,11 @@ class Database:
         self._sqlite_uri = ""  # SQLite: see _sqlite_file
         self._writer: Connection | None = None  # SQLite's inline writes: _sqlite_writer_begin
         self._reader: PoolProxiedConnection | None = None  # SQLite's one-statement reads
+        # PostgreSQL's statements of their own: connections held idle (``autocommit``), how
+        # many are held (idle or in use), and the event loop they belong to.
+        self._held: list[AsyncConnection] = []
+        self._holding = 0
+        self._held_loop: asyncio.AbstractEventLoop | None = None
         self._write_lock = _WriteLock()
         if self.url.startswith("sqlite"):
             check_sqlite_version()
@@ -482,20 +490,77 @@ class Database:
         return self._schema
 
     @contextlib.asynccontextmanager
-    async def autocommit(self) -> AsyncIterator[Conn]:
-        """PostgreSQL: a connection outside any transaction, for a one-statement write (no
-        BEGIN or COMMIT round trips: most of a turn's bookkeeping writes, a record's moves,
-        a message's reference, the thread's mark, the usage row, are one statement each).
-        SQLite: an ordinary write transaction."""
+    async def autocommit(self, *, urgent: bool = False) -> AsyncIterator[Conn]:
+        """PostgreSQL: a connection outside any transaction, for statements of their own (no
+        BEGIN or COMMIT round trips: most of a turn's bookkeeping, a record's moves, a
+        message's reference, the thread's mark, the usage row, and its reads of one statement,
+        are one statement each). SQLite: an ordinary write transaction.
+
+        The connection is one of a few the process holds open for this (``HELD_AUTOCOMMIT``):
+        opening an ``AsyncConnection`` per statement (the pool's checkout and checkin, a
+        greenlet each way, a task to close it, the isolation level set and reset) cost about as
+        much CPU as the statement's own round trip. When all are busy, or for ``urgent``
+        statements (their own pool, ``write``), a pooled connection is opened as before. A
+        connection whose statement failed, or was cancelled mid-way, goes back to the pool
+        (which resets it, or drops it if it broke) instead of being held again."""
         if self._async is None:
-            async with self.write() as conn:
+            async with self.write(urgent=urgent) as conn:
                 yield conn
             return
         try:
-            async with self._async.connect() as aconn:
-                yield await aconn.execution_options(isolation_level="AUTOCOMMIT")
+            held = None if urgent else await self._take_held()
+            if held is None:
+                engine = self._urgent if urgent else self._async
+                assert engine is not None
+                async with engine.connect() as aconn:
+                    yield await aconn.execution_options(isolation_level="AUTOCOMMIT")
+                return
+            try:
+                yield held
+            except BaseException:
+                self._holding -= 1
+                await asyncio.shield(held.close())
+                raise
+            await self._give_back(held)
         except (SQLAlchemyError, OSError) as exc:
             raise database_error(exc) from exc
+
+    async def _take_held(self) -> AsyncConnection | None:
+        """An idle held connection, or a new one while fewer than ``HELD_AUTOCOMMIT`` are held;
+        None when all are busy, or on an event loop other than theirs (asyncpg's connections
+        belong to the loop that opened them)."""
+        loop = asyncio.get_running_loop()
+        if self._held_loop is None:
+            self._held_loop = loop
+        elif self._held_loop is not loop:
+            return None
+        if self._held:
+            return self._held.pop()
+        if self._holding >= HELD_AUTOCOMMIT:
+            return None
+        assert self._async is not None
+        self._holding += 1
+        try:
+            aconn = self._async.connect()
+            await aconn.start()
+            return await aconn.execution_options(isolation_level="AUTOCOMMIT")
+        except BaseException:
+            self._holding -= 1
+            raise
+
+    async def _give_back(self, held: AsyncConnection) -> None:
+        """A held connection whose use ended without an error: idle again, unless a failed
+        statement invalidated it. A statement sent SQLAlchemy's ordinary way began its view of
+        a transaction (autobegin; nothing is sent in autocommit mode): ended here, so the next
+        use starts from none."""
+        sync = held.sync_connection
+        if sync is None or sync.invalidated or sync.closed:
+            self._holding -= 1
+            await asyncio.shield(held.close())
+            return
+        if held.in_transaction():
+            await held.rollback()
+        self._held.append(held)
 
     @staticmethod
     async def _sqlite_begin_immediate(
@@ -611,6 +676,12 @@ class Database:
         return sqlite.insert(table)
 
     async def dispose(self) -> None:
+        held, self._held = self._held, []
+        for conn in held:
+            self._holding -= 1
+            with contextlib.suppress(SQLAlchemyError, OSError, RuntimeError):  # RuntimeError:
+                await conn.close()  # disposed from another event loop than theirs
+        self._held_loop = None
         if self._reader is not None:
             self._reader.invalidate()
             self._reader = None

@@ -94,7 +94,7 @@ class Prepared:
 
     async def run(self, conn: Conn, params: dict[str, Any]) -> Ran:
         """Rows changed (or returned), and the first row returned, processed like SQLAlchemy's
-        (JSON decoded, datetimes in UTC)."""
+        (JSON decoded, datetimes in UTC) and named by column (``row.id``) on every path."""
         if type(conn) is InlineConnection and not _watched(conn.sync_connection):
             rowcount, rows = self._inline(conn, params, first=True)
         elif (direct := _asyncpg(conn)) is not None:
@@ -102,7 +102,8 @@ class Prepared:
         else:
             result = await conn.execute(self.statement, params)
             row = result.first() if result.returns_rows else None
-            return Ran(result.rowcount, None if row is None else tuple(row))
+            named = self._compile(conn.dialect).row
+            return Ran(result.rowcount, None if row is None else tuple.__new__(named, row))
         compiled = self._compiled[conn.dialect.name]
         return Ran(rowcount, compiled.processed(rows[0]) if rows else None)
 
@@ -135,15 +136,15 @@ class Prepared:
 
         On SQLite, when nobody watches the engine's statements, it runs in place on the
         process's reader connection, outside any transaction (``Database.sqlite_reader``);
-        otherwise in a read transaction of its own (where, on PostgreSQL, an unwatched
-        statement already runs outside a transaction)."""
+        on PostgreSQL on one of the connections held outside any transaction
+        (``Database.autocommit``)."""
         engine = db.sync_engine
         if engine.dialect.name == "sqlite" and not _engine_watched(engine):
             with db.sqlite_reader() as raw:
                 _, rows = self._on_sqlite(raw, engine.dialect, params, first=False)
             processed = self._compile(engine.dialect).processed
             return [processed(row) for row in rows]
-        async with db.read() as conn:
+        async with db.autocommit() as conn:
             return await self.rows(conn, params)
 
     def _inline(

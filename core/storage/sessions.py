@@ -22,7 +22,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Final, NoReturn
+from typing import Any, Final, NoReturn, cast
 
 from sqlalchemy import Boolean, Float, String, bindparam, delete, select, type_coerce, update
 
@@ -72,9 +72,11 @@ _PROJECT: Final = bindparam("project_name", type_=SESSIONS.c.project_name.type)
 _KEY: Final = bindparam("project_session_id", type_=SESSIONS.c.project_session_id.type)
 # ``q.session_select`` with the staleness window a parameter (``staleness``), found by project
 # key or by id (every turn reads its session first, for its model).
-_SESSION_ROW: Final = select(
-    *SESSIONS.c, type_coerce(q.TURN_ACTIVE_BOUND, Boolean).label("is_turn_active")
+_SESSION_COLUMNS: Final = (
+    *SESSIONS.c,
+    type_coerce(q.TURN_ACTIVE_BOUND, Boolean).label("is_turn_active"),
 )
+_SESSION_ROW: Final = select(*_SESSION_COLUMNS)
 _FIND_SESSION: Final = Prepared(
     _SESSION_ROW.where(SESSIONS.c.project_name == _PROJECT, SESSIONS.c.project_session_id == _KEY)
 )
@@ -95,14 +97,24 @@ _NEW_SESSION: Final[dict[str, Any]] = {
     "user_id": bindparam("user_id", type_=SESSIONS.c.user_id.type),
     "title": bindparam("title", type_=SESSIONS.c.title.type),
 }
-# By temporary (which expires ``ttl_seconds`` from now, on the database clock), then dialect.
+# By whether the session is returned (RETURNING, where the database has it: the row as
+# ``_SESSION_ROW`` reads it, so a new thread's session is not read back), by temporary (which
+# expires ``ttl_seconds`` from now, on the database clock), then dialect.
 _ADD_SESSION: Final = {
-    False: insert_ignoring(SESSIONS, _NEW_SESSION, ("project_name", "project_session_id")),
-    True: insert_ignoring(
-        SESSIONS,
-        {**_NEW_SESSION, "expires_at": db_now(bindparam("ttl_seconds", type_=Float()))},
-        ("project_name", "project_session_id"),
-    ),
+    returned: {
+        temporary: insert_ignoring(
+            SESSIONS,
+            (
+                {**_NEW_SESSION, "expires_at": db_now(bindparam("ttl_seconds", type_=Float()))}
+                if temporary
+                else _NEW_SESSION
+            ),
+            ("project_name", "project_session_id"),
+            returning=_SESSION_COLUMNS if returned else (),
+        )
+        for temporary in (False, True)
+    }
+    for returned in (False, True)
 }
 
 
@@ -185,8 +197,13 @@ class SessionStore(TranscriptOperations):
             "ttl_seconds": self.temporary_ttl_hours * 3600,
         }
         async with self.db.autocommit() as conn:
-            ran = await _ADD_SESSION[temporary][conn.dialect.name].run(conn, params)
-            created = ran.rowcount == 1
+            returned = bool(conn.dialect.insert_returning)
+            if returned:
+                params["staleness"] = self.staleness_seconds
+            ran = await _ADD_SESSION[returned][temporary][conn.dialect.name].run(conn, params)
+        if ran.row is not None:
+            return q.session_info(cast(q.AnyRow, ran.row)), True  # named by column, as a Row
+        created = ran.rowcount == 1 and not returned  # returned: another caller created it
         session = await self.find_session(project_name, project_session_id)
         if session is None:  # deleted between the two statements: treat as not found
             raise AgentSessionNotFound(f"session {project_name}/{project_session_id} vanished")

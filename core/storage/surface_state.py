@@ -40,21 +40,31 @@ STASH_TTL_SECONDS: Final = 86400.0
 _SURFACE: Final = bindparam("surface", type_=THREADS.c.surface.type)
 _THREAD: Final = bindparam("thread_key", type_=THREADS.c.thread_key.type)
 _SESSION: Final = bindparam("session_id", type_=Id)
+_THREAD_COLUMNS: Final = (
+    THREADS.c.thread_key,
+    THREADS.c.session_id,
+    THREADS.c.last_shown_message_id,
+)
 _GET_THREAD: Final = Prepared(
-    select(THREADS.c.thread_key, THREADS.c.session_id, THREADS.c.last_shown_message_id).where(
-        THREADS.c.surface == _SURFACE, THREADS.c.thread_key == _THREAD
+    select(*_THREAD_COLUMNS).where(THREADS.c.surface == _SURFACE, THREADS.c.thread_key == _THREAD)
+)
+_NEW_THREAD: Final[dict[str, Any]] = {
+    "surface": _SURFACE,
+    "thread_key": _THREAD,
+    "session_id": _SESSION,
+    "last_shown_message_id": bindparam("shown", type_=THREADS.c.last_shown_message_id.type),
+}
+# By whether the binding is returned (RETURNING, where the database has it, so a new binding is
+# not read back), then dialect.
+_BIND_THREAD: Final = {
+    returned: insert_ignoring(
+        THREADS,
+        _NEW_THREAD,
+        ("surface", "thread_key"),
+        returning=_THREAD_COLUMNS if returned else (),
     )
-)
-_BIND_THREAD: Final = insert_ignoring(
-    THREADS,
-    {
-        "surface": _SURFACE,
-        "thread_key": _THREAD,
-        "session_id": _SESSION,
-        "last_shown_message_id": bindparam("shown", type_=THREADS.c.last_shown_message_id.type),
-    },
-    ("surface", "thread_key"),
-)
+    for returned in (False, True)
+}
 # An UPDATE's parameters never take a column's name: SQLAlchemy's ordinary way would read one as
 # a further column to SET.
 _SET_SHOWN: Final = Prepared(
@@ -122,8 +132,11 @@ class SurfaceState:
             "shown": last_shown_message_id,
         }
         async with self.db.autocommit() as conn:
-            await _BIND_THREAD[conn.dialect.name].run(conn, params)
-        found = await self.get_thread(thread_key)
+            returned = bool(conn.dialect.insert_returning)
+            row = (await _BIND_THREAD[returned][conn.dialect.name].run(conn, params)).row
+        if row is not None:
+            return ThreadInfo(row[0], int(row[1]), row[2])
+        found = await self.get_thread(thread_key)  # bound meanwhile by another, or not returned
         assert found is not None
         return found
 
