@@ -1,6 +1,8 @@
 """A message's bookkeeping statements, the way a turn runs them, timed by this process's CPU:
 ``Prepared`` statements run on the driver itself against the same statements sent SQLAlchemy's
-ordinary way (``core.storage.prepared``; the ordinary way forced here by hand).
+ordinary way (``core.storage.prepared``; the ordinary way forced here by hand), and on
+PostgreSQL the driver's way without the connections ``Database.autocommit`` holds ("unheld":
+each statement of its own on a pooled connection opened for it).
 
 One round is what the surface and the delivery records do around one turn, without the turn
 itself: the delivery record, its line (``blocker``), the session and thread look-ups, the
@@ -24,10 +26,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from core.providers.base import Usage
 from core.records import ANY_TAIL
 from core.settings import Settings
-from core.storage import Storage, prepared
+from core.storage import Storage, engine, prepared
 from core.storage.usage import LedgerEntry
 from core.usage.totals import RequestUsage
 
@@ -73,16 +77,27 @@ async def _round(storage: Storage, user: int, i: int, run: str) -> None:
     await deliveries.move(record.id, ("started",), "done")
 
 
+async def _not_held(_db: engine.Database) -> AsyncConnection | None:
+    """``Database._take_held`` finding every held connection busy: a pooled one each time."""
+    return None
+
+
 async def main(url: str) -> dict[str, Any]:
     storage = Storage.open(Settings(database_url=url))
     direct = prepared._asyncpg, prepared._watched, prepared._engine_watched
+    held = engine.Database._take_held
     try:
         await storage.migrate()
         user = await storage.sessions.get_or_create_user("bench:bookkeeping")
         run = uuid.uuid4().hex[:8]
         for i in range(20):  # warm-up: compiled statements, pooled connections
             await _round(storage, user, -i - 1, run)
-        cpu: dict[str, list[float]] = {"driver": [], "ordinary": []}
+        # "unheld": the driver's way, each statement of its own on a pooled connection opened
+        # for it, as before ``Database.autocommit`` held connections (PostgreSQL only).
+        ways = ["driver", "ordinary"]
+        if storage.dialect == "postgresql":
+            ways.insert(1, "unheld")
+        cpu: dict[str, list[float]] = {way: [] for way in ways}
         n = 0
         for _ in range(REPEATS):
             for way in cpu:
@@ -90,12 +105,15 @@ async def main(url: str) -> dict[str, Any]:
                     prepared._asyncpg = lambda conn: None
                     prepared._watched = lambda sync: True
                     prepared._engine_watched = lambda engine: True
+                if way == "unheld":
+                    engine.Database._take_held = _not_held  # type: ignore[method-assign,assignment]
                 start = time.process_time()
                 for _ in range(ROUNDS):
                     await _round(storage, user, n, run)
                     n += 1
                 cpu[way].append((time.process_time() - start) * 1000 / ROUNDS)
                 prepared._asyncpg, prepared._watched, prepared._engine_watched = direct
+                engine.Database._take_held = held  # type: ignore[method-assign]
         return {
             "database": storage.dialect,
             "rounds": ROUNDS * REPEATS,
@@ -106,6 +124,7 @@ async def main(url: str) -> dict[str, Any]:
         }
     finally:
         prepared._asyncpg, prepared._watched, prepared._engine_watched = direct
+        engine.Database._take_held = held  # type: ignore[method-assign]
         await storage.dispose()
 
 

@@ -542,20 +542,18 @@ async def test_history__reads_back_what_orjson_refuses(
 async def test_history__a_connection_lost_mid_load_is_a_database_error_and_not_pooled(
     store: SessionStore, db: Database, backend: str
 ) -> None:
-    """On PostgreSQL the load runs on asyncpg itself: a connection that dies under it is
-    reported as a ``DatabaseError`` (never a driver exception) and is not handed out again."""
+    """On PostgreSQL the load runs on asyncpg itself, on a connection held outside any
+    transaction (``Database.autocommit``): a connection that dies under it is reported as a
+    ``DatabaseError`` (never a driver exception) and is not handed out again."""
     _, session = await new_session(store)
     await add_exchange(store, session.id, 1)
-
-    async def load_on_a_killed_connection() -> None:
-        async with db.read() as conn:
-            pid = await conn.scalar(text("SELECT pg_backend_pid()"))
-            async with db.read() as other:
-                await other.scalar(text(f"SELECT pg_terminate_backend({int(pid)})"))
-            await q.history(conn, session.id)
+    async with db.autocommit() as held:  # the one held connection: the next load's
+        pid = int(await held.scalar(text("SELECT pg_backend_pid()")))
+    async with db.read() as other:  # and wait until its server process is gone
+        assert await other.scalar(text(f"SELECT pg_terminate_backend({pid}, 10000)"))
 
     with pytest.raises(DatabaseError):
-        await load_on_a_killed_connection()
+        await store.history(session.id)
     assert len(await store.history(session.id)) == 2
 
 

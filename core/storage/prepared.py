@@ -130,9 +130,12 @@ class Prepared:
             return (await self._on_asyncpg(conn, direct, params))[1]
         return (await conn.execute(self.statement, params)).all()
 
-    async def fetch(self, db: Database, params: dict[str, Any]) -> Sequence[Any]:
+    async def fetch(
+        self, db: Database, params: dict[str, Any], *, raw: bool = False
+    ) -> Sequence[Any]:
         """Every row of this statement run as a read of its own, processed as ``rows``
-        processes them: for the reads of one statement, most of a turn's.
+        processes them (``raw``: as the driver gives them, as ``all`` does): for the reads of
+        one statement, most of a turn's.
 
         On SQLite, when nobody watches the engine's statements, it runs in place on the
         process's reader connection, outside any transaction (``Database.sqlite_reader``);
@@ -140,12 +143,14 @@ class Prepared:
         (``Database.autocommit``)."""
         engine = db.sync_engine
         if engine.dialect.name == "sqlite" and not _engine_watched(engine):
-            with db.sqlite_reader() as raw:
-                _, rows = self._on_sqlite(raw, engine.dialect, params, first=False)
+            with db.sqlite_reader() as reader:
+                _, rows = self._on_sqlite(reader, engine.dialect, params, first=False)
+            if raw:
+                return rows
             processed = self._compile(engine.dialect).processed
             return [processed(row) for row in rows]
         async with db.autocommit() as conn:
-            return await self.rows(conn, params)
+            return await (self.all if raw else self.rows)(conn, params)
 
     def _inline(
         self, conn: InlineConnection, params: dict[str, Any], *, first: bool

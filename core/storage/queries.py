@@ -187,12 +187,13 @@ _HISTORY: Final = Prepared(
 )
 
 
-async def history(conn: Conn, session_id: int) -> list[StoredMessage]:
+async def history(db: Database, session_id: int) -> list[StoredMessage]:
     """The model's view (``history_statement``), made for speed: a history grows with the
     conversation, and at 10,000 messages SQLAlchemy's per-row work, the standard library's
     JSON decoder and a frozen dataclass per message were most of a load's time
     (docs/benchmarks.md, *History load of 10,000 messages*). So the rows come as plain
-    values (on SQLite from the driver's cursor, ``Prepared.all``), each message's JSON is
+    values, read by one statement on its own (``Prepared.fetch``: on SQLite from the reader
+    connection's cursor, on PostgreSQL on a held connection), each message's JSON is
     decoded by orjson (``json_loads``), and its id is read from the message (``message_id``
     equals ``message["id"]``, checked by ``validate_message`` on every write).
 
@@ -204,7 +205,7 @@ async def history(conn: Conn, session_id: int) -> list[StoredMessage]:
 
     The loop is the load's own cost, so it calls C directly: orjson (``json_loads`` only for
     what orjson refuses) and ``tuple.__new__`` (a named tuple's ``__new__`` is Python)."""
-    rows = await _HISTORY.all(conn, {"sid": session_id})
+    rows = await _HISTORY.fetch(db, {"sid": session_id}, raw=True)
     loads = orjson.loads
     new = tuple.__new__
     flags = (False, True)  # SQLite gives 0 or 1, asyncpg a bool: both index it

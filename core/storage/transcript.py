@@ -63,8 +63,7 @@ class TranscriptOperations:
 
     async def history(self, session_id: int) -> list[StoredMessage]:
         """The model's view: the latest checkpoint and everything after it."""
-        async with self.db.read() as conn:
-            return await q.history(conn, session_id)
+        return await q.history(self.db, session_id)
 
     async def find_message(self, message_id: str) -> tuple[int, StoredMessage] | None:
         """The session and stored form of a message, by its id."""
