@@ -133,6 +133,27 @@ async def test_prepared__a_one_statement_read_runs_on_the_reader_outside_any_tra
         assert replaced is not reader
 
 
+@pytest.mark.parametrize("backend", ["sqlite"])  # PostgreSQL's is a held connection (below)
+async def test_prepared__a_watched_one_statement_read_on_sqlite_takes_no_write_lock(
+    store: SessionStore, db: Database, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Watched, ``Prepared.fetch`` on SQLite goes SQLAlchemy's way in a read transaction,
+    never in a write (SQLite's ``autocommit`` is one), so it waits on no writer."""
+    surface = SurfaceState(db, "slack")
+    _, session = await new_session(store)
+    await surface.bind_thread("T1/C1/2.0", session.id)
+
+    def no_write(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("a read took SQLite's write lock")
+
+    monkeypatch.setattr(db, "write", no_write)
+    with statements(db) as seen:
+        found = await surface.get_thread("T1/C1/2.0")
+    assert found is not None
+    assert found.session_id == session.id
+    assert any("surface_threads" in sql for sql, _ in seen)
+
+
 @pytest.mark.parametrize("backend", ["postgresql"])  # held connections are PostgreSQL's path only
 async def test_prepared__statements_of_their_own_run_on_held_connections_outside_transactions(
     db: Database, backend: str

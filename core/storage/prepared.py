@@ -138,19 +138,22 @@ class Prepared:
         one statement, most of a turn's.
 
         On SQLite, when nobody watches the engine's statements, it runs in place on the
-        process's reader connection, outside any transaction (``Database.sqlite_reader``);
-        on PostgreSQL on one of the connections held outside any transaction
-        (``Database.autocommit``)."""
+        process's reader connection, outside any transaction (``Database.sqlite_reader``), and
+        otherwise in a read transaction; on PostgreSQL on one of the connections held outside
+        any transaction (``Database.autocommit``)."""
         engine = db.sync_engine
-        if engine.dialect.name == "sqlite" and not _engine_watched(engine):
-            with db.sqlite_reader() as reader:
-                _, rows = self._on_sqlite(reader, engine.dialect, params, first=False)
-            if raw:
-                return rows
-            processed = self._compile(engine.dialect).processed
-            return [processed(row) for row in rows]
-        async with db.autocommit() as conn:
-            return await (self.all if raw else self.rows)(conn, params)
+        if engine.dialect.name != "sqlite":
+            async with db.autocommit() as conn:
+                return await (self.all if raw else self.rows)(conn, params)
+        if _engine_watched(engine):
+            async with db.read() as conn:  # not SQLite's autocommit(): a write transaction
+                return await (self.all if raw else self.rows)(conn, params)
+        with db.sqlite_reader() as reader:
+            _, rows = self._on_sqlite(reader, engine.dialect, params, first=False)
+        if raw:
+            return rows
+        processed = self._compile(engine.dialect).processed
+        return [processed(row) for row in rows]
 
     def _inline(
         self, conn: InlineConnection, params: dict[str, Any], *, first: bool
