@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +114,11 @@ class Counts:
 
         fetch = Prepared.fetch
 
-        async def counted_fetch(statement: Prepared, db: Database, params: dict[str, Any]) -> Any:
+        async def counted_fetch(
+            statement: Prepared, db: Database, params: dict[str, Any], *, raw: bool = False
+        ) -> Sequence[Any]:
             count("db_reads_alone")
-            return await fetch(statement, db, params)
+            return await fetch(statement, db, params, raw=raw)
 
         Prepared.fetch = counted_fetch  # type: ignore[method-assign,assignment]
 
