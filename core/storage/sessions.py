@@ -558,8 +558,9 @@ class SessionStore(TranscriptOperations):
         """The fence (token check, heartbeat or release) and the inserts, atomically.
 
         One message on PostgreSQL is one autocommitted statement (the fenced UPDATE in a CTE
-        feeding the INSERT): one round trip instead of five, on the turn's hot path. Otherwise
-        the fence and the inserts run in one transaction.
+        feeding the INSERT): one round trip instead of five, on the turn's hot path; no message
+        (a heartbeat, a release) is the fence alone, autocommitted too. Otherwise the fence
+        and the inserts run in one transaction.
         """
         rows = [
             q.message_row(lease.session_id, lease.next_position + i, message, compaction=c)
@@ -567,10 +568,14 @@ class SessionStore(TranscriptOperations):
         ]
         params = {"sid": lease.session_id, "token": lease.token}
         try:
-            if self.db.dialect == "postgresql" and len(rows) == 1 and snapshot is None:
-                # The common case (a turn's answer): one round trip, no BEGIN/COMMIT.
+            if self.db.dialect == "postgresql" and len(rows) <= 1 and snapshot is None:
+                # The common cases (a turn's answer, its heartbeats): one round trip, no
+                # BEGIN/COMMIT.
                 async with self.db.autocommit() as conn:
-                    changed = await q.fenced_insert(conn, params, rows[0], release=release)
+                    if rows:
+                        changed = await q.fenced_insert(conn, params, rows[0], release=release)
+                    else:
+                        changed = await q.fence(conn, params, release=release)
             else:
                 async with self.db.write() as conn:
                     changed = await q.fence(conn, params, release=release)
