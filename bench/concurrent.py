@@ -245,7 +245,10 @@ async def _concurrent(
     turns = done["finished"] + done["failed"] - base["finished"] - base["failed"]
     cpu = cpu_end.total - cpu_start.total
     used = max(cpu, 1e-9)
-    main_share = (cpu_end.main - cpu_start.main) / used
+    # The kernel adjusts a thread's and the process's times (each a user/system split of its
+    # own run time, kept monotonic) separately: over a wave of a few ticks the main thread's
+    # can come out above the process's (seen: a share of 1.25), so the share is capped.
+    main_share = min(1.0, (cpu_end.main - cpu_start.main) / used)
     extra: dict[str, Any] = {
         # Shares of the replica's CPU over the wave: its main thread (the turns' loop), every
         # other thread (the intake's loop, to_thread workers), and of the total, system time.
