@@ -142,11 +142,10 @@ class Prepared:
         otherwise in a read transaction; on PostgreSQL on one of the connections held outside
         any transaction (``Database.autocommit``)."""
         engine = db.sync_engine
-        if engine.dialect.name != "sqlite":
-            async with db.autocommit() as conn:
-                return await (self.all if raw else self.rows)(conn, params)
-        if _engine_watched(engine):
-            async with db.read() as conn:  # not SQLite's autocommit(): a write transaction
+        if engine.dialect.name != "sqlite" or _engine_watched(engine):
+            # SQLite's autocommit() is a write transaction: a read takes read()'s.
+            opened = db.autocommit() if engine.dialect.name != "sqlite" else db.read()
+            async with opened as conn:
                 return await (self.all if raw else self.rows)(conn, params)
         with db.sqlite_reader() as reader:
             _, rows = self._on_sqlite(reader, engine.dialect, params, first=False)
