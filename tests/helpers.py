@@ -68,6 +68,20 @@ async def add_exchange(store: SessionStore, session_id: int, n: int = 1) -> list
     return ids
 
 
+async def backdate(db: Database, session_ids: list[int], **seconds_ago: float) -> None:
+    """Move sessions' timestamp columns (``updated_at=60``…) into the past, on the database clock.
+
+    Ordering by time needs it: SQLite's clock has millisecond resolution, and a fast machine
+    creates a session and finishes a turn on another within the same millisecond.
+    """
+    async with db.write() as conn:
+        await conn.execute(
+            update(AgentSession.__table__)
+            .where(AgentSession.__table__.c.id.in_(session_ids))
+            .values({column: ago(s) for column, s in seconds_ago.items()})
+        )
+
+
 async def age_lock(db: Database, session_id: int, seconds: float) -> None:
     """Move a session's heartbeat ``seconds`` into the past, on the database clock."""
     async with db.write() as conn:

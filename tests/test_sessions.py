@@ -11,7 +11,7 @@ from core.messages import user_message
 from core.records import Actor
 from core.storage.engine import create_database
 from core.storage.sessions import SessionStore
-from tests.helpers import add_exchange, new_session, statements
+from tests.helpers import add_exchange, backdate, new_session, statements
 
 
 async def test_get_or_create_session__concurrent_callers_share_one_row(
@@ -56,6 +56,7 @@ async def test_list_sessions__per_user_most_recent_first(store: SessionStore) ->
     owner, first = await new_session(store, key="a")
     _, second = await new_session(store, key="b")
     _, foreign = await new_session(store, owner="slack:T1:U9", key="c")
+    await backdate(store.db, [first.id, second.id], updated_at=60)  # tied: the later id first
     await add_exchange(store, first.id)  # touches updated_at: first is now the most recent
     listed = await store.list_sessions(user_id=owner)
     assert [s.id for s in listed] == [first.id, second.id]

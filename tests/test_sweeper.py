@@ -33,19 +33,17 @@ from core.storage.models import (
 from core.storage.retention import RetentionPolicy, load_policy, set_policy
 from core.storage.sessions import SessionStore
 from core.storage.sweeper import sweep
-from tests.helpers import add_exchange, new_session, read_json_line, start_worker, stop_workers
+from tests.helpers import (
+    add_exchange,
+    backdate,
+    new_session,
+    read_json_line,
+    start_worker,
+    stop_workers,
+)
 
 SESSIONS = AgentSession.__table__
 OFF = RetentionPolicy(max_idle_days=0, max_per_user=0)
-
-
-async def backdate(db: Database, session_ids: list[int], **seconds_ago: float) -> None:
-    async with db.write() as conn:
-        await conn.execute(
-            update(SESSIONS)
-            .where(SESSIONS.c.id.in_(session_ids))
-            .values({column: ago(s) for column, s in seconds_ago.items()})
-        )
 
 
 async def remaining(db: Database) -> set[int]:
