@@ -115,6 +115,16 @@ async def _stats(http: aiohttp.ClientSession, model_url: str) -> dict[str, int]:
         return dict(await response.json())
 
 
+async def _shed(http: aiohttp.ClientSession, port: int) -> int:
+    """The replica's ``slack_agent_messages_shed_total``, from its ``/metrics``."""
+    async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+        text = await response.text()
+    for line in text.splitlines():
+        if line.startswith("slack_agent_messages_shed_total "):
+            return int(float(line.split()[1]))
+    raise RuntimeError("the replica's /metrics has no slack_agent_messages_shed_total")
+
+
 async def _wait_for(
     check: Any, http: aiohttp.ClientSession, model_url: str, within: float
 ) -> dict[str, int]:
@@ -167,6 +177,21 @@ async def _probe(
     )
 
 
+def replica_env(turns: int, model_url: str) -> dict[str, str]:
+    """The replica's settings for a wave of ``turns``: all of them run at once. Both limits
+    are raised: past ``MAX_HELD_MESSAGES`` (256 by default) a replica records new messages for
+    any replica with room and takes them back only as its own turns end, so a wave of 550
+    ran about 100 at once, started 7 a second, and measured another thing (2026-12-05)."""
+    return {
+        "MODEL_PROVIDER": "openai",
+        "OPENAI_API_KEY": "sk-bench",
+        "OPENAI_BASE_URL": f"{model_url}/v1",
+        "MAX_CONCURRENT_TURNS": str(turns),
+        "MAX_HELD_MESSAGES": str(turns),
+        "BUSY_MODE": "queue",
+    }
+
+
 async def _concurrent(
     n: int, database_url: str | None, *, stream_seconds: float, probes: int, counts: bool = False
 ) -> dict[str, Any]:
@@ -179,13 +204,7 @@ async def _concurrent(
         url = database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
         standin, api_url = await standin_process()
         model, model_url = await _model_process(stream_seconds)
-        env = {
-            "MODEL_PROVIDER": "openai",
-            "OPENAI_API_KEY": "sk-bench",
-            "OPENAI_BASE_URL": f"{model_url}/v1",
-            "MAX_CONCURRENT_TURNS": str(n + probes),
-            "BUSY_MODE": "queue",
-        }
+        env = replica_env(n + probes, model_url)
         proc: Process | None = None
         try:
             proc, port = await serve_process(url, api_url, tmp, env, command)
@@ -233,6 +252,7 @@ async def _concurrent(
                 )
                 await asyncio.sleep(1.0)  # the last replies' final Slack updates and releases
                 cpu_end = _cpu_now(proc.pid)
+                shed = await _shed(http, port)
                 if counts:
                     counted.append(await _counted(proc, out, 2))
                 for c in [warm, *wave, *probe]:
@@ -275,6 +295,9 @@ async def _concurrent(
         ),
         "cpu_ms_per_turn": round(cpu * 1000 / max(1, turns), 2),
         "model_calls_failed": done["failed"] - base["failed"],
+        # Mentions the replica recorded for a replica with room (MAX_HELD_MESSAGES): 0, or the
+        # wave was not the one described.
+        "messages_shed": shed,
     }
 
 
@@ -489,6 +512,7 @@ def format_lines(result: dict[str, Any]) -> list[str]:
                 f"ack p50/p95/p99 {ack['p50']:.1f} / "
                 f"{ack['p95']:.1f} / {ack['p99']:.1f} ms; "
                 f"{row['cpu_ms_per_turn']:.1f} ms CPU per turn"
+                + (f"; {row['messages_shed']} SHED" if row.get("messages_shed") else "")
                 + (
                     "; N never ran at once"
                     if row["rss_per_active_turn_bytes"] is None

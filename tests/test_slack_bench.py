@@ -8,9 +8,11 @@ from bench.concurrent import (
     bench_ack_during_fork_and_sweep,
     bench_concurrent_turns,
     format_lines,
+    replica_env,
 )
 from bench.slack import bench_slack
 from bench.slack_calls import bench_slack_calls
+from core.settings import load_settings
 
 # Real processes or long runs: outside the developer's quick subset (README, *The tests*).
 pytestmark = pytest.mark.slow
@@ -33,7 +35,20 @@ async def test_concurrent_turns__small_n_reports_what_it_measured() -> None:
     assert row["running_at_once"] == 3
     assert row["turns_started_per_second"] > 0
     assert row["model_calls_failed"] == 0
+    assert row["messages_shed"] == 0
     assert format_lines({"concurrent_turns": result})
+
+
+def test_concurrent_turns__the_replica_holds_the_whole_wave(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """N = 500 and its 50 probes run at once only if the replica keeps all 550: past
+    MAX_HELD_MESSAGES it records them for another replica (there is none) instead."""
+    for name, value in replica_env(550, "http://127.0.0.1:1").items():
+        monkeypatch.setenv(name, value)
+    settings = load_settings()
+    assert settings.max_concurrent_turns >= 550
+    assert settings.max_held_messages >= 550
 
 
 async def test_concurrent_turns__counts_what_a_turn_does() -> None:
