@@ -544,9 +544,11 @@ def format_lines(result: dict[str, Any]) -> list[str]:
 
 
 if __name__ == "__main__":
-    # turns [DATABASE_URL [SIZES]] [--counts] | fork [DATABASE_URL]
+    # turns [DATABASE_URL [SIZES]] [--counts] [--stream-seconds=S] | fork [DATABASE_URL]
     counting = "--counts" in sys.argv
-    args = [a for a in sys.argv if a != "--counts"]
+    streamed = [a for a in sys.argv if a.startswith("--stream-seconds=")]
+    stream_seconds = float(streamed[-1].partition("=")[2]) if streamed else 20.0
+    args = [a for a in sys.argv if a != "--counts" and a not in streamed]
     what = args[1] if len(args) > 1 else "turns"
     target = args[2] if len(args) > 2 else None
     if what == "fork":
@@ -554,5 +556,7 @@ if __name__ == "__main__":
     else:
         sizes = tuple(int(x) for x in args[3].split(",")) if len(args) > 3 else SIZES
         with contextlib.suppress(KeyboardInterrupt):
-            result = bench_concurrent_turns(target or None, sizes=sizes, counts=counting)
+            result = bench_concurrent_turns(
+                target or None, sizes=sizes, counts=counting, stream_seconds=stream_seconds
+            )
             print(json.dumps(asyncio.run(result)))

@@ -15,6 +15,13 @@ divides the difference by the turns run:
   (``Prepared.fetch``: ``db_reads_alone``);
 - **timers armed** (``call_at``, which ``call_later`` and ``sleep`` use) and **tasks created**.
 
+With ``BENCH_CPROFILE=FILE`` the turns' loop also runs under cProfile from the first SIGUSR2
+to the second (the wave alone, no start-up, no warm-up turn), and its statistics go to FILE
+(read them with ``python -m pstats FILE``; a deterministic profile inflates small calls, so
+read shares and call counts, not milliseconds)::
+
+    BENCH_CPROFILE=turns.prof uv run python -m bench.concurrent turns "" 10 --counts
+
 CPU by thread is read by the benchmark from ``/proc`` (it needs no help from inside). Counting
 costs a counter increment per loop pass and per callback, a little CPU the benchmark's
 ``cpu_ms_per_turn`` includes: compare CPU figures between runs without ``--counts``.
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import cProfile
 import json
 import os
 import signal
@@ -45,6 +53,10 @@ class Counts:
         self.answered = 0  # SIGUSR2s answered: the benchmark waits for its own
         # Timers and tasks also by where they were made (``BENCH_COUNT_SITES=1``): slower.
         self.sites = os.environ.get("BENCH_COUNT_SITES") == "1"
+        profile_to = os.environ.get("BENCH_CPROFILE")
+        self.profile_to = Path(profile_to) if profile_to else None
+        # The thread's CPU time, not the clock: the loop's waits in epoll are not the turn's.
+        self.profile = cProfile.Profile(time.thread_time_ns, 1e-9) if profile_to else None
 
     def install(self) -> None:
         from slack_sdk.web.async_base_client import AsyncBaseClient
@@ -123,8 +135,16 @@ class Counts:
         Prepared.fetch = counted_fetch  # type: ignore[method-assign,assignment]
 
     def write(self) -> None:
+        """The counts so far, to ``out``; the first call also starts the profile (if asked
+        for), the second stops it and writes it out."""
         partial = self.out.with_suffix(".tmp")
         self.answered += 1
+        if self.profile is not None and self.profile_to is not None:
+            if self.answered == 1:
+                self.profile.enable()  # the signal handler runs on the turns' loop
+            elif self.answered == 2:
+                self.profile.disable()
+                self.profile.dump_stats(self.profile_to)
         partial.write_text(json.dumps({**self.counts, "answered": self.answered}))
         partial.replace(self.out)
 
