@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pstats
+from pathlib import Path
+
 import pytest
 
 from bench.concurrent import (
@@ -51,12 +54,19 @@ def test_concurrent_turns__the_replica_holds_the_whole_wave(
     assert settings.max_held_messages >= 550
 
 
-async def test_concurrent_turns__counts_what_a_turn_does() -> None:
+async def test_concurrent_turns__counts_what_a_turn_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``--counts``: the replica under ``bench.turn_counts``; every turn (3 and the probe)
-    opened a stream and called the model once, on loop passes of its own."""
+    opened a stream and called the model once, on loop passes of its own. With
+    ``BENCH_CPROFILE`` the turns' loop is profiled over the wave: its turns are in it."""
+    profile = tmp_path / "turns.prof"
+    monkeypatch.setenv("BENCH_CPROFILE", str(profile))
     result = await bench_concurrent_turns(
         None, sizes=(3,), stream_seconds=1.0, probes=1, counts=True
     )
+    profiled = pstats.Stats(str(profile)).stats  # type: ignore[attr-defined]
+    assert any(name == "take_turn" for _, _, name in profiled), "no turn in the profile"
     per_turn = result["3"]["per_turn"]
     # Each turn ran once: a turn that failed and was retried (as when the counting broke a
     # read's signature) sets its status and may open its stream again.
