@@ -17,7 +17,11 @@ flight:
 - ``seconds_to_all_running``: from the first mention sent to N model calls in flight;
 - ``turns_started_per_second``: the wave's N turns over the time until all of them had called
   the model: the replica's start rate. N run at once only if N start within one answer's time
-  (``stream_seconds``); if not, the probes meet the tail of the wave, not N turns.
+  (``stream_seconds``, 20 s; ``--stream-seconds=S`` on the command line); if not, the probes
+  meet the tail of the wave, not N turns;
+- ``messages_shed``: mentions the replica recorded for another replica with room instead of
+  keeping them (``MAX_HELD_MESSAGES``, raised to the wave's size here): 0, or the wave was not
+  N turns at once.
 
 ``ack_during_fork_and_sweep`` (SQLite or the PostgreSQL given): a session of 10,000 messages
 bound to a Slack thread, and ``sweep_sessions`` expired temporary sessions inserted while the
