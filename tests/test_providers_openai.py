@@ -22,6 +22,7 @@ from core.providers import (
     Usage,
     UserMessage,
 )
+from core.testing.http_proxy import HttpProxy
 from core.testing.openai import (
     DONE,
     OpenAIStandIn,
@@ -266,3 +267,50 @@ async def test_usage__running_totals_in_every_chunk_count_once_with_the_last_val
     events = await collect(provider, [UserMessage("hi")])
 
     assert [e for e in events if isinstance(e, Usage)] == [Usage(9, 2)]
+
+
+_PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+
+def _proxy_environment(monkeypatch: pytest.MonkeyPatch, **variables: str) -> None:
+    for name in _PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+
+async def test_proxy__http_proxy_carries_the_stream_and_is_looked_up_once(
+    server: OpenAIStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator's ``HTTP_PROXY`` (``HTTPS_PROXY`` for https) carries the model's requests,
+    streams included; it is read once per origin, so a second request goes the same way."""
+    async with HttpProxy() as proxy:
+        _proxy_environment(monkeypatch, HTTP_PROXY=proxy.url)
+        provider = OpenAIProvider(api_key="sk-test", base_url=server.base_url)
+        try:
+            server.push(text_reply("through ", "the proxy"))
+            assert text_of(await collect(provider, [UserMessage("hi")])) == "through the proxy"
+            _proxy_environment(monkeypatch)  # looked up already: not read again
+            server.push(text_reply("again"))
+            assert text_of(await collect(provider, [UserMessage("hi")])) == "again"
+        finally:
+            await provider.aclose()
+        url = f"{server.base_url}/chat/completions"
+        assert proxy.forwarded == [url, url]
+        assert [r.headers["authorization"] for r in server.requests] == ["Bearer sk-test"] * 2
+
+
+async def test_proxy__no_proxy_keeps_its_hosts_direct(
+    server: OpenAIStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with HttpProxy() as proxy:
+        _proxy_environment(monkeypatch, HTTP_PROXY=proxy.url, NO_PROXY="localhost,127.0.0.1")
+        provider = OpenAIProvider(api_key="sk-test", base_url=server.base_url)
+        try:
+            server.push(text_reply("direct"))
+            assert text_of(await collect(provider, [UserMessage("hi")])) == "direct"
+        finally:
+            await provider.aclose()
+        assert proxy.forwarded == []
+        assert len(server.requests) == 1

@@ -28,8 +28,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Final, NamedTuple
 
 import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
 
 from core.errors import (
     ModelProviderBadResponse,
@@ -198,6 +201,7 @@ class SseStreamer:
         # Made on first use, in the loop that streams (an aiohttp session belongs to one).
         self._client: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._proxies: dict[str, _Proxy] = {}  # per origin (``_proxy``)
 
     def _session(self) -> aiohttp.ClientSession:
         if self._given is not None:
@@ -208,10 +212,26 @@ class SseStreamer:
             self._loop = loop
             self._client = client = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
-                trust_env=True,  # HTTPS_PROXY and NO_PROXY, as operators expect
                 read_bufsize=READ_BUFFER,
             )
         return client
+
+    async def _proxy(self, url: str) -> _Proxy:
+        """The proxy for ``url`` that ``HTTPS_PROXY``, ``HTTP_PROXY`` and ``NO_PROXY`` name (and
+        its credentials, from the URL or ``~/.netrc``), looked up once per origin; none for a
+        client a test gave. aiohttp's ``trust_env`` looks it up on every request, and reads
+        ``~/.netrc`` for the host's own credentials, each in a worker thread: two thread hops a
+        model call, for an environment that does not change while we run. The host's netrc
+        credentials are not wanted either: a provider authenticates by its own header, and
+        aiohttp refuses a request that has both."""
+        if self._given is not None:
+            return _NO_PROXY
+        target = URL(url)
+        origin = str(target.origin())
+        found = self._proxies.get(origin)
+        if found is None:
+            found = self._proxies[origin] = await asyncio.to_thread(_env_proxy, target)
+        return found
 
     async def aclose(self) -> None:
         """Closes the client only if we made it: an injected one belongs to its owner."""
@@ -255,8 +275,14 @@ class SseStreamer:
         provider = self.provider
         answered = False
         try:
+            proxy = await self._proxy(url)
             async with self._session().post(
-                url, headers=dict(headers), json=body, timeout=self._timeout
+                url,
+                headers=dict(headers),
+                json=body,
+                timeout=self._timeout,
+                proxy=proxy.url,
+                proxy_auth=proxy.auth,
             ) as response:
                 answered = True
                 if not 200 <= response.status < 300:
@@ -290,6 +316,22 @@ class SseStreamer:
             raise ModelProviderUnavailable(
                 f"{provider}: cannot reach {url}: {exc!r}", provider=provider
             ) from exc
+
+
+class _Proxy(NamedTuple):
+    url: URL | None
+    auth: aiohttp.BasicAuth | None
+
+
+_NO_PROXY: Final = _Proxy(None, None)
+
+
+def _env_proxy(url: URL) -> _Proxy:
+    """What aiohttp's ``trust_env`` would choose for ``url`` (it reads files: off the loop)."""
+    try:
+        return _Proxy(*get_env_proxy_for_url(url))
+    except LookupError:  # none named, or NO_PROXY covers the host
+        return _NO_PROXY
 
 
 async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
