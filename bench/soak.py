@@ -56,6 +56,7 @@ from core.storage.engine import create_database
 from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
 from core.testing.openai import ModelFaults, SoakModel
+from core.testing.scripted import Span
 from core.testing.slack import TEAM, SlackFaults, SlackStandIn
 from core.testing.tcp_proxy import TcpProxy
 
@@ -215,6 +216,12 @@ class Soak:
     def _elapsed(self) -> float:
         return time.monotonic() - self.started
 
+    def _span(self, span: Span) -> str:
+        """A model call's span in the soak's seconds, and the replica that made it."""
+        end = "still open" if span.end is None else f"{span.end - self.started:.2f} s"
+        who = span.sender.rpartition("sk-soak-")[2] or span.sender
+        return f"call {span.number} by {who} from {span.start - self.started:.2f} s to {end}"
+
     async def run(self) -> SoakReport:
         c = self.config
         db = create_database(c.database_url)
@@ -244,7 +251,8 @@ class Soak:
                 self.replicas = [
                     Replica(
                         f"replica-{i}",
-                        self._env(url),
+                        # Its own model key: the model's stand-in tells the replicas apart.
+                        self._env(url) | {"OPENAI_API_KEY": f"sk-soak-replica-{i}"},
                         self.workdir / f"replica-{i}.log",
                         probe=None if self.profile is None else self.profile.folder,
                     )
@@ -523,6 +531,9 @@ class Soak:
             )
         if self.model.overlapping():
             v.append(f"two model calls at once for: {sorted(self.model.overlapping())}")
+            for key in sorted(self.model.overlapping()):
+                for a, b in self.model.overlaps(key):
+                    v.append(f"  {key}: {self._span(a)} and {self._span(b)}")
         report.model_faults = dict(self.model.injected)
         report.slack_faults = dict(self.slack.injected)
         if report.five_xx_outside_outage:

@@ -64,12 +64,8 @@ class HttpProxy:
             up_reader, up_writer = await asyncio.open_connection(url.hostname, url.port or 80)
             try:
                 path = url.path + (f"?{url.query}" if url.query else "")
-                up_writer.write(
-                    f"{method} {path or '/'} {version}\r\n{''.join(kept)}Connection: close\r\n\r\n".encode(
-                        "latin-1"
-                    )
-                    + body
-                )
+                sent = f"{method} {path or '/'} {version}\r\n{''.join(kept)}"
+                up_writer.write(f"{sent}Connection: close\r\n\r\n".encode("latin-1") + body)
                 await up_writer.drain()
                 while chunk := await up_reader.read(2**16):
                     writer.write(chunk)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter, deque
+import time
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,6 +31,23 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]  # names lower-cased
     body: Any
+
+
+@dataclass
+class Span:
+    """One request's time in flight (``time.monotonic``), and who sent it. ``end``: when its
+    answer ended or its client was seen gone; ``request`` while in flight."""
+
+    number: int
+    start: float
+    end: float | None
+    sender: str
+    request: web.Request | None = field(default=None, repr=False)
+
+    def hung_up(self) -> bool:
+        """Its client closed the connection (this server read the end of it)."""
+        transport = None if self.request is None else self.request.transport
+        return transport is None or transport.is_closing()
 
 
 class Reply(Protocol):
@@ -155,6 +173,9 @@ class ScriptedServer(LocalServer):
         self.max_in_flight = 0
         self.in_flight_by: Counter[str] = Counter()
         self.max_in_flight_by: Counter[str] = Counter()
+        # Per key, each request's span: when it came and ended (``time.monotonic``; None while
+        # in flight), and who sent it (its ``authorization`` header): ``overlaps`` says which.
+        self.spans_by: dict[str, list[Span]] = defaultdict(list)
         self.finished = 0
         self.dropped = 0  # answers the client no longer took (it stopped, timed out or died)
         self.closing = asyncio.Event()
@@ -176,6 +197,16 @@ class ScriptedServer(LocalServer):
         """Keys that ever had two requests in flight at once."""
         return {key: n for key, n in self.max_in_flight_by.items() if n > 1}
 
+    def overlaps(self, key: str) -> list[tuple[Span, Span]]:
+        """The pairs of ``key``'s requests that were in flight at once."""
+        spans = sorted(self.spans_by.get(key, []), key=lambda span: span.start)
+        return [
+            (a, b)
+            for i, a in enumerate(spans)
+            for b in spans[i + 1 :]
+            if a.end is None or b.start < a.end
+        ]
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         recorded = RecordedRequest(
@@ -195,6 +226,17 @@ class ScriptedServer(LocalServer):
         else:
             return web.json_response({"error": {"message": "script exhausted"}}, status=500)
         key = self.key(recorded.body)
+        now = time.monotonic()
+        for earlier in self.spans_by[key]:
+            if earlier.end is None and earlier.hung_up():
+                # Its client left before this request came (the connection's end was read
+                # before this request's bytes, sent after it): only the answer's next pause
+                # would notice, up to 20 ms on, and count the two at once.
+                earlier.end = now
+                self.in_flight -= 1
+                self.in_flight_by[key] -= 1
+        span = Span(number, now, None, recorded.headers.get("authorization", ""), request)
+        self.spans_by[key].append(span)
         self.in_flight += 1
         self.in_flight_by[key] += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -210,5 +252,8 @@ class ScriptedServer(LocalServer):
             self.dropped += 1
             raise
         finally:
-            self.in_flight -= 1
-            self.in_flight_by[key] -= 1
+            if span.end is None:  # not already ended by a later request of its key
+                span.end = time.monotonic()
+                self.in_flight -= 1
+                self.in_flight_by[key] -= 1
+            span.request = None
