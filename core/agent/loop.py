@@ -543,16 +543,20 @@ class Agent:
             await emit(ModelCalled())
             calls: list[ToolCall] = []
             text_index: int | None = None
-            async for event in model.provider.stream(conversation, tools, model=model.choice.name):
-                if isinstance(event, TextDelta) and event.text:
-                    if text_index is None:
-                        answer.parts.append(text_part(""))
-                        text_index = len(answer.parts) - 1
-                    answer.parts[text_index]["text"] += event.text
-                    turn.partial = answer.message()
-                    await emit(TextChunk(event.text))
-                elif isinstance(event, ToolCall):
-                    calls.append(event)
+            # Closed here, not when the event loop finalizes it: a turn stopped while its
+            # surface shows a chunk (``emit``) ends its model request at once.
+            stream = model.provider.stream(conversation, tools, model=model.choice.name)
+            async with contextlib.aclosing(stream) as events:
+                async for event in events:
+                    if isinstance(event, TextDelta) and event.text:
+                        if text_index is None:
+                            answer.parts.append(text_part(""))
+                            text_index = len(answer.parts) - 1
+                        answer.parts[text_index]["text"] += event.text
+                        turn.partial = answer.message()
+                        await emit(TextChunk(event.text))
+                    elif isinstance(event, ToolCall):
+                        calls.append(event)
             if not calls:
                 return None
             for call in calls:
