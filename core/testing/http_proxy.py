@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from types import TracebackType
 from urllib.parse import urlsplit
+
+from core.testing.listener import Listener
 
 # Headers for this hop only (RFC 9110, 7.6.1), not sent on to the server.
 _HOP: frozenset[str] = frozenset(
@@ -18,30 +19,14 @@ _HOP: frozenset[str] = frozenset(
 )
 
 
-class HttpProxy:
+class HttpProxy(Listener):
     def __init__(self) -> None:
-        self.port = 0
+        super().__init__()
         self.forwarded: list[str] = []
-        self._server: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    async def __aenter__(self) -> HttpProxy:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -15,39 +15,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from types import TracebackType
+
+from core.testing.listener import Listener
 
 
-class TcpProxy:
+class TcpProxy(Listener):
     def __init__(self, target_host: str, target_port: int) -> None:
+        super().__init__()
         self.target = (target_host, target_port)
-        self.port = 0
         self.up = True
         self.blackholed_at: float | None = None  # time.monotonic() of the last blackhole
         self._flowing = asyncio.Event()
         self._flowing.set()
-        self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._pipes: set[asyncio.Task[None]] = set()
 
-    async def __aenter__(self) -> TcpProxy:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def close(self) -> None:
         self.cut()
-        assert self._server is not None
-        self._server.close()
         for pipe in list(self._pipes):
             pipe.cancel()
         await asyncio.gather(*self._pipes, return_exceptions=True)
-        await self._server.wait_closed()
+        await super().close()
 
     def cut(self) -> None:
         """Close every connection and refuse new ones until ``restore``."""
