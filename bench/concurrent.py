@@ -50,6 +50,7 @@ from typing import Any, Final, NamedTuple
 from urllib.parse import urlencode
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, insert, select
 
 from bench.costs import MESSAGES, SESSIONS, _message_row, transcript
@@ -123,9 +124,10 @@ async def _shed(http: aiohttp.ClientSession, port: int) -> int:
     """The replica's ``slack_agent_messages_shed_total``, from its ``/metrics``."""
     async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
         text = await response.text()
-    for line in text.splitlines():
-        if line.startswith("slack_agent_messages_shed_total "):
-            return int(float(line.split()[1]))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "slack_agent_messages_shed_total":
+                return int(sample.value)
     raise RuntimeError("the replica's /metrics has no slack_agent_messages_shed_total")
 
 

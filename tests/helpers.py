@@ -84,12 +84,7 @@ async def backdate(db: Database, session_ids: list[int], **seconds_ago: float) -
 
 async def age_lock(db: Database, session_id: int, seconds: float) -> None:
     """Move a session's heartbeat ``seconds`` into the past, on the database clock."""
-    async with db.write() as conn:
-        await conn.execute(
-            update(AgentSession.__table__)
-            .where(AgentSession.__table__.c.id == session_id)
-            .values(heartbeat_at=ago(seconds))
-        )
+    await backdate(db, [session_id], heartbeat_at=seconds)
 
 
 async def take_over(db: Database, session_id: int) -> TurnLease:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import Counter, defaultdict, deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -171,8 +171,6 @@ class ScriptedServer(LocalServer):
         self.count = 0  # requests taken, recorded or not
         self.in_flight = 0
         self.max_in_flight = 0
-        self.in_flight_by: Counter[str] = Counter()
-        self.max_in_flight_by: Counter[str] = Counter()
         # Per key, each request's span: when it came and ended (``time.monotonic``; None while
         # in flight), and who sent it (its ``authorization`` header): ``overlaps`` says which.
         self.spans_by: dict[str, list[Span]] = defaultdict(list)
@@ -194,8 +192,9 @@ class ScriptedServer(LocalServer):
         await super().start()
 
     def overlapping(self) -> dict[str, int]:
-        """Keys that ever had two requests in flight at once."""
-        return {key: n for key, n in self.max_in_flight_by.items() if n > 1}
+        """Keys that ever had two requests in flight at once, and the most there were."""
+        most = {key: _most_at_once(spans) for key, spans in self.spans_by.items()}
+        return {key: n for key, n in most.items() if n > 1}
 
     def overlaps(self, key: str) -> list[tuple[Span, Span]]:
         """The pairs of ``key``'s requests that were in flight at once."""
@@ -234,13 +233,10 @@ class ScriptedServer(LocalServer):
                 # would notice, up to 20 ms on, and count the two at once.
                 earlier.end = now
                 self.in_flight -= 1
-                self.in_flight_by[key] -= 1
         span = Span(number, now, None, recorded.headers.get("authorization", ""), request)
         self.spans_by[key].append(span)
         self.in_flight += 1
-        self.in_flight_by[key] += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        self.max_in_flight_by[key] = max(self.max_in_flight_by[key], self.in_flight_by[key])
         try:
             response = await reply.send(request, self)
             self.finished += 1
@@ -255,5 +251,18 @@ class ScriptedServer(LocalServer):
             if span.end is None:  # not already ended by a later request of its key
                 span.end = time.monotonic()
                 self.in_flight -= 1
-                self.in_flight_by[key] -= 1
             span.request = None
+
+
+def _most_at_once(spans: Sequence[Span]) -> int:
+    """The most of ``spans`` in flight at one moment (one that ends as another starts does not
+    overlap it; one still in flight has not ended)."""
+    moments = sorted(
+        [(span.start, 1) for span in spans]
+        + [(span.end, -1) for span in spans if span.end is not None]
+    )
+    most = now = 0
+    for _, step in moments:
+        now += step
+        most = max(most, now)
+    return most
