@@ -50,7 +50,6 @@ from typing import Any, Final, NamedTuple
 from urllib.parse import urlencode
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, insert, select
 
 from bench.costs import MESSAGES, SESSIONS, _message_row, transcript
@@ -71,6 +70,7 @@ from core.settings import Settings
 from core.storage import Storage
 from core.storage.dialect import hence
 from core.storage.engine import create_database
+from core.testing import metrics
 from core.testing.processes import spawn
 from core.testing.slack import TEAM, signed_headers
 
@@ -122,13 +122,10 @@ async def _stats(http: aiohttp.ClientSession, model_url: str) -> dict[str, int]:
 
 async def _shed(http: aiohttp.ClientSession, port: int) -> int:
     """The replica's ``slack_agent_messages_shed_total``, from its ``/metrics``."""
-    async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
-        text = await response.text()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "slack_agent_messages_shed_total":
-                return int(sample.value)
-    raise RuntimeError("the replica's /metrics has no slack_agent_messages_shed_total")
+    samples = await metrics.scrape(f"http://127.0.0.1:{port}", http)
+    if ("slack_agent_messages_shed_total", ()) not in samples:
+        raise RuntimeError("the replica's /metrics has no slack_agent_messages_shed_total")
+    return int(metrics.value(samples, "slack_agent_messages_shed_total"))
 
 
 async def _wait_for(

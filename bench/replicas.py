@@ -15,6 +15,7 @@ from pathlib import Path
 
 import aiohttp
 
+from core.testing import metrics
 from core.testing.processes import child_environment, free_port, until_healthy
 
 
@@ -58,11 +59,10 @@ class Replica:
 
     async def owner(self) -> str:
         """The id this replica's delivery records carry (``slack_agent_replica_info``)."""
-        async with aiohttp.ClientSession() as http, http.get(self.url + "/metrics") as response:
-            for line in (await response.text()).splitlines():
-                if line.startswith("slack_agent_replica_info{"):
-                    return line.split('owner="', 1)[1].split('"', 1)[0]
-        raise RuntimeError(f"{self.name} reports no owner id")
+        info = metrics.labels_of(await metrics.scrape(self.url), "slack_agent_replica_info")
+        if not info or "owner" not in info[0]:
+            raise RuntimeError(f"{self.name} reports no owner id")
+        return info[0]["owner"]
 
     async def healthy(self, http: aiohttp.ClientSession) -> bool:
         try:

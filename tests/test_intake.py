@@ -9,13 +9,13 @@ import asyncio
 import logging
 import threading
 
-import aiohttp
 import pytest
 from sqlalchemy import select
 
 from core import metrics
 from core.storage.deliveries import DELIVERIES
 from core.storage.engine import create_database
+from core.testing.metrics import scrape, value
 from core.testing.openai import GatedModel
 from core.testing.slack import SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
@@ -153,15 +153,7 @@ async def test_metrics__the_intake_queue_and_acknowledgement_latency(
     ):
         ts = await client.message("counted", mention=True)
         await slack.wait_for(lambda: slack.replies(ts))
-        async with aiohttp.ClientSession() as http, http.get(running.url + "/metrics") as r:
-            body = await r.text()
-    lines = body.splitlines()
-    assert any(line.startswith("slack_agent_intake_queue ") for line in lines)
-    assert any(line.startswith("slack_agent_held_messages ") for line in lines)
-    counted = [
-        float(line.rsplit(" ", 1)[1])
-        for line in lines
-        if line.startswith('slack_agent_ack_seconds_count{kind="message"}')
-    ]
-    assert counted
-    assert counted[0] >= 1
+        samples = await scrape(running.url)
+    assert ("slack_agent_intake_queue", ()) in samples
+    assert ("slack_agent_held_messages", ()) in samples
+    assert value(samples, "slack_agent_ack_seconds_count", kind="message") >= 1

@@ -24,6 +24,8 @@ from core.errors import DatabaseError
 from core.messages import message_text
 from core.storage.engine import create_database
 from core.storage.sessions import SessionStore
+from core.testing import metrics
+from core.testing.metrics import value
 from core.testing.openai import GatedModel
 from core.testing.slack import SlackClient, SlackStandIn
 from core.testing.tcp_proxy import TcpProxy
@@ -60,17 +62,13 @@ async def get(url: str) -> tuple[int, str]:
         return response.status, await response.text()
 
 
-async def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """``/metrics`` parsed as Prometheus exposition: (sample name, labels) -> value."""
+async def scrape(url: str) -> metrics.Samples:
+    """``/metrics`` parsed as Prometheus exposition, with every family the product promises."""
     status, body = await get(url + "/metrics")
     assert status == 200
     families = list(text_string_to_metric_families(body))
     assert {f.name for f in families} >= set(METRICS)
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
-
-
-def value(samples: dict[Any, float], name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    return metrics.parse(body)
 
 
 async def test_metrics__parse_as_prometheus_and_move_with_turns_refusals_and_slack(

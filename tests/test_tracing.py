@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from prometheus_client.parser import text_string_to_metric_families
 
 from core.errors import ConfigError, ModelProviderUnavailable
 from core.metrics import exposition
@@ -28,6 +27,7 @@ from core.providers import (
     UserMessage,
 )
 from core.settings import load_settings
+from core.testing import metrics
 from core.testing.otlp import OtlpReceiver, ReceivedSpan
 from core.tracing.config import TraceConfig
 from core.tracing.spans import Tracer
@@ -50,14 +50,9 @@ def tracer_for(endpoint: str, **settings: Any) -> Tracer:
 def dropped(reason: str) -> float:
     """The /metrics sample of spans lost for ``reason``."""
     body, _ = exposition()
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            if (
-                sample.name == "slack_agent_trace_spans_dropped_total"
-                and sample.labels.get("reason") == reason
-            ):
-                return float(sample.value)
-    return 0.0
+    return metrics.value(
+        metrics.parse(body.decode()), "slack_agent_trace_spans_dropped_total", reason=reason
+    )
 
 
 def one_turn(tracer: Tracer, *, user_id: str = "slack:T1:U1") -> str | None:
