@@ -25,6 +25,7 @@ from core.messages import message_text
 from core.storage.engine import create_database
 from core.storage.sessions import SessionStore
 from core.testing import metrics
+from core.testing.http_proxy import HttpProxy
 from core.testing.metrics import value
 from core.testing.openai import GatedModel
 from core.testing.slack import SlackClient, SlackStandIn
@@ -364,6 +365,29 @@ async def test_slack_answering_a_page_not_json__is_a_slack_error_the_callers_han
             await web_client(settings, "xoxb-test").conversations_replies(channel="C1", ts="1.0")
     finally:
         await runner.cleanup()
+
+
+async def test_slack_calls__go_through_https_proxy_whatever_no_proxy_says(
+    database_url: str, slack: SlackStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the README promises an operator behind a proxy: the Slack Web API client takes
+    ``HTTPS_PROXY`` for every call (slack_sdk's own rule, even to a plain-http API URL) and
+    does not read ``NO_PROXY``; the model's requests follow the standard rules instead
+    (``tests/test_providers_openai.py``)."""
+    async with HttpProxy() as proxy:
+        for name in ("http_proxy", "https_proxy", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+            monkeypatch.delenv(name.upper(), raising=False)
+        monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+        async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
+            ts = await client.message("through the proxy, please", mention=True)
+            await slack.wait_for(lambda: slack.named("chat.stopStream"))
+        assert slack.replies(ts)
+        methods = {c.method for c in slack.calls}
+        assert {"chat.startStream", "chat.stopStream"} <= methods
+        assert {urlsplit(url).path.rsplit("/", 1)[-1] for url in proxy.forwarded} == methods
+        assert len(proxy.forwarded) == len(slack.calls)
 
 
 def test_serve__start_up_freezes_its_heap_and_spaces_full_collections() -> None:
