@@ -1,8 +1,9 @@
 """The Slack Web API client every part of the app uses, and what it tells ``/metrics``.
 
 slack_sdk's own retry handlers do the retrying: a 429 is waited out as ``Retry-After`` says, a
-5xx answer and a dropped connection are retried with backoff. What is left after them is a
-failure the caller deals with; each one (and each 429) is counted by method. Bolt makes a new
+5xx answer and a dropped connection are retried with backoff; a turn waiting so holds none of
+the places of the turns at work. What is left after them is a failure the caller deals with;
+each one (and each 429) is counted by method. Bolt makes a new
 client for every request (so a token set on it by authorisation stays that request's): the
 app's middleware (``bot.app``) swaps it for an observed one, so listeners' calls count too.
 """
@@ -26,12 +27,39 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from core import metrics
+from core.conversation.worker import waiting_aside
 from core.settings import Settings
 
 RETRIES = 3
 
 
-class _CountedRateLimits(AsyncRateLimitErrorRetryHandler):
+class _WaitsAside(AsyncRetryHandler):
+    """A retry's wait (Slack's ``Retry-After``, a backoff) is not the turn's own work: the
+    turn's place among those at work goes to another turn meanwhile (``waiting_aside``)."""
+
+    async def prepare_for_next_attempt_async(
+        self,
+        *,
+        state: RetryState,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        error: Exception | None = None,
+    ) -> None:
+        async with waiting_aside():
+            await super().prepare_for_next_attempt_async(
+                state=state, request=request, response=response, error=error
+            )
+
+
+class _ConnectionErrors(_WaitsAside, AsyncConnectionErrorRetryHandler):
+    pass
+
+
+class _ServerErrors(_WaitsAside, AsyncServerErrorRetryHandler):
+    pass
+
+
+class _CountedRateLimits(_WaitsAside, AsyncRateLimitErrorRetryHandler):
     async def _can_retry_async(
         self,
         *,
@@ -93,8 +121,8 @@ def observed(client: AsyncWebClient) -> AsyncWebClient:
 
 def retry_handlers() -> list[AsyncRetryHandler]:
     return [
-        AsyncConnectionErrorRetryHandler(max_retry_count=RETRIES),
-        AsyncServerErrorRetryHandler(max_retry_count=RETRIES),
+        _ConnectionErrors(max_retry_count=RETRIES),
+        _ServerErrors(max_retry_count=RETRIES),
         _CountedRateLimits(max_retry_count=RETRIES),
     ]
 

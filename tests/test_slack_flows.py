@@ -617,3 +617,27 @@ async def test_turns_at_work__waiting_on_the_model_frees_a_place_and_every_turn_
         await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 6)
     for root in roots:
         assert [m.role for m in await transcript(store, root)] == ["user", "assistant"]
+
+
+async def test_turns_at_work__waiting_out_slacks_retry_after_frees_a_place(
+    database_url: str, slack: SlackStandIn, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two places; two turns whose status call Slack rate-limits for a minute. While they wait
+    # it out, a third turn (of another thread: any workspace's) starts and finishes: a wait
+    # on Slack is not a turn's own work. Before, the two held both places for the minute.
+    monkeypatch.setattr(delivery, "TURNS_AT_WORK", 2)
+    slack.rate_limit_next["agents.sessions.setStatus"] = [60, 60]
+    async with (
+        GatedModel() as model,
+        running_bot(database_url, slack, shutdown_grace_seconds=0, **gated(model)) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        limited = [await client.message(f"limited {i}", mention=True) for i in range(2)]
+        await slack.wait_for(lambda: not slack.rate_limit_next["agents.sessions.setStatus"])
+        third = await client.message("and me", mention=True)
+        await slack.wait_for(lambda: model.in_flight == 1)
+        model.release()
+        await slack.wait_for(lambda: slack.replies(third) and slack.named("chat.stopStream"))
+        statuses = [c.args["thread_ts"] for c in slack.named("agents.sessions.setStatus")]
+        assert statuses == [*limited, third]  # the two limited ones are still waiting it out
+    assert [m.role for m in await transcript(store, third)] == ["user", "assistant"]

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic
 
@@ -330,6 +331,7 @@ class DeliveryWorker(Generic[C]):
                 self._turning.add(current.id)  # from here on, a stop waits for it
                 self._stopping.discard(current.id)
                 progress = _Progress(self, current)
+                current_progress = _CURRENT.set(progress)
                 try:
                     await progress.enter()  # its work before the model call
                     outcome = await self.surface.answer(
@@ -353,6 +355,7 @@ class DeliveryWorker(Generic[C]):
                     raise
                 finally:
                     progress.leave()  # the turn ended: its place goes to another
+                    _CURRENT.reset(current_progress)
                     self._turning.discard(current.id)
             resumed = False
             current = await self._start_waiting(current, client)
@@ -721,6 +724,27 @@ class DeliveryWorker(Generic[C]):
                 await asyncio.gather(background, return_exceptions=True)
 
 
+# The try the running task works for (set by ``_carry``, inherited by the tasks it starts).
+_CURRENT: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar(
+    "slack_agent_progress", default=None
+)
+
+
+@contextlib.asynccontextmanager
+async def waiting_aside() -> AsyncIterator[None]:
+    """The current turn waits on something outside the process for a while (a Web API's
+    ``Retry-After``, a retry's backoff): its place among the ``TURNS_AT_WORK`` goes to another
+    turn meanwhile. Slack's 429s say to wait seconds, up to a minute, and four turns sleeping
+    on them held every place: no other turn of the replica, of any workspace, could start or
+    finish. Outside a turn's own work this does nothing."""
+    progress = _CURRENT.get()
+    if progress is None:
+        yield
+        return
+    async with progress.aside():
+        yield
+
+
 class _Progress:
     """What a try tells its record: started (the user message is stored), replying (where);
     and, from the turn's events, when its own work holds one of the ``TURNS_AT_WORK`` places."""
@@ -731,6 +755,7 @@ class _Progress:
         self.record = record
         self._places = worker.at_work  # the worker's ``TURNS_AT_WORK`` places
         self._holding = False
+        self._phase = 0  # model calls and ends seen (``aside``)
 
     async def enter(self) -> None:
         if not self._holding:
@@ -742,10 +767,27 @@ class _Progress:
             self._holding = False
             self._places.release()
 
+    @contextlib.asynccontextmanager
+    async def aside(self) -> AsyncIterator[None]:
+        """Give the place up while the body waits; take one again after it unless the turn
+        moved on meanwhile (a task of the turn's reply waited while the turn itself reached
+        its model call, which gives the place up anyway). A body that raises (the turn is
+        stopped) does not take a place again: the turn's end gives back what it holds."""
+        if not self._holding:
+            yield
+            return
+        phase = self._phase
+        self.leave()
+        yield
+        if self._phase == phase:
+            await self.enter()
+
     async def observe(self, event: object) -> None:
         if isinstance(event, ModelCalled):
+            self._phase += 1
             self.leave()  # from here the turn mostly waits on its model
         elif isinstance(event, ModelDone):
+            self._phase += 1
             await self.enter()  # storing the answer is its own work again
 
     async def started(self, session_id: int) -> None:

@@ -15,8 +15,9 @@ stream answers ``message_not_in_streaming_state``, ``streaming=False`` answers
 Faults: ``SlackFaults`` answers a share of calls as an overloaded Slack does, 429 with
 ``Retry-After`` or 500 (the call is then not carried out), spread evenly (``FaultSchedule``);
 per method, ``fail_next`` (HTTP statuses before answering normally; 0 drops the connection),
-``errors`` (``ok: false`` every time), ``rate_limit_once``, ``hold`` (the call is carried out
-but its answer waits for an event) and ``intercept`` (awaited before each call is answered).
+``errors`` (``ok: false`` every time), ``rate_limit_once``, ``rate_limit_next`` (429s with the
+``Retry-After`` seconds given), ``hold`` (the call is carried out but its answer waits for an
+event) and ``intercept`` (awaited before each call is answered).
 
 ``signed_headers`` is the one place that signs a request as Slack does (v0 HMAC-SHA256 over
 ``v0:timestamp:body``); ``SlackClient`` sends events, interactions and commands with it.
@@ -158,6 +159,8 @@ class SlackStandIn(LocalServer):
         self.messages: dict[str, Message] = {}  # by ts
         self.views: list[dict[str, Any]] = []  # modals the app opened (views.open)
         self.rate_limit_once: set[str] = set()  # methods answered 429 once, then normally
+        # Per method: the Retry-After seconds of 429s to answer before answering normally.
+        self.rate_limit_next: dict[str, list[int]] = {}
         # Per method: HTTP statuses to answer before answering normally (0 drops the
         # connection without an answer), and Slack errors (``ok: false``) answered every time.
         self.fail_next: dict[str, list[int]] = {}
@@ -292,11 +295,15 @@ class SlackStandIn(LocalServer):
             failed = {"ok": False, "error": self.errors[method]}
             self._record(method, args, failed)
             return web.json_response(failed)
-        if method in self.rate_limit_once:
+        waits = self.rate_limit_next.get(method)
+        if method in self.rate_limit_once or waits:
             self.rate_limit_once.discard(method)
+            retry_after = waits.pop(0) if waits else 1
             self.calls.append(Call(method, args, {"ok": False, "error": "ratelimited"}))
             return web.json_response(
-                {"ok": False, "error": "ratelimited"}, status=429, headers={"Retry-After": "1"}
+                {"ok": False, "error": "ratelimited"},
+                status=429,
+                headers={"Retry-After": str(retry_after)},
             )
         result = self._limits(method, args) or self._answer(method, args)
         if result.get("ok"):
