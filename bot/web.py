@@ -3,9 +3,9 @@
 slack_sdk's own retry handlers do the retrying: a 429 is waited out as ``Retry-After`` says, a
 5xx answer and a dropped connection are retried with backoff; a turn waiting so holds none of
 the places of the turns at work. What is left after them is a failure the caller deals with;
-each one (and each 429) is counted by method. Bolt makes a new
-client for every request (so a token set on it by authorisation stays that request's): the
-app's middleware (``bot.app``) swaps it for an observed one, so listeners' calls count too.
+each one (and each 429) is counted by method. Bolt makes a new client for every request (so a
+token set on it by authorisation stays that request's): the app's middleware (``bot.app``)
+swaps it for an observed one, so listeners' calls count too.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ async def test_metrics__parse_as_prometheus_and_move_with_turns_refusals_and_sla
     monkeypatch.setattr(http_listener, "METRICS_REFRESH_SECONDS", 0)  # each scrape reads them
     async with running_bot(database_url, slack) as bot, SlackClient(bot.url) as client:
         before = await scrape(bot.url)
-        slack.rate_limit_once.add("chat.startStream")
+        slack.rate_limit_next["chat.startStream"] = [1]
         root = await client.message("count me", mention=True)
         await slack.wait_for(lambda: slack.named("chat.stopStream"))
         terminal = await TerminalTurn(store, root).start()

@@ -639,5 +639,6 @@ async def test_turns_at_work__waiting_out_slacks_retry_after_frees_a_place(
         model.release()
         await slack.wait_for(lambda: slack.replies(third) and slack.named("chat.stopStream"))
         statuses = [c.args["thread_ts"] for c in slack.named("agents.sessions.setStatus")]
-        assert statuses == [*limited, third]  # the two limited ones are still waiting it out
+        # One call each: the two limited ones are still waiting it out (in either order).
+        assert sorted(statuses) == sorted([*limited, third])
     assert [m.role for m in await transcript(store, third)] == ["user", "assistant"]

@@ -211,7 +211,7 @@ async def test_oauth__install_then_events_are_authorised_from_the_database(
 async def test_rate_limited__waits_as_told_and_posts_once(
     client: SlackClient, slack: SlackStandIn
 ) -> None:
-    slack.rate_limit_once = {"chat.startStream"}
+    slack.rate_limit_next["chat.startStream"] = [1]
     ts = await client.message("slow down", mention=True)
     await slack.wait_for(lambda: slack.named("chat.stopStream"))
     attempts = [c for c in slack.replies(ts) if c.method == "chat.startStream"]

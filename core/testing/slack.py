@@ -15,7 +15,7 @@ stream answers ``message_not_in_streaming_state``, ``streaming=False`` answers
 Faults: ``SlackFaults`` answers a share of calls as an overloaded Slack does, 429 with
 ``Retry-After`` or 500 (the call is then not carried out), spread evenly (``FaultSchedule``);
 per method, ``fail_next`` (HTTP statuses before answering normally; 0 drops the connection),
-``errors`` (``ok: false`` every time), ``rate_limit_once``, ``rate_limit_next`` (429s with the
+``errors`` (``ok: false`` every time), ``rate_limit_next`` (429s, each with the
 ``Retry-After`` seconds given), ``hold`` (the call is carried out but its answer waits for an
 event) and ``intercept`` (awaited before each call is answered).
 
@@ -158,7 +158,6 @@ class SlackStandIn(LocalServer):
         self.calls: list[Call] = []
         self.messages: dict[str, Message] = {}  # by ts
         self.views: list[dict[str, Any]] = []  # modals the app opened (views.open)
-        self.rate_limit_once: set[str] = set()  # methods answered 429 once, then normally
         # Per method: the Retry-After seconds of 429s to answer before answering normally.
         self.rate_limit_next: dict[str, list[int]] = {}
         # Per method: HTTP statuses to answer before answering normally (0 drops the
@@ -296,9 +295,8 @@ class SlackStandIn(LocalServer):
             self._record(method, args, failed)
             return web.json_response(failed)
         waits = self.rate_limit_next.get(method)
-        if method in self.rate_limit_once or waits:
-            self.rate_limit_once.discard(method)
-            retry_after = waits.pop(0) if waits else 1
+        if waits:
+            retry_after = waits.pop(0)
             self.calls.append(Call(method, args, {"ok": False, "error": "ratelimited"}))
             return web.json_response(
                 {"ok": False, "error": "ratelimited"},
