@@ -205,9 +205,6 @@ class ThreadedConnection(InlineConnection):
 
 # Connections of a PostgreSQL ``Database`` kept for urgent writes (``Database.write``).
 URGENT_POOL_SIZE = 2
-# Connections of a PostgreSQL ``Database`` held open outside any transaction, for statements
-# of their own (``Database.autocommit``); taken from its pool, so they count in its size.
-HELD_AUTOCOMMIT = 2
 
 
 class _WriteLock:
@@ -283,9 +280,14 @@ class Database:
         self._writer: Connection | None = None  # SQLite's inline writes: _sqlite_writer_begin
         self._reader: PoolProxiedConnection | None = None  # SQLite's one-statement reads
         # PostgreSQL's statements of their own: connections held idle (``autocommit``), how
-        # many are held (idle or in use), and the event loop they belong to.
+        # many are held (idle or in use), and the event loop they belong to. They are taken
+        # from the pool: at most its kept connections (``pool_size``), so its overflow, as
+        # many again, is left for transactions. Two were held until 2026-12-05: at 500 turns
+        # at once 28 % of these statements found both busy and paid for a pooled connection
+        # (docs/benchmarks.md, eighth pass).
         self._held: list[AsyncConnection] = []
         self._holding = 0
+        self.held_at_most = pool_size
         self._held_loop: asyncio.AbstractEventLoop | None = None
         self._write_lock = _WriteLock()
         if self.url.startswith("sqlite"):
@@ -496,7 +498,7 @@ class Database:
         message's reference, the thread's mark, the usage row, and its reads of one statement,
         are one statement each). SQLite: an ordinary write transaction.
 
-        The connection is one of a few the process holds open for this (``HELD_AUTOCOMMIT``):
+        The connection is one of those the process holds open for this (``held_at_most``):
         opening an ``AsyncConnection`` per statement (the pool's checkout and checkin, a
         greenlet each way, a task to close it, the isolation level set and reset) cost about
         125 µs of CPU a statement, about what the rest of a statement costs now
@@ -527,7 +529,7 @@ class Database:
             raise database_error(exc) from exc
 
     async def _take_held(self) -> AsyncConnection | None:
-        """An idle held connection, or a new one while fewer than ``HELD_AUTOCOMMIT`` are held;
+        """An idle held connection, or a new one while fewer than ``held_at_most`` are held;
         None when all are busy, or on an event loop other than theirs (asyncpg's connections
         belong to the loop that opened them)."""
         loop = asyncio.get_running_loop()
@@ -537,7 +539,7 @@ class Database:
             return None
         if self._held:
             return self._held.pop()
-        if self._holding >= HELD_AUTOCOMMIT:
+        if self._holding >= self.held_at_most:
             return None
         assert self._async is not None
         self._holding += 1
