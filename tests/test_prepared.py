@@ -22,10 +22,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from core.errors import DatabaseError, DuplicateMessage
 from core.messages import assistant_message, user_message
 from core.records import ANY_TAIL
+from core.storage import engine
 from core.storage import queries as q
 from core.storage.deliveries import Deliveries
 from core.storage.dialect import json_ids
-from core.storage.engine import Database, InlineConnection
+from core.storage.engine import Database, InlineConnection, create_database
 from core.storage.sessions import _STOPS, SessionStore
 from core.storage.surface_state import SurfaceState
 from tests.helpers import new_session, statements
@@ -196,6 +197,47 @@ async def test_prepared__statements_of_their_own_run_on_held_connections_outside
     more = db.held_at_most + 3  # held ones, and pooled ones once all are busy: never a queue
     at_once = await asyncio.gather(*(backend_pid(pause=0.3) for _ in range(more)))
     assert len(set(at_once)) == more
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_prepared__held_connections_the_server_ended_are_never_used(
+    db: Database, backend: str
+) -> None:
+    """A restart or a failover ends every connection while the process holds them idle: no
+    statement after it may fail on one (before, each held connection failed one statement),
+    nor on an idle pooled connection the server ended too."""
+
+    async def backend_pid(pause: float = 0.0) -> int:
+        async with db.autocommit() as conn:
+            return int(
+                await conn.scalar(text("SELECT pg_backend_pid() FROM pg_sleep(:s)"), {"s": pause})
+            )
+
+    more = db.held_at_most + 3  # every held connection, and pooled ones, opened
+    pids = set(await asyncio.gather(*(backend_pid(pause=0.3) for _ in range(more))))
+    assert len(pids) == more
+    admin = create_database(db.url)
+    try:
+        async with admin.autocommit() as conn:
+            ended = await conn.scalar(
+                text(
+                    "SELECT count(*) FROM unnest(CAST(:pids AS int[])) p(pid) "
+                    "WHERE pg_terminate_backend(pid)"
+                ),
+                {"pids": sorted(pids)},
+            )
+        assert ended == more
+    finally:
+        await admin.dispose()
+    # Until this process has read the server's end of each held connection (a poll, not a
+    # synchronising sleep): what a restart long before the next statement leaves.
+    async with asyncio.timeout(30):
+        while True:
+            if all(engine._ended_by_server(held) for held in db._held):
+                break
+            await asyncio.sleep(0.05)
+    assert [await backend_pid() for _ in range(more + 5)]  # none raised
+    assert await backend_pid() not in pids
 
 
 async def test_prepared__a_constraint_failure_is_sqlalchemys_error_either_way(

@@ -537,19 +537,27 @@ class Database:
             self._held_loop = loop
         elif self._held_loop is not loop:
             return None
-        if self._held:
-            return self._held.pop()
-        if self._holding >= self.held_at_most:
-            return None
+        while self._held:
+            held = self._held.pop()
+            if not _ended_by_server(held):
+                return held
+            await self._drop_held(held, invalidate=True)
         assert self._async is not None
-        self._holding += 1
-        try:
-            aconn = self._async.connect()
-            await aconn.start()
-            return await aconn.execution_options(isolation_level="AUTOCOMMIT")
-        except BaseException:
-            self._holding -= 1
-            raise
+        while self._holding < self.held_at_most:
+            self._holding += 1
+            try:
+                aconn = self._async.connect()
+                await aconn.start()
+                held = await aconn.execution_options(isolation_level="AUTOCOMMIT")
+            except BaseException:
+                self._holding -= 1
+                raise
+            if not _ended_by_server(held):
+                return held
+            # An idle pooled connection the server ended too: discarded, and the next one
+            # tried (the pool opens a new one once its idle ones are gone).
+            await self._drop_held(held, invalidate=True)
+        return None
 
     async def _give_back(self, held: AsyncConnection) -> None:
         """A held connection whose use ended without an error: idle again, unless a failed
@@ -564,10 +572,14 @@ class Database:
             await held.rollback()
         self._held.append(held)
 
-    async def _drop_held(self, held: AsyncConnection) -> None:
+    async def _drop_held(self, held: AsyncConnection, *, invalidate: bool = False) -> None:
         """A held connection no longer held: back to the pool, which resets it (or drops it if
-        it broke); shielded, so a cancellation cannot leave it half-closed."""
+        it broke), or discarded (``invalidate``); shielded, so a cancellation cannot leave it
+        half-closed."""
         self._holding -= 1
+        sync = held.sync_connection
+        if invalidate and sync is not None and not (sync.closed or sync.invalidated):
+            await asyncio.shield(held.invalidate())
         await asyncio.shield(held.close())
 
     @staticmethod
@@ -780,6 +792,21 @@ def library_engine(url: str, timeouts: DatabaseTimeouts | None = None) -> Any:
     if url.startswith("sqlite"):
         return create_async_engine(url, connect_args={"timeout": bounds.statement})
     return bounded_engine(url, bounds, server_settings=bounds.server_settings())
+
+
+def _ended_by_server(held: AsyncConnection) -> bool:
+    """Whether the server closed this idle connection (a restart, a failover, an operator's
+    ``pg_terminate_backend``): asyncpg marks it closed as soon as the loop reads the end.
+    Without this check every held connection failed one statement after a restart, the
+    first use of each finding it dead: ten failures in a process holding ten (2026-12-05).
+    The pool does not look before it lends an idle connection either (no pre-ping: a round
+    trip per checkout), so a new held connection is looked at the same way."""
+    sync = held.sync_connection
+    if sync is None or sync.invalidated or sync.closed:
+        return True
+    driver = getattr(sync.connection.dbapi_connection, "driver_connection", None)
+    is_closed = getattr(driver, "is_closed", None)
+    return bool(is_closed()) if callable(is_closed) else False
 
 
 def bounded_engine(
