@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
 from typing import Any
 
@@ -155,6 +156,15 @@ async def test_prepared__a_watched_one_statement_read_on_sqlite_takes_no_write_l
     assert any("surface_threads" in sql for sql, _ in seen)
 
 
+async def held_backend_pid(db: Database, pause: float = 0.0) -> int:
+    """The server process a statement of its own ran on (``Database.autocommit``), after
+    ``pause`` seconds in it."""
+    async with db.autocommit() as conn:
+        return int(
+            await conn.scalar(text("SELECT pg_backend_pid() FROM pg_sleep(:s)"), {"s": pause})
+        )
+
+
 @pytest.mark.parametrize("backend", ["postgresql"])  # held connections are PostgreSQL's path only
 async def test_prepared__statements_of_their_own_run_on_held_connections_outside_transactions(
     db: Database, backend: str
@@ -165,11 +175,7 @@ async def test_prepared__statements_of_their_own_run_on_held_connections_outside
     back to the pool, and the next one runs; more users at once than held connections all run,
     the others on pooled connections."""
 
-    async def backend_pid(pause: float = 0.0) -> int:
-        async with db.autocommit() as conn:
-            return int(
-                await conn.scalar(text("SELECT pg_backend_pid() FROM pg_sleep(:s)"), {"s": pause})
-            )
+    backend_pid = functools.partial(held_backend_pid, db)
 
     first = await backend_pid()
     assert await backend_pid() == first
@@ -207,11 +213,7 @@ async def test_prepared__held_connections_the_server_ended_are_never_used(
     statement after it may fail on one (before, each held connection failed one statement),
     nor on an idle pooled connection the server ended too."""
 
-    async def backend_pid(pause: float = 0.0) -> int:
-        async with db.autocommit() as conn:
-            return int(
-                await conn.scalar(text("SELECT pg_backend_pid() FROM pg_sleep(:s)"), {"s": pause})
-            )
+    backend_pid = functools.partial(held_backend_pid, db)
 
     more = db.held_at_most + 3  # every held connection, and pooled ones, opened
     pids = set(await asyncio.gather(*(backend_pid(pause=0.3) for _ in range(more))))
