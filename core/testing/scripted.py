@@ -169,10 +169,9 @@ class ScriptedServer(LocalServer):
         self.script: deque[Reply] = deque()
         self.requests: list[RecordedRequest] = []
         self.count = 0  # requests taken, recorded or not
-        self.in_flight = 0
-        self.max_in_flight = 0
         # Per key, each request's span: when it came and ended (``time.monotonic``; None while
-        # in flight), and who sent it (its ``authorization`` header): ``overlaps`` says which.
+        # in flight), and who sent it (its ``authorization`` header): ``overlaps`` says which,
+        # and the counts in flight are read from them.
         self.spans_by: dict[str, list[Span]] = defaultdict(list)
         self.finished = 0
         self.dropped = 0  # answers the client no longer took (it stopped, timed out or died)
@@ -190,6 +189,16 @@ class ScriptedServer(LocalServer):
     async def start(self) -> None:
         self.closing = asyncio.Event()
         await super().start()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in flight now."""
+        return sum(1 for spans in self.spans_by.values() for span in spans if span.end is None)
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most requests there ever were in flight at once."""
+        return _most_at_once([span for spans in self.spans_by.values() for span in spans])
 
     def overlapping(self) -> dict[str, int]:
         """Keys that ever had two requests in flight at once, and the most there were."""
@@ -232,11 +241,8 @@ class ScriptedServer(LocalServer):
                 # before this request's bytes, sent after it): only the answer's next pause
                 # would notice, up to 20 ms on, and count the two at once.
                 earlier.end = now
-                self.in_flight -= 1
         span = Span(number, now, None, recorded.headers.get("authorization", ""), request)
         self.spans_by[key].append(span)
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             response = await reply.send(request, self)
             self.finished += 1
@@ -250,7 +256,6 @@ class ScriptedServer(LocalServer):
         finally:
             if span.end is None:  # not already ended by a later request of its key
                 span.end = time.monotonic()
-                self.in_flight -= 1
             span.request = None
 
 
