@@ -45,7 +45,7 @@ from sqlalchemy.engine import (
     ScalarResult,
     make_url,
 )
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.base import Executable
@@ -542,22 +542,17 @@ class Database:
             if not _ended_by_server(held):
                 return held
             await self._drop_held(held, invalidate=True)
+        if self._holding >= self.held_at_most:
+            return None
         assert self._async is not None
-        while self._holding < self.held_at_most:
-            self._holding += 1
-            try:
-                aconn = self._async.connect()
-                await aconn.start()
-                held = await aconn.execution_options(isolation_level="AUTOCOMMIT")
-            except BaseException:
-                self._holding -= 1
-                raise
-            if not _ended_by_server(held):
-                return held
-            # An idle pooled connection the server ended too: discarded, and the next one
-            # tried (the pool opens a new one once its idle ones are gone).
-            await self._drop_held(held, invalidate=True)
-        return None
+        self._holding += 1
+        try:
+            aconn = self._async.connect()  # the pool lends no connection the server ended
+            await aconn.start()
+            return await aconn.execution_options(isolation_level="AUTOCOMMIT")
+        except BaseException:
+            self._holding -= 1
+            raise
 
     async def _give_back(self, held: AsyncConnection) -> None:
         """A held connection whose use ended without an error: idle again, unless a failed
@@ -794,19 +789,22 @@ def library_engine(url: str, timeouts: DatabaseTimeouts | None = None) -> Any:
     return bounded_engine(url, bounds, server_settings=bounds.server_settings())
 
 
+def _closed_by_server(dbapi_conn: Any) -> bool:
+    """Whether the server ended this idle connection (a restart, a failover, an operator's
+    ``pg_terminate_backend``): asyncpg marks it closed as soon as the loop reads the end, so
+    asking costs no round trip (a pre-ping costs one per checkout)."""
+    is_closed = getattr(getattr(dbapi_conn, "driver_connection", None), "is_closed", None)
+    return bool(is_closed()) if callable(is_closed) else False
+
+
 def _ended_by_server(held: AsyncConnection) -> bool:
-    """Whether the server closed this idle connection (a restart, a failover, an operator's
-    ``pg_terminate_backend``): asyncpg marks it closed as soon as the loop reads the end.
-    Without this check every held connection failed one statement after a restart, the
-    first use of each finding it dead: ten failures in a process holding ten (2026-12-05).
-    The pool does not look before it lends an idle connection either (no pre-ping: a round
-    trip per checkout), so a new held connection is looked at the same way."""
+    """A held connection the server ended while it sat idle (``_closed_by_server``). Without
+    this look every held connection failed one statement after a restart, the first use of
+    each finding it dead: ten failures in a process holding ten (2026-12-05)."""
     sync = held.sync_connection
     if sync is None or sync.invalidated or sync.closed:
         return True
-    driver = getattr(sync.connection.dbapi_connection, "driver_connection", None)
-    is_closed = getattr(driver, "is_closed", None)
-    return bool(is_closed()) if callable(is_closed) else False
+    return _closed_by_server(sync.connection.dbapi_connection)
 
 
 def bounded_engine(
@@ -828,6 +826,13 @@ def bounded_engine(
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         _keep_alive(dbapi_conn, *keepalive)
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+        # An idle connection the server ended (``_closed_by_server``): the pool opens a new
+        # one in its place instead of lending it, for transactions and held connections alike.
+        if _closed_by_server(dbapi_conn):
+            raise DisconnectionError("the server ended this connection while it was idle")
 
     @event.listens_for(engine.sync_engine, "handle_error")
     def _on_error(context: ExceptionContext) -> None:
