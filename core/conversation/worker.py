@@ -734,8 +734,8 @@ _CURRENT: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar(
 async def waiting_aside() -> AsyncIterator[None]:
     """The current turn waits on something outside the process for a while (a Web API's
     ``Retry-After``, a retry's backoff): its place among the ``TURNS_AT_WORK`` goes to another
-    turn meanwhile. Slack's 429s say to wait seconds, up to a minute, and four turns sleeping
-    on them held every place: no other turn of the replica, of any workspace, could start or
+    turn meanwhile. Slack's 429s say how many seconds to wait, and four turns sleeping on
+    them held every place: no other turn of the replica, of any workspace, could start or
     finish. Outside a turn's own work this does nothing."""
     progress = _CURRENT.get()
     if progress is None:

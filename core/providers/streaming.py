@@ -201,7 +201,7 @@ class SseStreamer:
         # Made on first use, in the loop that streams (an aiohttp session belongs to one).
         self._client: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._proxies: dict[str, _Proxy] = {}  # per origin (``_proxy``)
+        self._proxies: dict[str, _Proxy] = {}  # per URL (``_proxy``)
 
     def _session(self) -> aiohttp.ClientSession:
         if self._given is not None:
@@ -218,7 +218,7 @@ class SseStreamer:
 
     async def _proxy(self, url: str) -> _Proxy:
         """The proxy for ``url`` that ``HTTPS_PROXY``, ``HTTP_PROXY`` and ``NO_PROXY`` name (and
-        its credentials, from the URL or ``~/.netrc``), looked up once per origin; none for a
+        its credentials, from the URL or ``~/.netrc``), looked up once per URL; none for a
         client a test gave. aiohttp's ``trust_env`` looks it up on every request, and reads
         ``~/.netrc`` for the host's own credentials, each in a worker thread: two thread hops a
         model call, for an environment that does not change while we run. The host's netrc
@@ -226,11 +226,9 @@ class SseStreamer:
         aiohttp refuses a request that has both."""
         if self._given is not None:
             return _NO_PROXY
-        target = URL(url)
-        origin = str(target.origin())
-        found = self._proxies.get(origin)
+        found = self._proxies.get(url)  # a provider calls one or two URLs
         if found is None:
-            found = self._proxies[origin] = await asyncio.to_thread(_env_proxy, target)
+            found = self._proxies[url] = await asyncio.to_thread(_env_proxy, URL(url))
         return found
 
     async def aclose(self) -> None:
