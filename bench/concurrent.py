@@ -23,6 +23,9 @@ flight:
   keeping them (``MAX_HELD_MESSAGES``, raised to the wave's size here): 0, or the wave was not
   N turns at once.
 
+``--floor`` runs the same waves against ``bench.turn_floor``, a server that makes only a
+turn's I/O with the same libraries: its ``cpu_ms_per_turn`` is the floor under the replica's.
+
 ``ack_during_fork_and_sweep`` (SQLite or the PostgreSQL given): a session of 10,000 messages
 bound to a Slack thread, and ``sweep_sessions`` expired temporary sessions inserted while the
 replica runs, due 3 s later (its sweeper runs every 2 s). Probe mentions go every ``spacing``
@@ -196,14 +199,24 @@ def replica_env(turns: int, model_url: str) -> dict[str, str]:
 
 
 async def _concurrent(
-    n: int, database_url: str | None, *, stream_seconds: float, probes: int, counts: bool = False
+    n: int,
+    database_url: str | None,
+    *,
+    stream_seconds: float,
+    probes: int,
+    counts: bool = False,
+    floor: bool = False,
 ) -> dict[str, Any]:
     """One wave; ``counts``: the replica runs under ``bench.turn_counts`` and what it did per
-    turn is reported (``per_turn``, ``cpu_split``)."""
+    turn is reported (``per_turn``, ``cpu_split``); ``floor``: ``bench.turn_floor`` stands
+    where the replica would, doing only a turn's I/O."""
     counted: list[dict[str, int]] = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "counts.json"
-        command = ("-m", "bench.turn_counts", str(out)) if counts else ("-m", "bot", "serve")
+        floored = ("bench.turn_floor",) if floor else ()
+        command = ("-m", *(floored or ("bot", "serve")))
+        if counts:
+            command = ("-m", "bench.turn_counts", str(out), *floored)
         url = database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
         standin, api_url = await standin_process()
         model, model_url = await _model_process(stream_seconds)
@@ -311,12 +324,19 @@ async def bench_concurrent_turns(
     stream_seconds: float = 20.0,
     probes: int = 50,
     counts: bool = False,
+    floor: bool = False,
 ) -> dict[str, Any]:
-    """``concurrent_turns``: one fresh replica per N (module docstring)."""
+    """``concurrent_turns``: one fresh replica per N (module docstring); ``floor``: the same
+    waves against ``bench.turn_floor``."""
     result: dict[str, Any] = {"stream_seconds": stream_seconds, "load_start": os.getloadavg()}
     for n in sizes:
         result[str(n)] = await _concurrent(
-            n, database_url, stream_seconds=stream_seconds, probes=probes, counts=counts
+            n,
+            database_url,
+            stream_seconds=stream_seconds,
+            probes=probes,
+            counts=counts,
+            floor=floor,
         )
     result["load_end"] = os.getloadavg()
     return result
@@ -547,11 +567,13 @@ def format_lines(result: dict[str, Any]) -> list[str]:
 
 
 if __name__ == "__main__":
-    # turns [DATABASE_URL [SIZES]] [--counts] [--stream-seconds=S] | fork [DATABASE_URL]
+    # turns [DATABASE_URL [SIZES]] [--counts | --floor] [--stream-seconds=S]
+    # | fork [DATABASE_URL]
     counting = "--counts" in sys.argv
+    flooring = "--floor" in sys.argv
     streamed = [a for a in sys.argv if a.startswith("--stream-seconds=")]
     stream_seconds = float(streamed[-1].partition("=")[2]) if streamed else 20.0
-    args = [a for a in sys.argv if a != "--counts" and a not in streamed]
+    args = [a for a in sys.argv if a not in ("--counts", "--floor") and a not in streamed]
     what = args[1] if len(args) > 1 else "turns"
     target = args[2] if len(args) > 2 else None
     if what == "fork":
@@ -560,6 +582,10 @@ if __name__ == "__main__":
         sizes = tuple(int(x) for x in args[3].split(",")) if len(args) > 3 else SIZES
         with contextlib.suppress(KeyboardInterrupt):
             result = bench_concurrent_turns(
-                target or None, sizes=sizes, counts=counting, stream_seconds=stream_seconds
+                target or None,
+                sizes=sizes,
+                counts=counting,
+                floor=flooring,
+                stream_seconds=stream_seconds,
             )
             print(json.dumps(asyncio.run(result)))

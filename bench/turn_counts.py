@@ -163,6 +163,11 @@ def _site() -> str:
     return f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
 
 
+def _answer_sigusr2(counts: Counts) -> None:
+    """On the running loop: each SIGUSR2 writes the counts."""
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, counts.write)
+
+
 def read_counts(path: Path) -> dict[str, int]:
     """What ``OUT.json`` holds (nothing before the first SIGUSR2 was answered)."""
     try:
@@ -172,21 +177,28 @@ def read_counts(path: Path) -> dict[str, int]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m bench.turn_counts OUT.json``: ``serve`` with the counters on."""
-    if len(argv) != 1:
-        print("usage: python -m bench.turn_counts OUT.json", file=sys.stderr)
+    """``python -m bench.turn_counts OUT.json [bench.turn_floor]``: ``serve`` (or the floor
+    server) with the counters on."""
+    if len(argv) not in (1, 2) or argv[1:] not in ([], ["bench.turn_floor"]):
+        print("usage: python -m bench.turn_counts OUT.json [bench.turn_floor]", file=sys.stderr)
         return 2
+    counts = Counts(Path(argv[0]))
+    counts.install()
+    if argv[1:]:
+        from bench import turn_floor
+
+        turn_floor.main(lambda: _answer_sigusr2(counts))
+        return 0
+
     from bot import gc_tuning, serve
     from core.logs import configure_logging
     from core.settings import load_settings
 
-    counts = Counts(Path(argv[0]))
-    counts.install()
     original = gc_tuning.tune_garbage_collection
 
     def tune_and_count() -> None:
         original()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, counts.write)
+        _answer_sigusr2(counts)
 
     # ``serve`` calls it as it starts, before its listener, by the name it imported (as
     # ``bench.probe`` does): the signal handler is on the running loop from there.

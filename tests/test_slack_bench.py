@@ -82,6 +82,28 @@ async def test_concurrent_turns__counts_what_a_turn_does(
     assert any("per turn" in line for line in format_lines({"concurrent_turns": result}))
 
 
+async def test_concurrent_turns__the_floor_makes_a_turns_calls(database_url: str) -> None:
+    """``--floor``: ``bench.turn_floor`` in the replica's place answered every mention with
+    the product's Slack calls (its status, a stream started and stopped) and one model call
+    each, on either database; counted, so the floor's CPU is that of the same work."""
+    result = await bench_concurrent_turns(
+        database_url,
+        sizes=(3,),
+        stream_seconds=1.0,
+        probes=1,
+        counts=True,
+        floor=True,
+    )
+    row = result["3"]
+    assert row["running_at_once"] == 3
+    assert row["model_calls_failed"] == 0
+    per_turn = row["per_turn"]
+    assert per_turn["slack.agents.sessions.setStatus"] == 1.0, per_turn
+    assert per_turn["slack.chat.startStream"] == 1.0, per_turn
+    assert per_turn["slack.chat.stopStream"] == 1.0, per_turn
+    assert row["cpu_ms_per_turn"] > 0
+
+
 async def test_slack_calls__both_clients_measured_per_round() -> None:
     """``bench.slack_calls``: each client's calls reached the stand-in (the bare POST checks
     Slack's ``ok``, slack_sdk raises on a refusal) and cost measurable CPU, round by round."""

@@ -1,0 +1,196 @@
+"""The floor under a turn's CPU on this stack: ``concurrent_turns`` against a server that does
+only the turn's I/O, with the same libraries and none of the product.
+
+``uv run python -m bench.concurrent turns "" 10 --floor`` starts this module in place of
+``slack-agent serve`` (the same environment, port and workload) and measures it the same way.
+For each mention it:
+
+- answers the signed request (slack_sdk's ``SignatureVerifier``, aiohttp's server), as Bolt
+  does before its acknowledgement;
+- runs as many statements as the product's turn: on SQLite ``READS`` reads alone and
+  ``WRITES`` write transactions of one statement each (``--counts`` of the product, rounded
+  down), inline on one connection; on PostgreSQL ``ROUND_TRIPS`` statements of one round
+  trip each (the product's, logged: docs/benchmarks.md), half of them inserts, on an asyncpg
+  pool;
+- makes the product's Slack calls with slack_sdk's ``AsyncWebClient`` on one shared aiohttp
+  session: the agent session's status, ``chat.startStream`` with the first words, an
+  ``appendStream`` whenever ``PACE`` seconds have passed since the last call and words are
+  waiting, ``chat.stopStream`` with the rest;
+- reads the model's answer over aiohttp as server-sent events, one JSON chunk per event.
+
+No lock, no heartbeat, no delivery record, no rendering, no retries, no Bolt: what is left is
+what the libraries cost for the calls and bytes the product's promises require (SPEC-level:
+acknowledge, record, stream the reply as written). The product's ``cpu_ms_per_turn`` less this
+is what the product's own machinery costs; this figure is what no change to that machinery can
+go below on CPython with aiohttp and slack_sdk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import aiohttp
+import asyncpg
+from aiohttp import web
+from slack_sdk.signature import SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
+
+# The product's turn on SQLite, counted (``--counts``, 2026-12-06): 9.4 reads alone, 12.9
+# write transactions.
+READS: Final = 9
+WRITES: Final = 12
+# The product's statements for a mention in a new thread on PostgreSQL (``log_statement``).
+ROUND_TRIPS: Final = 26
+# The product's pace for a reply's pieces while a slow model writes (``bot.reply``: a small
+# piece waits up to three one-second intervals).
+PACE: Final = 3.0
+
+
+class Floor:
+    """The server: the same routes the benchmark uses (``/slack/events``, ``/healthz``,
+    ``/metrics``)."""
+
+    def __init__(self, database_url: str, api_url: str, model_url: str, secret: str) -> None:
+        self.database_url = database_url
+        self.db: sqlite3.Connection | None = None
+        self.pool: asyncpg.Pool | None = None
+        self.verifier = SignatureVerifier(secret)
+        self.api_url = api_url
+        self.model_url = model_url
+        self.http: aiohttp.ClientSession | None = None
+        self.client: AsyncWebClient | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def open(self, app: web.Application) -> None:
+        table = "create table if not exists turn_floor (id {} primary key, body text)"
+        if self.database_url.startswith("sqlite"):
+            path = self.database_url.split("///", 1)[1]
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self.db.execute("pragma journal_mode=wal")
+            self.db.execute(table.format("integer"))
+        else:
+            dsn = self.database_url.replace("+asyncpg", "")
+            self.pool = await asyncpg.create_pool(dsn, min_size=10, max_size=10)
+            await self.pool.execute(table.format("bigserial"))
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self.client = AsyncWebClient(token="xoxb-floor", base_url=self.api_url, session=self.http)
+
+    async def close(self, app: web.Application) -> None:
+        if self.http is not None:
+            await self.http.close()
+        if self.pool is not None:
+            await self.pool.close()
+
+    async def events(self, request: web.Request) -> web.Response:
+        body = (await request.read()).decode()
+        if not self.verifier.is_valid_request(body, dict(request.headers)):
+            return web.Response(status=401)
+        event = json.loads(body)["event"]
+        task = asyncio.create_task(self.turn(event))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return web.Response(text="")
+
+    async def statements(self, half: int, key: str) -> None:
+        """Half (0 or 1) of a turn's statements."""
+        if self.db is not None:
+            for _ in range(WRITES // 2 if half == 0 else WRITES - WRITES // 2):
+                self.db.execute("begin immediate")
+                self.db.execute("insert into turn_floor (body) values (?)", (key,))
+                self.db.execute("commit")
+            for _ in range(READS // 2 if half == 0 else READS - READS // 2):
+                read = "select id, body from turn_floor where body = ? limit 1"
+                self.db.execute(read, (key,)).fetchall()
+            return
+        assert self.pool is not None
+        async with self.pool.acquire() as conn:
+            for i in range(ROUND_TRIPS // 2):
+                if i % 2 == 0:
+                    await conn.execute("insert into turn_floor (body) values ($1)", key)
+                else:
+                    read = "select id, body from turn_floor where body = $1 limit 1"
+                    await conn.fetch(read, key)
+
+    async def turn(self, event: dict[str, Any]) -> None:
+        assert self.client is not None
+        assert self.http is not None
+        channel, thread = event["channel"], event["ts"]
+        await self.statements(0, thread)
+        await self.client.agents_sessions_setStatus(
+            channel_id=channel, thread_ts=thread, status="thinking"
+        )
+        body = {
+            "model": "floor",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": event["text"]}],
+        }
+        ts: str | None = None
+        waiting, last = "", 0.0
+        async with self.http.post(
+            f"{self.model_url}/chat/completions",
+            json=body,
+            headers={"Authorization": "Bearer sk-floor"},
+        ) as response:
+            async for line in response.content:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                chunk = json.loads(line[6:])
+                choices = chunk.get("choices") or [{}]
+                waiting += choices[0].get("delta", {}).get("content") or ""
+                if not waiting:
+                    continue
+                if ts is None:
+                    started = await self.client.chat_startStream(
+                        channel=channel, thread_ts=thread, markdown_text=waiting
+                    )
+                    ts, waiting, last = str(started["ts"]), "", time.monotonic()
+                elif time.monotonic() - last >= PACE:
+                    await self.client.chat_appendStream(
+                        channel=channel, ts=ts, markdown_text=waiting
+                    )
+                    waiting, last = "", time.monotonic()
+        if ts is not None:
+            await self.client.chat_stopStream(channel=channel, ts=ts, markdown_text=waiting)
+        await self.statements(1, thread)
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        # The benchmark reads how many messages a replica shed; this server sheds none.
+        return web.Response(text="slack_agent_messages_shed_total 0\n")
+
+
+def main(started: Callable[[], None] | None = None) -> None:
+    """Serve until SIGTERM; ``started`` is called on the running loop before the first
+    request (``bench.turn_counts`` sets its signal handler there)."""
+    floor = Floor(
+        os.environ["DATABASE_URL"],
+        os.environ["SLACK_API_URL"],
+        os.environ["OPENAI_BASE_URL"],
+        os.environ["SLACK_SIGNING_SECRET"],
+    )
+    app = web.Application()
+    app.on_startup.append(floor.open)
+    if started is not None:
+
+        async def call(app: web.Application) -> None:
+            started()
+
+        app.on_startup.append(call)
+    app.on_cleanup.append(floor.close)
+    app.router.add_post("/slack/events", floor.events)
+    app.router.add_get("/healthz", floor.healthz)
+    app.router.add_get("/metrics", floor.metrics)
+    web.run_app(app, host="127.0.0.1", port=int(os.environ["PORT"]), print=None)
+
+
+if __name__ == "__main__":
+    main()
