@@ -14,8 +14,10 @@ For each mention it:
   pool;
 - makes the product's Slack calls with slack_sdk's ``AsyncWebClient`` on one shared aiohttp
   session: the agent session's status, ``chat.startStream`` with the first words, an
-  ``appendStream`` whenever ``PACE`` seconds have passed since the last call and words are
-  waiting, ``chat.stopStream`` with the rest;
+  ``appendStream`` whenever the product's pace for a small piece has passed since the last
+  call and words are waiting (``PACE`` seconds, longer as more replies stream at once, as
+  ``bot.reply.StreamPacer`` shares ``STREAM_CALLS_PER_SECOND``), ``chat.stopStream`` with the
+  rest;
 - reads the model's answer over aiohttp as server-sent events, one JSON chunk per event.
 
 No lock, no heartbeat, no delivery record, no rendering, no retries, no Bolt: what is left is
@@ -41,6 +43,8 @@ from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.reply import SMALL_PIECE_WAITS, STREAM_CALLS_PER_SECOND
+
 # The product's turn on SQLite, counted (``--counts``, 2026-12-06): 9.4 reads alone, 12.9
 # write transactions.
 READS: Final = 9
@@ -48,8 +52,8 @@ WRITES: Final = 12
 # The product's statements for a mention in a new thread on PostgreSQL (``log_statement``).
 ROUND_TRIPS: Final = 26
 # The product's pace for a reply's pieces while a slow model writes (``bot.reply``: a small
-# piece waits up to three one-second intervals).
-PACE: Final = 3.0
+# piece waits up to three one-second intervals, each longer when more replies stream at once).
+PACE: Final = 1.0 + SMALL_PIECE_WAITS
 
 
 class Floor:
@@ -66,6 +70,7 @@ class Floor:
         self.http: aiohttp.ClientSession | None = None
         self.client: AsyncWebClient | None = None
         self.tasks: set[asyncio.Task[None]] = set()
+        self.streaming = 0  # replies between their start and their stop
 
     async def open(self, app: web.Application) -> None:
         table = "create table if not exists turn_floor (id {} primary key, body text)"
@@ -151,14 +156,20 @@ class Floor:
                         channel=channel, thread_ts=thread, markdown_text=waiting
                     )
                     ts, waiting, last = str(started["ts"]), "", time.monotonic()
-                elif time.monotonic() - last >= PACE:
+                    self.streaming += 1
+                elif time.monotonic() - last >= self.pace:
                     await self.client.chat_appendStream(
                         channel=channel, ts=ts, markdown_text=waiting
                     )
                     waiting, last = "", time.monotonic()
         if ts is not None:
+            self.streaming -= 1
             await self.client.chat_stopStream(channel=channel, ts=ts, markdown_text=waiting)
         await self.statements(1, thread)
+
+    @property
+    def pace(self) -> float:
+        return PACE * max(1.0, self.streaming / STREAM_CALLS_PER_SECOND)
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
