@@ -20,11 +20,11 @@ For each mention it:
   rest;
 - reads the model's answer over aiohttp as server-sent events, one JSON chunk per event.
 
-No lock, no heartbeat, no delivery record, no rendering, no retries, no Bolt: what is left is
-what the libraries cost for the calls and bytes the product's promises require (SPEC-level:
-acknowledge, record, stream the reply as written). The product's ``cpu_ms_per_turn`` less this
-is what the product's own machinery costs; this figure is what no change to that machinery can
-go below on CPython with aiohttp and slack_sdk.
+No lock, no heartbeat, no delivery record, no rendering, no retries, no Bolt, no read timeout
+on the model's stream: what is left is what the libraries cost for the calls and bytes the
+product's promises require (acknowledge, record, stream the reply while the model writes). The
+product's ``cpu_ms_per_turn`` less this is what the product's own machinery costs; this figure
+is what no change to that machinery can go below on CPython with aiohttp and slack_sdk.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class Floor:
         self.http: aiohttp.ClientSession | None = None
         self.client: AsyncWebClient | None = None
         self.tasks: set[asyncio.Task[None]] = set()
-        self.streaming = 0  # replies between their start and their stop
+        self.streaming = 0  # replies between their first words and their stop
 
     async def open(self, app: web.Application) -> None:
         table = "create table if not exists turn_floor (id {} primary key, body text)"
@@ -136,36 +136,47 @@ class Floor:
             "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": event["text"]}],
         }
+        await self.stream(channel, thread, body)
+        await self.statements(1, thread)
+
+    async def stream(self, channel: str, thread: str, body: dict[str, Any]) -> None:
+        """The model's answer into the thread at the product's pace; the reply counts as
+        streaming from its first words to its stop, as ``StreamPacer`` counts it."""
+        assert self.client is not None
+        assert self.http is not None
         ts: str | None = None
         waiting, last = "", 0.0
-        async with self.http.post(
-            f"{self.model_url}/chat/completions",
-            json=body,
-            headers={"Authorization": "Bearer sk-floor"},
-        ) as response:
-            async for line in response.content:
-                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                    continue
-                chunk = json.loads(line[6:])
-                choices = chunk.get("choices") or [{}]
-                waiting += choices[0].get("delta", {}).get("content") or ""
-                if not waiting:
-                    continue
-                if ts is None:
-                    started = await self.client.chat_startStream(
-                        channel=channel, thread_ts=thread, markdown_text=waiting
-                    )
-                    ts, waiting, last = str(started["ts"]), "", time.monotonic()
-                    self.streaming += 1
-                elif time.monotonic() - last >= self.pace:
-                    await self.client.chat_appendStream(
-                        channel=channel, ts=ts, markdown_text=waiting
-                    )
-                    waiting, last = "", time.monotonic()
+        counted = False
+        try:
+            async with self.http.post(
+                f"{self.model_url}/chat/completions",
+                json=body,
+                headers={"Authorization": "Bearer sk-floor"},
+            ) as response:
+                async for line in response.content:
+                    if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                        continue
+                    chunk = json.loads(line[6:])
+                    choices = chunk.get("choices") or [{}]
+                    waiting += choices[0].get("delta", {}).get("content") or ""
+                    if not waiting:
+                        continue
+                    if ts is None:
+                        self.streaming, counted = self.streaming + 1, True
+                        started = await self.client.chat_startStream(
+                            channel=channel, thread_ts=thread, markdown_text=waiting
+                        )
+                        ts, waiting, last = str(started["ts"]), "", time.monotonic()
+                    elif time.monotonic() - last >= self.pace:
+                        await self.client.chat_appendStream(
+                            channel=channel, ts=ts, markdown_text=waiting
+                        )
+                        waiting, last = "", time.monotonic()
+        finally:
+            if counted:
+                self.streaming -= 1
         if ts is not None:
-            self.streaming -= 1
             await self.client.chat_stopStream(channel=channel, ts=ts, markdown_text=waiting)
-        await self.statements(1, thread)
 
     @property
     def pace(self) -> float:
