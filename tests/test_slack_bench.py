@@ -89,7 +89,7 @@ async def test_concurrent_turns__the_floor_makes_a_turns_calls(database_url: str
     result = await bench_concurrent_turns(
         database_url,
         sizes=(3,),
-        stream_seconds=1.0,
+        stream_seconds=2.0,
         probes=1,
         counts=True,
         floor=True,
