@@ -582,6 +582,7 @@ class Soak:
             report.cut_off_streams += len(open_streams)
             if open_streams:
                 v.append(f"thread {root}: replies {open_streams} left streaming")
+                v += self._left_open(root, open_streams, messages, threads[root])
             # Replies that say they were interrupted (by a take-over, a failure, a stop): what
             # they showed is answered again, or kept, elsewhere.
             marks = (text.cut_short(), text.will_retry(), text.shut_down())
@@ -620,14 +621,7 @@ class Soak:
 
     def _around(self, messages: list[Any], at: int, ts: str) -> list[str]:
         """The transcript around an unanswered message, and what the replicas logged of it."""
-        lines = []
-        for m in messages[max(0, at - 2) : at + 4]:
-            metadata = m.message.get("metadata") or {}
-            lines.append(
-                f"  {m.position} {m.role} {message_text(m.message)[:60]!r} "
-                f"interrupted_by={metadata.get('interrupted_by')} error={metadata.get('error')}"
-            )
-        return lines + self._logged(ts)
+        return _transcript(messages[max(0, at - 2) : at + 4]) + self._logged(ts)
 
     def _logged(self, ts: str) -> list[str]:
         """The replicas' last log lines about the message ``ts``."""
@@ -635,6 +629,31 @@ class Soak:
         for log in sorted(self.workdir.glob("*.log")):
             mentions = [ln for ln in log.read_text().splitlines() if ts in ln]
             lines += [f"  {log.name}: {ln[:300]}" for ln in mentions[-20:]]
+        return lines
+
+    def _left_open(
+        self, root: str, open_streams: list[str], messages: list[Any], asked: list[str]
+    ) -> list[str]:
+        """Where a reply left streaming came from: every Web API call about the thread, those
+        answered with an injected fault included, in the soak's seconds; the transcript's
+        last messages; what the replicas logged of the thread's messages and of the reply."""
+        calls = sorted(
+            (
+                c
+                for c in [*self.slack.calls, *self.slack.faulted]
+                if root in (c.args.get("thread_ts"), c.args.get("ts"))
+                or (c.args.get("ts") or c.result.get("ts")) in open_streams
+            ),
+            key=lambda c: c.at,
+        )
+        lines = [
+            f"  {c.at - self.started:7.2f} s {c.method} ts={c.args.get('ts') or c.result.get('ts')}"
+            f" ok={c.result.get('ok')} {c.result.get('error') or ''} text=…{c.text[-60:]!r}"
+            for c in calls
+        ]
+        lines += _transcript(messages[-6:])
+        for ts in [*asked, *open_streams]:
+            lines += self._logged(ts)
         return lines
 
     def _shown_twice(
@@ -673,6 +692,18 @@ class Soak:
 
     def _thread_of(self, ts: str) -> str:
         return self.plan.messages.get(ts, ts) if self.plan else ts
+
+
+def _transcript(messages: list[Any]) -> list[str]:
+    """Stored messages, a line each, for a violation's report."""
+    lines = []
+    for m in messages:
+        metadata = m.message.get("metadata") or {}
+        lines.append(
+            f"  {m.position} {m.role} {message_text(m.message)[:60]!r} "
+            f"interrupted_by={metadata.get('interrupted_by')} error={metadata.get('error')}"
+        )
+    return lines
 
 
 # What the stand-in model answers (``core.testing.openai.SoakModel``): one per finished answer.

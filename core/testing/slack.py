@@ -74,6 +74,7 @@ class Call:
     method: str
     args: dict[str, Any]
     result: dict[str, Any]
+    at: float = field(default_factory=time.monotonic, compare=False)  # when it arrived
 
     @property
     def text(self) -> str:
@@ -156,6 +157,9 @@ class SlackStandIn(LocalServer):
             rate_limited=self.faults.rate_limited, server_error=self.faults.server_error
         )
         self.calls: list[Call] = []
+        # Calls answered with a scheduled fault (``SlackFaults``): they changed nothing, so
+        # they are kept apart from ``calls``; a report of what happened to a reply reads both.
+        self.faulted: list[Call] = []
         self.messages: dict[str, Message] = {}  # by ts
         self.views: list[dict[str, Any]] = []  # modals the app opened (views.open)
         # Per method: the Retry-After seconds of 429s to answer before answering normally.
@@ -273,6 +277,8 @@ class SlackStandIn(LocalServer):
         if self.intercept is not None:
             await self.intercept(method, args)
         fault = self._schedule.next()
+        if fault is not None:
+            self.faulted.append(Call(method, args, {"ok": False, "error": fault}))
         if fault == "rate_limited":
             self.injected["429"] += 1
             return web.json_response(
