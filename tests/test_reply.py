@@ -8,7 +8,8 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.render import ZWJ, open_fence
 from bot.reply import SMALL_PIECE, SMALL_PIECE_WAITS, ReplyStream, StreamPacer
-from core.testing.slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, SlackStandIn
+from bot.web import retry_handlers
+from core.testing.slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, SlackFaults, SlackStandIn
 
 THREAD = "1700000000.000001"
 
@@ -168,3 +169,26 @@ async def test_pacing__a_small_piece_waits_for_more_words_a_large_one_goes_at_th
 
         await reply.finish()
         assert read(slack) == "First words. a few more " + "x" * SMALL_PIECE + "last word"
+
+
+async def test_through_slacks_server_errors__the_reply_arrives_whole_and_stopped() -> None:
+    """With the replica's retry handlers a reply streamed while every third Web API call is
+    answered 500 is shown whole and its stream stopped; the stand-in keeps the calls it
+    faulted apart from the ones that changed something, each with when it came."""
+    async with SlackStandIn(faults=SlackFaults(server_error=0.34)) as slack:
+        client = AsyncWebClient(
+            token="xoxb-test", base_url=slack.api_url, retry_handlers=retry_handlers()
+        )
+        reply = ReplyStream(
+            client, channel="C1", thread_ts=THREAD, team="T1", user="U1", interval=0
+        )
+        for word in ("one ", "two ", "three ", "four "):
+            await reply.append(word)  # no interval: a call per word
+        await reply.finish()
+        assert read(slack) == "one two three four "
+        assert not any(m.streaming for m in slack.thread_messages(THREAD))
+        assert slack.faulted, "no call met a fault"
+        assert all(c.result == {"ok": False, "error": "server_error"} for c in slack.faulted)
+        assert all(c.result["ok"] for c in slack.calls)
+        times = [c.at for c in slack.calls]
+        assert times == sorted(times)
