@@ -22,7 +22,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import context, render
 from bot import texts as text
-from bot.context import Gathered
+from bot.context import Gathered, thread_messages
 from bot.files import SharedFile, shared_files
 from bot.post import Post, external_user, thread_key
 from bot.reply import SLACK_FAILURES, ReplyStream, StreamPacer
@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_STREAMS = 20  # the thread messages after a taken-over one searched for a stream left open
+UNKNOWN_STREAMS = 20  # the agent's newest messages after a taken-over one, stopped if open
 
 # A workspace's client: its team id, and its Enterprise Grid org's id when it has one.
 ClientFor = Callable[[str, str | None], Awaitable[AsyncWebClient | None]]
@@ -429,23 +429,27 @@ class ThreadAnswers:
     async def _stop_unknown_streams(self, client: AsyncWebClient, post: Post) -> None:
         """A replica killed between Slack starting its reply's stream and the database
         recording where (``reply_ref``) left a stream open that no record names. The agent's
-        messages in the thread after the person's are stopped, saying they were cut short:
-        only the dead turn's can still be streaming (this try holds the delivery), and Slack
-        refuses the others harmlessly."""
+        newest messages in the thread after the person's are stopped, saying they were cut
+        short: only the dead turn's can still be streaming, and it is the agent's newest (this
+        try holds the delivery, so nothing of the agent's came after it); Slack refuses the
+        others harmlessly. The newest, not the first after the person's: in a busy thread a
+        message queued behind others has their replies, and people's words, before its own."""
+        ours: list[str] = []
         try:
-            response = await client.conversations_replies(
-                channel=post.channel, ts=post.thread_ts, oldest=post.ts, limit=UNKNOWN_STREAMS
-            )
+            async for message in thread_messages(
+                client, post.channel, post.thread_ts, oldest=post.ts
+            ):
+                ts = message.get("ts")
+                if isinstance(ts, str) and ts > post.ts and message.get("bot_id"):
+                    ours.append(ts)
         except SLACK_FAILURES as exc:
             log.warning("could not look for streams left open in %s: %s", post.thread, exc)
             return
-        for message in response.get("messages") or []:
-            ts = message.get("ts") if isinstance(message, dict) else None
-            if isinstance(ts, str) and ts > post.ts and message.get("bot_id"):
-                with contextlib.suppress(*SLACK_FAILURES):
-                    await client.chat_stopStream(
-                        channel=post.channel, ts=ts, markdown_text="\n" + text.cut_short()
-                    )
+        for ts in ours[-UNKNOWN_STREAMS:]:
+            with contextlib.suppress(*SLACK_FAILURES):
+                await client.chat_stopStream(
+                    channel=post.channel, ts=ts, markdown_text="\n" + text.cut_short()
+                )
 
     async def _close_reply(
         self, client: AsyncWebClient, post: Post, ts: str, body: str, *, replace: bool = False

@@ -114,19 +114,29 @@ async def thread_span(
 async def _people(
     client: AsyncWebClient, channel: str, thread_ts: str, **bounds: Any
 ) -> AsyncIterator[dict[str, Any]]:
-    """A thread's messages by people (a ``ts`` and a ``user``; no bot's) within ``bounds``
-    (``oldest``, ``latest``, ``inclusive``), oldest first, as Slack pages them (at most
-    ``PAGES`` pages). Slack refusing a page raises ``SlackApiError``."""
+    """A thread's messages by people (a ``ts`` and a ``user``; no bot's) within ``bounds``,
+    as ``thread_messages`` reads them."""
+    async for message in thread_messages(client, channel, thread_ts, **bounds):
+        if message.get("bot_id"):
+            continue
+        ts, user = message.get("ts"), message.get("user")
+        if message.get("subtype") in _HUMAN and isinstance(ts, str) and isinstance(user, str):
+            yield message
+
+
+async def thread_messages(
+    client: AsyncWebClient, channel: str, thread_ts: str, **bounds: Any
+) -> AsyncIterator[dict[str, Any]]:
+    """A thread's messages within ``bounds`` (``oldest``, ``latest``, ``inclusive``), oldest
+    first, as Slack pages them (at most ``PAGES`` pages). Slack refusing a page raises
+    ``SlackApiError``."""
     cursor: str | None = None
     for _ in range(PAGES):
         response = await client.conversations_replies(
             channel=channel, ts=thread_ts, limit=PAGE_SIZE, cursor=cursor, **bounds
         )
         for message in response.get("messages") or []:
-            if not isinstance(message, dict) or message.get("bot_id"):
-                continue
-            ts, user = message.get("ts"), message.get("user")
-            if message.get("subtype") in _HUMAN and isinstance(ts, str) and isinstance(user, str):
+            if isinstance(message, dict):
                 yield message
         metadata = response.get("response_metadata") or {}
         cursor = metadata.get("next_cursor") if isinstance(metadata, dict) else None

@@ -314,12 +314,15 @@ async def test_follow_up__waits_for_its_threads_first_message_taken_over_from_a_
     assert [m.role for m in await transcript(store, root)] == ["user", "assistant"] * 2
 
 
+@pytest.mark.parametrize("between", [0, 30])
 async def test_sigkill_before_the_reply_is_recorded__the_stream_slack_started_is_stopped(
-    database_url: str, slack: SlackStandIn, store: SessionStore
+    database_url: str, slack: SlackStandIn, store: SessionStore, between: int
 ) -> None:
     """Slack started the reply's stream, the replica died before it heard the answer (so the
     record names no reply): the replica that takes over finds the stream in the thread and
-    stops it, then answers in a reply of its own."""
+    stops it, then answers in a reply of its own. With ``between`` messages of a busy thread
+    (people's, and the agent's replies to them) between the person's and the stream, more
+    than one page of the first messages after the person's would hold: it is still found."""
     slack.hold["chat.startStream"] = asyncio.Event()
     async with GatedModel(early="the dead turn began ") as model:
         a = ServeProcess(database_url, slack, **model_env(model, **LOCK))
@@ -330,17 +333,27 @@ async def test_sigkill_before_the_reply_is_recorded__the_stream_slack_started_is
                 root = await to_a.message("answer me", mention=True)
             started = await slack.wait_for(lambda: slack.named("chat.startStream"))
             orphan = str(started[0].result["ts"])
+            busy = [
+                {"ts": f"1750000000.{i:06d}", "user": "U2", "text": f"chatter {i}"}
+                if i % 2
+                else {"ts": f"1750000000.{i:06d}", "user": BOT_USER, "bot_id": BOT_ID}
+                for i in range(between)
+            ]
             slack.threads[root] = [
                 {"ts": root, "user": "U1", "text": "answer me"},
+                *busy,
                 {"ts": orphan, "user": BOT_USER, "bot_id": BOT_ID, "text": "the dead turn"},
             ]
+            earlier = {m["ts"] for m in busy} | {orphan}
             a.kill()
             await a.wait()
             slack.hold.pop("chat.startStream").set()
             model.gate.set()
             await b.ready()
             await slack.wait_for(
-                lambda: [c for c in slack.named("chat.stopStream") if c.args.get("ts") != orphan],
+                lambda: [
+                    c for c in slack.named("chat.stopStream") if c.args.get("ts") not in earlier
+                ],
                 within=60,
             )
         finally:
