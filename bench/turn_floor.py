@@ -14,10 +14,9 @@ For each mention it:
   pool;
 - makes the product's Slack calls with slack_sdk's ``AsyncWebClient`` on one shared aiohttp
   session: the agent session's status, ``chat.startStream`` with the first words, an
-  ``appendStream`` whenever the product's pace for a small piece has passed since the last
-  call and words are waiting (``PACE`` seconds, longer as more replies stream at once, as
-  ``bot.reply.StreamPacer`` shares ``STREAM_CALLS_PER_SECOND``), ``chat.stopStream`` with the
-  rest;
+  ``appendStream`` whenever the words waiting are due by the product's own pacer
+  (``bot.reply.StreamPacer``: its interval, longer as more replies stream at once, and the
+  longer wait of a small piece), ``chat.stopStream`` with the rest;
 - reads the model's answer over aiohttp as server-sent events, one JSON chunk per event.
 
 No lock, no heartbeat, no delivery record, no rendering, no retries, no Bolt, no read timeout
@@ -43,7 +42,7 @@ from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.reply import SMALL_PIECE_WAITS, STREAM_CALLS_PER_SECOND
+from bot.reply import StreamPacer
 
 # The product's turn on SQLite, counted (``--counts``, 2026-12-06): 9.4 reads alone, 12.9
 # write transactions.
@@ -51,9 +50,10 @@ READS: Final = 9
 WRITES: Final = 12
 # The product's statements for a mention in a new thread on PostgreSQL (``log_statement``).
 ROUND_TRIPS: Final = 26
-# The product's pace for a reply's pieces while a slow model writes (``bot.reply``: a small
-# piece waits up to three one-second intervals, each longer when more replies stream at once).
-PACE: Final = 1.0 + SMALL_PIECE_WAITS
+
+
+class _Reply:
+    """Stands for one reply streaming, in the pacer's count."""
 
 
 class Floor:
@@ -70,7 +70,7 @@ class Floor:
         self.http: aiohttp.ClientSession | None = None
         self.client: AsyncWebClient | None = None
         self.tasks: set[asyncio.Task[None]] = set()
-        self.streaming = 0  # replies between their first words and their stop
+        self.pacer = StreamPacer()  # as a replica's replies share theirs (``ThreadAnswers``)
 
     async def open(self, app: web.Application) -> None:
         table = "create table if not exists turn_floor (id {} primary key, body text)"
@@ -141,12 +141,12 @@ class Floor:
 
     async def stream(self, channel: str, thread: str, body: dict[str, Any]) -> None:
         """The model's answer into the thread at the product's pace; the reply counts as
-        streaming from its first words to its stop, as ``StreamPacer`` counts it."""
+        streaming from its first words to its stop, as a ``ReplyStream`` does."""
         assert self.client is not None
         assert self.http is not None
         ts: str | None = None
         waiting, last = "", 0.0
-        counted = False
+        reply = _Reply()
         try:
             async with self.http.post(
                 f"{self.model_url}/chat/completions",
@@ -162,25 +162,20 @@ class Floor:
                     if not waiting:
                         continue
                     if ts is None:
-                        self.streaming, counted = self.streaming + 1, True
+                        self.pacer.started(reply)
                         started = await self.client.chat_startStream(
                             channel=channel, thread_ts=thread, markdown_text=waiting
                         )
                         ts, waiting, last = str(started["ts"]), "", time.monotonic()
-                    elif time.monotonic() - last >= self.pace:
+                    elif time.monotonic() - last >= self.pacer.wait(len(waiting)):
                         await self.client.chat_appendStream(
                             channel=channel, ts=ts, markdown_text=waiting
                         )
                         waiting, last = "", time.monotonic()
         finally:
-            if counted:
-                self.streaming -= 1
+            self.pacer.finished(reply)
         if ts is not None:
             await self.client.chat_stopStream(channel=channel, ts=ts, markdown_text=waiting)
-
-    @property
-    def pace(self) -> float:
-        return PACE * max(1.0, self.streaming / STREAM_CALLS_PER_SECOND)
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")

@@ -81,16 +81,26 @@ class StreamPacer:
     def __init__(self, interval: float = 1.0, budget: float = STREAM_CALLS_PER_SECOND) -> None:
         self.base = interval
         self.budget = budget
-        self._streaming: weakref.WeakSet[ReplyStream] = weakref.WeakSet()
+        # Replies streaming now (any object that stands for one: ``bench.turn_floor`` paces
+        # its own the same way).
+        self._streaming: weakref.WeakSet[object] = weakref.WeakSet()
 
     @property
     def interval(self) -> float:
         return max(self.base, len(self._streaming) / self.budget)
 
-    def started(self, reply: ReplyStream) -> None:
+    def wait(self, waiting: int) -> float:
+        """Seconds from a reply's last update until ``waiting`` characters are due: a piece of
+        ``SMALL_PIECE`` or more after ``interval``, a smaller one ``SMALL_PIECE_WAITS`` base
+        intervals later."""
+        if waiting < SMALL_PIECE:
+            return self.interval + SMALL_PIECE_WAITS * self.base
+        return self.interval
+
+    def started(self, reply: object) -> None:
         self._streaming.add(reply)
 
-    def finished(self, reply: ReplyStream) -> None:
+    def finished(self, reply: object) -> None:
         self._streaming.discard(reply)
 
 
@@ -141,12 +151,8 @@ class ReplyStream:
         return self.pacer.interval
 
     def _wait_left(self) -> float:
-        """Seconds until the text not sent yet is due: a piece of ``SMALL_PIECE`` characters
-        or more after ``interval``, a smaller one ``SMALL_PIECE_WAITS`` base intervals later."""
-        wait = self.interval
-        if len(self.text) - self._sent < SMALL_PIECE:
-            wait += SMALL_PIECE_WAITS * self.pacer.base
-        return wait - (time.monotonic() - self._last)
+        """Seconds until the text not sent yet is due (``StreamPacer.wait``)."""
+        return self.pacer.wait(len(self.text) - self._sent) - (time.monotonic() - self._last)
 
     # -- what the turn calls --------------------------------------------------------------------
 
