@@ -582,7 +582,7 @@ class Soak:
             report.cut_off_streams += len(open_streams)
             if open_streams:
                 v.append(f"thread {root}: replies {open_streams} left streaming")
-                v += self._left_open(root, open_streams, messages, threads[root])
+                v += self._left_open(root, replies, open_streams, messages, threads[root])
             # Replies that say they were interrupted (by a take-over, a failure, a stop): what
             # they showed is answered again, or kept, elsewhere.
             marks = (text.cut_short(), text.will_retry(), text.shut_down())
@@ -632,17 +632,23 @@ class Soak:
         return lines
 
     def _left_open(
-        self, root: str, open_streams: list[str], messages: list[Any], asked: list[str]
+        self,
+        root: str,
+        replies: list[Any],
+        open_streams: list[str],
+        messages: list[Any],
+        asked: list[str],
     ) -> list[str]:
-        """Where a reply left streaming came from: every Web API call about the thread, those
-        answered with an injected fault included, in the soak's seconds; the transcript's
-        last messages; what the replicas logged of the thread's messages and of the reply."""
+        """Where a reply left streaming came from: every Web API call about the thread (on
+        its root, or on one of its replies), those answered with an injected fault included,
+        in the soak's seconds; the transcript's last messages; what the replicas logged of the
+        thread's messages and of the reply."""
+        about = {root, *(p.ts for p in replies)}
         calls = sorted(
             (
                 c
                 for c in [*self.slack.calls, *self.slack.faulted]
-                if root in (c.args.get("thread_ts"), c.args.get("ts"))
-                or (c.args.get("ts") or c.result.get("ts")) in open_streams
+                if about & {c.args.get("thread_ts"), c.args.get("ts"), c.result.get("ts")}
             ),
             key=lambda c: c.at,
         )

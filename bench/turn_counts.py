@@ -179,7 +179,7 @@ def read_counts(path: Path) -> dict[str, int]:
 def main(argv: list[str]) -> int:
     """``python -m bench.turn_counts OUT.json [bench.turn_floor]``: ``serve`` (or the floor
     server) with the counters on."""
-    if len(argv) not in (1, 2) or argv[1:] not in ([], ["bench.turn_floor"]):
+    if not argv or argv[1:] not in ([], ["bench.turn_floor"]):
         print("usage: python -m bench.turn_counts OUT.json [bench.turn_floor]", file=sys.stderr)
         return 2
     counts = Counts(Path(argv[0]))
