@@ -1,7 +1,8 @@
 """What a replica does per turn, counted: ``python -m bench.turn_counts OUT.json``.
 
 Started by ``bench.concurrent`` in place of ``python -m bot serve`` when it counts (``turns
-… --counts``), it runs the same ``serve`` with counters around it and writes them to ``OUT.json``
+… --counts``; with ``--floor`` too, ``… OUT.json bench.turn_floor`` counts the floor's server
+instead), it runs the same ``serve`` with counters around it and writes them to ``OUT.json``
 whenever it receives SIGUSR2; the benchmark asks at the start and at the end of its wave and
 divides the difference by the turns run:
 

@@ -13,7 +13,8 @@ stream answers ``message_not_in_streaming_state``, ``streaming=False`` answers
 ``chat.startStream`` as a workspace without streaming does.
 
 Faults: ``SlackFaults`` answers a share of calls as an overloaded Slack does, 429 with
-``Retry-After`` or 500 (the call is then not carried out), spread evenly (``FaultSchedule``);
+``Retry-After`` or 500 (the call is then not carried out, and is kept in ``faulted``, apart
+from ``calls``), spread evenly (``FaultSchedule``); every call is timed (``Call.at``);
 per method, ``fail_next`` (HTTP statuses before answering normally; 0 drops the connection),
 ``errors`` (``ok: false`` every time), ``rate_limit_next`` (429s, each with the
 ``Retry-After`` seconds given), ``hold`` (the call is carried out but its answer waits for an
