@@ -1,9 +1,10 @@
 """A received Slack message answered in its thread: the Slack side of the delivery worker.
 
 The worker (``core.conversation.worker``) decides *when* a record is tried; ``ThreadAnswers``
-makes the try the Slack way: gather what the agent is told beside the message (the thread before
-the mention, shared files, what the person is looking at), call the conversation API once
-(``Conversation.take_turn``), and render what comes back into the thread: the reply streaming
+makes the try the Slack way: one call of the conversation door (``Conversations.answer``) with a
+renderer for the thread (``_ThreadReply``) that gathers what the agent is told beside the message
+(the thread before the mention, shared files, what the person is looking at) and shows the
+turn: the reply streaming
 as the agent writes it, Slack's agent-session status, a refresh when the session moved on
 elsewhere, the notices and offers the poster gets. A record taken over from a replica that died
 finishes what that replica left in Slack (a stream left open, an answer never shown).
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from slack_sdk.errors import SlackApiError
@@ -27,40 +28,37 @@ from bot.files import SharedFile, shared_files
 from bot.post import Post, external_user, thread_key
 from bot.reply import SLACK_FAILURES, ReplyStream, StreamPacer
 from core.agent.accounting import Payer
-from core.agent.loop import (
-    McpCallFinished,
-    McpCallStarted,
-    Notice,
-    TextChunk,
-    ToolFinished,
-    ToolStarted,
-    TurnStarted,
-)
 from core.conversation import (
     REFRESH_LAST,
     AlreadyAnswered,
     Answered,
+    Arrival,
+    Began,
+    BudgetRanOut,
     Busy,
-    Conversation,
-    ConversationEvent,
     Conversations,
+    Failed,
+    Interrupted,
+    LockLost,
     OverBudget,
     PickingUp,
+    Prepared,
+    Preparing,
+    QuietRenderer,
     Refreshed,
+    Said,
     Stale,
-    TurnOutcome,
-    TurnRequest,
+    Told,
+    ToolBegan,
+    ToolEnded,
+    TurnEnd,
+    TurnEvent,
     Unseen,
 )
 from core.conversation.surface import Notice as Waiting
 from core.conversation.surface import Outcome, Progress
 from core.conversation.worker import RECORD_LOST
-from core.errors import (
-    AgentSessionBudgetExceeded,
-    AgentSessionLockLost,
-    InvalidRequest,
-    TurnInterrupted,
-)
+from core.errors import InvalidRequest
 from core.messages import message_text
 from core.settings import Settings
 from core.storage.deliveries import DeliveryRecord
@@ -75,8 +73,6 @@ UNKNOWN_STREAMS = 20  # the agent's newest messages after a taken-over one, stop
 
 # A workspace's client: its team id, and its Enterprise Grid org's id when it has one.
 ClientFor = Callable[[str, str | None], Awaitable[AsyncWebClient | None]]
-# A try's call of the conversation API, given the events' handler (a turn, or a decision's).
-RunTurn = Callable[[Callable[[ConversationEvent], Awaitable[None]]], Awaitable[TurnOutcome]]
 
 
 class ThreadAnswers:
@@ -173,7 +169,8 @@ class ThreadAnswers:
         resumed: bool,
         progress: Progress,
     ) -> Outcome:
-        """Answer ``record`` now if the session lets us.
+        """Answer ``record`` now if the session lets us: one call of the conversation door,
+        shown in the thread by a ``_ThreadReply``.
 
         ``resumed``: the record was taken over from a replica that died or stopped, so its
         user message may already be in the transcript; the transcript says what is left to do.
@@ -182,67 +179,53 @@ class ThreadAnswers:
         """
         post = Post.from_context(record.context)
         approval = record.context.get("approval")
+        person = external_user(post.team, post.user)
         if isinstance(approval, str):
-            return await self._decision(record, client, progress, post, approval)
-        person = await self.conversations.person(external_user(post.team, post.user))
-        conversation = await self.conversations.open(
-            post.thread,
-            owner=person,
-            title=record.text,
-            temporary=post.surface in self.settings.temporary_session_surfaces,
-        )
-        gathered = await self._gather(conversation, post, record, client)
-        if resumed and record.reply_ref is None and record.state == "started":
-            await self._stop_unknown_streams(client, post)
-        request = TurnRequest(
-            record.text,
-            message_id=record.message_id,
-            ref=post.ref,
-            metadata={"slack_user": post.user},
-            payer=Payer(external_user(post.team, post.user), post.team),
-            context=gathered.context,
-            files=gathered.files,
-            resume=resumed,
-            sent_anyway=record.wait_reason in ("ask", "queue"),
-        )
-        return await self._turn(conversation, post, record, client, progress, request)
-
-    async def _decision(
-        self,
-        record: DeliveryRecord,
-        client: AsyncWebClient,
-        progress: Progress,
-        post: Post,
-        approval_id: str,
-    ) -> Outcome:
-        """The turn that carries out a decision: the approved call runs (or the model hears
-        it was declined) and the answer continues in the thread."""
-        conversation = await self.conversations.find(post.thread)
-        if conversation is None:
-            return Outcome.ANSWERED
-        if self.cards is not None:
-            await self.cards.refresh(approval_id, client)  # "Approved by …; running"
-
-        decider = record.context.get("decided_by")  # who pays: whoever decided, wherever
-
-        def run(on_event: Callable[[ConversationEvent], Awaitable[None]]) -> Awaitable[TurnOutcome]:
-            who = decider if isinstance(decider, str) else external_user(post.team, post.user)
-            payer = Payer(who, post.team)
-            return conversation.carry_out(approval_id, on_event, payer=payer)
-
-        request = TurnRequest(record.text, message_id=None)
-        try:
-            return await self._turn(conversation, post, record, client, progress, request, run)
-        finally:
             if self.cards is not None:
+                await self.cards.refresh(approval, client)  # "Approved by …; running"
+            decider = record.context.get("decided_by")  # who pays: whoever decided, wherever
+            arrival = Arrival(
+                person,
+                record.text,
+                key=post.thread,
+                approval=approval,
+                payer=Payer(decider if isinstance(decider, str) else person, post.team),
+            )
+        else:
+            if resumed and record.reply_ref is None and record.state == "started":
+                await self._stop_unknown_streams(client, post)
+            arrival = Arrival(
+                person,
+                record.text,
+                key=post.thread,
+                title=record.text,
+                temporary=post.surface in self.settings.temporary_session_surfaces,
+                message_id=record.message_id,
+                ref=post.ref,
+                metadata={"slack_user": post.user},
+                payer=Payer(person, post.team),
+                resume=resumed,
+                sent_anyway=record.wait_reason in ("ask", "queue"),
+                viewer=f"{post.team}:{post.user}" if post.surface in ("dm", "assistant") else None,
+            )
+        reply = _ThreadReply(self, post, record, client, progress)
+        try:
+            end = await self.conversations.answer(arrival, reply)
+        finally:
+            if isinstance(approval, str) and self.cards is not None:
                 with contextlib.suppress(Exception):
-                    await self.cards.refresh(approval_id, client)
+                    await self.cards.refresh(approval, client)
+        if isinstance(end, Busy):
+            return Outcome.BUSY
+        if isinstance(end, Stale):
+            return Outcome.STALE
+        return Outcome.ANSWERED
 
     # -- one try --------------------------------------------------------------------------------
 
-    async def _gather(
+    async def gather(
         self,
-        conversation: Conversation,
+        preparing: Preparing,
         post: Post,
         record: DeliveryRecord,
         client: AsyncWebClient,
@@ -250,15 +233,14 @@ class ThreadAnswers:
         """The message's context (``bot.context``) and files, fetched once per try."""
         gathered = Gathered()
         shared: list[SharedFile] = []
-        if post.ts != post.thread_ts and await conversation.is_empty():
+        if post.ts != post.thread_ts and preparing.fresh:
             earlier = await context.thread_before(client, post.channel, post.thread_ts, post.ts)
             if earlier.text:
                 gathered.notes.append(earlier.text)
             shared += earlier.files  # shared before the mention: the agent gets them too
-        if post.surface in ("dm", "assistant"):
-            looking = context.viewing(await self.conversations.viewing(f"{post.team}:{post.user}"))
-            if looking:
-                gathered.notes.append(looking)
+        looking = context.viewing(preparing.viewing)
+        if looking:
+            gathered.notes.append(looking)
         shared += [SharedFile.from_dict(f) for f in record.context.get("files") or []]
         if shared:
             token = client.token if isinstance(client.token, str) else None
@@ -278,135 +260,6 @@ class ThreadAnswers:
                     ),
                 )
         return gathered
-
-    async def _turn(
-        self,
-        conversation: Conversation,
-        post: Post,
-        record: DeliveryRecord,
-        client: AsyncWebClient,
-        progress: Progress,
-        request: TurnRequest,
-        run: RunTurn | None = None,
-    ) -> Outcome:
-        stream = ReplyStream(
-            client,
-            channel=post.channel,
-            thread_ts=post.thread_ts,
-            team=post.team,
-            user=post.user,
-            pacer=self.pacer,
-            on_start=progress.replying,
-        )
-        picked_up = False
-
-        async def on_event(event: ConversationEvent) -> None:
-            nonlocal picked_up
-            await progress.observe(event)
-            if isinstance(event, PickingUp):
-                picked_up = True
-                if record.reply_ref is not None:  # the dead turn's reply, left half-written
-                    await self._close_reply(client, post, record.reply_ref, text.cut_short())
-            elif isinstance(event, Refreshed):
-                await self._post_refresh(client, post, event.unseen)
-            elif isinstance(event, TurnStarted):
-                await progress.started(conversation.id)
-                await self._session_status(
-                    client, post, "processing", title=conversation.session.title
-                )
-                if picked_up:
-                    await stream.append(text.notice(text.resumed()) + "\n")
-            elif isinstance(event, TextChunk):
-                await stream.append(event.text)
-            elif isinstance(event, ToolStarted):
-                await stream.task_started(event.command)
-            elif isinstance(event, ToolFinished):
-                result = event.result
-                await stream.task_finished(
-                    event.command, result.exit_code, result.stdout, result.stderr
-                )
-            elif isinstance(event, McpCallStarted):
-                await stream.task_started(event.name)
-            elif isinstance(event, McpCallFinished):
-                outcome_ = event.outcome
-                await stream.task_finished(
-                    outcome_.name, 0 if outcome_.ok else 1, outcome_.text, ""
-                )
-            elif isinstance(event, Notice):
-                await stream.append(text.notice(event.text) + "\n")
-
-        try:
-            if run is not None:
-                outcome = await run(on_event)
-            else:
-                outcome = await conversation.take_turn(request, on_event)
-        except AgentSessionLockLost:
-            await self._close(client, post, stream, stream.text + "\n" + text.lock_lost())
-            return Outcome.ANSWERED
-        except TurnInterrupted:
-            await self._close(client, post, stream, stream.text + "\n" + text.stopped())
-            return Outcome.ANSWERED
-        except asyncio.CancelledError as exc:
-            # A shutdown past its grace: the core kept the partial answer; say so in the thread.
-            # A record this replica may no longer hold: the replica that takes it over goes on.
-            ending = text.will_retry() if RECORD_LOST in exc.args else text.shut_down()
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._close(client, post, stream, stream.text + "\n" + ending))
-            raise
-        except Exception:
-            # A database or Slack failure mid-turn: the record stays ours (retried by this
-            # replica, or taken over), and carries on from what the transcript holds.
-            with contextlib.suppress(Exception):
-                if stream.ts is not None:
-                    await self._close(client, post, stream, stream.text + "\n" + text.will_retry())
-            raise
-        if isinstance(outcome, Busy):
-            return Outcome.BUSY
-        if isinstance(outcome, Stale):
-            await self._post_refresh(client, post, outcome.unseen)
-            return Outcome.STALE
-        if isinstance(outcome, OverBudget):
-            refusal = outcome.refusal
-            await tell(
-                client,
-                post,
-                text.over_budget(refused_budget(refusal).describe(), resets_text(refusal)),
-            )
-            return Outcome.ANSWERED
-        if isinstance(outcome, AlreadyAnswered):
-            answer = outcome.answer
-            if answer is not None and not await conversation.was_shown(answer.message_id):
-                # Answered before the replica died; its reply may not have been finished (one
-                # it showed whole and recorded, ``showed``, is left as it is).
-                reply = message_text(answer.message)
-                if record.reply_ref is not None:
-                    await self._close_reply(client, post, record.reply_ref, reply, replace=True)
-                else:
-                    await self._post_reply(client, post, conversation, answer.message_id, reply)
-            if self.cards is not None:  # and the card its turn stopped at, if never posted
-                await self.cards.post_missing(client, post, conversation.id)
-            return Outcome.ANSWERED
-        assert isinstance(outcome, Answered)
-        result = outcome.result
-        final = stream.text or result.text
-        if isinstance(result.error, AgentSessionBudgetExceeded):
-            limit = refused_budget(result.error).describe()
-            final += "\n" + text.budget_ran_out(limit, resets_text(result.error))
-        elif result.error is not None:
-            final += "\n" + text.turn_failed(result.error.code)
-        if result.trace_url is not None:
-            final += "\n" + text.trace_link(result.trace_url)
-        answer = result.answer
-        buttons = text.feedback_blocks(answer.message_id) if answer is not None else None
-        # The reply is closed before the bookkeeping below: the answer is stored, so a
-        # database failure from here on must leave neither a stream open nor the answer
-        # unshown; the retry finds the answer and this reply (a resumed ``AlreadyAnswered``).
-        await self._close(client, post, stream, final, blocks=buttons)
-        if answer is not None:
-            await conversation.showed(answer.message_id, self._refs(post, stream.parts))
-        if result.approval is not None and self.cards is not None:
-            await self.cards.post(client, post, result.approval)
-        return Outcome.ANSWERED
 
     @staticmethod
     def _refs(post: Post, parts: list[str]) -> list[str]:
@@ -478,17 +331,16 @@ class ThreadAnswers:
         self,
         client: AsyncWebClient,
         post: Post,
-        conversation: Conversation,
         message_id: str,
         body: str,
-    ) -> None:
-        """An answer the thread never showed, whole, with its feedback buttons."""
+    ) -> list[str]:
+        """An answer the thread never showed, whole, with its feedback buttons (the refs the
+        door notes for it)."""
         stream = ReplyStream(
             client, channel=post.channel, thread_ts=post.thread_ts, team=post.team, user=post.user
         )
         await stream.finish(body, blocks=text.feedback_blocks(message_id))
-        for ref in self._refs(post, stream.parts):
-            await conversation.noted(ref, message_id, "reply")
+        return self._refs(post, stream.parts)
 
     async def _close(
         self,
@@ -517,6 +369,137 @@ class ThreadAnswers:
             )
         except SlackApiError as exc:
             log.debug("agent session status not set in %s: %s", post.thread, exc)
+
+
+class _ThreadReply(QuietRenderer):
+    """One try's reply in its Slack thread: the conversation door's renderer for Slack."""
+
+    def __init__(
+        self,
+        answers: ThreadAnswers,
+        post: Post,
+        record: DeliveryRecord,
+        client: AsyncWebClient,
+        progress: Progress,
+    ) -> None:
+        self.answers = answers
+        self.post = post
+        self.record = record
+        self.client = client
+        self.progress = progress
+        self.stream = ReplyStream(
+            client,
+            channel=post.channel,
+            thread_ts=post.thread_ts,
+            team=post.team,
+            user=post.user,
+            pacer=answers.pacer,
+            on_start=progress.replying,
+        )
+
+    async def prepare(self, preparing: Preparing) -> Prepared:
+        gathered = await self.answers.gather(preparing, self.post, self.record, self.client)
+        return Prepared(gathered.context, gathered.files)
+
+    async def event(self, event: TurnEvent) -> None:
+        answers, post, client, stream = self.answers, self.post, self.client, self.stream
+        await self.progress.observe(event)
+        if isinstance(event, PickingUp):
+            if self.record.reply_ref is not None:  # the dead turn's reply, left half-written
+                await answers._close_reply(client, post, self.record.reply_ref, text.cut_short())
+        elif isinstance(event, Refreshed):
+            await answers._post_refresh(client, post, event.unseen)
+        elif isinstance(event, Began):
+            await self.progress.started(event.conversation.id)
+            await answers._session_status(
+                client, post, "processing", title=event.conversation.session.title
+            )
+            if event.picked_up:
+                await stream.append(text.notice(text.resumed()) + "\n")
+        elif isinstance(event, Said):
+            await stream.append(event.text)
+        elif isinstance(event, ToolBegan):
+            await stream.task_started(event.label)
+        elif isinstance(event, ToolEnded):
+            await stream.task_finished(
+                event.label,
+                event.exit_code,
+                event.output,
+                event.error if event.kind == "shell" else "",
+            )
+        elif isinstance(event, Told):
+            await stream.append(text.notice(event.text) + "\n")
+
+    async def abandoned(self, error: BaseException) -> None:
+        answers, post, client, stream = self.answers, self.post, self.client, self.stream
+        if isinstance(error, asyncio.CancelledError):
+            # A shutdown past its grace: the core kept the partial answer; say so in the thread.
+            # A record this replica may no longer hold: the replica that takes it over goes on.
+            ending = text.will_retry() if RECORD_LOST in error.args else text.shut_down()
+            await answers._close(client, post, stream, stream.text + "\n" + ending)
+        elif stream.ts is not None:
+            # A database or Slack failure mid-turn: the record stays ours (retried by this
+            # replica, or taken over), and carries on from what the transcript holds.
+            await answers._close(client, post, stream, stream.text + "\n" + text.will_retry())
+
+    async def finish(self, end: TurnEnd) -> Sequence[str]:
+        answers, post, client, stream = self.answers, self.post, self.client, self.stream
+        if isinstance(end, LockLost):
+            await answers._close(client, post, stream, stream.text + "\n" + text.lock_lost())
+        elif isinstance(end, Interrupted):
+            await answers._close(client, post, stream, stream.text + "\n" + text.stopped())
+        elif isinstance(end, Stale):
+            await answers._post_refresh(client, post, end.unseen)
+        elif isinstance(end, OverBudget):
+            refusal = end.refusal
+            await tell(
+                client,
+                post,
+                text.over_budget(refused_budget(refusal).describe(), resets_text(refusal)),
+            )
+        elif isinstance(end, AlreadyAnswered):
+            return await self._already_answered(end)
+        elif isinstance(end, Answered | Failed | BudgetRanOut):
+            return await self._answered(end)
+        return ()
+
+    async def _answered(self, end: Answered | Failed | BudgetRanOut) -> Sequence[str]:
+        answers, post, client, stream = self.answers, self.post, self.client, self.stream
+        result = end.result
+        final = stream.text or result.text
+        if isinstance(end, BudgetRanOut):
+            limit = refused_budget(end.refusal).describe()
+            final += "\n" + text.budget_ran_out(limit, resets_text(end.refusal))
+        elif isinstance(end, Failed):
+            final += "\n" + text.turn_failed(end.code)
+        if result.trace_url is not None:
+            final += "\n" + text.trace_link(result.trace_url)
+        answer = result.answer
+        buttons = text.feedback_blocks(answer.message_id) if answer is not None else None
+        # The reply is closed before the door's bookkeeping: the answer is stored, so a
+        # database failure from here on must leave neither a stream open nor the answer
+        # unshown; the retry finds the answer and this reply (a resumed ``AlreadyAnswered``).
+        await answers._close(client, post, stream, final, blocks=buttons)
+        if result.approval is not None and answers.cards is not None:
+            await answers.cards.post(client, post, result.approval)
+        return answers._refs(post, stream.parts)
+
+    async def _already_answered(self, end: AlreadyAnswered) -> Sequence[str]:
+        """Answered before the replica died; its reply may not have been finished (one it
+        showed whole and recorded is left as it is), and the card its turn stopped at may
+        never have been posted."""
+        answers, post, client = self.answers, self.post, self.client
+        refs: Sequence[str] = ()
+        answer = end.answer
+        if answer is not None and not end.shown:
+            reply = message_text(answer.message)
+            if self.record.reply_ref is not None:
+                await answers._close_reply(client, post, self.record.reply_ref, reply, replace=True)
+            else:
+                refs = await answers._post_reply(client, post, answer.message_id, reply)
+        if end.waiting is not None and answers.cards is not None:
+            await answers.cards.post_missing(client, post, end.waiting)
+        return refs
 
 
 async def tell(client: AsyncWebClient, post: Post, body: str) -> bool:

@@ -102,15 +102,13 @@ class ApprovalCards:
         if desk is not None and isinstance(ts, str):
             await desk.approvals.set_card(request.id, thread_key(post.team, post.channel, ts))
 
-    async def post_missing(self, client: AsyncWebClient, post: Post, session_id: int) -> None:
-        """The card of the request the conversation waits on, if none was ever posted: the
-        replica whose turn stored the request died before posting it, and the turn taken over
-        finds the answer already stored."""
-        desk = self.conversations.approvals
-        if desk is None:
-            return
-        waiting = await desk.waiting_in(session_id)
-        if waiting is not None and waiting.card_ref is None:
+    async def post_missing(
+        self, client: AsyncWebClient, post: Post, waiting: ApprovalRecord
+    ) -> None:
+        """The card of the request the conversation waits on (``waiting``), if none was ever
+        posted: the replica whose turn stored the request died before posting it, and the turn
+        taken over finds the answer already stored."""
+        if waiting.card_ref is None:
             request = ApprovalRequest(
                 waiting.id, waiting.tool_name, waiting.server, waiting.arguments
             )

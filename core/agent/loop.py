@@ -146,9 +146,12 @@ class Notice:
 
 @dataclass(frozen=True)
 class TurnStarted:
-    """The claim held and the user message is persisted (or, resuming, was already)."""
+    """The claim held and the user message is persisted (or, resuming, was already).
+    ``answer_id``: the id the answer will be stored under (a client streaming it names it so
+    its next turn's stale guard matches the transcript)."""
 
     user: StoredMessage | None
+    answer_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -336,11 +339,11 @@ class Agent:
             model = dataclasses.replace(
                 model, provider=account.provider(model.provider, model.prices)
             )
-            await emit(TurnStarted(turn.lease.tail))
+            answer = _Answer(model)
+            await emit(TurnStarted(turn.lease.tail, answer.id))
             if model.notice:
                 notices.append(model.notice)
                 await emit(Notice(model.notice))
-            answer = _Answer(model)
             account.message_id = answer.id
             turn.partial = answer.message()
             sandbox = await Sandbox.open(
@@ -428,7 +431,8 @@ class Agent:
             model = dataclasses.replace(
                 model, provider=account.provider(model.provider, model.prices)
             )
-            await emit(TurnStarted(None))
+            answer = _Answer(model)
+            await emit(TurnStarted(None, answer.id))
             asking = turn.lease.tail
             assert asking is not None, "a claim at a message has that message as its tail"
             call = ToolCall(record.tool_call_id, record.tool_name, record.arguments)
@@ -442,7 +446,6 @@ class Agent:
                 content, is_error = _tool_result(done)
                 span.record_result(content, is_error=is_error)
             await self.store.rewrite(turn.lease, decided)
-            answer = _Answer(model)
             account.message_id = answer.id
             turn.partial = answer.message()
             sandbox = await Sandbox.open(

@@ -144,6 +144,7 @@ class Began:
     conversation: Conversation
     user: StoredMessage | None
     picked_up: bool
+    answer_id: str = ""  # the id the answer will be stored under
 
 
 @dataclass(frozen=True)
@@ -446,7 +447,7 @@ def _shape(
 ) -> TurnEvent | None:
     """A turn's event in the one shape every renderer reads."""
     if isinstance(event, TurnStarted):
-        return Began(conversation, event.user, picked_up)
+        return Began(conversation, event.user, picked_up, event.answer_id)
     if isinstance(event, TextChunk):
         return Said(event.text)
     if isinstance(event, ToolStarted):
