@@ -13,7 +13,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from core.errors import ConfigError
-from core.tracing.links import check_url_template
+from core.trace_links import check_url_template
 from core.usage.budgets import Budget, parse_budgets
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./slack-agent.db"

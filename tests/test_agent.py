@@ -12,11 +12,14 @@ from core.agent.loop import Agent, AgentConfig, AgentEvent, Notice, TextChunk, T
 from core.agent.model_choice import ProviderCache
 from core.errors import AgentSessionBusy, AgentSessionStale
 from core.messages import message_text, user_message
-from core.providers.registry import CustomProviderSpec
 from core.providers.streaming import HttpOptions, RetryPolicy
 from core.records import Actor
 from core.settings import Settings
-from core.storage.custom_providers import add_custom_provider, delete_custom_provider
+from core.storage.custom_providers import (
+    CustomProviderSpec,
+    add_custom_provider,
+    delete_custom_provider,
+)
 from core.storage.sessions import SessionStore
 from core.testing import anthropic, openai
 from core.testing.anthropic import AnthropicStandIn

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from core.messages import user_message
-from core.providers.registry import CustomProviderSpec
+from core.storage.custom_providers import CustomProviderSpec
 from core.storage.engine import MIN_SQLITE
 from core.storage.migrate import head_revision
 from core.storage.sessions import SessionStore

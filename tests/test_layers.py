@@ -157,6 +157,51 @@ def test_layers__storage_is_the_bottom_of_core() -> None:
     assert not {name: m for name, m in found.items() if m}
 
 
+# The folders of ``core``, bottom first: a module imports only from folders on lower levels (and
+# its own), so no two folders can form a loop, however the modules inside them move. Plain values
+# at the bottom; the providers know nothing of configuration; storage under everything that runs
+# turns; the conversation API under what assembles a process.
+CORE_LEVELS: tuple[tuple[str, ...], ...] = (
+    ("core",),  # the package itself (imports nothing)
+    ("core.errors", "core.messages"),
+    ("core.records", "core.sandbox", "core.logs", "core.trace_links"),
+    ("core.checkpoint",),
+    ("core.providers",),
+    ("core.metrics", "core.usage"),
+    ("core.settings",),
+    ("core.tracing",),
+    ("core.storage",),
+    ("core.tools",),
+    ("core.agent",),
+    ("core.conversation",),
+    ("core.runtime", "core.sweeping", "core.operator"),
+    ("core.testing",),  # the stand-ins: beside the product, which never imports them
+)
+LEVEL = {folder: level for level, folders in enumerate(CORE_LEVELS) for folder in folders}
+
+
+def _folder(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_layers__every_folder_of_core_has_a_level() -> None:
+    folders = {_folder(name) for name in MODULES if name.split(".")[0] == "core"}
+    assert folders <= set(LEVEL), f"folders without a level: {sorted(folders - set(LEVEL))}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.split(".")[0] == "core"))
+def test_layers__core_imports_only_downward(name: str) -> None:
+    """0 upward imports inside core: a folder's modules use the folders below it, never a
+    peer's or one above (which is how folder-level loops start)."""
+    own = _folder(name)
+    upward = sorted(
+        m
+        for m in GRAPH[name]
+        if m.split(".")[0] == "core" and _folder(m) != own and LEVEL[_folder(m)] >= LEVEL[own]
+    )
+    assert not upward, f"{name} imports {upward}, beside or above {own}"
+
+
 def test_layers__no_import_cycles() -> None:
     """No loop between modules, counting that an import from a package runs its ``__init__``
     (which re-exports its modules): a loop through one works or fails by import order."""

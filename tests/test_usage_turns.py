@@ -17,12 +17,11 @@ from core.conversation import Conversations, OverBudget, TurnRequest
 from core.errors import AgentSessionBudgetExceeded
 from core.messages import user_message
 from core.providers.base import Usage
-from core.providers.registry import CustomProviderSpec
 from core.providers.streaming import HttpOptions, RetryPolicy
 from core.records import Actor
 from core.settings import Settings
 from core.storage.budgets import Budgets
-from core.storage.custom_providers import add_custom_provider
+from core.storage.custom_providers import CustomProviderSpec, add_custom_provider
 from core.storage.engine import Database
 from core.storage.feedback import Feedback
 from core.storage.sessions import SessionStore

@@ -14,20 +14,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from core.errors import ConfigError
-from core.metrics import ObservedProvider
-from core.providers.base import ModelProvider
-from core.providers.registry import (
-    CustomProviderSpec,
+from core.agent.registry import (
     build_builtin,
     build_custom,
     custom_provider_name,
     resolve_builtin,
 )
+from core.errors import ConfigError
+from core.metrics import ObservedProvider
+from core.providers.base import ModelProvider
 from core.providers.streaming import DEFAULT_TIMEOUT, HttpOptions
 from core.records import ModelChoice, SessionInfo
 from core.settings import Settings
-from core.storage.custom_providers import CustomProviders
+from core.storage.custom_providers import CustomProviders, CustomProviderSpec
 from core.usage.prices import PriceSource
 
 

@@ -8,7 +8,6 @@ openai        Chat Completions (any OpenAI-compatible server)
 anthropic     the Anthropic Messages API
 offline       the deterministic stand-in
 estimate      token counts when no provider reported any (marked estimated)
-registry      MODEL_PROVIDER resolution; building builtin and custom providers
 """
 
 from core.providers.anthropic import AnthropicProvider
@@ -31,14 +30,6 @@ from core.providers.base import (
 from core.providers.estimate import estimate_usage
 from core.providers.offline import OFFLINE_LABEL, OfflineProvider
 from core.providers.openai import OpenAIProvider
-from core.providers.registry import (
-    BuiltinName,
-    CustomProviderSpec,
-    build_builtin,
-    build_custom,
-    custom_provider_name,
-    resolve_builtin,
-)
 from core.providers.streaming import DEFAULT_TIMEOUT, HttpOptions, RetryPolicy, Timeouts
 from core.providers.uimessages import (
     step_start_part,
@@ -54,9 +45,7 @@ __all__ = [
     "OFFLINE_LABEL",
     "AnthropicProvider",
     "AssistantMessage",
-    "BuiltinName",
     "ChatMessage",
-    "CustomProviderSpec",
     "EventStream",
     "Finish",
     "HttpOptions",
@@ -74,11 +63,7 @@ __all__ = [
     "ToolSpec",
     "Usage",
     "UserMessage",
-    "build_builtin",
-    "build_custom",
-    "custom_provider_name",
     "estimate_usage",
-    "resolve_builtin",
     "step_start_part",
     "text_part",
     "tool_call_part",

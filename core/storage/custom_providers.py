@@ -6,6 +6,7 @@ database can be read by anyone who may read transcripts without leaking credenti
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Final, cast
 
@@ -13,10 +14,22 @@ from sqlalchemy import Table, delete, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from core.errors import ConfigError
-from core.providers.registry import CustomProviderSpec
 from core.storage.engine import Database
 from core.storage.models import CustomProvider
 from core.usage.prices import OwnPrices
+
+
+@dataclass(frozen=True)
+class CustomProviderSpec:
+    """A ``custom_providers`` row as values. ``api_key_env`` names the variable, never the key."""
+
+    name: str
+    kind: str
+    base_url: str
+    api_key_env: str
+    default_model: str | None = None
+    prices: OwnPrices | None = None  # the provider's own prices (win over genai-prices' table)
+
 
 PROVIDERS: Final = cast(Table, CustomProvider.__table__)
 

@@ -20,7 +20,7 @@ from urllib.parse import unquote
 
 from core.errors import ConfigError
 
-if TYPE_CHECKING:  # settings validates TRACE_URL_TEMPLATE with core.tracing.links
+if TYPE_CHECKING:  # the settings are read above the tracing (core.trace_links checks the template)
     from core.settings import Settings
 
 # The specification's default is 10 s. A shorter one gives up on a hanging collector sooner

@@ -40,9 +40,9 @@ from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
 
 from core.providers.base import AssistantMessage, ChatMessage, ToolCall, ToolSpec, Usage
+from core.trace_links import trace_url
 from core.tracing import attributes as attrs
 from core.tracing.config import TraceConfig, TraceOptions
-from core.tracing.links import trace_url
 
 if TYPE_CHECKING:
     from core.settings import Settings

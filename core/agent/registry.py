@@ -1,5 +1,9 @@
 """Which provider a turn uses, and building it from settings or a custom-provider description.
 
+Here, above the providers, because it reads the settings: the providers themselves know
+nothing of configuration (they take keys and addresses as values), which keeps them below
+``core.settings`` and ``core.usage``.
+
 ``MODEL_PROVIDER`` is ``auto``, a builtin name, or the name of a row in ``custom_providers``.
 Looking that row up is the store's job, so this module takes its values as a plain
 ``CustomProviderSpec``; the caller decides between ``build_custom`` and ``build_builtin`` (also
@@ -13,7 +17,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Literal
 
 from core.errors import ConfigError
@@ -24,22 +27,10 @@ from core.providers.offline import OfflineProvider
 from core.providers.openai import OpenAIProvider
 from core.providers.streaming import HttpOptions
 from core.settings import Settings
-from core.usage.prices import OwnPrices
+from core.storage.custom_providers import CustomProviderSpec
 
 BuiltinName = Literal["openai", "anthropic", "offline"]
 _BUILTINS: tuple[BuiltinName, ...] = ("openai", "anthropic", "offline")
-
-
-@dataclass(frozen=True)
-class CustomProviderSpec:
-    """A ``custom_providers`` row as values. ``api_key_env`` names the variable, never the key."""
-
-    name: str
-    kind: str
-    base_url: str
-    api_key_env: str
-    default_model: str | None = None
-    prices: OwnPrices | None = None  # the provider's own prices (win over genai-prices' table)
 
 
 def resolve_builtin(settings: Settings) -> BuiltinName:

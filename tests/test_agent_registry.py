@@ -4,20 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from core.agent.registry import build_builtin, build_custom, custom_provider_name, resolve_builtin
 from core.errors import ConfigError
-from core.providers import (
-    AnthropicProvider,
-    CustomProviderSpec,
-    OfflineProvider,
-    OpenAIProvider,
-    UserMessage,
-    build_builtin,
-    build_custom,
-    custom_provider_name,
-    resolve_builtin,
-)
+from core.providers import AnthropicProvider, OfflineProvider, OpenAIProvider, UserMessage
 from core.providers.anthropic import DEFAULT_MODEL as ANTHROPIC_DEFAULT
 from core.settings import load_settings
+from core.storage.custom_providers import CustomProviderSpec
 from core.testing import anthropic, openai
 from tests.providers_fixtures import collect, text_of
 
