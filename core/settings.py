@@ -221,19 +221,23 @@ class Settings(BaseSettings):
         return connect, statement
 
     def database_timeout_warning(self) -> str | None:
-        """One line when the derived timeouts (their floors) do not fit the window: a very
-        short TURN_LOCK_STALENESS_SECONDS. Turns still stop themselves in time; a lease loop
-        or the stop-button poll may wait longer on a dead connection than the window."""
+        """One line, said once by ``serve``, when the derived timeouts (their floors) do not fit
+        the window: a very short TURN_LOCK_STALENESS_SECONDS. Turns still stop themselves in
+        time; a lease loop or the stop-button poll may wait longer on a dead connection than the
+        window. The line names what to set, since the operator chose the window, not the
+        timeouts."""
         if self.database_connect_timeout_seconds or self.database_statement_timeout_seconds:
             return None  # set by the operator: checked in ``_workable``
         connect, statement = self.database_timeouts
-        if connect + statement <= self.database_budget_seconds:
+        budget = self.database_budget_seconds
+        if connect + statement <= budget:
             return None
         return (
             f"database timeouts (connect {connect:g}s, statement {statement:g}s) are longer "
-            f"than {self.database_budget_seconds:g}s ({TURN_SAFE_SHARE:g} x "
-            "TURN_LOCK_STALENESS_SECONDS - TURN_HEARTBEAT_SECONDS): a window this short leaves "
-            "no room for a database call that hangs"
+            f"than {budget:g}s ({TURN_SAFE_SHARE:g} x TURN_LOCK_STALENESS_SECONDS - "
+            "TURN_HEARTBEAT_SECONDS): set DATABASE_CONNECT_TIMEOUT_SECONDS and "
+            f"DATABASE_STATEMENT_TIMEOUT_SECONDS to at most {budget:g}s together, or lengthen "
+            "TURN_LOCK_STALENESS_SECONDS"
         )
 
     def is_admin(self, team: str, user: str) -> bool:
