@@ -234,6 +234,37 @@ async def test_span__an_exception_leaving_it_marks_it_as_an_error_and_propagates
     assert request.status_message == "model_provider_unavailable: anthropic: overloaded"
 
 
+async def test_trace_content_off__an_error_keeps_its_code_but_not_its_text(
+    collector: OtlpReceiver,
+) -> None:
+    # An error's message quotes what the model wrote or a tool was given.
+    tracer = tracer_for(collector.url, trace_content=False)
+
+    def failing_turn() -> None:
+        with (
+            tracer.turn(session_id=7, surface="terminal") as turn,
+            turn.llm(provider="anthropic", model="claude-x", messages=[UserMessage("q")]),
+        ):
+            raise ModelProviderUnavailable(f"anthropic: {SECRET_TEXT}", provider="anthropic")
+
+    with pytest.raises(ModelProviderUnavailable):
+        failing_turn()
+    await flush(tracer)
+    await collector.wait_for(spans=2)
+    tracer.shutdown(1.0)
+
+    (request,) = collector.named("model request")
+    assert request.status == "error"
+    assert request.status_message == "model_provider_unavailable"
+    (event,) = request.events
+    assert event.name == "exception"
+    assert event.attributes == {"exception.type": "model_provider_unavailable"}
+    for span in collector.spans:
+        assert SECRET_TEXT not in span.status_message
+        for recorded in span.events:
+            assert all(SECRET_TEXT not in str(value) for value in recorded.attributes.values())
+
+
 async def test_collector_hanging__spans_queue_without_delaying_the_turn_and_overflow_is_counted(
     collector: OtlpReceiver,
 ) -> None:

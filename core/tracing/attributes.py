@@ -46,6 +46,8 @@ APPROVAL_DECISION = "slack_agent.approval.decision"
 APPROVAL_DECIDER = "slack_agent.approval.decider"  # "person" or "rule", always
 APPROVAL_DECIDED_BY = "slack_agent.approval.decided_by"  # the person's id: TRACE_USER_IDS=1
 COMPACTION_AUTOMATIC = "slack_agent.compaction.automatic"
+# OpenTelemetry's exception event key, the one an error event keeps with TRACE_CONTENT=0.
+EXCEPTION_TYPE = "exception.type"
 
 
 def _role_and_text(message: ChatMessage) -> tuple[str, str]:
