@@ -13,6 +13,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from core.errors import ConfigError
+from core.tracing.config import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_QUEUE_BYTES
 from core.tracing.links import check_url_template
 from core.usage.budgets import Budget, parse_budgets
 
@@ -165,6 +166,13 @@ class Settings(BaseSettings):
     otel_bsp_max_queue_size: int = Field(default=2048, gt=0)
     otel_bsp_max_export_batch_size: int = Field(default=512, gt=0)
     otel_bsp_schedule_delay: float = Field(default=5000, gt=0)  # milliseconds, as OTel says
+    # The longest text attribute a span carries (OpenTelemetry's variables; the span one wins;
+    # unset: core.tracing.config's default, where OpenTelemetry's is no limit at all).
+    otel_attribute_value_length_limit: int | None = Field(default=None, gt=0)
+    otel_span_attribute_value_length_limit: int | None = Field(default=None, gt=0)
+    # Spans waiting for the collector, and one request to it, in bytes (core.tracing.export).
+    trace_queue_bytes: int = Field(default=DEFAULT_MAX_QUEUE_BYTES, gt=0)
+    trace_batch_bytes: int = Field(default=DEFAULT_MAX_BATCH_BYTES, ge=4096)
     trace_content: bool = True
     trace_user_ids: bool = False
     trace_url_template: str | None = None

@@ -29,6 +29,15 @@ DEFAULT_EXPORT_TIMEOUT_SECONDS = 5.0
 # OTel's default of 128 attributes a span would cut a long conversation's input messages (each
 # message is a few attributes); the oldest would be dropped silently.
 DEFAULT_MAX_SPAN_ATTRIBUTES = 4096
+# The longest text attribute, in characters (OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT overrides): a tool
+# result reaches the model cut at core.tools.outcome.RESULT_CAP, so it is exported whole too;
+# a longer message (a pasted log) is cut in the trace, not in the conversation.
+DEFAULT_MAX_ATTRIBUTE_CHARS = 20_000
+# What a slow collector can make a replica hold, in estimated encoded bytes (TRACE_QUEUE_BYTES).
+DEFAULT_MAX_QUEUE_BYTES = 64 * 1024 * 1024
+# The largest OTLP request sent (TRACE_BATCH_BYTES): 4 MiB is gRPC's default message limit, the
+# smallest a common collector applies; a request over a collector's limit is refused whole.
+DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024
 
 
 def _pairs(value: str | None, variable: str) -> dict[str, str]:
@@ -51,10 +60,19 @@ class TraceOptions:
     content: bool = True
     user_ids: bool = False
     url_template: str | None = None
+    # The characters of input messages one model request's span carries at most, the newest
+    # kept: a long conversation's span must fit in one request to the collector with room for
+    # others beside it (half of TRACE_BATCH_BYTES).
+    input_chars: int = DEFAULT_MAX_BATCH_BYTES // 2
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TraceOptions:
-        return cls(settings.trace_content, settings.trace_user_ids, settings.trace_url_template)
+        return cls(
+            settings.trace_content,
+            settings.trace_user_ids,
+            settings.trace_url_template,
+            input_chars=settings.trace_batch_bytes // 2,
+        )
 
 
 @dataclass(frozen=True)
@@ -68,6 +86,9 @@ class TraceConfig:
     max_export_batch_size: int = 512
     schedule_delay_millis: float = 5000
     max_span_attributes: int = DEFAULT_MAX_SPAN_ATTRIBUTES
+    max_attribute_chars: int = DEFAULT_MAX_ATTRIBUTE_CHARS
+    max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     options: TraceOptions = field(default_factory=TraceOptions)
 
     @classmethod
@@ -104,5 +125,12 @@ class TraceConfig:
             max_queue_size=settings.otel_bsp_max_queue_size,
             max_export_batch_size=settings.otel_bsp_max_export_batch_size,
             schedule_delay_millis=settings.otel_bsp_schedule_delay,
+            max_attribute_chars=(
+                settings.otel_span_attribute_value_length_limit
+                or settings.otel_attribute_value_length_limit
+                or DEFAULT_MAX_ATTRIBUTE_CHARS
+            ),
+            max_queue_bytes=settings.trace_queue_bytes,
+            max_batch_bytes=settings.trace_batch_bytes,
             options=TraceOptions.from_settings(settings),
         )

@@ -196,7 +196,7 @@ class _Parent(SpanHandle):
             attrs.INPUT_MESSAGES: len(messages),
         }
         if self.options.content:
-            values.update(attrs.input_messages_content(messages))
+            values.update(attrs.input_messages_content(messages, self.options.input_chars))
             values.update(attrs.tools_content(tools))
         else:
             values[attrs.INPUT_CHARS] = attrs.chars(messages)
