@@ -61,6 +61,9 @@ def _force_exit(sig: signal.Signals) -> None:
 
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM/SIGINT, then stop cleanly (see the module's docstring)."""
+    warning = settings.database_timeout_warning()
+    if warning:  # once, where the window matters: never on every command (core.storage)
+        log.warning("%s", warning)
     bot = await Bot.open(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -163,7 +163,8 @@ TRACE_SPANS_DROPPED = Counter(
     "slack_agent_trace_spans_dropped_total",
     "Spans never delivered to the OTLP collector, by reason: queue_full (the export queue was "
     "full: the collector is slow or away), export_failed (the collector refused or did not "
-    "answer in time), shutdown (still queued when the process stopped).",
+    "answer in time), shutdown (still queued when the process stopped), too_large (one span "
+    "larger than TRACE_BATCH_BYTES).",
     ["reason"],
 )
 SLACK_API_ERRORS = Counter(

@@ -17,6 +17,11 @@ from core.trace_links import check_url_template
 from core.usage.budgets import Budget, parse_budgets
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./slack-agent.db"
+# What a slow collector can make a replica hold, in estimated encoded bytes (TRACE_QUEUE_BYTES).
+DEFAULT_MAX_QUEUE_BYTES = 64 * 1024 * 1024
+# The largest OTLP request sent (TRACE_BATCH_BYTES): 4 MiB is gRPC's default message limit, the
+# smallest a common collector applies; a request over a collector's limit is refused whole.
+DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024
 
 # The share of TURN_LOCK_STALENESS_SECONDS a turn may go without a confirmed heartbeat before it
 # stops itself (§6.12): another replica may claim the lock only after the whole window, measured
@@ -165,6 +170,13 @@ class Settings(BaseSettings):
     otel_bsp_max_queue_size: int = Field(default=2048, gt=0)
     otel_bsp_max_export_batch_size: int = Field(default=512, gt=0)
     otel_bsp_schedule_delay: float = Field(default=5000, gt=0)  # milliseconds, as OTel says
+    # The longest text attribute a span carries (OpenTelemetry's variables; the span one wins;
+    # unset: core.tracing.config's default, where OpenTelemetry's is no limit at all).
+    otel_attribute_value_length_limit: int | None = Field(default=None, gt=0)
+    otel_span_attribute_value_length_limit: int | None = Field(default=None, gt=0)
+    # Spans waiting for the collector, and one request to it, in bytes (core.tracing.export).
+    trace_queue_bytes: int = Field(default=DEFAULT_MAX_QUEUE_BYTES, gt=0)
+    trace_batch_bytes: int = Field(default=DEFAULT_MAX_BATCH_BYTES, ge=4096)
     trace_content: bool = True
     trace_user_ids: bool = False
     trace_url_template: str | None = None
@@ -221,19 +233,23 @@ class Settings(BaseSettings):
         return connect, statement
 
     def database_timeout_warning(self) -> str | None:
-        """One line when the derived timeouts (their floors) do not fit the window: a very
-        short TURN_LOCK_STALENESS_SECONDS. Turns still stop themselves in time; a lease loop
-        or the stop-button poll may wait longer on a dead connection than the window."""
+        """One line, said once by ``serve``, when the derived timeouts (their floors) do not fit
+        the window: a very short TURN_LOCK_STALENESS_SECONDS. Turns still stop themselves in
+        time; a lease loop or the stop-button poll may wait longer on a dead connection than the
+        window. The line names what to set, since the operator chose the window, not the
+        timeouts."""
         if self.database_connect_timeout_seconds or self.database_statement_timeout_seconds:
             return None  # set by the operator: checked in ``_workable``
         connect, statement = self.database_timeouts
-        if connect + statement <= self.database_budget_seconds:
+        budget = self.database_budget_seconds
+        if connect + statement <= budget:
             return None
         return (
             f"database timeouts (connect {connect:g}s, statement {statement:g}s) are longer "
-            f"than {self.database_budget_seconds:g}s ({TURN_SAFE_SHARE:g} x "
-            "TURN_LOCK_STALENESS_SECONDS - TURN_HEARTBEAT_SECONDS): a window this short leaves "
-            "no room for a database call that hangs"
+            f"than {budget:g}s ({TURN_SAFE_SHARE:g} x TURN_LOCK_STALENESS_SECONDS - "
+            "TURN_HEARTBEAT_SECONDS): set DATABASE_CONNECT_TIMEOUT_SECONDS and "
+            f"DATABASE_STATEMENT_TIMEOUT_SECONDS to at most {budget:g}s together, or lengthen "
+            "TURN_LOCK_STALENESS_SECONDS"
         )
 
     def is_admin(self, team: str, user: str) -> bool:

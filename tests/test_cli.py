@@ -111,6 +111,18 @@ def test_bad_configuration__one_line_naming_it() -> None:
     assert one_line_error(bad_number).startswith("slack-agent: config_invalid: SWEEPER_BATCH_SIZE")
 
 
+def test_short_lock_window__a_refusal_is_still_one_line(tmp_path: Path) -> None:
+    # Derived timeouts that do not fit so short a window are said by ``serve`` alone.
+    refused = cli(
+        "chat",
+        "999999",
+        database_url=f"sqlite:///{tmp_path / 'agent.db'}",
+        TURN_LOCK_STALENESS_SECONDS="2",
+        TURN_HEARTBEAT_SECONDS="0.25",
+    )
+    assert one_line_error(refused).startswith("slack-agent: agent_session_not_found:")
+
+
 def test_bad_sqlite_location__one_line_naming_it(tmp_path: Path) -> None:
     for memory in ("sqlite://", "sqlite:///:memory:"):
         result = cli("migrate", database_url=memory)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pytest
 
 from core.errors import ConfigError
 from core.settings import load_settings
-from core.storage import timeouts_of
+from core.storage import Storage, timeouts_of
 
 
 def test_timeouts__derived_from_the_window_and_within_its_budget() -> None:
@@ -32,3 +35,20 @@ def test_timeouts__a_window_too_short_for_the_floors_gets_one_warning_line() -> 
     assert warning is not None
     assert "\n" not in warning
     assert settings.database_timeouts == (3.0, 5.0)
+    assert "DATABASE_STATEMENT_TIMEOUT_SECONDS" in warning  # says what to set
+
+
+async def test_timeouts__opening_storage_says_nothing_of_them(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    # Every command opens storage: a warning there came before each one-line refusal.
+    settings = load_settings(
+        turn_lock_staleness_seconds=2,
+        turn_heartbeat_seconds=0.25,
+        database_url=f"sqlite:///{tmp_path / 'agent.db'}",
+    )
+    assert settings.database_timeout_warning() is not None
+    with caplog.at_level(logging.DEBUG):
+        storage = Storage.open(settings)
+        await storage.dispose()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -29,7 +29,7 @@ from core.providers import (
 from core.settings import load_settings
 from core.testing import metrics
 from core.testing.otlp import OtlpReceiver, ReceivedSpan
-from core.tracing.config import TraceConfig
+from core.tracing.config import DEFAULT_MAX_ATTRIBUTE_CHARS, TraceConfig
 from core.tracing.spans import Tracer
 
 SHELL = ToolSpec("shell", "Run a command in the sandbox.")
@@ -234,6 +234,37 @@ async def test_span__an_exception_leaving_it_marks_it_as_an_error_and_propagates
     assert request.status_message == "model_provider_unavailable: anthropic: overloaded"
 
 
+async def test_trace_content_off__an_error_keeps_its_code_but_not_its_text(
+    collector: OtlpReceiver,
+) -> None:
+    # An error's message quotes what the model wrote or a tool was given.
+    tracer = tracer_for(collector.url, trace_content=False)
+
+    def failing_turn() -> None:
+        with (
+            tracer.turn(session_id=7, surface="terminal") as turn,
+            turn.llm(provider="anthropic", model="claude-x", messages=[UserMessage("q")]),
+        ):
+            raise ModelProviderUnavailable(f"anthropic: {SECRET_TEXT}", provider="anthropic")
+
+    with pytest.raises(ModelProviderUnavailable):
+        failing_turn()
+    await flush(tracer)
+    await collector.wait_for(spans=2)
+    tracer.shutdown(1.0)
+
+    (request,) = collector.named("model request")
+    assert request.status == "error"
+    assert request.status_message == "model_provider_unavailable"
+    (event,) = request.events
+    assert event.name == "exception"
+    assert event.attributes == {"exception.type": "model_provider_unavailable"}
+    for span in collector.spans:
+        assert SECRET_TEXT not in span.status_message
+        for recorded in span.events:
+            assert all(SECRET_TEXT not in str(value) for value in recorded.attributes.values())
+
+
 async def test_collector_hanging__spans_queue_without_delaying_the_turn_and_overflow_is_counted(
     collector: OtlpReceiver,
 ) -> None:
@@ -290,6 +321,128 @@ async def test_collector_hanging__shutdown_gives_up_in_bounded_time_and_counts_t
 
     assert collector.hanging == 1  # shutdown returned; the collector still holds the request
     assert dropped("shutdown") - lost_before == 1
+
+
+async def test_span__a_long_text_attribute_is_cut_at_the_stated_length(
+    collector: OtlpReceiver,
+) -> None:
+    pasted = "x" * (DEFAULT_MAX_ATTRIBUTE_CHARS * 3)
+    tracer = tracer_for(collector.url)
+    with tracer.turn(session_id=1, surface="slack", text=pasted) as turn:
+        turn.record_output(pasted, outcome="answered")
+    shorter = tracer_for(collector.url, otel_attribute_value_length_limit=100)
+    with shorter.turn(session_id=2, surface="slack", text=pasted):
+        pass
+    await flush(tracer)
+    await flush(shorter)
+    await collector.wait_for(spans=2)
+    tracer.shutdown(1.0)
+    shorter.shutdown(1.0)
+
+    lengths = {
+        span.attributes["session.id"]: (
+            len(span.attributes["input.value"]),
+            len(span.attributes.get("output.value", "")),
+        )
+        for span in collector.spans
+    }
+    assert lengths == {
+        "1": (DEFAULT_MAX_ATTRIBUTE_CHARS, DEFAULT_MAX_ATTRIBUTE_CHARS),
+        "2": (100, 0),
+    }
+
+
+async def test_collector_hanging__the_queue_is_bounded_in_bytes_not_only_in_spans(
+    collector: OtlpReceiver,
+) -> None:
+    collector.mode = "hang"
+    queue_bytes = 50_000
+    text = "y" * 10_000
+    tracer = tracer_for(
+        collector.url,
+        trace_queue_bytes=queue_bytes,
+        otel_bsp_max_export_batch_size=1,
+        otel_exporter_otlp_timeout=60_000,
+    )
+    full_before = dropped("queue_full")
+    with tracer.turn(session_id=0, surface="slack"):
+        pass  # a full batch: the export thread sends it now, and the collector holds it
+    async with asyncio.timeout(30):
+        await collector.wait_for(hanging=1)
+    for session in range(1, 11):  # far fewer spans than OTEL_BSP_MAX_QUEUE_SIZE (2048)
+        with tracer.turn(session_id=session, surface="slack", text=text):
+            pass
+    lost = dropped("queue_full") - full_before
+
+    collector.release()
+    collector.mode = "accept"
+    await flush(tracer)
+    await collector.wait_for(spans=1 + 10 - int(lost))
+    await asyncio.to_thread(tracer.shutdown, 5.0)
+    queued = [s for s in collector.spans if s.attributes["session.id"] != "0"]
+    assert 0 < len(queued) < 10
+    assert len(queued) + lost == 10
+    assert sum(len(s.attributes["input.value"]) for s in queued) <= queue_bytes
+    # The first spans were kept, the later ones dropped: a queue, not a sample.
+    assert sorted(int(s.attributes["session.id"]) for s in queued) == list(
+        range(1, len(queued) + 1)
+    )
+
+
+async def test_export__requests_stay_within_the_batch_bytes_and_a_larger_span_is_counted(
+    collector: OtlpReceiver,
+) -> None:
+    batch_bytes = 60_000
+    text = "z" * 10_000
+    tracer = tracer_for(collector.url, trace_batch_bytes=batch_bytes)
+    too_large_before = dropped("too_large")
+    for session in range(1, 21):  # 200 kB of text: one batch by count, several by size
+        with tracer.turn(session_id=session, surface="slack", text=text):
+            pass
+    # Many tools with long descriptions: a span no request may carry.
+    catalogue = [ToolSpec(f"tool_{n}", "d" * 5_000) for n in range(20)]
+    with tracer.turn(session_id=99, surface="slack") as turn:
+        turn.llm(provider="openai", model="m", messages=[UserMessage("q")], tools=catalogue).end()
+    await flush(tracer)
+    await collector.wait_for(spans=21)
+    tracer.shutdown(1.0)
+
+    assert len(collector.body_bytes) > 1
+    assert max(collector.body_bytes) <= batch_bytes
+    assert sorted(int(s.attributes["session.id"]) for s in collector.named("turn")) == [
+        *range(1, 21),
+        99,
+    ]
+    assert collector.named("model request") == []
+    assert dropped("too_large") - too_large_before == 1
+
+
+async def test_llm_span__a_long_history_keeps_its_newest_messages_within_the_budget(
+    collector: OtlpReceiver,
+) -> None:
+    batch_bytes = 60_000
+    tracer = tracer_for(collector.url, trace_batch_bytes=batch_bytes)
+    history = [UserMessage(f"message {n} " + "w" * 9_000) for n in range(20)]
+    with tracer.turn(session_id=1, surface="slack") as turn:
+        turn.llm(provider="openai", model="m", messages=history).end()
+    await flush(tracer)
+    await collector.wait_for(spans=2)
+    tracer.shutdown(1.0)
+
+    (request,) = collector.named("model request")
+    contents = [
+        value
+        for key, value in request.attributes.items()
+        if key.startswith("llm.input_messages.") and key.endswith(".message.content")
+    ]
+    omitted = request.attributes["slack_agent.llm.input_messages_omitted"]
+    assert omitted + len(contents) == len(history)
+    assert 0 < len(contents) < len(history)
+    assert sum(len(text) for text in contents) <= batch_bytes // 2
+    assert request.attributes["llm.input_messages.0.message.content"].startswith(
+        f"message {omitted} "
+    )
+    assert request.attributes["slack_agent.llm.input_message_count"] == len(history)
 
 
 async def test_collector_refusing__the_batch_is_counted_as_failed(

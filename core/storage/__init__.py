@@ -14,7 +14,6 @@ budget reservations), ``budgets`` (the limits set at run time)).
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from core.settings import Settings
@@ -31,8 +30,6 @@ from core.storage.snapshots import Snapshots
 from core.storage.surface_state import SURFACE_SWEEPS, SurfaceState
 from core.storage.sweeper import SweepReport, sweep
 from core.storage.usage import UsageLedger
-
-log = logging.getLogger(__name__)
 
 
 class Storage:
@@ -57,10 +54,9 @@ class Storage:
     @classmethod
     def open(cls, settings: Settings, *, pool_size: int = 10) -> Storage:
         """The database ``DATABASE_URL`` names (nothing is connected until first used), every
-        call bounded by the timeouts the settings choose from the staleness window."""
-        warning = settings.database_timeout_warning()
-        if warning:
-            log.warning("%s", warning)
+        call bounded by the timeouts the settings choose from the staleness window. Nothing is
+        said here about timeouts that do not fit the window: every command opens storage, and a
+        one-line refusal must stay one line (``serve`` says it once, ``bot.serve``)."""
         db = create_database(
             settings.database_url,
             pool_size=pool_size,

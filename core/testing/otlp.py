@@ -52,6 +52,12 @@ def _attributes(pairs: Any) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class ReceivedEvent:
+    name: str
+    attributes: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class ReceivedSpan:
     """One span as it arrived. Ids are lowercase hex; ``kind`` is the OpenInference span kind
     attribute (``AGENT``, ``LLM``, ...); ``status`` is ``unset``, ``ok`` or ``error``."""
@@ -66,6 +72,7 @@ class ReceivedSpan:
     status_message: str
     scope: str
     resource: dict[str, Any] = field(default_factory=dict)
+    events: list[ReceivedEvent] = field(default_factory=list)
 
 
 _STATUS = {0: "unset", 1: "ok", 2: "error"}
@@ -91,6 +98,10 @@ def decode(body: bytes) -> list[ReceivedSpan]:
                         status_message=span.status.message,
                         scope=scope_spans.scope.name,
                         resource=resource,
+                        events=[
+                            ReceivedEvent(event.name, _attributes(event.attributes))
+                            for event in span.events
+                        ],
                     )
                 )
     return spans
@@ -105,6 +116,7 @@ class OtlpReceiver(LocalServer):
         self.mode: Mode = mode
         self.spans: list[ReceivedSpan] = []
         self.requests = 0  # every POST, whatever the mode did with it
+        self.body_bytes: list[int] = []  # each POST's size as sent (before decompressing)
         self.hanging = 0  # requests held right now
         super().__init__()
         self._release = asyncio.Event()
@@ -151,6 +163,7 @@ class OtlpReceiver(LocalServer):
 
     async def _traces(self, request: web.Request) -> web.Response:
         body = await request.read()
+        self.body_bytes.append(len(body))
         encoding = request.headers.get("content-encoding", "").lower()
         if encoding == "gzip":
             body = gzip.decompress(body)

@@ -40,12 +40,15 @@ USAGE_ESTIMATED = "slack_agent.usage.estimated"
 INPUT_CHARS = "slack_agent.input.chars"
 OUTPUT_CHARS = "slack_agent.output.chars"
 INPUT_MESSAGES = "slack_agent.llm.input_message_count"
+INPUT_MESSAGES_OMITTED = "slack_agent.llm.input_messages_omitted"  # the oldest, over the budget
 TOOL_SERVER = "slack_agent.tool.server"
 TOOL_ERROR = "slack_agent.tool.is_error"
 APPROVAL_DECISION = "slack_agent.approval.decision"
 APPROVAL_DECIDER = "slack_agent.approval.decider"  # "person" or "rule", always
 APPROVAL_DECIDED_BY = "slack_agent.approval.decided_by"  # the person's id: TRACE_USER_IDS=1
 COMPACTION_AUTOMATIC = "slack_agent.compaction.automatic"
+# OpenTelemetry's exception event key, the one an error event keeps with TRACE_CONTENT=0.
+EXCEPTION_TYPE = "exception.type"
 
 
 def _role_and_text(message: ChatMessage) -> tuple[str, str]:
@@ -83,10 +86,32 @@ def message_content(prefix: str, index: int, message: ChatMessage) -> Attributes
     return out
 
 
-def input_messages_content(messages: Sequence[ChatMessage]) -> Attributes:
+def _content_chars(message: ChatMessage) -> int:
+    size = len(_role_and_text(message)[1])
+    if isinstance(message, AssistantMessage):
+        size += sum(
+            len(json.dumps(call.arguments, ensure_ascii=False)) for call in message.tool_calls
+        )
+    return size
+
+
+def input_messages_content(messages: Sequence[ChatMessage], budget: int) -> Attributes:
+    """The newest messages whose text adds up to at most ``budget`` characters (the newest one
+    always), indexed from 0, and how many older ones were left out: a model request carries the
+    whole history, and a span that outgrows a collector's request is lost whole."""
+    kept = 0
+    used = 0
+    for message in reversed(messages):
+        used += _content_chars(message)
+        if kept and used > budget:
+            break
+        kept += 1
     out: Attributes = {}
-    for index, message in enumerate(messages):
+    start = len(messages) - kept
+    for index, message in enumerate(messages[start:]):
         out.update(message_content(SpanAttributes.LLM_INPUT_MESSAGES, index, message))
+    if start:
+        out[INPUT_MESSAGES_OMITTED] = start
     return out
 
 

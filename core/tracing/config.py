@@ -15,13 +15,10 @@ names the variable and the entry's position, never its text.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from core.errors import ConfigError
-
-if TYPE_CHECKING:  # the settings are read above the tracing (core.trace_links checks the template)
-    from core.settings import Settings
+from core.settings import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_QUEUE_BYTES, Settings
 
 # The specification's default is 10 s. A shorter one gives up on a hanging collector sooner
 # (its queue drains, shutdown is bounded); OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT overrides it.
@@ -29,6 +26,10 @@ DEFAULT_EXPORT_TIMEOUT_SECONDS = 5.0
 # OTel's default of 128 attributes a span would cut a long conversation's input messages (each
 # message is a few attributes); the oldest would be dropped silently.
 DEFAULT_MAX_SPAN_ATTRIBUTES = 4096
+# The longest text attribute, in characters (OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT overrides): a tool
+# result reaches the model cut at core.tools.outcome.RESULT_CAP, so it is exported whole too;
+# a longer message (a pasted log) is cut in the trace, not in the conversation.
+DEFAULT_MAX_ATTRIBUTE_CHARS = 20_000
 
 
 def _pairs(value: str | None, variable: str) -> dict[str, str]:
@@ -51,10 +52,19 @@ class TraceOptions:
     content: bool = True
     user_ids: bool = False
     url_template: str | None = None
+    # The characters of input messages one model request's span carries at most, the newest
+    # kept: a long conversation's span must fit in one request to the collector with room for
+    # others beside it (half of TRACE_BATCH_BYTES).
+    input_chars: int = DEFAULT_MAX_BATCH_BYTES // 2
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TraceOptions:
-        return cls(settings.trace_content, settings.trace_user_ids, settings.trace_url_template)
+        return cls(
+            settings.trace_content,
+            settings.trace_user_ids,
+            settings.trace_url_template,
+            input_chars=settings.trace_batch_bytes // 2,
+        )
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,9 @@ class TraceConfig:
     max_export_batch_size: int = 512
     schedule_delay_millis: float = 5000
     max_span_attributes: int = DEFAULT_MAX_SPAN_ATTRIBUTES
+    max_attribute_chars: int = DEFAULT_MAX_ATTRIBUTE_CHARS
+    max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     options: TraceOptions = field(default_factory=TraceOptions)
 
     @classmethod
@@ -104,5 +117,12 @@ class TraceConfig:
             max_queue_size=settings.otel_bsp_max_queue_size,
             max_export_batch_size=settings.otel_bsp_max_export_batch_size,
             schedule_delay_millis=settings.otel_bsp_schedule_delay,
+            max_attribute_chars=(
+                settings.otel_span_attribute_value_length_limit
+                or settings.otel_attribute_value_length_limit
+                or DEFAULT_MAX_ATTRIBUTE_CHARS
+            ),
+            max_queue_bytes=settings.trace_queue_bytes,
+            max_batch_bytes=settings.trace_batch_bytes,
             options=TraceOptions.from_settings(settings),
         )

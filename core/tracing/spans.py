@@ -16,7 +16,8 @@ that ends its span; an exception leaving it marks the span as an error and is re
 
 With tracing off (``Tracer.off()``: no endpoint) every call returns a shared inert handle and
 builds no attributes: the cost of a turn is a few method calls. With ``TRACE_CONTENT=0`` no
-message text, tool argument or result is built at all, only names, sizes and counts; with
+message text, tool argument or result is built at all, only names, sizes and counts, and an
+error is recorded by its code alone (its message and traceback quote model output); with
 ``TRACE_USER_IDS=0`` (the default) no user id is recorded anywhere, the approving person's
 included.
 """
@@ -87,9 +88,13 @@ class SpanHandle:
         if span is None:
             return
         if error is not None:
-            span.set_status(trace_api.Status(trace_api.StatusCode.ERROR, _describe(error)))
+            content = self.options.content
+            span.set_status(trace_api.Status(trace_api.StatusCode.ERROR, _describe(error, content)))
             if isinstance(error, Exception):
-                span.record_exception(error)
+                if content:
+                    span.record_exception(error)
+                else:  # an error's message and traceback quote model output and arguments
+                    span.add_event("exception", {attrs.EXCEPTION_TYPE: _error_name(error)})
         span.end()
 
     def __enter__(self) -> Any:
@@ -104,10 +109,15 @@ class SpanHandle:
         self.end(error)
 
 
-def _describe(error: BaseException) -> str:
+def _error_name(error: BaseException) -> str:
+    """Our stable code when the error has one, else its class: never its message."""
     code = getattr(error, "code", None)
-    name = code if isinstance(code, str) else type(error).__name__
-    return f"{name}: {error}" if str(error) else name
+    return code if isinstance(code, str) else type(error).__name__
+
+
+def _describe(error: BaseException, content: bool) -> str:
+    name = _error_name(error)
+    return f"{name}: {error}" if content and str(error) else name
 
 
 class LlmSpan(SpanHandle):
@@ -186,7 +196,7 @@ class _Parent(SpanHandle):
             attrs.INPUT_MESSAGES: len(messages),
         }
         if self.options.content:
-            values.update(attrs.input_messages_content(messages))
+            values.update(attrs.input_messages_content(messages, self.options.input_chars))
             values.update(attrs.tools_content(tools))
         else:
             values[attrs.INPUT_CHARS] = attrs.chars(messages)
