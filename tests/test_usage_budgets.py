@@ -10,6 +10,8 @@ import pytest
 from core.errors import AgentSessionBudgetExceeded, ConfigError
 from core.settings import load_settings
 from core.usage.budgets import (
+    MAX_TOKENS,
+    MAX_USD,
     Account,
     Actor,
     Budget,
@@ -68,6 +70,24 @@ def test_parse__a_malformed_entry_is_one_line_naming_it(value: str, message: str
 
     assert str(info.value).startswith(message)
     assert "\n" not in str(info.value)
+
+
+def test_parse__a_limit_past_the_largest_is_refused_in_one_line() -> None:
+    # 2**63 tokens overflowed the reservation's BIGINT (a raw OverflowError on SQLite).
+    largest_tokens = int(MAX_TOKENS)
+    assert parse_budget(f"user:day:{largest_tokens}tokens").amount == MAX_TOKENS
+    assert parse_budget(f"all:month:{MAX_USD}usd").amount == MAX_USD
+    for entry in (f"user:day:{2**63}tokens", f"user:day:{largest_tokens + 1}tokens"):
+        with pytest.raises(ConfigError) as info:
+            parse_budgets(entry)
+        assert str(info.value).startswith(f"BUDGETS: {entry!r}: limit ")
+        assert str(info.value).endswith(
+            f"past the largest a budget takes ({largest_tokens:_}tokens)"
+        )
+    with pytest.raises(ConfigError, match="past the largest"):
+        parse_budgets(f"all:month:{MAX_USD}.01usd")
+    with pytest.raises(ConfigError, match="past the largest"):
+        load_settings(budgets=f"workspace:day:{2**64}tokens")
 
 
 def test_settings__budgets_are_parsed_at_load_and_a_bad_entry_stops_it() -> None:

@@ -40,6 +40,10 @@ async def test_budget__set_show_clear_and_a_bad_value_changes_nothing(database_u
         "slack-agent: usage_error: budget set: 'all:fortnight:5usd': "
         "period 'fortnight' is not day or month"
     )
+    absurd = cli("budget", "set", f"user:day:{2**63}tokens", database_url=database_url, **env)
+    assert one_line_error(absurd).endswith(
+        f"limit '{2**63}tokens' is past the largest a budget takes (1_000_000_000_000_000tokens)"
+    )
     after = cli("budget", "show", database_url=database_url, **env)
     assert after.stdout == set_.stdout
     cleared = cli("budget", "clear", "user:day", database_url=database_url, **env)

@@ -4,6 +4,7 @@ and two processes racing for the last of a budget."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
 from typing import Any
@@ -22,7 +23,7 @@ from core.records import Actor
 from core.settings import Settings
 from core.storage.budgets import Budgets
 from core.storage.custom_providers import CustomProviderSpec, add_custom_provider
-from core.storage.engine import Database
+from core.storage.engine import Database, create_database
 from core.storage.feedback import Feedback
 from core.storage.sessions import SessionStore
 from core.storage.usage import LedgerEntry, UsageLedger
@@ -353,3 +354,31 @@ async def test_budget__two_processes_racing_for_the_last_of_a_budget_admit_one(
     # The loser's message was rolled back with its claim.
     counts = [len(await store.messages(sid)) for sid in sessions]
     assert sorted(counts) == [0, 1]
+
+
+async def test_budget__set_and_clear_from_several_replicas_at_once_all_land(
+    db: Database, database_url: str
+) -> None:
+    """Five replicas each change another limit at the same moment: every change is kept (each
+    read the stored value before any wrote, so the last write put back what the others had
+    replaced)."""
+    replicas = [create_database(database_url) for _ in range(5)]
+    try:
+        stores = [Budgets(replica, parse_budgets("user:day:100tokens")) for replica in replicas]
+        await asyncio.gather(*(store.in_force() for store in stores))  # connected
+        periods = ["user:day", "user:month", "workspace:day", "workspace:month", "all:day"]
+        await asyncio.gather(
+            *(
+                store.set(f"{period}:{10 * (i + 1)}tokens")
+                for i, (store, period) in enumerate(zip(stores, periods, strict=True))
+            )
+        )
+        assert sorted(str(b) for b in await Budgets(db, ()).in_force()) == sorted(
+            f"{period}:{10 * (i + 1)}tokens" for i, period in enumerate(periods)
+        )
+        await asyncio.gather(
+            *(store.clear(period) for store, period in zip(stores, periods, strict=True))
+        )
+        assert await stores[0].in_force() == ()
+    finally:
+        await asyncio.gather(*(replica.dispose() for replica in replicas))

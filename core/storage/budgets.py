@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any, Final, cast
 
-from sqlalchemy import Table, delete, select
+from sqlalchemy import Table, delete, select, update
 
 from core.errors import ConfigError
 from core.storage.dialect import db_now
@@ -81,11 +81,7 @@ class Budgets:
         given = parse_budgets(value)
         if not given:
             raise ConfigError("no budget given (e.g. user:day:200000tokens)")
-        stored = await self._stored()
-        for budget in given:
-            stored[identity(budget)] = str(budget.amount)
-        await self._store(stored)
-        return self._apply(stored)
+        return await self._change({identity(budget): str(budget.amount) for budget in given})
 
     async def clear(self, value: str | None = None) -> tuple[Budget, ...]:
         """Remove the limits ``scope:period[:unit]`` names (one of the environment's too), or
@@ -94,19 +90,23 @@ class Budgets:
             async with self._db.write() as conn:
                 await conn.execute(delete(SETTINGS).where(SETTINGS.c.key == BUDGETS_KEY))
             return self.defaults
-        keys = parse_identity(value)
-        stored = await self._stored()
-        for key in keys:
-            stored[key] = None
-        await self._store(stored)
-        return self._apply(stored)
+        return await self._change(dict.fromkeys(parse_identity(value)))
 
-    async def _store(self, stored: dict[str, Any]) -> None:
+    async def _change(self, changes: dict[str, str | None]) -> tuple[Budget, ...]:
+        """``changes`` merged into the stored value in one write transaction that holds the
+        row: two operators' changes made at once both land (a read before the write
+        transaction let the second write put back what the first had replaced)."""
         async with self._db.write() as conn:
-            stmt = self._db.upsert(SETTINGS).values(key=BUDGETS_KEY, value=stored)
+            # The row exists before it is locked, so a first change has a row to hold too.
+            create = self._db.upsert(SETTINGS).values(key=BUDGETS_KEY, value={})
+            await conn.execute(create.on_conflict_do_nothing(index_elements=["key"]))
+            held = select(SETTINGS.c.value).where(SETTINGS.c.key == BUDGETS_KEY).with_for_update()
+            value = await conn.scalar(held)
+            stored = dict(value) if isinstance(value, dict) else {}
+            stored.update(changes)
             await conn.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=["key"],
-                    set_={"value": stmt.excluded.value, "updated_at": db_now()},
-                )
+                update(SETTINGS)
+                .where(SETTINGS.c.key == BUDGETS_KEY)
+                .values(value=stored, updated_at=db_now())
             )
+        return self._apply(stored)

@@ -10,8 +10,11 @@ An entry is ``SCOPE:PERIOD:LIMIT``, comma-separated:
   read and wrote) or a decimal amount of ``usd``; ``0`` blocks every turn.
 
 Scope, period and unit are case-insensitive; ``_`` may group digits (``200_000tokens``). Each
-(scope, period, unit) may appear once. A malformed entry raises ``ConfigError`` with one line
-naming it, so ``BUDGETS`` stops start-up and ``budget set`` refuses before changing anything.
+(scope, period, unit) may appear once. A limit is at most ``MAX_TOKENS`` tokens or ``MAX_USD``
+dollars: the ledger adds amounts as 64-bit integers (dollars in billionths), and a larger limit
+is no limit anyway, while one past 64 bits would break every turn of its payer. A malformed
+entry raises ``ConfigError`` with one line naming it, so ``BUDGETS`` stops start-up and
+``budget set`` refuses before changing anything.
 
 ``decide`` is the whole rule, given what the storage layer summed: a turn may start (or make
 its next model request) while, for every budget that applies to it, what the window has spent
@@ -30,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import Literal, cast
+from typing import Final, Literal, cast
 
 from core.errors import AgentSessionBudgetExceeded, ConfigError
 
@@ -42,6 +45,11 @@ SCOPES: tuple[Scope, ...] = ("user", "workspace", "all")
 PERIODS: tuple[Period, ...] = ("day", "month")
 _LIMIT = re.compile(r"(?P<amount>[0-9][0-9_]*(?:\.[0-9]+)?)\s*(?P<unit>[a-z]+)")
 _UNITS: dict[str, Unit] = {"tokens": "tokens", "token": "tokens", "usd": "usd"}
+# The largest limits: a million times a heavy month of one model (about a billion tokens or a
+# thousand dollars), and far enough below 2**63 that sums of reservations and spending, in
+# tokens or billionths of a dollar, never overflow a BIGINT.
+MAX_TOKENS: Final = Decimal(10**15)
+MAX_USD: Final = Decimal(10**9)
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,10 @@ def parse_budget(entry: str) -> Budget:
         raise bad(f"limit {limit!r} is not a number") from None
     if unit == "tokens" and amount != amount.to_integral_value():
         raise bad(f"limit {limit!r}: tokens are counted whole")
+    most = MAX_TOKENS if unit == "tokens" else MAX_USD
+    if amount > most:
+        largest = f"{int(most):_}{unit}"
+        raise bad(f"limit {limit!r} is past the largest a budget takes ({largest})")
     return Budget(scope, period, unit, amount)
 
 
