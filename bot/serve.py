@@ -3,9 +3,9 @@
 HTTP mode: Slack's requests arrive on ``HOST:PORT`` (``bot.http``), served from the intake's
 own thread and event loop (``bot.intake``) so turn work never delays an acknowledgement.
 Socket Mode when SLACK_APP_TOKEN is set; the same HTTP listener then serves only the operator's
-endpoints (``/healthz``, ``/livez``, ``/readyz``, ``/metrics``). METRICS_PORT (and METRICS_HOST) moves them to a
-listener of their own. The sweeper runs in a thread with its own event loop
-and engine (``core.sweeping``) unless SWEEPER_INTERVAL_SECONDS=0.
+endpoints (``/healthz``, ``/livez``, ``/readyz``, ``/metrics``). METRICS_PORT (and
+METRICS_HOST) moves them to a listener of their own. The sweeper runs in a thread with its own
+event loop and engine (``core.sweeping``) unless SWEEPER_INTERVAL_SECONDS=0.
 
 Stopping (SIGTERM/SIGINT): events stop (the socket closes; HTTP events get 503, which Slack retries
 elsewhere, and ``/readyz`` answers 503 until the process exits), messages not yet in a turn are
