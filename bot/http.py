@@ -10,9 +10,11 @@ demo may run it on the turns' loop itself (no ``Elsewhere``).
 window are checked before anything is parsed, 401 otherwise), and, with OAuth configured,
 ``/slack/install`` and ``/slack/oauth_redirect``. Bodies over ``MAX_BODY_BYTES`` get 413,
 undecodable ones 400; neither disturbs the process. In both modes ``GET /healthz`` answers 200
-while the database answers (503 otherwise) and ``GET /metrics`` serves Prometheus metrics; with
-METRICS_PORT set those two are served on a listener of their own instead (``operator_app``), so
-the public listener carries Slack's requests only.
+while the database answers (503 otherwise), ``GET /livez`` while the process's loops answer
+(never asking the database), ``GET /readyz`` while the process is not stopping, the database
+answers and its schema is this build's, and ``GET /metrics`` serves Prometheus metrics; with
+METRICS_PORT set these are served on a listener of their own instead, so the public listener
+carries Slack's requests only.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ METRICS_REFRESH_SECONDS = 5.0
 ACK_DEADLINE_SECONDS = 2.5
 # The log line saying requests were answered late, at most this often.
 LATE_LOG_SECONDS = 5.0
+# ``/livez``: the turns' loop must run a no-op within this. A saturated loop takes passes of
+# a second or more (docs/reliability.md), a wedged one never answers; the orchestrator's probe
+# timeout must exceed it (the chart's does).
+LOOP_ANSWER_SECONDS = 5.0
 # Events recorded by the intake's own app (a message for the agent, or Slack checking the URL);
 # everything else is the full app's, on the turns' loop.
 INTAKE_EVENTS = frozenset({"message", "app_mention"})
@@ -128,6 +134,8 @@ class Listener:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         if operator:
             app.router.add_get("/healthz", self._health)
+            app.router.add_get("/livez", self._live)
+            app.router.add_get("/readyz", self._ready)
             app.router.add_get("/metrics", self._metrics)
         if events:
             app.router.add_post("/slack/events", self._events)
@@ -270,6 +278,27 @@ class Listener:
             return web.Response(text="ok")
         return web.Response(status=503, text="database unavailable")
 
+    async def _live(self, _request: web.Request) -> web.Response:
+        """Alive: this loop answers (it runs this), and so does the turns' loop within
+        ``LOOP_ANSWER_SECONDS``. Never the database: a database outage restarting every
+        replica would only add cold starts to it."""
+        if self.elsewhere is not None:
+            try:
+                await asyncio.wait_for(self.elsewhere.run(_nothing), LOOP_ANSWER_SECONDS)
+            except TimeoutError:
+                return web.Response(status=503, text="the turns' loop does not answer")
+        return web.Response(text="ok")
+
+    async def _ready(self, _request: web.Request) -> web.Response:
+        """Ready for traffic: not stopping, the database answers within its health timeout,
+        and its schema is the one this build needs (``Storage.not_ready``)."""
+        if self.worker.closing:
+            return web.Response(status=503, text="stopping")
+        reason = await self.storage.not_ready()
+        if reason is not None:
+            return web.Response(status=503, text=reason)
+        return web.Response(text="ok")
+
     async def _metrics(self, _request: web.Request) -> web.Response:
         """Prometheus text; the delivery gauges as last read from the database (counters are
         this process's own, served either way)."""
@@ -305,6 +334,10 @@ class Listener:
         for state, age in oldest.items():
             metrics.DELIVERY_AGE.labels(state).set(age)
         metrics.WAITING_MESSAGES.set(sum(c.count for c in counts if c.state == "waiting"))
+
+
+async def _nothing() -> None:
+    """A no-op the turns' loop runs to show it answers."""
 
 
 async def listen(

@@ -3,14 +3,15 @@
 HTTP mode: Slack's requests arrive on ``HOST:PORT`` (``bot.http``), served from the intake's
 own thread and event loop (``bot.intake``) so turn work never delays an acknowledgement.
 Socket Mode when SLACK_APP_TOKEN is set; the same HTTP listener then serves only the operator's
-endpoints (``/healthz``, ``/metrics``). METRICS_PORT (and METRICS_HOST) moves those two to a
-listener of their own. The sweeper runs in a thread with its own event loop
-and engine (``core.sweeping``) unless SWEEPER_INTERVAL_SECONDS=0.
+endpoints (``/healthz``, ``/livez``, ``/readyz``, ``/metrics``). METRICS_PORT (and
+METRICS_HOST) moves them to a listener of their own. The sweeper runs in a thread with its own
+event loop and engine (``core.sweeping``) unless SWEEPER_INTERVAL_SECONDS=0.
 
-Stopping (SIGTERM/SIGINT): events stop (the socket closes; HTTP events get 503, which Slack
-retries elsewhere), messages not yet in a turn are released for the next replica at once,
-running turns get ``SHUTDOWN_GRACE_SECONDS`` to finish and are then interrupted (partial answer
-and sandbox state kept, the thread told, the lock released), and the process exits with 0.
+Stopping (SIGTERM/SIGINT): events stop (the socket closes; HTTP events get 503, which Slack retries
+elsewhere, and ``/readyz`` answers 503 until the process exits), messages not yet in a turn are
+released for the next replica at once, running turns get ``SHUTDOWN_GRACE_SECONDS`` to finish and
+are then interrupted (partial answer and sandbox state kept, the thread told, the lock released),
+and the process exits with 0.
 A second SIGTERM/SIGINT during that stop ends the process at once (exit status 128 + the
 signal's number, as a shell reports a process a signal ended): an operator's second Ctrl-C, or a
 process manager that is done waiting. What that skips is what SIGKILL skips, and the next replica
@@ -107,7 +108,7 @@ async def serve(settings: Settings) -> None:
             operator = (settings.metrics_host or settings.host, settings.metrics_port)
         else:
             operator = (settings.host, settings.port)
-        log.info("/healthz and /metrics on http://%s:%d", *operator)
+        log.info("/healthz, /livez, /readyz and /metrics on http://%s:%d", *operator)
         await stop.wait()
         log.info(
             "stopping: no new events; waiting messages go back to the database; running turns "
@@ -118,9 +119,12 @@ async def serve(settings: Settings) -> None:
         if socket is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(_close_socket(socket.client), 5)
+        # The listener outlives the drain: while running turns finish, Slack's requests get
+        # 503 (sent again to another replica), /readyz says "stopping" and /livez still
+        # answers, so neither an orchestrator nor a load balancer takes the drain for a crash.
+        await bot.close()
         if intake is not None:
             await intake.stop()
-        await bot.close()
         if sweeper is not None:
             sweeper.stop()
             await asyncio.to_thread(sweeper.join, 10)

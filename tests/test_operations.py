@@ -22,7 +22,8 @@ import bot.http as http_listener
 from bot.gc_tuning import FULL_COLLECTION_AFTER, tune_garbage_collection
 from core.errors import DatabaseError
 from core.messages import message_text
-from core.storage.engine import create_database
+from core.storage.engine import Database, create_database
+from core.storage.migrate import known_revisions, this_builds_head
 from core.storage.sessions import SessionStore
 from core.testing import metrics
 from core.testing.http_proxy import HttpProxy
@@ -124,7 +125,7 @@ async def test_metrics__slack_errors_on_a_request_are_counted_by_method_and_erro
     assert moved == failed
 
 
-async def test_healthz__503_while_the_database_is_gone_then_200_and_working_again(
+async def test_healthz_and_readyz__503_while_the_database_is_gone_then_200_and_working_again(
     database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
     parts = urlsplit(database_url)
@@ -140,6 +141,8 @@ async def test_healthz__503_while_the_database_is_gone_then_200_and_working_agai
             else:
                 os.rename(path, path.with_suffix(".away"))
             assert await get(bot.url + "/healthz") == (503, "database unavailable")
+            assert await get(bot.url + "/readyz") == (503, "database unavailable")
+            assert await get(bot.url + "/livez") == (200, "ok")  # never the database
             # /metrics still answers (its counters), without the database's gauges.
             assert (await get(bot.url + "/metrics"))[0] == 200
             if parts.scheme.startswith("postgresql"):
@@ -147,6 +150,7 @@ async def test_healthz__503_while_the_database_is_gone_then_200_and_working_agai
             else:
                 os.rename(path.with_suffix(".away"), path)
             assert (await get(bot.url + "/healthz"))[0] == 200
+            assert await get(bot.url + "/readyz") == (200, "ok")
             root = await client.message("after the blip", mention=True)
             await slack.wait_for(lambda: slack.named("chat.stopStream"))
     assert [m.role for m in await transcript(store, root)] == ["user", "assistant"]
@@ -427,6 +431,57 @@ async def test_second_signal_while_stopping__exits_at_once_with_one_line(
     assert "SIGINT again while stopping: exiting now" in forced[0]
 
 
+async def test_readyz__503_while_the_schema_is_behind_this_build_ready_when_it_is_ahead(
+    database_url: str, slack: SlackStandIn, db: Database
+) -> None:
+    """Behind (rolled back, or not yet migrated): this build's statements would miss tables.
+    A revision this build does not know is a newer build's migration during a rolling
+    upgrade: the old replicas stay ready."""
+    head = this_builds_head()
+    older = next(r for r in known_revisions() if r != head)
+    async with running_bot(database_url, slack, intake=True) as bot:
+        assert await get(bot.url + "/readyz") == (200, "ok")
+        for revision, expected in [
+            (older, (503, f"database schema at {older}; this build needs {head}")),
+            ("f0000000newer", (200, "ok")),
+            (head, (200, "ok")),
+        ]:
+            async with db.write() as conn:
+                await conn.execute(
+                    sql("UPDATE alembic_version SET version_num = :r"), {"r": revision}
+                )
+            assert await get(bot.url + "/readyz") == expected
+        assert await get(bot.url + "/livez") == (200, "ok")
+
+
+async def test_stopping__readyz_503_and_livez_200_while_a_turn_drains_then_exit_0(
+    database_url: str, slack: SlackStandIn, store: SessionStore, tmp_path: Path
+) -> None:
+    """The drain an orchestrator sees: from SIGTERM until the running turn ends, the listener
+    still answers; /readyz says stopping (no new traffic), /livez that the process is alive
+    (no restart), Slack's requests get 503 (sent again elsewhere); the turn finishes."""
+    env = {"SHUTDOWN_GRACE_SECONDS": "60"}
+    async with GatedModel() as model:
+        a = ServeProcess(database_url, slack, log=tmp_path / "serve.log", **model_env(model, **env))
+        try:
+            await a.ready()
+            assert await get(a.url + "/readyz") == (200, "ok")
+            async with SlackClient(a.url) as to_a:
+                root = await to_a.message("hold on", mention=True)
+                await asyncio.wait_for(model.arrived.wait(), 30)
+                a.proc.send_signal(signal.SIGTERM)
+                await slack.wait_for(lambda: "waiting up to 60s for 1 running turn" in a.logged())
+                assert await get(a.url + "/readyz") == (503, "stopping")
+                assert await get(a.url + "/livez") == (200, "ok")
+                late = {"type": "app_mention", "user": "U1", "text": "too late", "ts": "9.1"}
+                assert await to_a.event({**late, "channel": "C1", "event_ts": "9.1"}) == 503
+            model.release()
+            assert await a.wait() == 0
+        finally:
+            output = await a.astop()
+    assert [m.role for m in await transcript(store, root)] == ["user", "assistant"], output
+
+
 async def test_metrics_port__healthz_and_metrics_on_their_own_listener_only(
     database_url: str, slack: SlackStandIn
 ) -> None:
@@ -436,10 +491,11 @@ async def test_metrics_port__healthz_and_metrics_on_their_own_listener_only(
         assert bot.metrics_url != bot.url
         await client.message("still answered", mention=True)  # Slack's requests: on PORT
         await slack.wait_for(lambda: slack.named("chat.stopStream"))
-        assert (await get(bot.metrics_url + "/healthz")) == (200, "ok")
+        for path in ("/healthz", "/livez", "/readyz"):
+            assert (await get(bot.metrics_url + path)) == (200, "ok")
         samples = await scrape(bot.metrics_url)
         assert value(samples, "slack_agent_deliveries_finished_total", state="done") >= 1
-        for path in ("/healthz", "/metrics"):  # not on the public listener any more
+        for path in ("/healthz", "/livez", "/readyz", "/metrics"):  # not on the public one
             assert (await get(bot.url + path))[0] == 404
         events = bot.metrics_url + "/slack/events"
         async with aiohttp.ClientSession() as http, http.post(events, data="{}") as r:

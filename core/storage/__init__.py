@@ -23,7 +23,12 @@ from core.storage.custom_providers import CustomProviders
 from core.storage.deliveries import Deliveries
 from core.storage.engine import Database, DatabaseTimeouts, create_database, library_engine
 from core.storage.feedback import Feedback
-from core.storage.migrate import create_library_tables, upgrade
+from core.storage.migrate import (
+    create_library_tables,
+    known_revisions,
+    this_builds_head,
+    upgrade,
+)
 from core.storage.retention import Retention, RetentionPolicy
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import Snapshots
@@ -106,6 +111,25 @@ class Storage:
     async def answers(self) -> bool:
         """Whether the database answers a read of a real table now (``/healthz``)."""
         return await self._db.answers()
+
+    async def not_ready(self) -> str | None:
+        """Why this process should take no traffic now as far as its database goes (``/readyz``),
+        or None: the database did not answer within the health timeout, or its schema is
+        behind the one this build needs (not migrated, or rolled back under it: its
+        statements would name tables and columns that are not there).
+
+        A revision this build does not know is a newer build's: the replicas of the old
+        build stay ready while a rolling upgrade migrates ahead of them (a migration that
+        broke the previous build would be a breaking release, said in the CHANGELOG)."""
+        probe = await self._db.probe()
+        if not probe.answered:
+            return "database unavailable"
+        head = this_builds_head()
+        if probe.revision != head and (
+            probe.revision is None or probe.revision in known_revisions()
+        ):
+            return f"database schema at {probe.revision or 'nothing'}; this build needs {head}"
+        return None
 
     async def dispose(self) -> None:
         await self._db.dispose()

@@ -26,7 +26,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
 import orjson
 from sqlalchemy import (
@@ -65,6 +65,13 @@ SQLITE_WRITE_WAIT_SECONDS = 30.0
 # Readers in WAL mode wait only in rare cases (another connection recovering the WAL).
 SQLITE_READ_BUSY_MS = 1_000
 HEALTH_TIMEOUT_SECONDS = 5.0
+
+
+class Probe(NamedTuple):
+    """What a health read found: the database answered, and the schema revision it holds."""
+
+    answered: bool
+    revision: str | None
 
 
 def json_loads(text: str | bytes) -> Any:
@@ -666,7 +673,12 @@ class Database:
             raise database_error(exc) from exc
 
     async def answers(self) -> bool:
-        """Health check for load balancers: a read of a real table, within a few seconds.
+        """Health check for load balancers: a read of a real table, within a few seconds."""
+        return (await self.probe()).answered
+
+    async def probe(self) -> Probe:
+        """A read of a real table (the schema's revision), within a few seconds: whether the
+        database answers, and at which revision (readiness wants both from one statement).
 
         SQLite: on a new connection that may not create the file, because pooled connections
         keep reading a file that was deleted or whose volume went away."""
@@ -676,13 +688,13 @@ class Database:
                 with contextlib.closing(
                     sqlite3.connect(self._sqlite_uri, uri=True, timeout=1.0)
                 ) as probe:
-                    probe.execute(query).fetchall()
-                return True
-            async with asyncio.timeout(HEALTH_TIMEOUT_SECONDS), self.read() as conn:
-                await conn.execute(text(query))
+                    rows = probe.execute(query).fetchall()
+            else:
+                async with asyncio.timeout(HEALTH_TIMEOUT_SECONDS), self.read() as conn:
+                    rows = list((await conn.execute(text(query))).all())
         except (DatabaseError, TimeoutError, sqlite3.Error):
-            return False
-        return True
+            return Probe(answered=False, revision=None)
+        return Probe(answered=True, revision=str(rows[0][0]) if rows else None)
 
     def upsert(self, table: Table) -> postgresql.Insert | sqlite.Insert:
         """INSERT with ``on_conflict_do_*`` (both dialects spell it the same, from their module)."""

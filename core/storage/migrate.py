@@ -8,6 +8,7 @@ may rebuild a table without cascading into its children (``Database.migrating``)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,21 @@ def alembic_config() -> Config:
 
 def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+@functools.cache
+def known_revisions() -> frozenset[str]:
+    """Every revision this build's migrations know (read once: readiness asks every few
+    seconds, and the scripts do not change under a running process)."""
+    return frozenset(
+        s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions()
+    )
+
+
+@functools.cache
+def this_builds_head() -> str | None:
+    """``head_revision``, read once for the same reason."""
+    return head_revision()
 
 
 def _current(connection: Connection) -> str | None:
