@@ -4,6 +4,7 @@ notes MCP server (SDK, stdio), the offline model calling it, the real runtime on
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from core.runtime import Runtime
 from core.settings import Settings
 from core.storage.dialect import ago
 from core.storage.models import ToolApproval
+from core.tools import call_digest, canonical_json
 from tests.helpers import read_json_line, start_worker
 from tests.mcp_support import READY_SECONDS, calls_counted, notes, notes_entry, write_config
 from tests.terminal_harness import ChatProcess
@@ -404,3 +406,67 @@ async def test_rewind_plan__names_the_calls_that_went_out_and_a_fork_runs_nothin
     first = (await other.store.messages(other.id))[0]
     assert (await other.rewind_plan(first.message_id)).outside == ()  # type: ignore[union-attr]
     assert second
+
+
+async def test_approval__a_nul_in_the_arguments_is_asked_approved_and_run(
+    conversations: Conversations, tmp_path: Path
+) -> None:
+    """The transcript replaces a NUL (PostgreSQL stores none in JSONB or text); the request
+    keeps the call exactly as the model made it, so asking for it never fails the turn."""
+    conversation = await conversations.open("nul", owner=await owner(conversations))
+    text = 'mcp__notes__add_note {"title": "plan", "text": "ship\\u0000 on friday"}'
+    outcome = await conversation.take_turn(TurnRequest(text))
+    assert isinstance(outcome, Answered)
+    assert outcome.result.error is None
+    assert outcome.result.approval is not None
+    approval_id = outcome.result.approval.id
+    record = await conversations.approvals.get(approval_id)  # type: ignore[union-attr]
+    assert record is not None
+    assert record.arguments == {"title": "plan", "text": "ship\x00 on friday"}
+    assert isinstance(await decide(conversations, approval_id, await owner(conversations)), Decided)
+    assert isinstance(await conversation.carry_out(approval_id), Answered)
+    assert notes(tmp_path) == {"plan": "ship\x00 on friday"}
+
+
+async def test_approval__arguments_read_back_exactly_as_they_were_digested(
+    runtime: Runtime, conversations: Conversations
+) -> None:
+    """JSONB would hand back ``1e2`` as ``100`` and normalise other numbers: the arguments a
+    request keeps are the ones its digest names, whatever the database."""
+    conversation = await conversations.open("numbers", owner=await owner(conversations))
+    arguments = {"round": 100.0, "big": 2**70, "small": 0.1, "neg": -(2**65), "exp": 1e300}
+    approval_id = await runtime.storage.approvals.request(
+        session_id=conversation.id,
+        message_id="m" * 36,
+        tool_call_id="call-1",
+        tool_name="mcp__notes__add_note",
+        server="notes",
+        arguments=arguments,
+        digest="0" * 64,
+        approvers=(),
+    )
+    record = await runtime.storage.approvals.get(approval_id)
+    assert record is not None
+    assert canonical_json(record.arguments) == canonical_json(arguments)
+    assert [type(v) for v in record.arguments.values()] == [type(v) for v in arguments.values()]
+
+
+async def test_approval__the_digest_binds_the_servers_tool_not_only_its_offered_name(
+    conversations: Conversations, runtime: Runtime, tmp_path: Path
+) -> None:
+    """A digest of the offered name and arguments alone does not authorise the call: it names
+    the server as configured and the tool by the server's own name too."""
+    _, approval_id = await asked(conversations)
+    record = await runtime.storage.approvals.get(approval_id)
+    assert record is not None
+    assert runtime.tools is not None
+    by_name = call_digest(record.tool_name, record.arguments)
+    assert record.digest != by_name
+    refused = await runtime.tools.call(record.tool_name, record.arguments, approval=by_name)
+    assert refused.kind == "approval_required"
+    assert notes(tmp_path) == {}
+    tool = runtime.tools.tool(record.tool_name)
+    assert tool is not None
+    assert record.digest == tool.digest(record.arguments)
+    moved = dataclasses.replace(tool, origin=tool.origin + " --elsewhere")
+    assert moved.digest(record.arguments) != record.digest

@@ -218,6 +218,17 @@ def test_digest__binds_the_exact_call() -> None:
     assert call_digest("t", {"n": 1}) != call_digest("t", {"n": 1.0})
     stored = json.loads(json.dumps({"title": "é", "n": [1, 2.5, None]}))
     assert call_digest("t", stored) == call_digest("t", {"n": [1, 2.5, None], "title": "é"})
+    # What answers the offered name is named too: "repo.search" and "repo_search" are both
+    # offered as mcp__gh__repo_search, and a server can be pointed elsewhere.
+    name, arguments = "mcp__gh__repo_search", {"q": "x"}
+    dotted = {"server": "gh", "origin": "stdio:gh-mcp", "tool": "repo.search"}
+    assert call_digest(name, arguments, tool=dotted) != call_digest(name, arguments)
+    underscored = {**dotted, "tool": "repo_search"}
+    assert call_digest(name, arguments, tool=dotted) != call_digest(
+        name, arguments, tool=underscored
+    )
+    moved = {**dotted, "origin": "http:https://elsewhere/mcp"}
+    assert call_digest(name, arguments, tool=dotted) != call_digest(name, arguments, tool=moved)
 
 
 def test_names__offered_names_fit_the_model_apis() -> None:

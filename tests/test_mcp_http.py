@@ -14,7 +14,6 @@ import pytest
 
 from core.testing.mcp_notes import NotesHttpServer
 from core.testing.processes import free_port
-from core.tools import call_digest
 from tests.mcp_support import notes, running
 
 # Real processes or long runs: outside the developer's quick subset (README, *The tests*).
@@ -54,7 +53,9 @@ async def test_http__tools_and_a_call_with_headers_from_the_environment(
         arguments = {"title": "deploy", "text": "friday"}
         add = "mcp__web__add_note"
         assert tools.needs_approval(add)
-        saved = await tools.call(add, arguments, approval=call_digest(add, arguments))
+        tool = tools.tool(add)
+        assert tool is not None
+        saved = await tools.call(add, arguments, approval=tool.digest(arguments))
         assert saved.ok, saved
         assert notes(tmp_path) == {"deploy": "friday"}
         read = await tools.call("mcp__web__read_note", {"title": "deploy"})

@@ -77,11 +77,15 @@ async def test_call__result_and_the_approval_bound_to_the_exact_call(tmp_path: P
         arguments = {"title": "standup", "text": "at 10"}
         unapproved = await tools.call(ADD, arguments)
         assert unapproved.kind == "approval_required"
-        other = call_digest(ADD, {"title": "standup", "text": "at 11"})
+        tool = tools.tool(ADD)
+        assert tool is not None
+        other = tool.digest({"title": "standup", "text": "at 11"})
         assert (await tools.call(ADD, arguments, approval=other)).kind == "approval_required"
         assert notes(tmp_path) == {}  # neither ran
 
-        saved = await tools.call(ADD, arguments, approval=call_digest(ADD, arguments))
+        by_name = call_digest(ADD, arguments)  # names the call, not the tool that answers it
+        assert (await tools.call(ADD, arguments, approval=by_name)).kind == "approval_required"
+        saved = await tools.call(ADD, arguments, approval=tool.digest(arguments))
         assert saved.ok, saved
         assert saved.text == "saved note 'standup' (1 notes)"
         assert notes(tmp_path) == {"standup": "at 10"}
@@ -115,7 +119,9 @@ async def test_call__arguments_checked_against_the_schema_before_sending(tmp_pat
         assert missing is not None
         assert "'text' is a required property" in missing.text
         bad = {"title": "t", "text": 5}
-        refused = await tools.call(ADD, bad, approval=call_digest(ADD, bad))
+        checked = tools.tool(ADD)
+        assert checked is not None
+        refused = await tools.call(ADD, bad, approval=checked.digest(bad))
         assert refused.kind == "invalid_arguments"
         assert tools.precheck(ADD, {"title": "t", "text": "x"}) is None
         unknown = await tools.call("mcp__notes__delete_everything", {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from core.errors import DatabaseError
 from core.messages import user_message
 from core.records import Actor
 from core.storage import migrate as core_migrate
+from core.storage.approvals import Approvals
 from core.storage.engine import create_database
 from core.storage.migrate import current_revision, head_revision, upgrade
 from core.storage.models import Base
@@ -207,12 +209,13 @@ async def test_migration_0004__messages_keep_their_documents_up_and_down(
         jsonb = await _message_column(store.db)
         assert jsonb in ("jsonb", "JSON (SQLite)")
 
-        assert (await upgrade(store.db))[1] == head_revision() == "0004_message_json"
+        assert (await upgrade(store.db, "0004_message_json"))[1] == "0004_message_json"
         store = await restarted()
         assert await documents(store, session.id) == before
         assert await _message_column(store.db) in ("json", "JSON (SQLite)")
-        async with store.db.read() as conn:
-            assert await conn.run_sync(_diff) == []
+        async with store.db.read() as conn:  # later revisions change other tables
+            diff = await conn.run_sync(_diff)
+        assert [d for d in diff if "agent_session_messages" in repr(d)] == []
 
         await _downgrade(store.db, "0003_approvals")
         store = await restarted()
@@ -231,3 +234,66 @@ async def test_migration_0004__messages_keep_their_documents_up_and_down(
         assert len(await store.history(forked.session.id)) == len(before) + 2
     finally:
         await stores[-1].db.dispose()
+
+
+async def test_migration_0005__approval_arguments_keep_their_values_up_and_down(
+    empty_database_url: str,
+) -> None:
+    """A request stored as JSONB before 0005 reads back the same as text after it (numbers as
+    JSONB had normalised them), and one stored after it (a NUL, an integer past 64 bits) goes
+    back to JSONB with its NUL replaced, as the transcript keeps it."""
+    db = create_database(empty_database_url)
+    try:
+        await upgrade(db, "0004_message_json")
+        store = SessionStore(db)
+        _owner, session = await new_session(store)
+        row = {
+            "session_id": session.id,
+            "message_id": "m" * 36,
+            "tool_call_id": "c",
+            "tool_name": "mcp__notes__add_note",
+            "server": "notes",
+            "digest": "0" * 64,
+            "approvers": "[]",
+            "state": "pending",
+        }
+        insert = text(
+            "INSERT INTO tool_approvals (id, session_id, message_id, tool_call_id, tool_name,"
+            " server, arguments, digest, approvers, state) VALUES (:id, :session_id,"
+            " :message_id, :tool_call_id, :tool_name, :server, :arguments, :digest, :approvers,"
+            " :state)"
+        )
+        async with db.write() as conn:
+            await conn.execute(insert, {**row, "id": "a" * 32, "arguments": '{"t": "x", "n": 2}'})
+        assert (await upgrade(db))[1] == head_revision() == "0005_approval_ends"
+        await db.dispose()
+        db = create_database(empty_database_url)
+        approvals = Approvals(db, timeout_seconds=60)
+        before = await approvals.get("a" * 32)
+        assert before is not None
+        assert before.arguments == {"t": "x", "n": 2}
+        assert before.reason is None
+        exact = {"t": "x\x00y", "n": 2**70}
+        second = await approvals.request(
+            session_id=session.id,
+            message_id="m" * 36,
+            tool_call_id="d",
+            tool_name="mcp__notes__add_note",
+            server="notes",
+            arguments=exact,
+            digest="0" * 64,
+            approvers=(),
+        )
+        assert (await approvals.get(second)).arguments == exact  # type: ignore[union-attr]
+        await _downgrade(db, "0004_message_json")
+        await db.dispose()
+        db = create_database(empty_database_url)
+        async with db.read() as conn:
+            rows = (
+                await conn.execute(text("SELECT id, arguments FROM tool_approvals ORDER BY id"))
+            ).all()
+        documents = [json.loads(a) if isinstance(a, str) else a for _, a in rows]
+        assert {"t": "x", "n": 2} in documents
+        assert any(d.get("n") == 2**70 and d.get("t") in ("x\ufffdy", "x\x00y") for d in documents)
+    finally:
+        await db.dispose()

@@ -24,7 +24,7 @@ from core.messages import Message
 from core.providers.base import ToolCall, ToolSpec
 from core.providers.uimessages import Part, tool_call_part, tool_error_part
 from core.storage.approvals import ApprovalRecord, Approvals
-from core.tools import McpTools, ToolOutcome, call_digest, is_mcp_tool_name
+from core.tools import McpTools, ToolOutcome, is_mcp_tool_name
 from core.tools.names import server_of
 
 # The AI SDK (v5) UIMessage tool-part states of a call that waits for, or got, a decision.
@@ -109,7 +109,7 @@ def needs_approval(tools: McpTools | None, call: ToolCall) -> ApprovalNeeded | N
     tool = tools.tool(call.name)
     assert tool is not None  # needs_approval is true only for a known tool
     return ApprovalNeeded(
-        call, tool.server, call_digest(call.name, call.arguments), tools.approvers(call.name)
+        call, tool.server, tool.digest(call.arguments), tools.approvers(call.name)
     )
 
 

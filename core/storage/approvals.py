@@ -57,6 +57,7 @@ class ApprovalRecord:
     digest: str
     approvers: tuple[str, ...]
     state: str
+    reason: str | None
     decided_by: str | None
     decided_at: datetime | None
     card_ref: str | None
@@ -273,6 +274,7 @@ def _record(row: Any) -> ApprovalRecord:
         digest=row.digest,
         approvers=tuple(row.approvers or ()),
         state=row.state,
+        reason=row.reason,
         decided_by=row.decided_by,
         decided_at=row.decided_at,
         card_ref=row.card_ref,

@@ -9,9 +9,10 @@ and by the store on every bulk insert.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
@@ -31,7 +32,9 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, mapped_column, validates
+from sqlalchemy.types import TypeDecorator
 
 from core.errors import InvalidMessage
 from core.storage.dialect import UtcDateTime, db_now
@@ -51,6 +54,27 @@ JsonDoc = JSON().with_variant(JSONB(), "postgresql")
 # searches or indexes inside a message (docs/benchmarks.md, *History load of 10,000
 # messages*). SQLite stores JSON as text either way.
 MessageDoc = JSON()
+
+
+class ExactJson(TypeDecorator[dict[str, Any]]):
+    """A JSON object kept as the text it was written as, and read back by the standard library.
+
+    For what a digest names (an approval's arguments): JSONB rewrites numbers (``1e2`` comes
+    back as ``100``) and refuses ``\\u0000``, and the documents' fast reader (orjson) reads an
+    integer past 64 bits as a float; any of those would make an approved call differ from the
+    call the person approved. ASCII-only text, so a NUL or a lone surrogate is an escape that
+    both databases store."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: dict[str, Any] | None, dialect: Dialect) -> str | None:
+        return None if value is None else json.dumps(value, ensure_ascii=True)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> dict[str, Any] | None:
+        return None if value is None else cast(dict[str, Any], json.loads(value))
+
+
 # BIGINT on PostgreSQL, INTEGER on SQLite (where only INTEGER PRIMARY KEY is the rowid alias).
 Id = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -530,10 +554,12 @@ class ToolApproval(Base):
     tool_call_id: Mapped[str] = mapped_column(String(255), nullable=False)
     tool_name: Mapped[str] = mapped_column(String(255), nullable=False)
     server: Mapped[str] = mapped_column(String(64), nullable=False)
-    arguments: Mapped[dict[str, Any]] = mapped_column(JsonDoc, nullable=False)
+    arguments: Mapped[dict[str, Any]] = mapped_column(ExactJson, nullable=False)
     digest: Mapped[str] = mapped_column(String(64), nullable=False)
     approvers: Mapped[list[str]] = mapped_column(JsonDoc, nullable=False)
     state: Mapped[str] = mapped_column(String(20), nullable=False)
+    # Why a request ended where it did (``core.storage.approvals.Reason``); None while open.
+    reason: Mapped[str | None] = mapped_column(String(40))
     decided_by: Mapped[str | None] = mapped_column(String(255))
     decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     card_ref: Mapped[str | None] = mapped_column(String(255))

@@ -1,14 +1,17 @@
 """One exact tool call: its digest (what an approval binds to) and its arguments' check.
 
-The digest is the SHA-256 of the canonical JSON of ``{"name", "arguments"}``: keys sorted, no
-spaces, UTF-8, no NaN. Arguments are digested as the JSON values they are (``1`` and ``1.0``
-differ, as they do on the wire), so a request stored as JSON and read back digests the same.
+The digest is the SHA-256 of the canonical JSON of ``{"name", "arguments", "tool"}``: keys
+sorted, no spaces, UTF-8, no NaN; ``tool`` is the server as configured and the server's own
+name for the tool (``McpTool.digest``). Arguments are digested as the JSON values they are (``1``
+and ``1.0`` differ, as they do on the wire), so a request keeps them as exact text
+(``core.storage.models.ExactJson``): read back, they digest the same.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,10 +27,16 @@ def canonical_json(value: Any) -> str:
     )
 
 
-def call_digest(name: str, arguments: dict[str, Any]) -> str:
-    """The hex SHA-256 that names this call and no other (tool name and arguments)."""
-    payload = canonical_json({"name": name, "arguments": arguments})
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+def call_digest(
+    name: str, arguments: dict[str, Any], *, tool: Mapping[str, str] | None = None
+) -> str:
+    """The hex SHA-256 that names this call and no other: the name the model called, the
+    arguments, and (``tool``) what answers that name, so an approval never carries over to a
+    server that was moved or to another tool behind the same offered name."""
+    named: dict[str, Any] = {"name": name, "arguments": arguments}
+    if tool is not None:
+        named["tool"] = dict(tool)
+    return hashlib.sha256(canonical_json(named).encode("utf-8")).hexdigest()
 
 
 class ArgumentCheck:

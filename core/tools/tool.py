@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.providers.base import JsonObject, ToolSpec
-from core.tools.calls import ArgumentCheck
+from core.tools.calls import ArgumentCheck, call_digest
 from core.tools.config import Approval, ServerConfig
 from core.tools.names import offered_name
 
@@ -35,6 +35,12 @@ class McpTool:
     needs_approval: bool
     check: ArgumentCheck = field(repr=False, compare=False)
     approvers: tuple[str, ...] = ()
+    origin: str = ""  # the server as configured (transport and target), for ``digest``
+
+    def digest(self, arguments: dict[str, Any]) -> str:
+        """What a person's approval of this call binds to (``call_digest``)."""
+        identity = {"server": self.server, "origin": self.origin, "tool": self.tool}
+        return call_digest(self.name, arguments, tool=identity)
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.input_schema)
@@ -66,4 +72,5 @@ def from_listing(config: ServerConfig, listed: Any) -> McpTool | None:
         needs_approval=approval_needed(config.approval, read_only),
         approvers=config.approvers,
         check=ArgumentCheck(schema),
+        origin=f"{config.transport}:{config.target}",
     )

@@ -7,7 +7,7 @@ The loop's part, per model round and per tool call::
     specs = [SHELL, *tools.specs()]            # what connected servers offer now
     ...
     if tools.needs_approval(call.name) and tools.precheck(call.name, call.arguments) is None:
-        ...  # the approval flow: ask a person, keep call_digest(call.name, call.arguments)
+        ...  # the approval flow: ask a person, keep tools.tool(call.name).digest(call.arguments)
     else:
         outcome = await tools.call(call.name, call.arguments)
     ...
@@ -31,7 +31,6 @@ from typing import Any
 
 from core.metrics import MCP_SERVER_CONNECTED, MCP_TOOL_CALLS
 from core.providers.base import ToolSpec
-from core.tools.calls import call_digest
 from core.tools.config import McpConfig
 from core.tools.names import server_of
 from core.tools.outcome import ToolOutcome
@@ -159,7 +158,7 @@ class McpTools:
         return None
 
     async def call(self, name: str, arguments: Any, *, approval: str | None = None) -> ToolOutcome:
-        """Run one call. ``approval`` is the ``call_digest`` a person approved, needed when the
+        """Run one call. ``approval`` is the ``McpTool.digest`` a person approved, needed when the
         tool's rule asks for approval; any other value (or none) refuses the call unrun."""
         outcome: ToolOutcome | None = self.precheck(name, arguments)
         tool = self._known.get(name)
@@ -184,7 +183,7 @@ class McpTools:
     async def _run(
         self, tool: McpTool, arguments: dict[str, Any], approval: str | None
     ) -> ToolOutcome:
-        if tool.needs_approval and approval != call_digest(tool.name, arguments):
+        if tool.needs_approval and approval != tool.digest(arguments):
             text = (
                 f"{tool.name} may change something outside this conversation, so it runs only "
                 "once a person approves this exact call; it was not run"
