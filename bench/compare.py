@@ -42,8 +42,8 @@ import asyncpg
 from sqlalchemy.engine import make_url
 
 from bench import peers
+from bench.common import ASSISTANT_TEXT, USER_TEXT, BenchError, summarize
 from bench.conversation import Conversation, Item, ours
-from bench.costs import _ASSISTANT_TEXT, _USER_TEXT, BenchError, summarize
 
 QUADRATIC_LIMIT: Final = 2_000_000  # message copies a quadratic contender may store in one run
 INSTALL_HINT: Final = "uv sync --extra compare"
@@ -166,9 +166,9 @@ async def _place(database: str, server_url: str | None) -> AsyncIterator[Place]:
 
 def items(n: int) -> list[Item]:
     return [
-        Item("user", f"{_USER_TEXT} ({i})")
+        Item("user", f"{USER_TEXT} ({i})")
         if i % 2 == 0
-        else Item("assistant", f"{_ASSISTANT_TEXT} ({i})")
+        else Item("assistant", f"{ASSISTANT_TEXT} ({i})")
         for i in range(n)
     ]
 

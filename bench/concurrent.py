@@ -55,8 +55,7 @@ from urllib.parse import urlencode
 import aiohttp
 from sqlalchemy import func, insert, select
 
-from bench.costs import MESSAGES, SESSIONS, _message_row, transcript
-from bench.slack import (
+from bench.common import (
     SECRET,
     Connection,
     cpu_times,
@@ -66,7 +65,9 @@ from bench.slack import (
     serve_process,
     standin_process,
     stop_process,
+    transcript,
 )
+from bench.costs import MESSAGES, SESSIONS, _message_row
 from bench.turn_counts import read_counts
 from bot.post import PROJECT, SURFACE, thread_key
 from core.settings import Settings

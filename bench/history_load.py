@@ -33,7 +33,7 @@ from typing import Any
 
 from sqlalchemy import make_url
 
-from bench.costs import _ASSISTANT_TEXT, _USER_TEXT
+from bench.common import ASSISTANT_TEXT, USER_TEXT
 from core.messages import assistant_message, message_text, user_message
 from core.settings import Settings
 from core.storage import Storage
@@ -44,7 +44,7 @@ WARMUP = 3
 
 
 def _text(i: int) -> str:
-    return f"{_USER_TEXT if i % 2 == 0 else _ASSISTANT_TEXT} ({i})"
+    return f"{USER_TEXT if i % 2 == 0 else ASSISTANT_TEXT} ({i})"
 
 
 def server_cpu_ns(database: str) -> int:

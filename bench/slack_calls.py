@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import aiohttp
 
-from bench.slack import standin_process, stop_process
+from bench.common import standin_process, stop_process
 from bot.web import web_client
 from core.settings import Settings
 

@@ -32,9 +32,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bench.common import cpu_times
 from bench.load import Answer
 from bench.probe import BUCKETS_MS, Probe
-from bench.slack import cpu_times
 
 PYSPY_RATE = 100  # samples a second
 _TICKS = os.sysconf("SC_CLK_TCK")
