@@ -6,9 +6,9 @@ the database server's time in them; this times one size by the process's CPU (``
 this process only, so on PostgreSQL the server's own work is not in it), which a shared machine
 disturbs much less. Each load's texts are read, as ``bench --compare`` reads them.
 
-    uv run --extra compare python -m bench.history_load            # SQLite, and the peer
-    uv run python -m bench.history_load postgresql+asyncpg://…/db   # PostgreSQL (a fresh database)
-    uv run --extra compare python -m bench.history_load postgresql+asyncpg://…/db \
+    uv run --extra compare python -m bench.costs.history_load     # SQLite, and the peer
+    uv run python -m bench.costs.history_load postgresql+asyncpg://…/db   # PostgreSQL (fresh)
+    uv run --extra compare python -m bench.costs.history_load postgresql+asyncpg://…/db \
         postgresql+asyncpg://…/other   # and the SDK's SQLAlchemySession in a second fresh one
 
 On PostgreSQL the server's work (reading the rows, writing each document as text) is not in

@@ -22,7 +22,7 @@
   messages; the fork is deleted untimed between samples);
 - ``sweep_sessions_per_second``: ``core.storage.sweeper.sweep`` over ``sweep_sessions`` expired
   temporary sessions of ``sweep_messages_per_session`` messages each;
-- the snapshot keys of ``bench.snapshots`` (``snapshot_bytes_per_message``,
+- the snapshot keys of ``bench.costs.snapshots`` (``snapshot_bytes_per_message``,
   ``snapshot_store``, ``snapshot_restore``, …) for a ~1 MB workspace with a one-file edit per
   message.
 
@@ -64,7 +64,7 @@ from bench.common import (
     summarize,
     transcript,
 )
-from bench.snapshots import bench_snapshots
+from bench.costs.snapshots import bench_snapshots
 from core.agent.turn import run_turn
 from core.errors import AgentSessionBusy, AgentSessionError
 from core.messages import Message, assistant_message, user_message
