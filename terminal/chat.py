@@ -9,19 +9,25 @@ into a session that moved on elsewhere (stale) before any model call.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 
 from core.agent.accounting import Payer
 from core.conversation import (
-    Answered,
+    Arrival,
+    Began,
+    Choice,
     Conversation,
     Conversations,
-    Decided,
+    DecisionRecorded,
+    DecisionRefused,
     Forked,
-    OnConversationEvent,
-    Refused,
+    MemoryView,
+    Prepared,
+    Preparing,
+    Renderer,
     Rewound,
-    TurnOutcome,
-    TurnRequest,
+    TurnEnd,
+    TurnEvent,
     Unseen,
 )
 from core.errors import MessageNotFound, UsageError
@@ -51,6 +57,7 @@ class ChatSession:
         self.operator = operator_external_id()
         self.actor = Actor(None, admin=True)
         self.conversation: Conversation | None = None
+        self.view = MemoryView()  # the last message this terminal printed (the stale guard)
 
     @classmethod
     async def open(cls, settings: Settings, target: str | None) -> ChatSession:
@@ -69,7 +76,7 @@ class ChatSession:
             if target is not None and session_id is None:
                 session_id = await session_for_permalink(chat.slack, target)
             if session_id is not None:
-                chat.conversation = await chat.conversations.get(session_id)
+                chat.conversation = await chat.conversations.get(session_id, view=chat.view)
         except BaseException:
             await chat.close()
             raise
@@ -120,22 +127,23 @@ class ChatSession:
 
     # -- a turn -------------------------------------------------------------------------------
 
-    async def send(self, text: str, on_event: OnConversationEvent) -> TurnOutcome:
-        """One turn: ``Answered``, or refused before anything was written as ``Busy`` or
-        ``Stale`` (with what the terminal had not shown, now shown)."""
-        if self.conversation is None:
-            self.conversation = await self.conversations.open(
-                self._new_key(), owner=self.actor, title=text
-            )
-        request = TurnRequest(
+    async def send(self, text: str, renderer: Renderer) -> TurnEnd:
+        """One turn through the conversation door: answered (or ended as the door says), or
+        refused before anything was written (busy, stale with what the terminal had not
+        shown, now shown). The first message of a new session makes the session."""
+        conversation = self.conversation
+        arrival = Arrival(
+            self.operator,
             text,
+            key=None if conversation is not None else self._new_key(),
+            session_id=None if conversation is None else conversation.id,
+            view=self.view,
+            admin=True,
+            title=text,
             metadata={"surface": "terminal", "author": self.operator},
             payer=Payer(self.operator),
         )
-        outcome = await self.conversation.take_turn(request, on_event)
-        if isinstance(outcome, Answered) and outcome.result.answer is not None:
-            await self.conversation.showed(outcome.result.answer.message_id)
-        return outcome
+        return await self.conversations.answer(arrival, _Holding(self, renderer))
 
     async def after_interruption(self) -> None:
         """A turn of ours stopped after its message was added (Ctrl-C, a lost lock)."""
@@ -148,25 +156,20 @@ class ChatSession:
         """The call the session waits on a person for (posted here or in Slack)."""
         return None if self.conversation is None else await self.conversation.pending_approval()
 
-    async def decide(self, approve: bool, on_event: OnConversationEvent) -> TurnOutcome | Refused:
-        """``/approve`` or ``/deny`` the waiting call (the terminal is the local operator, an
-        admin): the decision is recorded (one decision wins, wherever it is made) and carried
-        out here, as a turn."""
-        desk = self.conversations.approvals
-        waiting = await self.pending_approval()
-        if self.conversation is None or desk is None or waiting is None:
-            return Refused("unknown")
-        decision = await desk.decide(
-            waiting.id, self.actor, approver_id=None, approve=approve, by=self.operator
+    async def decide(
+        self, approval_id: str | None, approve: bool, renderer: Renderer
+    ) -> TurnEnd | DecisionRefused:
+        """``/approve`` or ``/deny`` the call this terminal printed (the terminal is the local
+        operator, an admin): one decision wins, wherever it is made, and it is carried out
+        here, as a turn."""
+        if self.conversation is None or approval_id is None:
+            return DecisionRefused("unknown")
+        choice = Choice(approval_id, self.operator, approve, admin=True, by=self.operator)
+        decided = await self.conversations.decide(
+            choice, _Holding(self, renderer), payer=Payer(self.operator), view=self.view
         )
-        if not isinstance(decision, Decided):
-            return decision
-        outcome = await self.conversation.carry_out(
-            waiting.id, on_event, payer=Payer(self.operator)
-        )
-        if isinstance(outcome, Answered) and outcome.result.answer is not None:
-            await self.conversation.showed(outcome.result.answer.message_id)
-        return outcome
+        assert not isinstance(decided, DecisionRecorded)  # a renderer carries it out here
+        return decided
 
     async def left_behind(self) -> ApprovalRecord | None:
         """A decision on this session that the process making it never carried out (a client
@@ -179,15 +182,18 @@ class ChatSession:
         )
         return found[0] if found else None
 
-    async def carry_out(self, record: ApprovalRecord, on_event: OnConversationEvent) -> TurnOutcome:
+    async def carry_out(self, record: ApprovalRecord, renderer: Renderer) -> TurnEnd:
         """Carry out a decision left behind, here (the claim, the stale guard and
         ``start_running`` keep the call to one run, whoever else picks it up)."""
         assert self.conversation is not None
-        payer = Payer(record.decided_by or self.operator)
-        outcome = await self.conversation.carry_out(record.id, on_event, payer=payer)
-        if isinstance(outcome, Answered) and outcome.result.answer is not None:
-            await self.conversation.showed(outcome.result.answer.message_id)
-        return outcome
+        arrival = Arrival(
+            self.operator,
+            session_id=self.conversation.id,
+            view=self.view,
+            approval=record.id,
+            payer=Payer(record.decided_by or self.operator),
+        )
+        return await self.conversations.answer(arrival, _Holding(self, renderer))
 
     # -- transcript operations ----------------------------------------------------------------
 
@@ -213,6 +219,28 @@ class ChatSession:
 
     def _new_key(self) -> str:
         return f"{self.operator.removeprefix('cli:')}/{uuid.uuid4()}"
+
+
+class _Holding:
+    """The terminal's renderer, holding on to the conversation a first message made."""
+
+    def __init__(self, chat: ChatSession, inner: Renderer) -> None:
+        self._chat = chat
+        self._inner = inner
+
+    async def prepare(self, preparing: Preparing) -> Prepared:
+        return await self._inner.prepare(preparing)
+
+    async def event(self, event: TurnEvent) -> None:
+        if isinstance(event, Began) and self._chat.conversation is None:
+            self._chat.conversation = event.conversation
+        await self._inner.event(event)
+
+    async def finish(self, end: TurnEnd) -> Sequence[str]:
+        return await self._inner.finish(end)
+
+    async def abandoned(self, error: BaseException) -> None:
+        await self._inner.abandoned(error)
 
 
 def _session_id(target: str) -> int | None:

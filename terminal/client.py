@@ -25,33 +25,31 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from core.agent.loop import (
-    McpCallFinished,
-    McpCallStarted,
-    Notice,
-    TextChunk,
-    ToolFinished,
-    ToolStarted,
-    TurnStarted,
-)
 from core.conversation import (
     Answered,
+    Began,
+    BudgetRanOut,
     Busy,
-    ConversationEvent,
+    DecisionRefused,
+    Failed,
+    Interrupted,
+    LockLost,
     OverBudget,
+    QuietRenderer,
+    Said,
     Stale,
-    TurnOutcome,
+    Told,
+    ToolBegan,
+    ToolEnded,
+    TurnEnd,
+    TurnEvent,
     Unseen,
 )
-from core.conversation import Refused as DecisionRefused
 from core.errors import (
     AgentSessionAlreadyCompact,
-    AgentSessionBudgetExceeded,
     AgentSessionBusy,
-    AgentSessionLockLost,
     MessageNotFound,
     SlackAgentError,
-    TurnInterrupted,
 )
 from core.messages import message_text
 from core.storage.approvals import ApprovalRecord
@@ -215,51 +213,22 @@ class Terminal:
         self, body: str, *, decide: bool | None = None, left: ApprovalRecord | None = None
     ) -> None:
         """Send ``body`` as a turn; or, with ``decide``, approve (True) or deny the waiting
-        call and carry the decision out as a turn; or carry out a decision ``left`` behind."""
-        reply = LiveReply(self.console)
-        started = False
-
-        async def on_event(event: ConversationEvent) -> None:
-            nonlocal started
-            if isinstance(event, TurnStarted):
-                started = True
-                reply.start()
-            elif isinstance(event, TextChunk):
-                reply.text(event.text)
-            elif isinstance(event, ToolStarted):
-                reply.tool_started(event.command)
-            elif isinstance(event, ToolFinished):
-                result = event.result
-                reply.tool_finished(
-                    {
-                        "stdout": result.stdout,
-                        "stderr": result.stderr,
-                        "exit_code": result.exit_code,
-                    }
-                )
-            elif isinstance(event, McpCallStarted):
-                reply.tool_started(event.name)
-            elif isinstance(event, McpCallFinished):
-                done = event.outcome
-                reply.tool_finished(
-                    {"stdout": done.text, "stderr": "", "exit_code": 0 if done.ok else 1}
-                )
-            elif isinstance(event, Notice):
-                reply.notice(event.text)
-
+        call and carry the decision out as a turn; or carry out a decision ``left`` behind.
+        Each is one call of the conversation door, shown through ``_Lines``."""
+        lines = _Lines(LiveReply(self.console))
         self.busy_since = None
-        work: Awaitable[TurnOutcome | DecisionRefused]
+        work: Awaitable[TurnEnd | DecisionRefused]
         if left is not None:
-            work = self.chat.carry_out(left, on_event)
+            work = self.chat.carry_out(left, lines)
         elif decide is None:
             self.draft = body  # until the core has it, the message is the person's only copy
-            work = self.chat.send(body, on_event)
+            work = self.chat.send(body, lines)
         else:
-            work = self.chat.decide(decide, on_event)
+            work = self.chat.decide(self.asking, decide, lines)
         task = await self._interruptible(work)
-        reply.stop()
+        lines.reply.stop()
         if task.cancelled():
-            if started:
+            if lines.started:
                 self.draft = None
                 await self.chat.after_interruption()
                 self.say(say.INTERRUPTED)
@@ -267,44 +236,46 @@ class Terminal:
                 self.say(say.NOT_STARTED)
             return
         exc = task.exception()
-        if exc is None:
-            outcome = task.result()
-            if isinstance(outcome, DecisionRefused):
-                self.say(say.approval_refused(outcome.reason))
-            elif isinstance(outcome, Busy):
-                self.busy_since = time.monotonic()
-                self.say(say.busy())
-            elif isinstance(outcome, Stale):
-                self.show(outcome.unseen.messages)
-                self.say(say.stale(len(outcome.unseen.messages), outcome.unseen.rewound))
-            elif isinstance(outcome, OverBudget):
-                refusal = outcome.refusal
-                self.say(say.over_budget(refused_budget(refusal).describe(), resets_text(refusal)))
-            elif isinstance(outcome, Answered):
-                if decide is None:
-                    self.draft = None
-                error = outcome.result.error
-                if isinstance(error, AgentSessionBudgetExceeded):
-                    limit = refused_budget(error).describe()
-                    self.say(say.budget_ran_out(limit, resets_text(error)))
-                elif error is not None:
-                    self.say(say.turn_failed(error.code))
-                if outcome.result.trace_url is not None:
-                    self.say(say.trace_link(outcome.result.trace_url))
-                await self._show_approval()
+        if exc is not None:
+            if lines.started:
+                # The message is in the transcript; only its answer was cut short.
+                self.draft = None
+                await self.chat.after_interruption()
+                self.say(say.turn_failed(_reason(exc)))
+            else:
+                self.say(say.send_failed(_reason(exc)))
             return
-        if started:
+        await self._ended(task.result(), decide is None)
+
+    async def _ended(self, end: TurnEnd | DecisionRefused, sent: bool) -> None:
+        """Say how a turn (or a decision) ended: one branch per way it can end."""
+        if isinstance(end, DecisionRefused):
+            self.say(say.approval_refused(end.reason))
+        elif isinstance(end, Busy):
+            self.busy_since = time.monotonic()
+            self.say(say.busy())
+        elif isinstance(end, Stale):
+            self.show(end.unseen.messages)
+            self.say(say.stale(len(end.unseen.messages), end.unseen.rewound))
+        elif isinstance(end, OverBudget):
+            refusal = end.refusal
+            self.say(say.over_budget(refused_budget(refusal).describe(), resets_text(refusal)))
+        elif isinstance(end, LockLost | Interrupted):
             # The message is in the transcript; only its answer was cut short.
             self.draft = None
             await self.chat.after_interruption()
-            if isinstance(exc, AgentSessionLockLost):
-                self.say(say.LOCK_LOST)
-            elif isinstance(exc, TurnInterrupted):
-                self.say(say.INTERRUPTED)
-            else:
-                self.say(say.turn_failed(_reason(exc)))
-        else:
-            self.say(say.send_failed(_reason(exc)))
+            self.say(say.LOCK_LOST if isinstance(end, LockLost) else say.INTERRUPTED)
+        elif isinstance(end, Answered | Failed | BudgetRanOut):
+            if sent:
+                self.draft = None
+            if isinstance(end, BudgetRanOut):
+                limit = refused_budget(end.refusal).describe()
+                self.say(say.budget_ran_out(limit, resets_text(end.refusal)))
+            elif isinstance(end, Failed):
+                self.say(say.turn_failed(end.code))
+            if end.result.trace_url is not None:
+                self.say(say.trace_link(end.result.trace_url))
+            await self._show_approval()
 
     # -- commands -------------------------------------------------------------------------------
 
@@ -413,6 +384,31 @@ class Terminal:
         self.show(earlier)
         self.say(say.compacted(), style="bold")
         self.show([m for m in unseen.messages if m.is_compaction_message])
+
+
+class _Lines(QuietRenderer):
+    """The terminal's renderer: the answer streams as lines, tools as their commands."""
+
+    def __init__(self, reply: LiveReply) -> None:
+        self.reply = reply
+        self.started = False
+
+    async def event(self, event: TurnEvent) -> None:
+        if isinstance(event, Began):
+            self.started = True
+            self.reply.start()
+        elif isinstance(event, Said):
+            self.reply.text(event.text)
+        elif isinstance(event, ToolBegan):
+            self.reply.tool_started(event.label)
+        elif isinstance(event, ToolEnded):
+            self.reply.tool_finished(
+                {"stdout": event.output, "stderr": event.error, "exit_code": event.exit_code}
+                if event.kind == "shell"
+                else {"stdout": event.output, "stderr": "", "exit_code": event.exit_code}
+            )
+        elif isinstance(event, Told):
+            self.reply.notice(event.text)
 
 
 def _position(command: str, rest: str) -> int:

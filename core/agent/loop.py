@@ -127,12 +127,14 @@ class TextChunk:
 @dataclass(frozen=True)
 class ToolStarted:
     command: str
+    call_id: str = ""  # the model's id for the call (the UIMessage part's ``toolCallId``)
 
 
 @dataclass(frozen=True)
 class ToolFinished:
     command: str
     result: ShellResult
+    call_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -592,7 +594,7 @@ class Agent:
             )
             return
         answer.parts.append(tool_call_part(call))
-        await emit(ToolStarted(command))
+        await emit(ToolStarted(command, call.id))
         result = await sandbox.run(command)
         answer.parts[-1] = tool_output_part(
             call,
@@ -603,7 +605,7 @@ class Agent:
                 "truncated": result.truncated,
             },
         )
-        await emit(ToolFinished(command, result))
+        await emit(ToolFinished(command, result, call.id))
 
     async def _snapshot(self, sandbox: Sandbox) -> SnapshotRef | None:
         if not sandbox.dirty:

@@ -40,6 +40,7 @@ class McpCallStarted:
     name: str
     server: str | None
     arguments: dict[str, Any]
+    call_id: str = ""  # the model's id for the call (the UIMessage part's ``toolCallId``)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class McpCallFinished:
 
     outcome: ToolOutcome
     seconds: float
+    call_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,10 +132,10 @@ async def run(
                 async with asyncio.timeout(SERVER_WAIT_SECONDS):
                     await tools.wait_for(server, "connected")
         tool = tools.tool(call.name)
-    await emit(McpCallStarted(call.name, tool.server if tool else None, call.arguments))
+    await emit(McpCallStarted(call.name, tool.server if tool else None, call.arguments, call.id))
     started = time.perf_counter()
     outcome = await tools.call(call.name, call.arguments, approval=approval)
-    await emit(McpCallFinished(outcome, time.perf_counter() - started))
+    await emit(McpCallFinished(outcome, time.perf_counter() - started, call.id))
     return outcome_part(call, outcome), outcome
 
 

@@ -27,7 +27,16 @@ from typing import Any
 from core.agent.accounting import Attribution, Payer
 from core.agent.loop import Agent, AgentEvent, TurnStarted
 from core.agent.turn import STOPPED
+from core.conversation import door
 from core.conversation.approvals import ApprovalDesk, calls_outside
+from core.conversation.door import (
+    Arrival,
+    Choice,
+    DecisionRecorded,
+    DecisionRefused,
+    Renderer,
+    TurnEnd,
+)
 from core.conversation.outcomes import (
     AlreadyAnswered,
     Answered,
@@ -120,9 +129,11 @@ class Conversations:
         owner: Actor,
         title: str | None = None,
         temporary: bool = False,
+        view: View | None = None,
     ) -> Conversation:
         """The conversation for the surface's ``key``, made (owned by ``owner``) if there is
-        none; idempotent under concurrency (replicas and retries meeting one thread agree)."""
+        none; idempotent under concurrency (replicas and retries meeting one thread agree).
+        ``view``: where the surface keeps what it showed, when it keeps that itself."""
         await _let_others_run()
         session, _ = await self.store.get_or_create_session(
             self.project, key, user_id=owner.user_id, title=title, temporary=temporary
@@ -130,7 +141,7 @@ class Conversations:
         await _let_others_run()
         if self._state is not None:
             await self._state.bind_thread(key, session.id)
-        return self._conversation(session, key)
+        return self._conversation(session, key, view)
 
     async def find(self, key: str) -> Conversation | None:
         """The conversation bound to ``key``, if there is one."""
@@ -142,12 +153,12 @@ class Conversations:
             return None
         return self._conversation(await self.store.get_session(thread.session_id), key)
 
-    async def get(self, session_id: int) -> Conversation:
+    async def get(self, session_id: int, *, view: View | None = None) -> Conversation:
         """A conversation by its session id (``AgentSessionNotFound`` when there is none).
         A session of this surface's project is keyed by its ``project_session_id``."""
         session = await self.store.get_session(session_id)
         key = session.project_session_id if session.project_name == self.project else None
-        return self._conversation(session, key)
+        return self._conversation(session, key, view)
 
     async def at(self, ref: str) -> tuple[Conversation, str] | None:
         """The conversation a surface reference belongs to, and the id of the transcript
@@ -183,13 +194,40 @@ class Conversations:
         sessions = await self.store.list_sessions(user_id=owner.user_id, project_name=self.project)
         return [s for s in sessions if s.project_session_id.startswith(key_prefix)]
 
-    def _conversation(self, session: SessionInfo, key: str | None) -> Conversation:
-        view: View
+    def _conversation(
+        self, session: SessionInfo, key: str | None, view: View | None = None
+    ) -> Conversation:
+        if view is not None:
+            return Conversation(self, session, key, view)
         if self._state is not None and key is not None:
             view = ThreadView(self._state, key, session.id)
         else:
             view = MemoryView()
         return Conversation(self, session, key, view)
+
+    # -- the door: what a surface calls for a turn -----------------------------------------------
+
+    async def answer(self, arrival: Arrival, renderer: Renderer) -> TurnEnd:
+        """Answer what arrived, shown through ``renderer``: the person, the conversation (made
+        when the surface's key has none), the turn with its stale guard and resume rules, the
+        "shown" bookkeeping, and every way it can end folded into one ``TurnEnd``. A database
+        failure or a cancellation propagates (after ``renderer.abandoned``): the caller's
+        delivery record retries it or another replica takes it over."""
+        return await door.answer(self, arrival, renderer)
+
+    async def decide(
+        self,
+        choice: Choice,
+        renderer: Renderer | None = None,
+        *,
+        payer: Payer | None = None,
+        view: View | None = None,
+    ) -> TurnEnd | DecisionRefused | DecisionRecorded:
+        """A person's decision on a waiting tool call. With a ``renderer`` the decision is
+        carried out here and now, as a turn shown through it (the terminal, the HTTP API);
+        without one it is only recorded (``DecisionRecorded``) and the surface carries it out
+        its own way (Slack: from a durable delivery record, ``Arrival.approval``)."""
+        return await door.decide(self, choice, renderer, payer=payer, view=view)
 
     # -- beside the conversations ---------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from core.agent.loop import AgentEvent, TurnResult
 from core.conversation.views import Unseen
 from core.errors import AgentSessionBudgetExceeded
 from core.records import StoredMessage
+from core.storage.approvals import ApprovalRecord
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,13 @@ class Stale:
 @dataclass(frozen=True)
 class AlreadyAnswered:
     """A resumed message that the transcript shows answered (``answer``, when it is the next
-    message) or overtaken: nothing runs again."""
+    message) or overtaken: nothing runs again. Through the door (``Conversations.answer``):
+    ``shown``, whether a surface recorded showing the answer whole, and ``waiting``, the tool
+    call the conversation waits on (its card may never have been posted)."""
 
     answer: StoredMessage | None
+    shown: bool = True
+    waiting: ApprovalRecord | None = None
 
 
 @dataclass(frozen=True)
