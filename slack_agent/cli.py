@@ -303,7 +303,7 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> None:
     """The core's measurements, then the Slack surface's (ack latency, idle memory of serve);
     or, with ``--compare``, our storage against the peers'."""
     if args.compare:
-        from bench.compare import format_compare, run_compare
+        from bench.peers.compare import format_compare, run_compare
 
         compared = await run_compare(args.database_url, quick=args.quick)
         if isinstance(compared.get("skipped"), str):
@@ -311,15 +311,15 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> None:
             return
         print(json.dumps(compared) if args.json else format_compare(compared))
         return
-    from bench.concurrent import (
+    from bench.costs.observability import bench_observability, format_observability
+    from bench.costs.storage import format_table, run_bench
+    from bench.costs.tools import bench_tools
+    from bench.load.ack import bench_slack
+    from bench.load.turns import (
         bench_ack_during_fork_and_sweep,
         bench_concurrent_turns,
         format_lines,
     )
-    from bench.costs import format_table, run_bench
-    from bench.observability import bench_observability, format_observability
-    from bench.slack import bench_slack
-    from bench.tools import bench_tools
 
     result = await run_bench(args.database_url, quick=args.quick)
     result.update(await bench_slack(args.database_url))
@@ -350,8 +350,8 @@ async def _tools(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def _soak(args: argparse.Namespace, settings: Settings) -> None:
-    from bench.soak import SoakFailed, format_report, parse_faults, run_soak, soak_config
-    from bench.soak_profile import summary
+    from bench.soak.profile import summary
+    from bench.soak.run import SoakFailed, format_report, parse_faults, run_soak, soak_config
 
     try:
         args.faults = parse_faults(args.faults)

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from bench.costs import QUICK, BenchError, claim_round, format_table, run_bench
-from bench.turn_profile import summarise
+from bench.costs.storage import QUICK, BenchError, claim_round, format_table, run_bench
+from bench.load.profile import summarise
 from core.errors import AgentSessionBusy
 from core.messages import Message
 from core.records import ModelChoice, TurnLease
@@ -148,14 +148,14 @@ async def test_claim_round__a_driver_error_fails_the_run() -> None:
 
 
 def test_turn_profile__sums_the_replicas_samples_recorded_either_way(tmp_path: Path) -> None:
-    """``bench.turn_profile``: a profile of every process of the benchmark counts only the
+    """``bench.load.profile``: a profile of every process of the benchmark counts only the
     replica's samples; a profile attached to the replica alone counts all of them; idle
     samples (the loop waiting) count in neither."""
     turn = "main (slack_agent/cli.py:1);Deliveries.move (core/storage/deliveries.py:5)"
     slack = "main (slack_agent/cli.py:1);AsyncBaseClient.api_call (slack_sdk/x.py:9)"
     idle = "main (slack_agent/cli.py:1);EpollSelector.select (selectors.py:468)"
-    replica = 'process 1:"python -m bench.concurrent";process 2:"python -m bot serve"'
-    other = 'process 1:"python -m bench.concurrent";process 3:"python -m core.testing.slack"'
+    replica = 'process 1:"python -m bench.load.turns";process 2:"python -m bot serve"'
+    other = 'process 1:"python -m bench.load.turns";process 3:"python -m core.testing.slack"'
     everything = tmp_path / "all.raw"
     everything.write_text(
         f"{replica};{turn} 3\n{replica};{slack} 1\n{replica};{idle} 50\n{other};{turn} 40\n"

@@ -1,4 +1,4 @@
-"""``bench --compare`` (bench.compare): our side of the workload on both databases, over small
+"""``bench --compare`` (bench.peers.compare): our side of the workload on both databases, over small
 sizes, and a clear skip when the optional peers are not installed.
 
 The peers themselves are an optional extra that CI does not install, so only our side runs
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench import compare
-from bench.compare import CompareSizes, format_compare, run_compare
-from bench.conversation import Item, Ours, ours
+from bench.peers import compare
+from bench.peers.compare import CompareSizes, format_compare, run_compare
+from bench.peers.conversation import Item, Ours, ours
 from core.storage.engine import create_database
 from core.storage.sessions import SessionStore
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.concurrent import (
+from bench.load.ack import bench_slack
+from bench.load.slack_calls import bench_slack_calls
+from bench.load.turns import (
     bench_ack_during_fork_and_sweep,
     bench_concurrent_turns,
     format_lines,
     replica_env,
 )
-from bench.slack import bench_slack
-from bench.slack_calls import bench_slack_calls
 from core.settings import load_settings
 
 # Real processes or long runs: outside the developer's quick subset (README, *The tests*).
@@ -57,7 +57,7 @@ def test_concurrent_turns__the_replica_holds_the_whole_wave(
 async def test_concurrent_turns__counts_what_a_turn_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``--counts``: the replica under ``bench.turn_counts``; every turn (3 and the probe)
+    """``--counts``: the replica under ``bench.load.counts``; every turn (3 and the probe)
     opened a stream and called the model once, on loop passes of its own. With
     ``BENCH_CPROFILE`` the turns' loop is profiled over the wave: its turns are in it."""
     profile = tmp_path / "turns.prof"
@@ -83,7 +83,7 @@ async def test_concurrent_turns__counts_what_a_turn_does(
 
 
 async def test_concurrent_turns__the_floor_makes_a_turns_calls(database_url: str) -> None:
-    """``--floor``: ``bench.turn_floor`` in the replica's place answered every mention with
+    """``--floor``: ``bench.load.floor`` in the replica's place answered every mention with
     the product's Slack calls (its status, a stream started and stopped) and one model call
     each, on either database; counted, so the floor's CPU is that of the same work."""
     result = await bench_concurrent_turns(
@@ -105,7 +105,7 @@ async def test_concurrent_turns__the_floor_makes_a_turns_calls(database_url: str
 
 
 async def test_slack_calls__both_clients_measured_per_round() -> None:
-    """``bench.slack_calls``: each client's calls reached the stand-in (the bare POST checks
+    """``bench.load.slack_calls``: each client's calls reached the stand-in (the bare POST checks
     Slack's ``ok``, slack_sdk raises on a refusal) and cost measurable CPU, round by round."""
     result = await bench_slack_calls(calls=20, rounds_of=2)
     assert set(result) == {"slack_sdk", "aiohttp"}

@@ -1,7 +1,7 @@
 """The soak, short: three ``serve`` processes on one database under load and every fault at
 once (a replica killed mid-turn and started again, the database gone for a few seconds, one
 replica cut off from it past the staleness window, Slack answering 429s and 500s, the model
-timing out and cutting streams), then every promise checked (``bench.soak``). The full run and
+timing out and cutting streams), then every promise checked (``bench.soak.run``). The full run and
 its figures are in docs/reliability.md."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text as sql
 
-from bench.soak import FAULTS, SoakConfig, database_sessions, parse_faults, run_soak
-from bench.soak_profile import summary
+from bench.soak.profile import summary
+from bench.soak.run import FAULTS, SoakConfig, database_sessions, parse_faults, run_soak
 from core.storage.engine import Database
 from core.storage.sessions import SessionStore
 from core.testing.faults import FaultSchedule

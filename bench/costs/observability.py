@@ -16,11 +16,10 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bench.costs import _database, summarize
+from bench.common import database, summarize
 from core.agent.accounting import Accounting, Attribution, Payer
 from core.agent.loop import Agent, AgentConfig
 from core.agent.model_choice import ProviderCache
@@ -34,6 +33,7 @@ from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
 from core.storage.usage import LedgerEntry, UsageLedger
 from core.testing.otlp import OtlpReceiver
+from core.testing.processes import free_port
 from core.tracing.spans import Tracer
 from core.usage.budgets import parse_budgets
 from core.usage.totals import RequestUsage
@@ -41,12 +41,6 @@ from core.usage.totals import RequestUsage
 PAYER = Payer("slack:T1:U1", "T1")
 HISTORY = 20  # the most messages a measured turn's session holds before it
 BUDGETS = "user:day:1000000000tokens,workspace:month:1000000usd,all:month:1000000usd"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _tracer(endpoint: str) -> Tracer:
@@ -78,7 +72,7 @@ def _ratio(times: dict[str, Any], name: str) -> float:
 async def bench_observability(database_url: str | None, *, quick: bool = False) -> dict[str, Any]:
     samples, warmup = (60, 10) if quick else (300, 30)
     ledger_rows = 2_000 if quick else 20_000
-    async with _database(database_url) as (db, _temporary):
+    async with database(database_url) as (db, _temporary):
         await upgrade(db)
         store = SessionStore(db)
         ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
@@ -103,7 +97,7 @@ async def _tracing(
         tracers = {
             "off": Tracer.off(),
             "live_collector": _tracer(collector.endpoint),
-            "unreachable_collector": _tracer(f"http://127.0.0.1:{_free_port()}/v1/traces"),
+            "unreachable_collector": _tracer(f"http://127.0.0.1:{free_port()}/v1/traces"),
         }
         modes: dict[str, Callable[[], Awaitable[object]]] = {}
         for name, tracer in tracers.items():

@@ -8,7 +8,7 @@ turn's Slack side costs, and the bare POST is the floor under it of any client o
 Reported: CPU per call (``time.process_time``), ``ROUNDS`` rounds of ``CALLS`` calls each,
 the two alternating::
 
-    uv run python -m bench.slack_calls
+    uv run python -m bench.load.slack_calls
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import aiohttp
 
-from bench.slack import standin_process, stop_process
+from bench.common import standin_process, stop_process
 from bot.web import web_client
 from core.settings import Settings
 

@@ -6,9 +6,9 @@ the database server's time in them; this times one size by the process's CPU (``
 this process only, so on PostgreSQL the server's own work is not in it), which a shared machine
 disturbs much less. Each load's texts are read, as ``bench --compare`` reads them.
 
-    uv run --extra compare python -m bench.history_load            # SQLite, and the peer
-    uv run python -m bench.history_load postgresql+asyncpg://…/db   # PostgreSQL (a fresh database)
-    uv run --extra compare python -m bench.history_load postgresql+asyncpg://…/db \
+    uv run --extra compare python -m bench.costs.history_load     # SQLite, and the peer
+    uv run python -m bench.costs.history_load postgresql+asyncpg://…/db   # PostgreSQL (fresh)
+    uv run --extra compare python -m bench.costs.history_load postgresql+asyncpg://…/db \
         postgresql+asyncpg://…/other   # and the SDK's SQLAlchemySession in a second fresh one
 
 On PostgreSQL the server's work (reading the rows, writing each document as text) is not in
@@ -33,7 +33,7 @@ from typing import Any
 
 from sqlalchemy import make_url
 
-from bench.costs import _ASSISTANT_TEXT, _USER_TEXT
+from bench.common import ASSISTANT_TEXT, USER_TEXT
 from core.messages import assistant_message, message_text, user_message
 from core.settings import Settings
 from core.storage import Storage
@@ -44,7 +44,7 @@ WARMUP = 3
 
 
 def _text(i: int) -> str:
-    return f"{_USER_TEXT if i % 2 == 0 else _ASSISTANT_TEXT} ({i})"
+    return f"{USER_TEXT if i % 2 == 0 else ASSISTANT_TEXT} ({i})"
 
 
 def server_cpu_ns(database: str) -> int:

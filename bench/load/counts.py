@@ -1,7 +1,7 @@
-"""What a replica does per turn, counted: ``python -m bench.turn_counts OUT.json``.
+"""What a replica does per turn, counted: ``python -m bench.load.counts OUT.json``.
 
-Started by ``bench.concurrent`` in place of ``python -m bot serve`` when it counts (``turns
-… --counts``; with ``--floor`` too, ``… OUT.json bench.turn_floor`` counts the floor's server
+Started by ``bench.load.turns`` in place of ``python -m bot serve`` when it counts (``turns
+… --counts``; with ``--floor`` too, ``… OUT.json bench.load.floor`` counts the floor's server
 instead), it runs the same ``serve`` with counters around it and writes them to ``OUT.json``
 whenever it receives SIGUSR2; the benchmark asks at the start and at the end of its wave and
 divides the difference by the turns run:
@@ -21,7 +21,7 @@ to the second (the wave alone, no start-up, no warm-up turn), and its statistics
 (read them with ``python -m pstats FILE``; a deterministic profile inflates small calls, so
 read shares and call counts, not milliseconds)::
 
-    BENCH_CPROFILE=turns.prof uv run python -m bench.concurrent turns "" 10 --counts
+    BENCH_CPROFILE=turns.prof uv run python -m bench.load.turns turns "" 10 --counts
 
 CPU by thread is read by the benchmark from ``/proc`` (it needs no help from inside). Counting
 costs a counter increment per loop pass and per callback, a little CPU the benchmark's
@@ -178,17 +178,17 @@ def read_counts(path: Path) -> dict[str, int]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m bench.turn_counts OUT.json [bench.turn_floor]``: ``serve`` (or the floor
+    """``python -m bench.load.counts OUT.json [bench.load.floor]``: ``serve`` (or the floor
     server) with the counters on."""
-    if not argv or argv[1:] not in ([], ["bench.turn_floor"]):
-        print("usage: python -m bench.turn_counts OUT.json [bench.turn_floor]", file=sys.stderr)
+    if not argv or argv[1:] not in ([], ["bench.load.floor"]):
+        print("usage: python -m bench.load.counts OUT.json [bench.load.floor]", file=sys.stderr)
         return 2
     counts = Counts(Path(argv[0]))
     counts.install()
     if argv[1:]:
-        from bench import turn_floor
+        from bench.load import floor
 
-        turn_floor.main(lambda: _answer_sigusr2(counts))
+        floor.main(lambda: _answer_sigusr2(counts))
         return 0
 
     from bot import gc_tuning, serve
@@ -202,7 +202,7 @@ def main(argv: list[str]) -> int:
         _answer_sigusr2(counts)
 
     # ``serve`` calls it as it starts, before its listener, by the name it imported (as
-    # ``bench.probe`` does): the signal handler is on the running loop from there.
+    # ``bench.soak.probe`` does): the signal handler is on the running loop from there.
     vars(serve)["tune_garbage_collection"] = tune_and_count
     settings = load_settings()
     configure_logging(settings.log_level, settings.log_format)

@@ -5,16 +5,16 @@ Record (py-spy samples every process of the benchmark from outside; only the rep
 summed here)::
 
     uv run py-spy record --subprocesses --rate 250 --format raw -o turns.raw -- \\
-        .venv/bin/python -m bench.concurrent turns "" 500
-    uv run python -m bench.turn_profile turns.raw
+        .venv/bin/python -m bench.load.turns turns "" 500
+    uv run python -m bench.load.profile turns.raw
 
 Or the wave alone, without start-up and the warm-up turn: py-spy attached to the replica once
 its first turn is done (the benchmark's warm-up takes a few seconds; the wave about 25 s)::
 
-    uv run python -m bench.concurrent turns "" 10 &
+    uv run python -m bench.load.turns turns "" 10 &
     sleep 12; uv run py-spy record --rate 250 --format raw -o wave.raw --duration 24 \\
         --pid "$(pgrep -f 'bot serve' | head -1)"
-    uv run python -m bench.turn_profile wave.raw
+    uv run python -m bench.load.profile wave.raw
 
 A sample goes to the first part whose frames it contains, in the order of ``PARTS``; the
 shares are of the replica's samples, start-up included (the benchmark's own CPU figure starts

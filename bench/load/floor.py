@@ -1,7 +1,7 @@
 """The floor under a turn's CPU on this stack: ``concurrent_turns`` against a server that does
 only the turn's I/O, with the same libraries and none of the product.
 
-``uv run python -m bench.concurrent turns "" 10 --floor`` starts this module in place of
+``uv run python -m bench.load.turns turns "" 10 --floor`` starts this module in place of
 ``slack-agent serve`` (the same environment, port and workload) and measures it the same way.
 For each mention it:
 
@@ -187,7 +187,7 @@ class Floor:
 
 def main(started: Callable[[], None] | None = None) -> None:
     """Serve until SIGTERM; ``started`` is called on the running loop before the first
-    request (``bench.turn_counts`` sets its signal handler there)."""
+    request (``bench.load.counts`` sets its signal handler there)."""
     floor = Floor(
         os.environ["DATABASE_URL"],
         os.environ["SLACK_API_URL"],

@@ -23,7 +23,7 @@ flight:
   keeping them (``MAX_HELD_MESSAGES``, raised to the wave's size here): 0, or the wave was not
   N turns at once.
 
-``--floor`` runs the same waves against ``bench.turn_floor``, a server that makes only a
+``--floor`` runs the same waves against ``bench.load.floor``, a server that makes only a
 turn's I/O with the same libraries: its ``cpu_ms_per_turn`` is the floor under the replica's.
 
 ``ack_during_fork_and_sweep`` (SQLite or the PostgreSQL given): a session of 10,000 messages
@@ -55,8 +55,7 @@ from urllib.parse import urlencode
 import aiohttp
 from sqlalchemy import func, insert, select
 
-from bench.costs import MESSAGES, SESSIONS, _message_row, transcript
-from bench.slack import (
+from bench.common import (
     SECRET,
     Connection,
     cpu_times,
@@ -66,8 +65,10 @@ from bench.slack import (
     serve_process,
     standin_process,
     stop_process,
+    transcript,
 )
-from bench.turn_counts import read_counts
+from bench.costs.storage import MESSAGES, SESSIONS, _message_row
+from bench.load.counts import read_counts
 from bot.post import PROJECT, SURFACE, thread_key
 from core.settings import Settings
 from core.storage import Storage
@@ -97,7 +98,7 @@ def _cpu_now(pid: int) -> _Cpu:
 
 
 async def _counted(proc: Process, out: Path, answered: int) -> dict[str, int]:
-    """``bench.turn_counts``'s counters now (SIGUSR2, then its ``answered``-th write)."""
+    """``bench.load.counts``'s counters now (SIGUSR2, then its ``answered``-th write)."""
     proc.send_signal(signal.SIGUSR2)
     for _ in range(200):
         counts = read_counts(out)
@@ -207,16 +208,16 @@ async def _concurrent(
     counts: bool = False,
     floor: bool = False,
 ) -> dict[str, Any]:
-    """One wave; ``counts``: the replica runs under ``bench.turn_counts`` and what it did per
-    turn is reported (``per_turn``, ``cpu_split``); ``floor``: ``bench.turn_floor`` stands
+    """One wave; ``counts``: the replica runs under ``bench.load.counts`` and what it did per
+    turn is reported (``per_turn``, ``cpu_split``); ``floor``: ``bench.load.floor`` stands
     where the replica would, doing only a turn's I/O."""
     counted: list[dict[str, int]] = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "counts.json"
-        floored = ("bench.turn_floor",) if floor else ()
+        floored = ("bench.load.floor",) if floor else ()
         command = ("-m", *(floored or ("bot", "serve")))
         if counts:
-            command = ("-m", "bench.turn_counts", str(out), *floored)
+            command = ("-m", "bench.load.counts", str(out), *floored)
         url = database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
         standin, api_url = await standin_process()
         model, model_url = await _model_process(stream_seconds)
@@ -327,7 +328,7 @@ async def bench_concurrent_turns(
     floor: bool = False,
 ) -> dict[str, Any]:
     """``concurrent_turns``: one fresh replica per N (module docstring); ``floor``: the same
-    waves against ``bench.turn_floor``."""
+    waves against ``bench.load.floor``."""
     result: dict[str, Any] = {"stream_seconds": stream_seconds, "load_start": os.getloadavg()}
     for n in sizes:
         result[str(n)] = await _concurrent(

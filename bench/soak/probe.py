@@ -1,4 +1,5 @@
-"""What a replica's event loop was doing while acknowledgements waited: ``python -m bench.probe``.
+"""What a replica's event loop was doing while acknowledgements waited:
+``python -m bench.soak.probe``.
 
 Started by the soak in place of ``python -m bot serve`` when it profiles (``--profile DIR``), it
 runs the same ``serve`` with these recorders around it, and writes what they saw to a JSON file
@@ -23,7 +24,7 @@ the soak's proxy when it is in the path).
 
 Recording costs a clock read or two per step of the loop and no system call (CPU-time clocks
 are system calls here, and a thread descheduled on their return skewed py-spy's samples); the
-stacks themselves come from py-spy (``bench.soak_profile``), sampling from outside.
+stacks themselves come from py-spy (``bench.soak.profile``), sampling from outside.
 """
 
 from __future__ import annotations
@@ -418,9 +419,9 @@ def time_the_database(probe: Probe) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m bench.probe OUT.json [serve arguments]``: ``serve`` with the recorders on."""
+    """``python -m bench.soak.probe OUT.json [serve arguments]``: ``serve``, recorders on."""
     if not argv:
-        print("usage: python -m bench.probe OUT.json", file=sys.stderr)
+        print("usage: python -m bench.soak.probe OUT.json", file=sys.stderr)
         return 2
     from bot import gc_tuning, serve
     from core.logs import configure_logging

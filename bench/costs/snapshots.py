@@ -22,12 +22,11 @@ in the sandbox, ``Sandbox.capture``, ``store_content`` and ``attach_snapshot``.
 from __future__ import annotations
 
 import random
-import statistics
 import time
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
+from bench.common import summarize
 from core.messages import assistant_message, user_message
 from core.records import Actor
 from core.sandbox.shell import Sandbox
@@ -37,13 +36,6 @@ from core.storage.sessions import SessionStore
 
 WORKSPACE_FILES = 60
 WORKSPACE_DIRS = 4
-
-
-def _summarize(seconds: Sequence[float]) -> dict[str, Any]:
-    """``{"p50", "p95", "n"}`` in milliseconds; p95 by nearest rank (as ``bench.costs``)."""
-    ms = sorted(s * 1000 for s in seconds)
-    rank = max(1, -(-len(ms) * 95 // 100))
-    return {"p50": round(statistics.median(ms), 3), "p95": round(ms[rank - 1], 3), "n": len(ms)}
 
 
 def workspace(seed: int = 11) -> dict[str, str]:
@@ -161,8 +153,8 @@ async def bench_snapshots(db: Database, *, quick: bool) -> dict[str, Any]:
             "snapshot_bytes_per_message": round((after_bytes - initial_bytes) / edits),
             "snapshot_initial_bytes": initial_bytes - before_bytes,
             "snapshot_workspace_bytes": sum(len(text.encode()) for text in files.values()),
-            "snapshot_store": _summarize(store_seconds),
-            "snapshot_restore": _summarize(restore_seconds),
+            "snapshot_store": summarize(store_seconds),
+            "snapshot_restore": summarize(restore_seconds),
         }
         if after_disk is not None and initial_disk is not None and before_disk is not None:
             result["snapshot_disk_bytes_per_message"] = round((after_disk - initial_disk) / edits)

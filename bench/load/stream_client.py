@@ -6,7 +6,7 @@ model sends tokens), to ``STREAMS`` requests at once; this process reads every l
 answer and reports its own CPU (``time.process_time``) per answer, for each client twice,
 alternating::
 
-    uv run python -m bench.stream_client
+    uv run python -m bench.load.stream_client
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 What it records, beside the soak's own report:
 
-- every replica through ``bench.probe`` (``replica-N.START.json``): acknowledgements timed inside
-  the replica, its loop's lag, its slow steps by task, its garbage collections;
+- every replica through ``bench.soak.probe`` (``replica-N.START.json``): acknowledgements timed
+  inside the replica, its loop's lag, its slow steps by task, its garbage collections;
 - the soak's own process the same way (``soak.json``): it runs the load generator that times
   the acknowledgements, both stand-ins and the database proxy, so a lagging loop here inflates
   every figure it measures;
@@ -14,7 +14,7 @@ What it records, beside the soak's own report:
   its processes: the server is shared) and the whole machine, with the load average;
 - every answer the load generator got (``answers.json``: when, from which replica, status, ms).
 
-``python -m bench.soak_profile DIR`` prints the summary again from those files.
+``python -m bench.soak.profile DIR`` prints the summary again from those files.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.load import Answer
-from bench.probe import BUCKETS_MS, Probe
-from bench.slack import cpu_times
+from bench.common import cpu_times
+from bench.soak.load import Answer
+from bench.soak.probe import BUCKETS_MS, Probe
 
 PYSPY_RATE = 100  # samples a second
 _TICKS = os.sysconf("SC_CLK_TCK")

@@ -1,7 +1,8 @@
 """``slack-agent soak``: load and faults together, then the product's promises checked.
 
 Several ``serve`` replicas on one database, the Slack stand-in and a stand-in model (both in
-this process, on 127.0.0.1), and a load generator sending what Slack would send (``bench.load``).
+this process, on 127.0.0.1), and a load generator sending what Slack would send
+(``bench.soak.load``).
 While the load runs: Slack answers a share of calls with 429 and 500, the model times out and
 cuts streams at the rates given, one replica is killed with SIGKILL and started again, and the
 database goes away once (a real restart when a command is given, otherwise every connection cut
@@ -44,9 +45,9 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 from sqlalchemy import text as sql
 
-from bench.load import CHANNEL, Answer, Plan, Sender
-from bench.replicas import Replica
-from bench.soak_profile import SoakProfile
+from bench.soak.load import CHANNEL, Answer, Plan, Sender
+from bench.soak.profile import SoakProfile
+from bench.soak.replicas import Replica
 from bot import texts as text
 from core.conversation.conversations import answers_nothing
 from core.errors import SlackAgentError
@@ -109,7 +110,7 @@ class SoakConfig:
     # The replicas reach PostgreSQL through the soak's TCP proxy: when the outage needs it (no
     # restart command), or always with True (to measure what the proxy itself costs).
     proxy: bool = False
-    profile_dir: str | None = None  # ``--profile``: see ``bench.soak_profile``
+    profile_dir: str | None = None  # ``--profile``: see ``bench.soak.profile``
 
 
 @dataclass
@@ -329,7 +330,7 @@ class Soak:
             await faults
             settled = await self._settle(db)
             if not settled and self.profile is not None:
-                for replica in self.replicas:  # where their tasks wait (``bench.probe``)
+                for replica in self.replicas:  # where their tasks wait (``bench.soak.probe``)
                     replica.signal(signal.SIGUSR1)
                 await asyncio.sleep(1.0)
             if self.profile is not None:

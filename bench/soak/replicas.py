@@ -24,7 +24,7 @@ class Replica:
         self, name: str, env: dict[str, str], log: Path, *, probe: Path | None = None
     ) -> None:
         self.name = name
-        # ``bench.probe`` records this folder's loop, one file per start (``--profile``).
+        # ``bench.soak.probe`` records this folder's loop, one file per start (``--profile``).
         self.probe = probe
         self.starts = 0
         self.port = free_port()
@@ -37,7 +37,11 @@ class Replica:
         self.starts += 1
         command = ["-m", "bot", "serve"]
         if self.probe is not None:
-            command = ["-m", "bench.probe", str(self.probe / f"{self.name}.{self.starts}.json")]
+            command = [
+                "-m",
+                "bench.soak.probe",
+                str(self.probe / f"{self.name}.{self.starts}.json"),
+            ]
         with self.log.open("a") as out:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable,

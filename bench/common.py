@@ -1,30 +1,96 @@
-"""Benchmark of the Slack surface (the keys ``ack`` and ``idle_rss_bytes``).
+"""What the benchmarks share, in one place: the texts a benchmark's sessions are made of, how a
+timing is summarised, the database a run measures, and the Slack surface run as the product
+runs it (``slack-agent serve`` and the Slack stand-in in processes of their own, signed
+requests on keep-alive connections, the children's CPU and memory read from ``/proc``).
 
-``bench_ack``: the real app (``Bot``) serving HTTP on 127.0.0.1 against the local Slack
-stand-in, with the offline model; first a wave of mentions starts turns, then 100 signed events
-are sent at once while those turns run, and each one's time to its HTTP response (Slack's 3 s
-acknowledgement) is measured. ``idle_rss_bytes``: resident memory of a ``slack-agent serve``
-process that has migrated and answered its health check, then sat idle.
+A benchmark imports these from here and never from another benchmark, so each family
+(``costs``, ``load``, ``soak``, ``peers``) can change its own measurements alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from asyncio.subprocess import Process
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
+from core.messages import Message, assistant_message, user_message
+from core.storage.engine import Database, create_database
 from core.testing.processes import child_environment, free_port, spawn, until_healthy
 from core.testing.slack import BOT_USER, TEAM, signed_headers
 
-SECRET = "bench-signing-secret"
+
+class BenchError(RuntimeError):
+    """A benchmark invariant failed (e.g. a claim round without exactly one winner)."""
+
+
+# -- what sessions are made of ------------------------------------------------------------------
+
+USER_TEXT: Final = (
+    "Could you look at the failing deploy job and tell me which step broke, and why? "
+    "The logs are in the usual place."
+)
+ASSISTANT_TEXT: Final = (
+    "The deploy failed in the migrate step: the new index on agent_session_messages could not "
+    "be built because the disk was full. I freed 2 GB by pruning old build caches and re-ran "
+    "the job; it passed in 4m12s. Next time, the disk alert at 90% would have caught it, so I "
+    "suggest lowering it to 80%."
+)
+
+
+def exchange_message(position: int) -> Message:
+    """Even positions are user messages, odd ones assistant answers (a normal transcript)."""
+    if position % 2 == 0:
+        return user_message(f"{USER_TEXT} ({position})")
+    return assistant_message(f"{ASSISTANT_TEXT} ({position})")
+
+
+def checkpoint_message() -> Message:
+    return user_message(
+        "Checkpoint. Objectives: fix the deploy. Constraints: none. Decisions: prune caches. "
+        "Completed work: re-ran the job. Active work: none. Blockers: none. "
+        "Next steps: lower the disk alert. Important details: job 4812, 2 GB freed.",
+        checkpoint=True,
+    )
+
+
+def transcript(
+    start: int, count: int, *, checkpoint_at: int | None = None
+) -> list[tuple[Message, bool]]:
+    """``count`` messages for positions ``start``... (a checkpoint at ``checkpoint_at``)."""
+    rows: list[tuple[Message, bool]] = []
+    for position in range(start, start + count):
+        if position == checkpoint_at:
+            rows.append((checkpoint_message(), True))
+        else:
+            rows.append((exchange_message(position), False))
+    return rows
+
+
+# -- timings --------------------------------------------------------------------------------------
+
+
+def summarize(seconds: Sequence[float]) -> dict[str, Any]:
+    """``{"p50", "p95", "n"}`` in milliseconds (3 decimals); p95 by nearest rank."""
+    if not seconds:
+        raise ValueError("no samples")
+    ms = sorted(s * 1000.0 for s in seconds)
+    rank = max(1, math.ceil(0.95 * len(ms)))
+    return {
+        "p50": round(statistics.median(ms), 3),
+        "p95": round(ms[rank - 1], 3),
+        "n": len(ms),
+    }
 
 
 def percentiles(samples: list[float]) -> dict[str, float | int]:
@@ -39,6 +105,34 @@ def percentiles(samples: list[float]) -> dict[str, float | int]:
         "p99": at(0.99),
         "n": len(ordered),
     }
+
+
+# -- the database a run measures ----------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def database(database_url: str | None) -> AsyncIterator[tuple[Database, bool]]:
+    """The database to measure, and whether it is the bench's own temporary file."""
+    if database_url is not None:
+        db = create_database(database_url)
+        try:
+            yield db, False
+        finally:
+            await db.dispose()
+        return
+    directory = Path(tempfile.mkdtemp(prefix="slack-agent-bench-"))
+    db = create_database(f"sqlite+aiosqlite:///{directory / 'bench.db'}")
+    try:
+        yield db, True
+    finally:
+        await db.dispose()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- the Slack surface in processes of its own ---------------------------------------------------
+
+
+SECRET = "bench-signing-secret"
 
 
 def event_body(ts: str) -> str:
@@ -161,58 +255,6 @@ async def stop_process(proc: Process) -> None:
         await proc.wait()
 
 
-async def _measure(
-    database_url: str | None, *, events: int, settle_seconds: float
-) -> dict[str, Any]:
-    """One ``slack-agent serve`` child: its idle RSS, then ack latency under load.
-
-    The load comes from this process, as Slack's requests come from elsewhere: a wave of 20
-    mentions starts turns, then ``events`` signed mentions are sent at once on warm connections
-    and each one's time to its HTTP response is measured.
-    """
-    with tempfile.TemporaryDirectory() as tmp:
-        url = database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
-        standin, api_url = await standin_process()
-        proc, port = await serve_process(url, api_url, tmp)
-        try:
-            await asyncio.sleep(settle_seconds)
-            rss = rss_bytes(proc.pid)
-            base = int(time.time())
-            # Warm connections (as many as the measured wave uses) and the authorisation
-            # cache; then a wave of turns running while the measured wave arrives.
-            connections = [await Connection.open(port) for _ in range(events)]
-            try:
-                await asyncio.gather(
-                    *(
-                        c.send(request_bytes(port, f"{base}.{i:06d}"))
-                        for i, c in enumerate(connections)
-                    )
-                )
-                await asyncio.gather(
-                    *(
-                        c.send(request_bytes(port, f"{base + 1}.{i:06d}"))
-                        for i, c in enumerate(connections[:20])
-                    )
-                )
-                wave = [request_bytes(port, f"{base + 2}.{i:06d}") for i in range(events)]
-                samples = await asyncio.gather(
-                    *(c.send(raw) for c, raw in zip(connections, wave, strict=True))
-                )
-            finally:
-                for c in connections:
-                    c.close()
-        finally:
-            await stop_process(proc)
-            await stop_process(standin)
-    return {"ack": percentiles(list(samples)), "idle_rss_bytes": rss}
-
-
-async def bench_ack(database_url: str | None = None, *, events: int = 100) -> dict[str, Any]:
-    """``ack``: ms from sending to the HTTP answer, ``events`` signed events at once."""
-    result = await _measure(database_url, events=events, settle_seconds=0.5)
-    return {"ack": result["ack"]}
-
-
 def cpu_times(pid: int, thread: int | None = None) -> tuple[float, float]:
     """User and system CPU seconds of a process (or of one of its threads) so far (``/proc``)."""
     path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
@@ -227,18 +269,3 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS in /proc")
-
-
-async def idle_rss_bytes(database_url: str | None = None, *, settle_seconds: float = 2.0) -> int:
-    """``idle_rss_bytes``: an idle ``slack-agent serve`` (HTTP, sweeper thread on)."""
-    result = await _measure(database_url, events=1, settle_seconds=settle_seconds)
-    return int(result["idle_rss_bytes"])
-
-
-async def bench_slack(database_url: str | None = None, *, events: int = 100) -> dict[str, Any]:
-    """Both keys from one serve process, for ``slack-agent bench`` to merge."""
-    return await _measure(database_url, events=events, settle_seconds=2.0)
-
-
-if __name__ == "__main__":
-    print(json.dumps(asyncio.run(bench_slack(sys.argv[1] if len(sys.argv) > 1 else None))))

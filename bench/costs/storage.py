@@ -22,7 +22,7 @@
   messages; the fork is deleted untimed between samples);
 - ``sweep_sessions_per_second``: ``core.storage.sweeper.sweep`` over ``sweep_sessions`` expired
   temporary sessions of ``sweep_messages_per_session`` messages each;
-- the snapshot keys of ``bench.snapshots`` (``snapshot_bytes_per_message``,
+- the snapshot keys of ``bench.costs.snapshots`` (``snapshot_bytes_per_message``,
   ``snapshot_store``, ``snapshot_restore``, …) for a ~1 MB workspace with a one-file edit per
   message.
 
@@ -45,21 +45,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import math
 import os
-import shutil
 import statistics
-import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final, Protocol, cast
 
 from sqlalchemy import Table, insert, select, update
 
-from bench.snapshots import bench_snapshots
+from bench.common import (
+    ASSISTANT_TEXT,
+    USER_TEXT,
+    BenchError,
+    database,
+    exchange_message,
+    summarize,
+    transcript,
+)
+from bench.costs.snapshots import bench_snapshots
 from core.agent.turn import run_turn
 from core.errors import AgentSessionBusy, AgentSessionError
 from core.messages import Message, assistant_message, user_message
@@ -78,21 +83,6 @@ ADMIN: Final = Actor(user_id=None, admin=True)
 # Messages after the checkpoint in the ``history_load`` sessions.
 AFTER_CHECKPOINT: Final = 20
 SWEEP_BATCH_SIZE: Final = 100  # SWEEPER_BATCH_SIZE's default
-
-_USER_TEXT: Final = (
-    "Could you look at the failing deploy job and tell me which step broke, and why? "
-    "The logs are in the usual place."
-)
-_ASSISTANT_TEXT: Final = (
-    "The deploy failed in the migrate step: the new index on agent_session_messages could not "
-    "be built because the disk was full. I freed 2 GB by pruning old build caches and re-ran "
-    "the job; it passed in 4m12s. Next time, the disk alert at 90% would have caught it, so I "
-    "suggest lowering it to 80%."
-)
-
-
-class BenchError(RuntimeError):
-    """A benchmark invariant failed (e.g. a claim round without exactly one winner)."""
 
 
 @dataclass(frozen=True)
@@ -159,19 +149,6 @@ QUICK: Final = BenchSizes(
 # -- statistics -----------------------------------------------------------------------------------
 
 
-def summarize(seconds: Sequence[float]) -> dict[str, Any]:
-    """``{"p50", "p95", "n"}`` in milliseconds (3 decimals); p95 by nearest rank."""
-    if not seconds:
-        raise ValueError("no samples")
-    ms = sorted(s * 1000.0 for s in seconds)
-    rank = max(1, math.ceil(0.95 * len(ms)))
-    return {
-        "p50": round(statistics.median(ms), 3),
-        "p95": round(ms[rank - 1], 3),
-        "n": len(ms),
-    }
-
-
 async def _sample(
     n: int,
     operation: Callable[[], Awaitable[object]],
@@ -196,35 +173,6 @@ async def _sample(
 
 
 # -- building data --------------------------------------------------------------------------------
-
-
-def _exchange_message(position: int) -> Message:
-    """Even positions are user messages, odd ones assistant answers (a normal transcript)."""
-    if position % 2 == 0:
-        return user_message(f"{_USER_TEXT} ({position})")
-    return assistant_message(f"{_ASSISTANT_TEXT} ({position})")
-
-
-def _checkpoint() -> Message:
-    return user_message(
-        "Checkpoint. Objectives: fix the deploy. Constraints: none. Decisions: prune caches. "
-        "Completed work: re-ran the job. Active work: none. Blockers: none. "
-        "Next steps: lower the disk alert. Important details: job 4812, 2 GB freed.",
-        checkpoint=True,
-    )
-
-
-def transcript(
-    start: int, count: int, *, checkpoint_at: int | None = None
-) -> list[tuple[Message, bool]]:
-    """``count`` messages for positions ``start``... (a checkpoint at ``checkpoint_at``)."""
-    rows: list[tuple[Message, bool]] = []
-    for position in range(start, start + count):
-        if position == checkpoint_at:
-            rows.append((_checkpoint(), True))
-        else:
-            rows.append((_exchange_message(position), False))
-    return rows
 
 
 def _message_row(session_id: int, position: int, message: Message) -> dict[str, Any]:
@@ -272,8 +220,8 @@ class _Bench:
 
         async def one_turn() -> None:
             nonlocal last
-            question = user_message(_USER_TEXT)
-            answer = assistant_message(_ASSISTANT_TEXT)
+            question = user_message(USER_TEXT)
+            answer = assistant_message(ASSISTANT_TEXT)
             async with run_turn(
                 self.store,
                 session_id,
@@ -294,7 +242,7 @@ class _Bench:
         try:
 
             async def append() -> list[StoredMessage]:
-                return await self.store.append(lease, [assistant_message(_ASSISTANT_TEXT)])
+                return await self.store.append(lease, [assistant_message(ASSISTANT_TEXT)])
 
             samples = await _sample(self.sizes.append_samples, append, warmup=self.sizes.warmup)
         finally:
@@ -446,7 +394,7 @@ class _Bench:
         per_session = self.sizes.sweep_messages_per_session
         for chunk in range(0, len(ids), 500):
             rows = [
-                _message_row(session_id, position, _exchange_message(position))
+                _message_row(session_id, position, exchange_message(position))
                 for session_id in ids[chunk : chunk + 500]
                 for position in range(per_session)
             ]
@@ -543,25 +491,6 @@ async def _async_commit_turn(database_url: str, sizes: BenchSizes) -> dict[str, 
         await db.dispose()
 
 
-@contextlib.asynccontextmanager
-async def _database(database_url: str | None) -> AsyncIterator[tuple[Database, bool]]:
-    """The database to measure, and whether it is the bench's own temporary file."""
-    if database_url is not None:
-        db = create_database(database_url)
-        try:
-            yield db, False
-        finally:
-            await db.dispose()
-        return
-    directory = Path(tempfile.mkdtemp(prefix="slack-agent-bench-"))
-    db = create_database(f"sqlite+aiosqlite:///{directory / 'bench.db'}")
-    try:
-        yield db, True
-    finally:
-        await db.dispose()
-        shutil.rmtree(directory, ignore_errors=True)
-
-
 async def run_bench(
     database_url: str | None, *, quick: bool = False, sizes: BenchSizes | None = None
 ) -> dict[str, Any]:
@@ -573,7 +502,7 @@ async def run_bench(
     chosen = sizes or (QUICK if quick else FULL)
     load_start = os.getloadavg()
     started = time.perf_counter()
-    async with _database(database_url) as (db, temporary):
+    async with database(database_url) as (db, temporary):
         await upgrade(db)
         bench = _Bench(db, chosen)
         result: dict[str, Any] = {

@@ -5,7 +5,7 @@ database of its own (a new SQLite file, or a new PostgreSQL database on the serv
 
 - ``append``: a conversation of N messages (user and assistant in turn) appended one at a
   time, each timed; ours inside full locked, guarded turns, as the product stores them (a
-  question opens a turn, its answer closes it: ``bench.conversation``), a peer with its bare
+  question opens a turn, its answer closes it: ``bench.peers.conversation``), a peer with its bare
   append;
 - ``load``: the whole history loaded after every 100 messages (each checked for its length);
 - ``bytes_per_message``: what the N messages added to the database's files (SQLite: the file
@@ -41,9 +41,9 @@ from typing import Any, Final, Protocol
 import asyncpg
 from sqlalchemy.engine import make_url
 
-from bench import peers
-from bench.conversation import Conversation, Item, ours
-from bench.costs import _ASSISTANT_TEXT, _USER_TEXT, BenchError, summarize
+from bench.common import ASSISTANT_TEXT, USER_TEXT, BenchError, summarize
+from bench.peers import libraries as peers
+from bench.peers.conversation import Conversation, Item, ours
 
 QUADRATIC_LIMIT: Final = 2_000_000  # message copies a quadratic contender may store in one run
 INSTALL_HINT: Final = "uv sync --extra compare"
@@ -166,9 +166,9 @@ async def _place(database: str, server_url: str | None) -> AsyncIterator[Place]:
 
 def items(n: int) -> list[Item]:
     return [
-        Item("user", f"{_USER_TEXT} ({i})")
+        Item("user", f"{USER_TEXT} ({i})")
         if i % 2 == 0
-        else Item("assistant", f"{_ASSISTANT_TEXT} ({i})")
+        else Item("assistant", f"{ASSISTANT_TEXT} ({i})")
         for i in range(n)
     ]
 

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from bench.conversation import Conversation, Item
+from bench.peers.conversation import Conversation, Item
 
 MODULES = {
     "agents": "openai-agents",

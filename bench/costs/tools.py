@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from bench.costs import summarize
+from bench.common import summarize
 from core.agent.loop import McpCallFinished
 from core.conversation import Answered, Conversations, Decided, TurnRequest
 from core.records import Actor
