@@ -207,7 +207,7 @@ async def test_migration_0004__messages_keep_their_documents_up_and_down(
         jsonb = await _message_column(store.db)
         assert jsonb in ("jsonb", "JSON (SQLite)")
 
-        assert (await upgrade(store.db))[1] == head_revision() == "0004_message_json"
+        assert (await upgrade(store.db))[1] == head_revision()
         store = await restarted()
         assert await documents(store, session.id) == before
         assert await _message_column(store.db) in ("json", "JSON (SQLite)")
