@@ -7,6 +7,7 @@ the database is here, on the same storage every other entry point builds (``core
 from __future__ import annotations
 
 import getpass
+import re
 from dataclasses import dataclass
 from datetime import date
 
@@ -14,8 +15,12 @@ from core.errors import ConfigError, UsageError
 from core.records import Actor, SessionInfo, StoredMessage
 from core.settings import Settings
 from core.storage import RetentionPolicy, Storage, SweepReport
+from core.storage.tokens import TokenInfo
 from core.storage.usage import GroupBy, UsageLine
 from core.usage.budgets import Account, Budget
+
+# A Slack person as the command line names them: TEAM:USER (T…:U… or W… in Enterprise Grid).
+_SLACK_PERSON = re.compile(r"(?P<team>[TE][A-Z0-9]+):(?P<user>[UW][A-Z0-9]+)")
 
 
 def operator_external_id() -> str:
@@ -104,3 +109,27 @@ class Operator:
         session = await self.storage.sessions.get_session(session_id)
         await self.storage.sessions.delete_session(session_id, await self.actor())
         return session
+
+    async def create_token(
+        self, person: str, *, name: str | None, expires_days: float | None
+    ) -> tuple[int, str]:
+        """A token acting as the Slack person ``TEAM:USER``: its id and secret (shown once)."""
+        found = _SLACK_PERSON.fullmatch(person)
+        if found is None:
+            raise UsageError(f"token create: --user takes TEAM:USER (T123:U456), not {person!r}")
+        if expires_days is not None and not 0 < expires_days <= 3650:
+            raise UsageError("token create: --expires takes days, more than 0 and at most 3650")
+        if name is not None and not 0 < len(name) <= 100:
+            raise UsageError("token create: --name takes 1 to 100 characters")
+        external = f"slack:{found['team']}:{found['user']}"
+        user_id = await self.storage.sessions.get_or_create_user(external)
+        return await self.storage.web_access.create_token(
+            user_id, name=name, expires_days=expires_days
+        )
+
+    async def tokens(self) -> list[TokenInfo]:
+        return await self.storage.web_access.tokens()
+
+    async def revoke_token(self, token_id: int) -> None:
+        if not await self.storage.web_access.revoke_token(token_id):
+            raise UsageError(f"token revoke: no token {token_id} (or it is revoked already)")

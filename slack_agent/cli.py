@@ -69,6 +69,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     budget_clear.add_argument("value", metavar="SCOPE:PERIOD[:UNIT]", nargs="?")
 
+    token = commands.add_parser("token", help="keys for programs using the HTTP API")
+    token_cmds = token.add_subparsers(dest="action", required=True, metavar="ACTION")
+    token_create = token_cmds.add_parser("create", help="print a new token once (kept hashed)")
+    token_create.add_argument("--user", required=True, metavar="TEAM:USER", help="who it acts as")
+    token_create.add_argument("--name", help="what it is for (shown by token list)")
+    token_create.add_argument("--expires", type=float, metavar="DAYS", help="default: never")
+    token_cmds.add_parser("list", help="every token, without its secret")
+    token_revoke = token_cmds.add_parser("revoke", help="refuse a token from now on")
+    token_revoke.add_argument("token_id", type=int, metavar="ID")
+
     bench = commands.add_parser("bench", help="measure the core (no model)")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--database-url", help="default: a fresh temporary SQLite file")
@@ -175,6 +185,33 @@ async def _dispatch(op: Operator, args: argparse.Namespace) -> None:
         await _usage(op, args)
     elif args.command == "budget":
         await _budget(op, args)
+    elif args.command == "token":
+        await _token(op, args)
+
+
+async def _token(op: Operator, args: argparse.Namespace) -> None:
+    if args.action == "create":
+        token_id, secret = await op.create_token(
+            args.user, name=args.name, expires_days=args.expires
+        )
+        print(secret)
+        print(f"token {token_id}: shown this once, only its hash is kept", file=sys.stderr)
+    elif args.action == "revoke":
+        await op.revoke_token(args.token_id)
+        print(f"token {args.token_id} revoked")
+    else:
+        tokens = await op.tokens()
+        if not tokens:
+            print("no tokens")
+        for t in tokens:
+            state = (
+                "revoked"
+                if t.revoked_at
+                else (f"expires {t.expires_at:%Y-%m-%d %H:%M}" if t.expires_at else "no expiry")
+            )
+            print(
+                f"{t.id:>4}  {t.person:<24}  {t.created_at:%Y-%m-%d}  {state:<22}  {t.name or ''}"
+            )
 
 
 def _since(value: str | None) -> date | None:

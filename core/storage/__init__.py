@@ -34,6 +34,7 @@ from core.storage.sessions import SessionStore
 from core.storage.snapshots import Snapshots
 from core.storage.surface_state import SURFACE_SWEEPS, SurfaceState
 from core.storage.sweeper import SweepReport, sweep
+from core.storage.tokens import WebAccess
 from core.storage.usage import UsageLedger
 
 
@@ -55,6 +56,7 @@ class Storage:
         self.usage = UsageLedger(db, staleness_seconds=settings.turn_lock_staleness_seconds)
         self.budgets = Budgets(db, settings.budgets)
         self.approvals = Approvals(db, timeout_seconds=settings.approval_timeout_seconds)
+        self.web_access = WebAccess(db)
 
     @classmethod
     def open(cls, settings: Settings, *, pool_size: int = 10) -> Storage:

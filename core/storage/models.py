@@ -568,3 +568,35 @@ class ToolApproval(Base):
     card_state: Mapped[str | None] = mapped_column(String(20))
     requested_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()
+
+
+class ApiToken(Base):
+    """A program's key to the HTTP API (``slack-agent token create``): it acts as its person.
+    Only a hash of the secret is kept, so a copy of the database opens nothing."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    token_hash: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+    user_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("users.id", ondelete="CASCADE"), nullable=False
+    )
+    name: Mapped[str | None] = mapped_column(String(100))
+    created_at: Mapped[datetime] = _created()
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+
+
+class WebSession(Base):
+    """A browser signed in with Slack: the cookie's value is the secret, only its hash is kept;
+    it stops opening anything at ``expires_at`` or when its person signs out."""
+
+    __tablename__ = "web_sessions"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    cookie_hash: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+    user_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("users.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    created_at: Mapped[datetime] = _created()
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime(), nullable=False, index=True)
