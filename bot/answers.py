@@ -27,23 +27,24 @@ from bot.context import Gathered, thread_messages
 from bot.files import SharedFile, shared_files
 from bot.post import Post, external_user, thread_key
 from bot.reply import SLACK_FAILURES, ReplyStream, StreamPacer
-from core.agent.accounting import Payer
 from core.conversation import (
     REFRESH_LAST,
     AlreadyAnswered,
     Answered,
     Arrival,
+    Attachments,
+    BeforeTurn,
     Began,
     BudgetRanOut,
     Busy,
     Conversations,
+    DeliveryRecord,
     Failed,
     Interrupted,
     LockLost,
     OverBudget,
+    Payer,
     PickingUp,
-    Prepared,
-    Preparing,
     QuietRenderer,
     Refreshed,
     Said,
@@ -54,15 +55,14 @@ from core.conversation import (
     TurnEnd,
     TurnEvent,
     Unseen,
+    message_text,
+    refused_budget,
+    resets_text,
 )
-from core.conversation.surface import Notice as Waiting
-from core.conversation.surface import Outcome, Progress
+from core.conversation.surface import Outcome, Progress, WaitingNotice
 from core.conversation.worker import RECORD_LOST
 from core.errors import InvalidRequest
-from core.messages import message_text
-from core.settings import Settings
-from core.storage.deliveries import DeliveryRecord
-from core.usage.budgets import refused_budget, resets_text
+from core.runtime import Settings
 
 if TYPE_CHECKING:
     from bot.approvals import ApprovalCards
@@ -132,13 +132,15 @@ class ThreadAnswers:
             str(record.context.get("team", "")), enterprise if isinstance(enterprise, str) else None
         )
 
-    async def tell(self, record: DeliveryRecord, client: AsyncWebClient, notice: Waiting) -> None:
-        words: dict[Waiting, Callable[[], str]] = {
-            Waiting.FOLLOW_UP: text.follow_up_notice,
-            Waiting.QUEUED: text.busy_queued_notice,
-            Waiting.BUSY: text.busy_notice,
-            Waiting.TIMED_OUT: lambda: text.busy_timeout(record.text),
-            Waiting.GAVE_UP: lambda: text.gave_up(record.text),
+    async def tell(
+        self, record: DeliveryRecord, client: AsyncWebClient, notice: WaitingNotice
+    ) -> None:
+        words: dict[WaitingNotice, Callable[[], str]] = {
+            WaitingNotice.FOLLOW_UP: text.follow_up_notice,
+            WaitingNotice.QUEUED: text.busy_queued_notice,
+            WaitingNotice.BUSY: text.busy_notice,
+            WaitingNotice.TIMED_OUT: lambda: text.busy_timeout(record.text),
+            WaitingNotice.GAVE_UP: lambda: text.gave_up(record.text),
         }
         await tell(client, Post.from_context(record.context), words[notice]())
 
@@ -225,7 +227,7 @@ class ThreadAnswers:
 
     async def gather(
         self,
-        preparing: Preparing,
+        before: BeforeTurn,
         post: Post,
         record: DeliveryRecord,
         client: AsyncWebClient,
@@ -233,12 +235,12 @@ class ThreadAnswers:
         """The message's context (``bot.context``) and files, fetched once per try."""
         gathered = Gathered()
         shared: list[SharedFile] = []
-        if post.ts != post.thread_ts and preparing.fresh:
+        if post.ts != post.thread_ts and before.fresh:
             earlier = await context.thread_before(client, post.channel, post.thread_ts, post.ts)
             if earlier.text:
                 gathered.notes.append(earlier.text)
             shared += earlier.files  # shared before the mention: the agent gets them too
-        looking = context.viewing(preparing.viewing)
+        looking = context.viewing(before.viewing)
         if looking:
             gathered.notes.append(looking)
         shared += [SharedFile.from_dict(f) for f in record.context.get("files") or []]
@@ -397,9 +399,9 @@ class _ThreadReply(QuietRenderer):
             on_start=progress.replying,
         )
 
-    async def prepare(self, preparing: Preparing) -> Prepared:
-        gathered = await self.answers.gather(preparing, self.post, self.record, self.client)
-        return Prepared(gathered.context, gathered.files)
+    async def prepare(self, before: BeforeTurn) -> Attachments:
+        gathered = await self.answers.gather(before, self.post, self.record, self.client)
+        return Attachments(gathered.context, gathered.files)
 
     async def event(self, event: TurnEvent) -> None:
         answers, post, client, stream = self.answers, self.post, self.client, self.stream

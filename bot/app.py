@@ -37,14 +37,12 @@ from bot.post import Post, external_user, thread_key
 from bot.shortcuts import Shortcuts
 from bot.tasks import BackgroundWork
 from bot.web import observed, web_client
-from core.conversation import Conversations
+from core.conversation import Conversations, DeliveryRecord, slack_message_id
 from core.conversation.intake import Incoming
 from core.conversation.surface import ClickAnswer
 from core.conversation.worker import DeliveryWorker
 from core.errors import DatabaseError, InvalidRequest
-from core.messages import slack_message_id
-from core.settings import Settings
-from core.storage.deliveries import DeliveryRecord
+from core.runtime import Settings
 
 log = logging.getLogger(__name__)
 

@@ -36,13 +36,17 @@ from bot import payload
 from bot import texts as text
 from bot.post import Post, external_user, thread_key
 from bot.reply import SLACK_FAILURES
-from core.agent.accounting import Payer
-from core.agent.loop import ApprovalRequest
-from core.conversation import Conversations, Decided, Refused
+from core.conversation import (
+    ApprovalRecord,
+    ApprovalRequest,
+    Conversations,
+    Decided,
+    DecisionRefused,
+    Payer,
+)
 from core.conversation.intake import Incoming
 from core.conversation.worker import DeliveryWorker
-from core.settings import Settings
-from core.storage.approvals import ApprovalRecord
+from core.runtime import Settings
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +279,7 @@ class ApprovalCards:
             approve=approve,
             by=external_user(team, user),
         )
-        if isinstance(decision, Refused):
+        if isinstance(decision, DecisionRefused):
             found = decision.record
             if decision.reason == "decided" and found is not None and not found.carried_out:
                 # A retry of the click that decided (its acknowledgement was lost), or a second

@@ -33,11 +33,9 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
-from core import metrics
 from core.conversation.worker import DeliveryWorker
 from core.errors import ConfigError, DatabaseError
-from core.settings import Settings
-from core.storage import Deliveries, Storage
+from core.runtime import Deliveries, Settings, Storage, metrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from typing import Any
 from slack_sdk.oauth.installation_store.sqlalchemy import AsyncSQLAlchemyInstallationStore
 from slack_sdk.oauth.state_store.sqlalchemy import AsyncSQLAlchemyOAuthStateStore
 
-from core.storage import Storage
+from core.runtime import Storage
 
 STATE_EXPIRATION_SECONDS = 600
 

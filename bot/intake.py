@@ -43,8 +43,7 @@ from bot.post import PROJECT, SURFACE
 from bot.service import Bot, oauth_settings
 from bot.web import http_session
 from core.conversation.intake import Incoming, Intake
-from core.runtime import Runtime
-from core.storage import Storage
+from core.runtime import Runtime, Storage
 
 log = logging.getLogger(__name__)
 

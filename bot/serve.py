@@ -31,8 +31,7 @@ from bot.gc_tuning import tune_garbage_collection
 from bot.intake import IntakeThread
 from bot.service import Bot
 from bot.web import web_client
-from core.settings import Settings
-from core.sweeping import SweeperThread
+from core.runtime import Settings, SweeperThread
 
 log = logging.getLogger(__name__)
 

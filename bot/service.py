@@ -25,11 +25,9 @@ from bot.post import PROJECT, SURFACE
 from bot.shortcuts import Shortcuts
 from bot.tasks import BackgroundWork
 from bot.web import http_session, web_client
-from core import metrics
 from core.conversation.worker import DeliveryWorker
 from core.errors import ConfigError
-from core.runtime import Runtime
-from core.settings import Settings
+from core.runtime import Runtime, Settings, metrics
 
 BOT_SCOPES = [
     "app_mentions:read",

@@ -21,9 +21,14 @@ from bot import payload
 from bot import texts as text
 from bot.post import Post, external_user, thread_key
 from bot.reply import SLACK_FAILURES
-from core.agent.compaction import parse_checkpoint
-from core.checkpoint import SECTIONS
-from core.conversation import Conversation, Conversations
+from core.conversation import (
+    SECTIONS,
+    Actor,
+    Conversation,
+    Conversations,
+    message_text,
+    parse_checkpoint,
+)
 from core.errors import (
     AgentSessionAlreadyCompact,
     AgentSessionBusy,
@@ -32,9 +37,7 @@ from core.errors import (
     MessageNotFound,
     SlackAgentError,
 )
-from core.messages import message_text
-from core.records import Actor
-from core.settings import Settings
+from core.runtime import Settings
 
 log = logging.getLogger(__name__)
 

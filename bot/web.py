@@ -26,9 +26,8 @@ from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
-from core import metrics
 from core.conversation.worker import waiting_aside
-from core.settings import Settings
+from core.runtime import Settings, metrics
 
 RETRIES = 3
 

@@ -21,12 +21,15 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+from core import metrics
 from core.agent.accounting import Accounting
 from core.agent.loop import Agent, AgentConfig
 from core.agent.model_choice import ProviderCache
 from core.conversation import Conversations
+from core.operator import operator_external_id
 from core.settings import Settings
 from core.storage import Deliveries, Storage
+from core.sweeping import SweeperThread
 from core.tools import McpTools, load_mcp_config
 from core.tracing.spans import Tracer
 from core.usage import prices
@@ -138,3 +141,17 @@ def _prices_from_the_table(settings: Settings) -> bool:
     reads the table, one that does not is found at its first request)."""
     named = settings.model_provider in ("openai", "anthropic")
     return named or bool(settings.openai_api_key or settings.anthropic_api_key)
+
+
+# What a surface takes from the core besides the conversation API (``core.conversation``) and the
+# errors: the settings, the process's storage and delivery records, the sweeper it runs, the
+# metrics it serves, and the local operator's name.
+__all__ = [
+    "Deliveries",
+    "Runtime",
+    "Settings",
+    "Storage",
+    "SweeperThread",
+    "metrics",
+    "operator_external_id",
+]

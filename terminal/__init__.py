@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from core.settings import Settings
+from core.runtime import Settings
 from terminal.chat import ChatSession
 from terminal.client import Terminal
 from terminal.lines import line_source

@@ -11,9 +11,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from core.agent.accounting import Payer
 from core.conversation import (
+    Actor,
+    ApprovalRecord,
     Arrival,
+    Attachments,
+    BeforeTurn,
     Began,
     Choice,
     Conversation,
@@ -22,20 +25,17 @@ from core.conversation import (
     DecisionRefused,
     Forked,
     MemoryView,
-    Prepared,
-    Preparing,
+    Payer,
     Renderer,
     Rewound,
+    SessionInfo,
+    StoredMessage,
     TurnEnd,
     TurnEvent,
     Unseen,
 )
 from core.errors import MessageNotFound, UsageError
-from core.operator import operator_external_id
-from core.records import Actor, SessionInfo, StoredMessage
-from core.runtime import Runtime
-from core.settings import Settings
-from core.storage.approvals import ApprovalRecord
+from core.runtime import Runtime, Settings, operator_external_id
 from terminal.permalinks import (
     SLACK_PROJECT,
     SLACK_SURFACE,
@@ -228,8 +228,8 @@ class _Holding:
         self._chat = chat
         self._inner = inner
 
-    async def prepare(self, preparing: Preparing) -> Prepared:
-        return await self._inner.prepare(preparing)
+    async def prepare(self, before: BeforeTurn) -> Attachments:
+        return await self._inner.prepare(before)
 
     async def event(self, event: TurnEvent) -> None:
         if isinstance(event, Began) and self._chat.conversation is None:

@@ -27,6 +27,7 @@ from rich.console import Console
 
 from core.conversation import (
     Answered,
+    ApprovalRecord,
     Began,
     BudgetRanOut,
     Busy,
@@ -44,6 +45,9 @@ from core.conversation import (
     TurnEnd,
     TurnEvent,
     Unseen,
+    message_text,
+    refused_budget,
+    resets_text,
 )
 from core.errors import (
     AgentSessionAlreadyCompact,
@@ -51,9 +55,6 @@ from core.errors import (
     MessageNotFound,
     SlackAgentError,
 )
-from core.messages import message_text
-from core.storage.approvals import ApprovalRecord
-from core.usage.budgets import refused_budget, resets_text
 from terminal import texts as say
 from terminal.chat import ChatSession
 from terminal.lines import LineSource, on_sigint
@@ -65,7 +66,7 @@ INTERRUPT = "interrupted_from_terminal"  # the cancellation message of a Ctrl-C
 T = TypeVar("T")
 
 
-class Refused(Exception):
+class CommandRefused(Exception):
     """A command could not be done; the message says why, for the person."""
 
 
@@ -300,7 +301,7 @@ class Terminal:
             return True
         try:
             await handler(rest)
-        except Refused as refusal:
+        except CommandRefused as refusal:
             self.say(say.refused(str(refusal)))
         except AgentSessionBusy:
             self.say(say.refused(say.BUSY_REFUSAL))
@@ -369,14 +370,14 @@ class Terminal:
 
     async def _compact(self, rest: str) -> None:
         if self.chat.session is None:
-            raise Refused(say.NO_SESSION_YET)
+            raise CommandRefused(say.NO_SESSION_YET)
         task = await self._interruptible(self.chat.compact(rest or None))
         if task.cancelled():
             self.say(say.refused("interrupted"))
             return
         exc = task.exception()
         if isinstance(exc, AgentSessionAlreadyCompact):
-            raise Refused(say.ALREADY_COMPACT)
+            raise CommandRefused(say.ALREADY_COMPACT)
         if exc is not None:
             raise exc
         unseen = await self.chat.unseen()
@@ -413,7 +414,7 @@ class _Lines(QuietRenderer):
 
 def _position(command: str, rest: str) -> int:
     if not rest.isdigit():
-        raise Refused(say.needs_position(command))
+        raise CommandRefused(say.needs_position(command))
     return int(rest)
 
 

@@ -24,9 +24,7 @@ from rich.markdown import Markdown
 from rich.segment import Segment
 from rich.text import Text
 
-from core.checkpoint import SECTIONS, parse_checkpoint
-from core.messages import Message
-from core.records import StoredMessage
+from core.conversation import SECTIONS, Message, StoredMessage, parse_checkpoint
 from terminal import texts as say
 
 TOOL_OUTPUT_LINES = 12

@@ -19,7 +19,7 @@ from core.conversation import (
     Conversation,
     Conversations,
     Decided,
-    Refused,
+    DecisionRefused,
     TurnRequest,
 )
 from core.records import Actor
@@ -88,7 +88,7 @@ async def decide(
     *,
     approve: bool = True,
     approver_id: str | None = "T1:U1",
-) -> Decided | Refused:
+) -> Decided | DecisionRefused:
     assert conversations.approvals is not None
     return await conversations.approvals.decide(
         approval_id, who, approver_id=approver_id, approve=approve, by="U1"
@@ -157,7 +157,7 @@ async def test_approval__only_owner_admins_and_the_servers_approvers_decide(
     _, approval_id = await asked(conversations)
     stranger = await conversations.person("slack:T1:U2")
     refused = await decide(conversations, approval_id, stranger, approver_id="T1:U2")
-    assert refused == Refused("not_allowed", refused.record)  # type: ignore[union-attr]
+    assert refused == DecisionRefused("not_allowed", refused.record)  # type: ignore[union-attr]
     assert (await conversations.approvals.get(approval_id)).state == "pending"  # type: ignore[union-attr]
     approver = await conversations.person("slack:T1:U9")
     assert isinstance(
@@ -175,7 +175,7 @@ async def test_approval__two_decisions_at_once_one_wins(conversations: Conversat
         *(decide(conversations, approval_id, who, approve=i % 2 == 0) for i in range(6))
     )
     assert sum(isinstance(r, Decided) for r in results) == 1
-    assert all(r.reason == "decided" for r in results if isinstance(r, Refused))
+    assert all(r.reason == "decided" for r in results if isinstance(r, DecisionRefused))
 
 
 async def test_approval__a_new_message_supersedes_the_request(
@@ -189,7 +189,7 @@ async def test_approval__a_new_message_supersedes_the_request(
     assert part["state"] == "output-denied"
     assert part["approval"]["reason"].startswith("superseded")
     refused = await decide(conversations, approval_id, await owner(conversations))
-    assert isinstance(refused, Refused)
+    assert isinstance(refused, DecisionRefused)
     assert refused.reason == "superseded"
     assert await conversation.pending_approval() is None
     assert notes(tmp_path) == {}
@@ -214,7 +214,7 @@ async def test_approval__a_decision_after_the_timeout_is_refused(
         await asyncio.sleep(0.05)  # past the (tiny) timeout on the database clock
         assert await conversation.pending_approval() is None
         refused = await decide(conversations, approval_id, await owner(conversations))
-        assert isinstance(refused, Refused)
+        assert isinstance(refused, DecisionRefused)
         assert refused.reason == "expired"
         outcome = await conversation.take_turn(TurnRequest("and now?"))
         assert isinstance(outcome, Answered)
@@ -232,7 +232,7 @@ async def test_approval__a_rewound_request_is_refused(
     first = (await conversation.store.messages(conversation.id))[0]
     await conversation.rewind(first.message_id, await owner(conversations))
     refused = await decide(conversations, approval_id, await owner(conversations))
-    assert isinstance(refused, Refused)
+    assert isinstance(refused, DecisionRefused)
     assert refused.reason == "rewound"
     assert notes(tmp_path) == {}
 
@@ -243,7 +243,7 @@ async def test_approval__an_unknown_or_tampered_id_is_refused(
 ) -> None:
     await asked(conversations)
     refused = await decide(conversations, approval_id, await owner(conversations))
-    assert refused == Refused("unknown")
+    assert refused == DecisionRefused("unknown")
 
 
 async def test_approval__a_fork_does_not_copy_the_request_as_pending(

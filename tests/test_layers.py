@@ -174,7 +174,8 @@ CORE_LEVELS: tuple[tuple[str, ...], ...] = (
     ("core.tools",),
     ("core.agent",),
     ("core.conversation",),
-    ("core.runtime", "core.sweeping", "core.operator"),
+    ("core.sweeping", "core.operator"),
+    ("core.runtime",),
     ("core.testing",),  # the stand-ins: beside the product, which never imports them
 )
 LEVEL = {folder: level for level, folders in enumerate(CORE_LEVELS) for folder in folders}
@@ -200,6 +201,25 @@ def test_layers__core_imports_only_downward(name: str) -> None:
         if m.split(".")[0] == "core" and _folder(m) != own and LEVEL[_folder(m)] >= LEVEL[own]
     )
     assert not upward, f"{name} imports {upward}, beside or above {own}"
+
+
+# All a surface imports of the core: the conversation API (its door and the values it hands
+# out), the errors, and the runtime that assembles a process. Everything else (storage, the
+# agent, usage) is reached through them, so a surface cannot grow a path around the door.
+SURFACES = ("bot", "terminal")
+SURFACE_MAY_IMPORT = ("core.conversation", "core.errors", "core.runtime")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.split(".")[0] in SURFACES))
+def test_layers__a_surface_reaches_the_core_through_its_door(name: str) -> None:
+    reached = sorted(
+        m
+        for m in GRAPH[name]
+        if m.split(".")[0] == "core"
+        and m != "core"
+        and not any(m == d or m.startswith(d + ".") for d in SURFACE_MAY_IMPORT)
+    )
+    assert not reached, f"{name} imports {reached}: a surface uses {SURFACE_MAY_IMPORT} only"
 
 
 def test_layers__no_import_cycles() -> None:

@@ -13,8 +13,8 @@ from core.usage.budgets import (
     MAX_TOKENS,
     MAX_USD,
     Account,
-    Actor,
     Budget,
+    Payer,
     account_key,
     decide,
     parse_budget,
@@ -157,13 +157,13 @@ def test_window__a_naive_datetime_is_refused() -> None:
 
 
 def test_account_key__each_scope_names_its_account() -> None:
-    actor = Actor("slack:T1:U1", "T1")
+    actor = Payer("slack:T1:U1", "T1")
     user, workspace, shared = parse_budgets("user:day:1usd,workspace:day:1usd,all:day:1usd")
 
     assert account_key(user, actor) == "user:slack:T1:U1"
     assert account_key(workspace, actor) == "workspace:T1"
     assert account_key(shared, actor) == "all"
-    assert account_key(workspace, Actor("terminal:me")) is None
+    assert account_key(workspace, Payer("terminal:me")) is None
 
 
 DAY = parse_budget("user:day:1000tokens")

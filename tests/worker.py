@@ -24,8 +24,7 @@ from core.storage.retention import RetentionPolicy
 from core.storage.sessions import SessionStore
 from core.storage.sweeper import sweep
 from core.storage.usage import UsageLedger
-from core.usage.budgets import Actor as BudgetActor
-from core.usage.budgets import parse_budgets
+from core.usage.budgets import Payer, parse_budgets
 
 
 def say(**payload: Any) -> None:
@@ -60,7 +59,7 @@ async def budget_claim(db: Database, session_id: str, budgets: str, payer: str) 
     the claim transaction, as a replica's turn runs them."""
     store = SessionStore(db)
     ledger = UsageLedger(db, staleness_seconds=60)
-    reservation = ledger.reservation(parse_budgets(budgets), BudgetActor(payer))
+    reservation = ledger.reservation(parse_budgets(budgets), Payer(payer))
     await store.is_turn_active(int(session_id))  # connect before the race starts
     await wait_for_go()
     try:

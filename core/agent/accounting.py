@@ -45,7 +45,7 @@ from core.providers.estimate import estimate_usage
 from core.storage.budgets import Budgets
 from core.storage.usage import Kind, LedgerEntry, Reservation, UsageLedger
 from core.tracing.spans import CompactionSpan, ToolSpan, Tracer, TurnSpan
-from core.usage.budgets import Actor, Budget, decide, refusal
+from core.usage.budgets import Budget, Payer, decide, refusal
 from core.usage.prices import PriceSource
 from core.usage.totals import MessageUsage, RequestUsage
 
@@ -53,8 +53,6 @@ log = logging.getLogger(__name__)
 
 # How long a process keeps the budgets in force before reading them again (``budget set``).
 BUDGETS_TTL_SECONDS = 5.0
-
-Payer = Actor  # whose budgets a turn draws on: an external user id and its workspace
 
 
 @dataclass(frozen=True)

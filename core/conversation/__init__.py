@@ -1,11 +1,22 @@
-"""The conversation API every surface calls (``conversations``), and what a surface has shown
-of a session (``views``). A surface is a translation: its input to one of these calls, the
-result to its output; see docs/design.md for the calls a surface makes."""
+"""The conversation API every surface calls (``conversations``, through its door ``door``), and
+what a surface has shown of a session (``views``). A surface is a renderer: what arrived goes in
+through one call, the turn comes back as events and one closed outcome; see docs/design.md,
+*Adding a surface*.
 
-from core.conversation.approvals import ApprovalDesk, Decided, Decision, Refused
+This package is, with ``core.errors`` and ``core.runtime``, all a surface imports of the core
+(the layer test holds them to it), so the values a surface handles are named here too: who pays
+(``Payer``), a stored message and its text, a waiting tool call, a delivery record, the
+checkpoint's sections, a budget refusal's wording."""
+
+from core.agent.accounting import Payer
+from core.agent.loop import ApprovalRequest
+from core.checkpoint import SECTIONS, parse_checkpoint
+from core.conversation.approvals import ApprovalDesk, Decided, Decision
 from core.conversation.conversations import Conversation, Conversations, Forked
 from core.conversation.door import (
     Arrival,
+    Attachments,
+    BeforeTurn,
     Began,
     BudgetRanOut,
     Choice,
@@ -14,8 +25,6 @@ from core.conversation.door import (
     Failed,
     Interrupted,
     LockLost,
-    Prepared,
-    Preparing,
     QuietRenderer,
     Renderer,
     Said,
@@ -41,13 +50,24 @@ from core.conversation.outcomes import (
     TurnRequest,
 )
 from core.conversation.views import REFRESH_LAST, MemoryView, ThreadView, Unseen, View
+from core.messages import Message, message_text, slack_message_id
+from core.records import Actor, SessionInfo, StoredMessage
+from core.storage.approvals import ApprovalRecord
+from core.storage.deliveries import DeliveryRecord
+from core.usage.budgets import refused_budget, resets_text
 
 __all__ = [
     "REFRESH_LAST",
+    "SECTIONS",
+    "Actor",
     "AlreadyAnswered",
     "Answered",
     "ApprovalDesk",
+    "ApprovalRecord",
+    "ApprovalRequest",
     "Arrival",
+    "Attachments",
+    "BeforeTurn",
     "Began",
     "BudgetRanOut",
     "Busy",
@@ -59,24 +79,26 @@ __all__ = [
     "Decision",
     "DecisionRecorded",
     "DecisionRefused",
+    "DeliveryRecord",
     "Failed",
     "Forked",
     "Interrupted",
     "LockLost",
     "MemoryView",
+    "Message",
     "OnConversationEvent",
     "OverBudget",
+    "Payer",
     "PickingUp",
-    "Prepared",
-    "Preparing",
     "QuietRenderer",
     "Refreshed",
-    "Refused",
     "Renderer",
     "RewindPlan",
     "Rewound",
     "Said",
+    "SessionInfo",
     "Stale",
+    "StoredMessage",
     "ThreadView",
     "Told",
     "ToolBegan",
@@ -87,4 +109,9 @@ __all__ = [
     "TurnRequest",
     "Unseen",
     "View",
+    "message_text",
+    "parse_checkpoint",
+    "refused_budget",
+    "resets_text",
+    "slack_message_id",
 ]

@@ -46,12 +46,12 @@ class Decided:
 
 
 @dataclass(frozen=True)
-class Refused:
+class DecisionRefused:
     reason: RefusalReason
     record: ApprovalRecord | None = None
 
 
-Decision = Decided | Refused
+Decision = Decided | DecisionRefused
 
 
 class ApprovalDesk:
@@ -73,7 +73,7 @@ class ApprovalDesk:
         ``by``: how the outcome names them."""
         record = await self.get(approval_id)
         if record is None:
-            return Refused("unknown")
+            return DecisionRefused("unknown")
         session = await self.store.get_session(record.session_id)
         allowed = (
             actor.admin
@@ -81,33 +81,33 @@ class ApprovalDesk:
             or (approver_id is not None and approver_id in record.approvers)
         )
         if not allowed:
-            return Refused("not_allowed", record)
+            return DecisionRefused("not_allowed", record)
         settled = await self.settle(record)
         if settled is not None:
             return settled
         decided = await self.approvals.decide(record.id, approve=approve, by=by)
         if decided is None:  # moved on between the read and the write: say how
             current = await self.approvals.get(record.id)
-            return await self.settle(current) or Refused("decided", current)
+            return await self.settle(current) or DecisionRefused("decided", current)
         metrics.APPROVALS_DECIDED.labels("approved" if approve else "denied").inc()
         return Decided(decided, session)
 
-    async def settle(self, record: ApprovalRecord | None) -> Refused | None:
+    async def settle(self, record: ApprovalRecord | None) -> DecisionRefused | None:
         """Why ``record`` can no longer be decided (closing it if it just became so), or None
         while it waits."""
         if record is None:
-            return Refused("unknown")
+            return DecisionRefused("unknown")
         if record.state in ("expired", "superseded", "rewound"):
-            return Refused(record.state, record)  # type: ignore[arg-type]
+            return DecisionRefused(record.state, record)  # type: ignore[arg-type]
         if record.state != "pending":
-            return Refused("decided", record)
+            return DecisionRefused("decided", record)
         if record.overdue:
             closed = await self.approvals.close(record.id, "expired")
-            return Refused("expired", closed or record)
+            return DecisionRefused("expired", closed or record)
         located = await self.store.find_message(record.message_id)
         if located is None or located[0] != record.session_id:
             closed = await self.approvals.close(record.id, "rewound")
-            return Refused("rewound", closed or record)
+            return DecisionRefused("rewound", closed or record)
         return None
 
     async def left_behind(

@@ -37,7 +37,7 @@ from core.agent.loop import (
     TurnResult,
     TurnStarted,
 )
-from core.conversation.approvals import Decided, Refused
+from core.conversation.approvals import Decided, DecisionRefused
 from core.conversation.outcomes import (
     AlreadyAnswered,
     Answered,
@@ -115,7 +115,7 @@ class Choice:
 
 
 @dataclass(frozen=True)
-class Preparing:
+class BeforeTurn:
     """Before the turn: ``fresh`` (the conversation has no message yet: a surface may add what
     came before the agent was called) and what the person is looking at (``Arrival.viewer``)."""
 
@@ -125,7 +125,7 @@ class Preparing:
 
 
 @dataclass(frozen=True)
-class Prepared:
+class Attachments:
     """What the renderer gathered beside the message: notes the model reads with it, files
     copied into the sandbox."""
 
@@ -238,14 +238,6 @@ TurnEnd = (
 
 
 @dataclass(frozen=True)
-class DecisionRefused:
-    """A decision that changed nothing: ``reason`` as ``ApprovalDesk`` gives it."""
-
-    reason: str
-    record: ApprovalRecord | None = None
-
-
-@dataclass(frozen=True)
 class DecisionRecorded:
     """The decision is recorded; the surface carries it out its own way (Slack: a delivery)."""
 
@@ -259,7 +251,7 @@ class Renderer(Protocol):
     ends the turn without an outcome (a database failure, a shutdown past its grace) before it
     propagates: a surface closes what it left open."""
 
-    async def prepare(self, preparing: Preparing) -> Prepared: ...
+    async def prepare(self, before: BeforeTurn) -> Attachments: ...
 
     async def event(self, event: TurnEvent) -> None: ...
 
@@ -271,8 +263,8 @@ class Renderer(Protocol):
 class QuietRenderer:
     """A renderer that shows nothing: the base a surface overrides what it needs of."""
 
-    async def prepare(self, preparing: Preparing) -> Prepared:
-        return Prepared()
+    async def prepare(self, before: BeforeTurn) -> Attachments:
+        return Attachments()
 
     async def event(self, event: TurnEvent) -> None:
         return None
@@ -299,7 +291,7 @@ async def answer(conversations: Conversations, arrival: Arrival, renderer: Rende
     else:
         fresh = await conversation.is_empty() if arrival.key is not None else False
         viewing = await conversations.viewing(arrival.viewer) if arrival.viewer else None
-        prepared = await renderer.prepare(Preparing(conversation, fresh, viewing))
+        prepared = await renderer.prepare(BeforeTurn(conversation, fresh, viewing))
         request = TurnRequest(
             arrival.text,
             message_id=arrival.message_id,
@@ -334,8 +326,8 @@ async def decide(
         approve=choice.approve,
         by=choice.by or choice.person,
     )
-    if isinstance(decision, Refused):
-        return DecisionRefused(decision.reason, decision.record)
+    if isinstance(decision, DecisionRefused):
+        return decision
     assert isinstance(decision, Decided)
     if renderer is None:
         return DecisionRecorded(decision.record)
@@ -494,6 +486,8 @@ def _shape(
 
 __all__ = [
     "Arrival",
+    "Attachments",
+    "BeforeTurn",
     "Began",
     "BudgetRanOut",
     "Choice",
@@ -502,8 +496,6 @@ __all__ = [
     "Failed",
     "Interrupted",
     "LockLost",
-    "Prepared",
-    "Preparing",
     "QuietRenderer",
     "Renderer",
     "Said",

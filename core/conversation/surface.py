@@ -24,7 +24,7 @@ class Outcome(enum.Enum):
     STALE = "stale"  # the session moved on elsewhere; the poster was shown what changed
 
 
-class Notice(enum.Enum):
+class WaitingNotice(enum.Enum):
     """What the poster of a record is told while it waits, or when it cannot be answered."""
 
     FOLLOW_UP = "follow_up"  # waits behind its thread's own turn
@@ -50,7 +50,7 @@ class DeliverySurface(Protocol[C]):
     ) -> Outcome:
         """One try at answering ``record`` now (through the conversation API)."""
 
-    async def tell(self, record: DeliveryRecord, client: C, notice: Notice) -> None:
+    async def tell(self, record: DeliveryRecord, client: C, notice: WaitingNotice) -> None:
         """Tell the record's poster ``notice``; a notice that fails never stops the work."""
 
     async def offer(self, record: DeliveryRecord, client: C, *, stale: bool) -> bool:

@@ -42,8 +42,8 @@ from core.conversation.surface import (
     C,
     ClickAnswer,
     DeliverySurface,
-    Notice,
     Outcome,
+    WaitingNotice,
 )
 from core.errors import AgentSessionNotFound, DatabaseError
 from core.settings import Settings
@@ -387,7 +387,9 @@ class DeliveryWorker(Generic[C]):
         blocker_now = None if current is None else await self.deliveries.blocker(current)
         if current is not None and blocker_now is not None:
             queued = blocker_now.state == "waiting" and blocker_now.wait_reason == "queue"
-            await self.surface.tell(current, client, Notice.QUEUED if queued else Notice.FOLLOW_UP)
+            await self.surface.tell(
+                current, client, WaitingNotice.QUEUED if queued else WaitingNotice.FOLLOW_UP
+            )
         return current
 
     async def _start_waiting(self, record: DeliveryRecord, client: C) -> DeliveryRecord | None:
@@ -404,7 +406,9 @@ class DeliveryWorker(Generic[C]):
         )
         if moved is None:
             return None
-        await self.surface.tell(moved, client, Notice.QUEUED if queue else Notice.BUSY)
+        await self.surface.tell(
+            moved, client, WaitingNotice.QUEUED if queue else WaitingNotice.BUSY
+        )
         return await self._wait(moved, client)
 
     async def _wait(self, record: DeliveryRecord, client: C) -> DeliveryRecord | None:
@@ -420,7 +424,7 @@ class DeliveryWorker(Generic[C]):
         if waiter.expired:
             metrics.DELIVERIES_FINISHED.labels("expired").inc()
             self._wake_thread(record.thread_key)
-            await self.surface.tell(record, client, Notice.TIMED_OUT)
+            await self.surface.tell(record, client, WaitingNotice.TIMED_OUT)
             return None
         return await self._reload(record)
 
@@ -691,7 +695,7 @@ class DeliveryWorker(Generic[C]):
                 )
                 await self._finish(record, "failed")
                 if client is not None:
-                    await self.surface.tell(record, client, Notice.GAVE_UP)
+                    await self.surface.tell(record, client, WaitingNotice.GAVE_UP)
                 continue
             log.info(
                 "message %s: taken over in state %s; carrying on", record.event_key, record.state

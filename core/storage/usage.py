@@ -59,7 +59,7 @@ from core.storage.dialect import ago
 from core.storage.engine import Conn, Database
 from core.storage.models import AgentSession, UsageRequest, UsageReservation
 from core.storage.prepared import Prepared
-from core.usage.budgets import Account, Actor, Budget, account_key, decide, refusal, window
+from core.usage.budgets import Account, Budget, Payer, account_key, decide, refusal, window
 from core.usage.totals import RequestUsage
 
 REQUESTS: Final = cast(Table, UsageRequest.__table__)
@@ -98,7 +98,7 @@ class LedgerEntry:
     counts_estimated: bool
     session_id: int | None = None
     message_id: str | None = None
-    payer: Actor | None = None
+    payer: Payer | None = None
     surface: str | None = None
 
     def row(self) -> dict[str, Any]:
@@ -154,7 +154,7 @@ class UsageLine:
         }
 
 
-def _applicable(budgets: Sequence[Budget], payer: Actor | None) -> list[tuple[Budget, str]]:
+def _applicable(budgets: Sequence[Budget], payer: Payer | None) -> list[tuple[Budget, str]]:
     """Each budget with the payer's account it limits (a payer of ``None`` meets only ``all``)."""
     found: list[tuple[Budget, str]] = []
     for budget in budgets:
@@ -240,7 +240,7 @@ class Reservation:
     """The budget check and reservation a turn's claim transaction runs (see the module)."""
 
     def __init__(
-        self, budgets: Sequence[Budget], payer: Actor | None, *, staleness_seconds: float
+        self, budgets: Sequence[Budget], payer: Payer | None, *, staleness_seconds: float
     ) -> None:
         self.pairs = _applicable(budgets, payer)
         self.staleness_seconds = staleness_seconds
@@ -331,7 +331,7 @@ class UsageLedger:
             async with self._db.write() as conn:
                 await conn.execute(insert(REQUESTS), [entry.row() for entry in entries])
 
-    def reservation(self, budgets: Sequence[Budget], payer: Actor | None) -> Reservation | None:
+    def reservation(self, budgets: Sequence[Budget], payer: Payer | None) -> Reservation | None:
         """What a claim runs for ``payer`` under ``budgets`` (``None``: no budget applies)."""
         reservation = Reservation(budgets, payer, staleness_seconds=self.staleness_seconds)
         return reservation if reservation.pairs else None
@@ -339,7 +339,7 @@ class UsageLedger:
     async def accounts(
         self,
         budgets: Sequence[Budget],
-        payer: Actor | None,
+        payer: Payer | None,
         *,
         exclude_session: int | None = None,
         now: datetime | None = None,

@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Self
 
 
-class Listener:
+class ProxyListener:
     def __init__(self) -> None:
         self.port = 0
         self._server: asyncio.Server | None = None

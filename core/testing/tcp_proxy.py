@@ -16,10 +16,10 @@ import asyncio
 import contextlib
 import time
 
-from core.testing.listener import Listener
+from core.testing.listener import ProxyListener
 
 
-class TcpProxy(Listener):
+class TcpProxy(ProxyListener):
     def __init__(self, target_host: str, target_port: int) -> None:
         super().__init__()
         self.target = (target_host, target_port)

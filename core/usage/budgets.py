@@ -158,7 +158,7 @@ def window(period: Period, now: datetime) -> Window:
 
 
 @dataclass(frozen=True)
-class Actor:
+class Payer:
     """Whose accounts a turn draws on: the acting user (an external id such as
     ``slack:T1:U1``) and the Slack workspace of the session (``None``: none, e.g. a terminal
     session of no workspace, which then no workspace budget limits)."""
@@ -167,7 +167,7 @@ class Actor:
     workspace: str | None = None
 
 
-def account_key(budget: Budget, actor: Actor) -> str | None:
+def account_key(budget: Budget, actor: Payer) -> str | None:
     """The account of ``actor`` that ``budget`` limits (``user:…``, ``workspace:…``, ``all``),
     or ``None`` when it limits none of the actor's (a workspace budget, no workspace)."""
     if budget.scope == "user":
