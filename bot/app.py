@@ -35,8 +35,8 @@ from bot.approvals import ApprovalCards
 from bot.files import SharedFile, shared_files
 from bot.post import Post, external_user, thread_key
 from bot.shortcuts import Shortcuts
+from bot.slack_api import observed, web_client
 from bot.tasks import BackgroundWork
-from bot.web import observed, web_client
 from core.conversation import Conversations, DeliveryRecord, slack_message_id
 from core.conversation.intake import Incoming
 from core.conversation.surface import ClickAnswer
@@ -112,7 +112,7 @@ def bolt_app(
         context: AsyncBoltContext, next: Callable[[], Awaitable[None]]
     ) -> None:
         """Listeners' Web API calls are counted in ``/metrics`` like every other call: Bolt
-        hands each request a plain client of its own (``bot.web.observed``)."""
+        hands each request a plain client of its own (``bot.slack_api.observed``)."""
         context["client"] = observed(context.client)
         await next()
 

@@ -41,7 +41,7 @@ from bot.http import Elsewhere, Listener, listen
 from bot.installations import open_install_stores
 from bot.post import PROJECT, SURFACE
 from bot.service import Bot, oauth_settings
-from bot.web import http_session
+from bot.slack_api import http_session
 from core.conversation.intake import Incoming, Intake
 from core.runtime import Runtime, Storage
 

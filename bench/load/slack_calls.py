@@ -1,5 +1,5 @@
 """The CPU one Slack Web API call costs this process: the replica's own client (slack_sdk's
-``AsyncWebClient`` with the retry handlers, ``bot.web``) against a bare aiohttp POST of the
+``AsyncWebClient`` with the retry handlers, ``bot.slack_api``) against a bare aiohttp POST of the
 same request, on one warm connection to the Slack stand-in in a process of its own.
 
 A turn makes about nine such calls (``chat.startStream``, an ``appendStream`` for each paced
@@ -23,7 +23,7 @@ from typing import Any, Final
 import aiohttp
 
 from bench.common import standin_process, stop_process
-from bot.web import web_client
+from bot.slack_api import web_client
 from core.settings import Settings
 
 CALLS: Final = 400
