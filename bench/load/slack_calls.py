@@ -8,7 +8,7 @@ turn's Slack side costs, and the bare POST is the floor under it of any client o
 Reported: CPU per call (``time.process_time``), ``ROUNDS`` rounds of ``CALLS`` calls each,
 the two alternating::
 
-    uv run python -m bench.load.slack_calls
+    uv run slack-agent bench slack-calls
 """
 
 from __future__ import annotations
@@ -73,5 +73,6 @@ async def bench_slack_calls(calls: int = CALLS, rounds_of: int = ROUNDS) -> dict
     }
 
 
-if __name__ == "__main__":
+def run_part(_argv: list[str]) -> None:
+    """``slack-agent bench slack-calls``."""
     print(json.dumps(asyncio.run(bench_slack_calls())))
