@@ -37,6 +37,10 @@ DATABASE_STATEMENT_FLOOR_SECONDS = 5.0
 # allows 30 s) room for the wind-down after it: interrupting turns, keeping their partial
 # answers, telling their threads, closing connections (docs/reliability.md, measured).
 SHUTDOWN_GRACE_DEFAULT = 8.0
+# What a process manager's timer must allow past the grace for that wind-down: measured at
+# 0.2-0.5 s here (docs/reliability.md, *Stopping*), more with many turns or a slow Slack. The
+# deployment files add it (deploy/, tests/test_deploy.py holds them to it).
+SHUTDOWN_WIND_DOWN_SECONDS = 2.0
 # An hour: beyond it a typo (milliseconds for seconds) more likely than an intent.
 SHUTDOWN_GRACE_MOST = 3600.0
 
