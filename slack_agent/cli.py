@@ -449,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = load_settings()
-        configure_logging(settings.log_level, settings.log_format)
+        configure_logging(settings.log_level, settings.log_format, settings.secret_values())
         runners: dict[str, Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, None]]]
         runners = {
             "bench": _bench,

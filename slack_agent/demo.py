@@ -25,6 +25,8 @@ from aiohttp import web
 from bot.service import Bot
 from core.conversation.places import SLACK_PROJECT, SlackThread
 from core.messages import assistant_message, user_message
+from core.providers import UserMessage
+from core.providers.offline import respond
 from core.records import TurnLease
 from core.settings import load_settings
 from core.testing.mcp_notes import stdio_entry
@@ -199,7 +201,8 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> Non
 
     # 2b. Someone continues the same session from the terminal; Bob's next message meets a
     #     session busy elsewhere, waits, and is offered to him once the terminal is done.
-    terminal = await _terminal_turn(a.bot, root, "(from the terminal) summarise the thread")
+    question = "summarise the thread"
+    terminal = await _terminal_turn(a.bot, root, question)
     await slack.say(b, bob, "and the tests?", thread_ts=root)
 
     def offer() -> Message | None:
@@ -208,9 +211,10 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> Non
     await slack.until(
         lambda: any("used elsewhere" in p.text for p in standin.thread(CHANNEL, root, bob))
     )
-    await a.bot.runtime.storage.sessions.finish(
-        terminal, [assistant_message("(terminal) the thread so far: …")]
-    )
+    answer = respond([UserMessage(question)], []).text  # what the offline model answers
+    await a.bot.runtime.storage.sessions.finish(terminal, [assistant_message(answer)])
+    print("\n── the terminal: a turn in the same conversation while Bob writes " + "─" * 10)
+    print(f"  > {question}\n  agent\n  {answer}")
     waiting = await slack.until(offer)
     print_thread(standin, root, bob, "#general, while the terminal client held the session")
     await slack.click(b, bob, waiting, "Send")
