@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,9 +50,6 @@ from core.usage.totals import MessageUsage, RequestUsage
 
 log = logging.getLogger(__name__)
 
-# How long a process keeps the budgets in force before reading them again (``budget set``).
-BUDGETS_TTL_SECONDS = 5.0
-
 
 @dataclass(frozen=True)
 class Attribution:
@@ -72,27 +68,21 @@ class Accounting:
         ledger: UsageLedger,
         budgets: Budgets | None = None,
         tracer: Tracer | None = None,
-        *,
-        budgets_ttl_seconds: float = BUDGETS_TTL_SECONDS,
     ) -> None:
         self.ledger = ledger
         self.budgets = budgets
         self.tracer = tracer or Tracer.off()
-        self._ttl = budgets_ttl_seconds
-        self._in_force: tuple[float, tuple[Budget, ...]] | None = None
 
     def turn(self, session_id: int, attribution: Attribution | None = None) -> TurnAccount:
         return TurnAccount(self, session_id, attribution or Attribution())
 
     async def in_force(self) -> tuple[Budget, ...]:
-        """The budgets in force, read at most once per ``budgets_ttl_seconds``: a change
-        made with ``budget set`` reaches every replica's turns within that time."""
+        """The budgets in force, read for every claim (one prepared statement): a change made
+        with ``budget set`` holds for the next claim on every replica, with no cache to wait
+        out."""
         if self.budgets is None:
             return ()
-        now = time.monotonic()
-        if self._in_force is None or now - self._in_force[0] >= self._ttl:
-            self._in_force = (now, await self.budgets.in_force())
-        return self._in_force[1]
+        return await self.budgets.in_force()
 
 
 class TurnAccount:
