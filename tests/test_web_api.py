@@ -25,14 +25,16 @@ async def test_a_session_is_made_listed_chatted_in_renamed_and_deleted(
     me = await api.get("/v1/me")
     assert me.status == 200
     assert me.body["person"] == "slack:T1:U1"
-    assert me.body["admin"] is False and me.body["csrfToken"] is None
+    assert me.body["admin"] is False
+    assert me.body["csrfToken"] is None
 
     made = await api.post("/v1/agent_sessions", {"title": "first"})
     assert made.status == 201, made.body
     session = made.body
     assert session["title"] == "first"
     assert session["place"]["kind"] == "web"
-    assert session["isActive"] is False and session["lastMessageId"] is None
+    assert session["isActive"] is False
+    assert session["lastMessageId"] is None
     path = f"/v1/agent_sessions/{session['id']}"
 
     listed = await api.get("/v1/agent_sessions")
@@ -57,7 +59,8 @@ async def test_a_session_is_made_listed_chatted_in_renamed_and_deleted(
     assert rest.body["nextCursor"] is None
 
     renamed = await api.call("PATCH", path, {"title": "renamed"})
-    assert renamed.status == 200 and renamed.body["title"] == "renamed"
+    assert renamed.status == 200
+    assert renamed.body["title"] == "renamed"
     gone = await api.call("DELETE", path)
     assert gone.status == 204
     assert (await api.get(path)).status == 404
@@ -117,9 +120,11 @@ async def test_a_cookie_changes_nothing_without_its_csrf_token(running: RunningB
     cookie = await storage.web_access.sign_in(user_id, lifetime_seconds=600)
     browser = ApiClient(running.url, cookie=cookie)
     me = await browser.get("/v1/me")
-    assert me.status == 200 and me.body["csrfToken"]
+    assert me.status == 200
+    assert me.body["csrfToken"]
     refused = await browser.post("/v1/agent_sessions", {})
-    assert refused.status == 403 and refused.body["code"] == "csrf_failed"
+    assert refused.status == 403
+    assert refused.body["code"] == "csrf_failed"
     wrong = ApiClient(running.url, cookie=cookie, csrf="nope")
     assert (await wrong.post("/v1/agent_sessions", {})).status == 403
     right = ApiClient(running.url, cookie=cookie, csrf=me.body["csrfToken"])
