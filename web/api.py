@@ -307,7 +307,8 @@ class WebApi:
         async def work(caller: Caller) -> dict[str, Any]:
             conversation = await self.conversation(caller, session_id)
             page = await conversation.page(after_position=position, limit=limit)
-            team = place(conversation.session).team
+            thread = place(conversation.session).thread
+            team = thread.team if thread is not None else None
             next_cursor = cursor({"p": page[-1].position}) if len(page) == limit else None
             return {
                 "data": [ui_message(m, team=team) for m in page],

@@ -80,10 +80,14 @@ class Storage:
         """What the surface ``name`` keeps beside the sessions (threads, message refs, …)."""
         return SurfaceState(self._db, name)
 
-    def deliveries(self, surface: str) -> Deliveries:
-        """This process's view of the surface's delivery records (a new owner each call)."""
+    def deliveries(self, surface: str, *, owner: str | None = None) -> Deliveries:
+        """This process's view of the surface's delivery records, as ``owner`` (a new one
+        unless given)."""
         return Deliveries(
-            self._db, surface, staleness_seconds=self._settings.turn_lock_staleness_seconds
+            self._db,
+            surface,
+            staleness_seconds=self._settings.turn_lock_staleness_seconds,
+            owner=owner,
         )
 
     async def migrate(self) -> tuple[str | None, str | None]:
