@@ -52,6 +52,7 @@ from web.shapes import (
     session_json,
     ui_message,
 )
+from web.signin import SignIn
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -94,6 +95,7 @@ class WebApi:
         ]
         for method, path, handler in routes:
             app.router.add_route(method, path, guarded(handler))
+        SignIn(self).add_routes(app)
         app.router.add_route("*", "/v1/{tail:.*}", guarded(unknown))
 
     async def close(self, grace: float) -> None:
