@@ -92,6 +92,7 @@ SECRET_SETTINGS = (
     "slack_signing_secret",
     "slack_app_token",
     "slack_client_secret",
+    "slack_signin_client_secret",
     "openai_api_key",
     "anthropic_api_key",
 )
@@ -208,6 +209,17 @@ class Settings(BaseSettings):
     trace_user_ids: bool = False
     trace_url_template: str | None = None
 
+    # The HTTP API (web/): how long a browser's Sign in with Slack lasts, how many chats a
+    # person may start per minute on one replica, and where browsers sign in (Slack's OpenID
+    # Connect authorize page; the stand-in's in tests and the demo).
+    web_session_hours: float = Field(default=12, gt=0)
+    web_chats_per_minute: int = Field(default=20, gt=0)
+    slack_openid_authorize_url: str = "https://slack.com/openid/connect/authorize"
+    # Sign in with Slack's app credentials when they are not SLACK_CLIENT_ID/SECRET (those
+    # also switch the bot to multi-workspace installs; one workspace's app sets these instead).
+    slack_signin_client_id: str | None = None
+    slack_signin_client_secret: str | None = None
+
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
 
@@ -299,6 +311,13 @@ class Settings(BaseSettings):
                     label = f"${{{name.upper()}}}"
                     pairs += [(value, label), (unquote(value), label)]
         return pairs
+
+    @property
+    def signin_credentials(self) -> tuple[str, str] | None:
+        """The app's client id and secret for Sign in with Slack (None: browsers cannot)."""
+        client_id = self.slack_signin_client_id or self.slack_client_id
+        secret = self.slack_signin_client_secret or self.slack_client_secret
+        return (client_id, secret) if client_id and secret else None
 
     def is_admin(self, team: str, user: str) -> bool:
         """``T…:U…`` entries name a user of one workspace; a bare ``U…`` (one workspace only)

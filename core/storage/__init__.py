@@ -36,7 +36,7 @@ from core.storage.sessions import SessionStore
 from core.storage.snapshots import Snapshots
 from core.storage.surface_state import SURFACE_SWEEPS, SurfaceState
 from core.storage.sweeper import SweepReport, sweep
-from core.storage.tokens import WebAccess
+from core.storage.tokens import WebAccess, sweep_sign_ins
 from core.storage.usage import UsageLedger
 
 
@@ -114,7 +114,7 @@ class Storage:
             await self.retention.policy(),
             staleness_seconds=self._settings.turn_lock_staleness_seconds,
             batch_size=self._settings.sweeper_batch_size,
-            extra_passes=SURFACE_SWEEPS,
+            extra_passes=(*SURFACE_SWEEPS, ("sign_ins", sweep_sign_ins)),
         )
 
     async def answers(self) -> bool:
