@@ -143,18 +143,25 @@ class IntakeThread(threading.Thread):
                 deliveries,
                 oauth=bot.installs is not None,
                 elsewhere=Elsewhere(self.turns_loop, bot.app, worker),
+                api=bot.api,
             )
             apart = settings.metrics_port is not None
-            if self.events or not apart:  # Socket Mode with METRICS_PORT: nothing for PORT
-                runner = await listen(
-                    listener, self.host, self.port, events=self.events, operator=not apart
-                )
-                runners.append(runner)
-                self.bound_port = int(runner.addresses[0][1])
+            # PORT: Slack's requests (HTTP mode), the HTTP API, and the operator's endpoints
+            # unless they have a listener of their own.
+            runner = await listen(
+                listener, self.host, self.port, events=self.events, operator=not apart
+            )
+            runners.append(runner)
+            self.bound_port = int(runner.addresses[0][1])
             if settings.metrics_port is not None:
                 host = settings.metrics_host or self.host
                 runner = await listen(
-                    listener, host, settings.metrics_port, events=False, name="METRICS_PORT"
+                    listener,
+                    host,
+                    settings.metrics_port,
+                    events=False,
+                    api=False,
+                    name="METRICS_PORT",
                 )
                 runners.append(runner)
                 self.metrics_bound_port = int(runner.addresses[0][1])

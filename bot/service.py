@@ -19,6 +19,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.answers import ThreadAnswers
 from bot.app import build_app
 from bot.approvals import ApprovalCards
+from bot.channels import SlackChannels
 from bot.http import Listener
 from bot.installations import InstallStores, open_install_stores
 from bot.post import PROJECT, SURFACE
@@ -28,15 +29,18 @@ from bot.web import http_session, web_client
 from core.conversation.worker import DeliveryWorker
 from core.errors import ConfigError
 from core.runtime import Runtime, Settings, metrics
+from web.api import WebApi
 
 BOT_SCOPES = [
     "app_mentions:read",
     "assistant:write",
     "channels:history",
+    "channels:read",  # the HTTP API shows a person the threads of channels they belong to
     "chat:write",
     "commands",
     "files:read",
     "groups:history",
+    "groups:read",
     "im:history",
     "mpim:history",
 ]
@@ -109,6 +113,8 @@ class Bot:
             max_turns=settings.max_concurrent_turns,
         )
         self.background = BackgroundWork()
+        # The HTTP API under /v1 (web.api), on the turns' loop with the Slack surface.
+        self.api = WebApi(runtime, SlackChannels(self.client_for))
         oauth = None if installs is None else oauth_settings(settings, installs)
         self.app: AsyncApp = build_app(
             settings,
@@ -143,6 +149,7 @@ class Bot:
             self.runtime.storage,
             self.deliveries,
             oauth=self.installs is not None,
+            api=self.api,
         )
 
     def web_app(self, *, events: bool = True) -> web.Application:
@@ -162,7 +169,9 @@ class Bot:
         grace = self.settings.shutdown_grace_seconds
         self.background.closing = True
         await self.cards.stop()
-        await asyncio.gather(self.worker.stop(grace), self.background.shutdown(grace))
+        await asyncio.gather(
+            self.worker.stop(grace), self.background.shutdown(grace), self.api.close(grace)
+        )
         if self.installs is not None:
             await self.installs.dispose()
         await self.runtime.close()

@@ -181,6 +181,13 @@ class Settings(BaseSettings):
     trace_user_ids: bool = False
     trace_url_template: str | None = None
 
+    # The HTTP API (web/): how long a browser's Sign in with Slack lasts, how many chats a
+    # person may start per minute on one replica, and where browsers sign in (Slack's OpenID
+    # Connect authorize page; the stand-in's in tests and the demo).
+    web_session_hours: float = Field(default=12, gt=0)
+    web_chats_per_minute: int = Field(default=20, gt=0)
+    slack_openid_authorize_url: str = "https://slack.com/openid/connect/authorize"
+
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
 

@@ -9,6 +9,8 @@ arrow that runs the wrong way fails here before a reviewer has to spot it:
         │
     bot, terminal  (the surfaces: Slack, the terminal; neither imports the other)
         │
+    web          (the HTTP API and its page: a surface ``bot`` serves; it never imports bot)
+        │
     core         (knows nothing of Slack or a terminal; SQL only in core/storage)
 
 ``core.testing`` (the stand-ins) ships in the package for the tests, the demo and the benchmark;
@@ -25,14 +27,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "bot", "terminal", "bench", "slack_agent")
+PACKAGES = ("core", "web", "bot", "terminal", "bench", "slack_agent")
 # What each package may import of ours.
 ALLOWED = {
     "core": {"core"},
-    "bot": {"core", "bot"},
+    "web": {"core", "web"},
+    "bot": {"core", "web", "bot"},
     "terminal": {"core", "terminal"},
-    "bench": {"core", "bot", "terminal", "bench"},
-    "slack_agent": {"core", "bot", "terminal", "bench", "slack_agent"},
+    "bench": {"core", "web", "bot", "terminal", "bench"},
+    "slack_agent": {"core", "web", "bot", "terminal", "bench", "slack_agent"},
 }
 # ``python -m bot`` (the command's other name, fixed by the product's contract) is the one
 # module that runs the entry point from inside a package below it: a ``__main__`` is an entry
@@ -206,7 +209,7 @@ def test_layers__core_imports_only_downward(name: str) -> None:
 # All a surface imports of the core: the conversation API (its door and the values it hands
 # out), the errors, and the runtime that assembles a process. Everything else (storage, the
 # agent, usage) is reached through them, so a surface cannot grow a path around the door.
-SURFACES = ("bot", "terminal")
+SURFACES = ("bot", "terminal", "web")
 SURFACE_MAY_IMPORT = ("core.conversation", "core.errors", "core.runtime")
 
 

@@ -49,6 +49,15 @@ from core.conversation.outcomes import (
     TurnOutcome,
     TurnRequest,
 )
+from core.conversation.places import (
+    SLACK_PROJECT,
+    TERMINAL_PROJECT,
+    WEB_PROJECT,
+    Place,
+    Viewer,
+    may_see,
+    place,
+)
 from core.conversation.views import REFRESH_LAST, MemoryView, ThreadView, Unseen, View
 from core.messages import Message, message_text, slack_message_id
 from core.records import Actor, SessionInfo, StoredMessage
@@ -59,6 +68,9 @@ from core.usage.budgets import refused_budget, resets_text
 __all__ = [
     "REFRESH_LAST",
     "SECTIONS",
+    "SLACK_PROJECT",
+    "TERMINAL_PROJECT",
+    "WEB_PROJECT",
     "Actor",
     "AlreadyAnswered",
     "Answered",
@@ -90,6 +102,7 @@ __all__ = [
     "OverBudget",
     "Payer",
     "PickingUp",
+    "Place",
     "QuietRenderer",
     "Refreshed",
     "Renderer",
@@ -109,8 +122,11 @@ __all__ = [
     "TurnRequest",
     "Unseen",
     "View",
+    "Viewer",
+    "may_see",
     "message_text",
     "parse_checkpoint",
+    "place",
     "refused_budget",
     "resets_text",
     "slack_message_id",

@@ -22,6 +22,7 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from core.agent.accounting import Attribution, Payer
@@ -52,10 +53,12 @@ from core.conversation.outcomes import (
     TurnOutcome,
     TurnRequest,
 )
+from core.conversation.places import Viewer, may_see
 from core.conversation.views import MemoryView, ThreadView, Unseen, View, unseen
 from core.errors import (
     AgentSessionBudgetExceeded,
     AgentSessionBusy,
+    AgentSessionNotFound,
     AgentSessionStale,
     DuplicateMessage,
     MessageNotFound,
@@ -193,6 +196,43 @@ class Conversations:
         """The owner's sessions whose keys start with ``key_prefix``, most recent first."""
         sessions = await self.store.list_sessions(user_id=owner.user_id, project_name=self.project)
         return [s for s in sessions if s.project_session_id.startswith(key_prefix)]
+
+    # -- what a person sees of every surface's sessions ------------------------------------------
+
+    async def visible(
+        self,
+        viewer: Viewer,
+        *,
+        everything: bool = False,
+        before: tuple[datetime, int] | None = None,
+        words: str | None = None,
+        limit: int = 50,
+    ) -> list[SessionInfo]:
+        """A page of the sessions ``viewer`` sees (``places.may_see``), most recently updated
+        first; ``everything`` (an admin's): every session, terminal ones included."""
+        return await self.store.visible(
+            user_id=viewer.actor.user_id,
+            shared=viewer.shared,
+            everything=everything and viewer.admin,
+            before=before,
+            words=words,
+            limit=limit,
+        )
+
+    async def seen_by(
+        self, session_id: int, viewer: Viewer, *, view: View | None = None
+    ) -> Conversation:
+        """The conversation ``session_id`` as ``viewer`` may see it; ``AgentSessionNotFound``
+        when there is none or it is not theirs to see (the same answer: ids are not probed)."""
+        session = await self.store.get_session(session_id)
+        if not may_see(session, viewer):
+            raise AgentSessionNotFound(f"session {session_id} does not exist")
+        key = session.project_session_id if session.project_name == self.project else None
+        return self._conversation(session, key, view)
+
+    async def stop_session(self, session_id: int) -> bool:
+        """``stop`` by the session's id: False when no turn runs on it."""
+        return await self.store.request_stop(session_id)
 
     def _conversation(
         self, session: SessionInfo, key: str | None, view: View | None = None
@@ -333,6 +373,24 @@ class Conversation:
         """The whole transcript, and which of its messages carry a sandbox snapshot."""
         messages = await self.store.messages(self.id)
         return messages, await self.store.snapshots.messages_with_snapshots(self.id)
+
+    async def page(self, *, after_position: int = -1, limit: int = 100) -> list[StoredMessage]:
+        """Up to ``limit`` messages after ``after_position``, oldest first (a client's page of
+        the whole transcript; nothing is marked shown)."""
+        return await self.store.messages(self.id, after_position=after_position, limit=limit)
+
+    async def last(self) -> StoredMessage | None:
+        """The transcript's last message (what a client's stale guard names)."""
+        return await self.store.tail(self.id)
+
+    async def rename(self, title: str, actor: Actor) -> None:
+        """A new title (owner or admin: ``AgentSessionForbidden`` otherwise)."""
+        await self.store.set_title(self.id, title, actor)
+
+    async def delete(self, actor: Actor) -> None:
+        """The session and its transcript go (owner or admin; ``AgentSessionBusy`` while a
+        turn runs)."""
+        await self.store.delete_session(self.id, actor)
 
     async def at_position(self, position: int) -> StoredMessage:
         found = await self.store.messages(self.id, after_position=position - 1)

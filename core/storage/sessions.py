@@ -22,9 +22,22 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
 from typing import Any, Final, NoReturn, cast
 
-from sqlalchemy import Boolean, Float, String, bindparam, delete, select, type_coerce, update
+from sqlalchemy import (
+    Boolean,
+    Float,
+    String,
+    and_,
+    bindparam,
+    delete,
+    func,
+    or_,
+    select,
+    type_coerce,
+    update,
+)
 
 from core import metrics
 from core.errors import (
@@ -234,6 +247,52 @@ class SessionStore(TranscriptOperations):
             stmt = stmt.where(SESSIONS.c.user_id == user_id)
         if project_name is not None:
             stmt = stmt.where(SESSIONS.c.project_name == project_name)
+        stmt = stmt.order_by(SESSIONS.c.updated_at.desc(), SESSIONS.c.id.desc()).limit(limit)
+        async with self.db.read() as conn:
+            return [q.session_info(row) for row in await conn.execute(stmt)]
+
+    async def visible(
+        self,
+        *,
+        user_id: int | None,
+        shared: Sequence[tuple[str, str]] = (),
+        everything: bool = False,
+        before: tuple[datetime, int] | None = None,
+        words: str | None = None,
+        limit: int = 50,
+    ) -> list[SessionInfo]:
+        """A page of the sessions a person sees, most recently updated first: those
+        ``user_id`` owns, those of a project whose key starts with a prefix of ``shared``
+        (``(project_name, key_prefix)``: a Slack channel's threads), or all (``everything``).
+        ``before``: the ``(updated_at, id)`` of the previous page's last session. ``words``:
+        only titles containing them (case-insensitive)."""
+        stmt = q.session_select(self.staleness_seconds)
+        if not everything:
+            seen = [SESSIONS.c.user_id == user_id] if user_id is not None else []
+            for project, prefix in shared:
+                seen.append(
+                    and_(
+                        SESSIONS.c.project_name == project,
+                        SESSIONS.c.project_session_id.startswith(prefix, autoescape=True),
+                    )
+                )
+            if not seen:
+                return []
+            stmt = stmt.where(or_(*seen))
+        if before is not None:
+            at, last_id = before
+            stmt = stmt.where(
+                or_(
+                    SESSIONS.c.updated_at < at,
+                    and_(SESSIONS.c.updated_at == at, SESSIONS.c.id < last_id),
+                )
+            )
+        if words:
+            stmt = stmt.where(
+                func.lower(func.coalesce(SESSIONS.c.title, "")).contains(
+                    words.lower(), autoescape=True
+                )
+            )
         stmt = stmt.order_by(SESSIONS.c.updated_at.desc(), SESSIONS.c.id.desc()).limit(limit)
         async with self.db.read() as conn:
             return [q.session_info(row) for row in await conn.execute(stmt)]
