@@ -56,13 +56,14 @@ async def web(
 async def signed_in(
     browser: Browser, bot: RunningBot, slack: SlackStandIn, user: str = "U1", **options: Any
 ) -> tuple[BrowserContext, Page]:
-    """A new browser (its own cookies) signed in as ``user`` through the page's link: the
-    stand-in Slack's authorize page signs in the person it is told to."""
-    slack.sign_in_as = ("T1", user)
+    """A new browser (its own cookies) signed in as ``user``."""
+    storage = bot.bot.runtime.storage
+    user_id = await storage.sessions.get_or_create_user(f"slack:T1:{user}")
+    secret = await storage.web_access.sign_in(user_id, lifetime_seconds=3600)
     context = await browser.new_context(base_url=bot.url, **options)
+    await context.add_cookies([{"name": "slack_agent_session", "value": secret, "url": bot.url}])
     page = await context.new_page()
     await page.goto("/")
-    await page.get_by_role("link", name="Sign in with Slack").click()
     await expect(page.get_by_role("heading", name="Sessions")).to_be_visible(timeout=SECONDS)
     return context, page
 

@@ -31,6 +31,25 @@ function json(value: unknown): string {
   }
 }
 
+type RawUsage = Record<string, unknown>;
+
+function numberOr(...values: unknown[]): number | null {
+  for (const value of values) if (typeof value === "number" && Number.isFinite(value)) return value;
+  return null;
+}
+
+/** An answer's usage as the API gives it (`inputTokens`…; the stored `input_tokens`… read too),
+ * or null when it carries none. A cost the deployment cannot price (no price for the model) is
+ * left out rather than shown as $0. */
+export function usageOf(message: Message): { input: number; output: number; cost: number | null } | null {
+  const raw = message.metadata?.usage as RawUsage | undefined;
+  if (raw === undefined || raw === null || typeof raw !== "object") return null;
+  const input = numberOr(raw.inputTokens, raw.input_tokens);
+  const output = numberOr(raw.outputTokens, raw.output_tokens);
+  if (input === null && output === null) return null;
+  return { input: input ?? 0, output: output ?? 0, cost: numberOr(raw.costUsd, raw.cost_usd) };
+}
+
 export function textOf(message: Message): string {
   return message.parts
     .map((part) => (part.type === "text" ? part.text : ""))
@@ -45,6 +64,7 @@ export function MessageView(props: {
 }) {
   const { message } = props;
   const meta = message.metadata ?? {};
+  const usage = usageOf(message);
   if (meta.checkpoint) {
     return (
       <li className="message checkpoint" data-message-id={message.id} data-role="checkpoint">
@@ -72,10 +92,10 @@ export function MessageView(props: {
         {meta.interrupted && <p className="interrupted">(stopped before it finished)</p>}
       </div>
       <div className="message-foot">
-        {meta.usage && (
+        {usage !== null && (
           <span className="usage" aria-label="Usage of this answer">
-            {count(meta.usage.inputTokens)} in · {count(meta.usage.outputTokens)} out ·{" "}
-            {usd(meta.usage.costUsd)}
+            {count(usage.input)} in · {count(usage.output)} out
+            {usage.cost !== null && ` · ${usd(usage.cost)}`}
           </span>
         )}
         {meta.traceUrl && (
