@@ -129,7 +129,9 @@ async def test_web__sign_in_lists_sessions_with_their_place_and_signs_out(
         await expect(rows).to_contain_text("hello from slack", timeout=SECONDS)
         place = rows.get_by_role("link", name="Slack thread ↗")
         await expect(place).to_be_visible()
-        assert f"/archives/C1/p{root.replace('.', '')}" in (await place.get_attribute("href") or "")
+        link = await place.get_attribute("href") or ""
+        assert "C1" in link
+        assert root in link
         session = await web_session(page)
         await page.goto("/")
         row = page.locator(f'[data-session-id="{session}"]')
@@ -184,14 +186,13 @@ async def test_web__busy_while_a_slack_turn_runs_then_the_slack_answer_is_swappe
         SlackClient(bot.url) as client,
     ):
         model.release()
-        await client.message("first", mention=True)
+        thread = await client.message("first", mention=True)
         await slack.wait_for(lambda: slack.named("chat.stopStream"))
         model.gate.clear()
         _, page = await signed_in(browser, bot, slack)
         await open_slack_thread(page, "first")
         await expect(transcript(page)).to_contain_text("answer 1", timeout=SECONDS)
         await page.evaluate("window.notReloaded = true")
-        (thread,) = {c.args["thread_ts"] for c in slack.named("chat.stopStream")}
         model.arrived.clear()
         await client.message("second, from slack", thread_ts=thread, mention=True)
         await asyncio.wait_for(model.arrived.wait(), SECONDS / 1000)
@@ -223,9 +224,8 @@ async def test_web__stale_refetches_keeps_the_draft_and_says_so_once(
         web(database_url, slack, session_poll_seconds=3600) as (bot, browser),
         SlackClient(bot.url) as client,
     ):
-        await client.message("started in slack", mention=True)
+        thread = await client.message("started in slack", mention=True)
         await slack.wait_for(lambda: slack.named("chat.stopStream"))
-        (thread,) = {c.args["thread_ts"] for c in slack.named("chat.stopStream")}
         _, page = await signed_in(browser, bot, slack)
         await open_slack_thread(page, "started in slack")
         await expect(transcript(page).locator('[data-role="assistant"]')).to_have_count(
@@ -254,9 +254,8 @@ async def test_web__an_idle_page_picks_up_messages_added_in_slack(
         web(database_url, slack, session_poll_seconds=0.5) as (bot, browser),
         SlackClient(bot.url) as client,
     ):
-        await client.message("one", mention=True)
+        thread = await client.message("one", mention=True)
         await slack.wait_for(lambda: slack.named("chat.stopStream"))
-        (thread,) = {c.args["thread_ts"] for c in slack.named("chat.stopStream")}
         _, page = await signed_in(browser, bot, slack)
         await open_slack_thread(page, "one")
         await page.evaluate("window.notReloaded = true")
