@@ -45,6 +45,7 @@ from core.conversation import (
     Payer,
 )
 from core.conversation.intake import Incoming
+from core.conversation.places import SlackThread, slack_user_in
 from core.conversation.worker import DeliveryWorker
 from core.runtime import Settings
 
@@ -53,16 +54,6 @@ log = logging.getLogger(__name__)
 EVENT_PREFIX = "approval:"  # delivery records of decisions: ``approval:<id>``
 
 ClientFor = Callable[[str], Awaitable[AsyncWebClient | None]]
-
-
-def post_of_thread(key: str, user: str, ts: str | None = None) -> Post | None:
-    """Where a conversation's thread is (its key ``team/channel/thread_ts``)."""
-    parts = key.split("/")
-    if len(parts) != 3 or not all(parts):
-        return None
-    team, channel, thread_ts = parts
-    surface = "dm" if channel.startswith("D") else "channel"
-    return Post(team, channel, thread_ts, ts or thread_ts, user, surface)
 
 
 class ApprovalCards:
@@ -125,19 +116,18 @@ class ApprovalCards:
             return False
         if record.card_state == record.state:
             return False
-        parts = record.card_ref.split("/")
-        if len(parts) != 3:
+        card = SlackThread.parse(record.card_ref)
+        if card is None:
             return False
-        team, channel, ts = parts
         if not await desk.approvals.card_shown(record.id, record.card_state, record.state):
             return False
-        client = client or await self._client_for(team)
+        client = client or await self._client_for(card.team)
         if client is None:
             return False
         try:
             await client.chat_update(
-                channel=channel,
-                ts=ts,
+                channel=card.channel,
+                ts=card.ts,
                 text=text.approval_outcome(record.state, record.decided_by),
                 blocks=text.approval_outcome_blocks(
                     record.state,
@@ -202,7 +192,7 @@ class ApprovalCards:
             if record.id in self._recorded or record.id in self._carrying:
                 continue
             key = await self.conversations.key_of(record.session_id)
-            post = post_of_thread(key, "") if key is not None else None
+            post = Post.of_thread(key, "") if key is not None else None
             if key is None or post is None:
                 log.info("carrying out decision %s, left behind by its process", record.id)
                 self._carrying[record.id] = asyncio.create_task(self._carry_out(record))
@@ -232,12 +222,12 @@ class ApprovalCards:
     async def _decider_in(self, record: ApprovalRecord, team: str) -> str | None:
         """The Slack user the thread's notices about a decision go to: the decider when they
         decided in this workspace, else the conversation's owner."""
-        prefix = external_user(team, "")
-        if record.decided_by and record.decided_by.startswith(prefix):
-            return record.decided_by.removeprefix(prefix)
+        decider = slack_user_in(record.decided_by, team) if record.decided_by else None
+        if decider is not None:
+            return decider
         session = (await self.conversations.get(record.session_id)).session
         owner = None if session.user_id is None else await self.conversations.who(session.user_id)
-        return owner.removeprefix(prefix) if owner and owner.startswith(prefix) else None
+        return None if owner is None else slack_user_in(owner, team)
 
     # -- a click --------------------------------------------------------------------------------
 
@@ -300,7 +290,7 @@ class ApprovalCards:
         client: AsyncWebClient,
         worker: DeliveryWorker[AsyncWebClient],
     ) -> None:
-        post = post_of_thread(key, user)
+        post = Post.of_thread(key, user)
         if post is None:
             return
         decision = Incoming(

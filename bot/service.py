@@ -24,8 +24,8 @@ from bot.http import Listener
 from bot.installations import InstallStores, open_install_stores
 from bot.post import PROJECT, SURFACE
 from bot.shortcuts import Shortcuts
+from bot.slack_api import http_session, web_client
 from bot.tasks import BackgroundWork
-from bot.web import http_session, web_client
 from core.conversation.worker import DeliveryWorker
 from core.errors import ConfigError
 from core.runtime import Runtime, Settings, metrics

@@ -187,6 +187,10 @@ class Settings(BaseSettings):
     web_session_hours: float = Field(default=12, gt=0)
     web_chats_per_minute: int = Field(default=20, gt=0)
     slack_openid_authorize_url: str = "https://slack.com/openid/connect/authorize"
+    # Sign in with Slack's app credentials when they are not SLACK_CLIENT_ID/SECRET (those
+    # also switch the bot to multi-workspace installs; one workspace's app sets these instead).
+    slack_signin_client_id: str | None = None
+    slack_signin_client_secret: str | None = None
 
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
@@ -258,6 +262,13 @@ class Settings(BaseSettings):
             f"DATABASE_STATEMENT_TIMEOUT_SECONDS to at most {budget:g}s together, or lengthen "
             "TURN_LOCK_STALENESS_SECONDS"
         )
+
+    @property
+    def signin_credentials(self) -> tuple[str, str] | None:
+        """The app's client id and secret for Sign in with Slack (None: browsers cannot)."""
+        client_id = self.slack_signin_client_id or self.slack_client_id
+        secret = self.slack_signin_client_secret or self.slack_client_secret
+        return (client_id, secret) if client_id and secret else None
 
     def is_admin(self, team: str, user: str) -> bool:
         """``T…:U…`` entries name a user of one workspace; a bare ``U…`` (one workspace only)

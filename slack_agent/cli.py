@@ -18,6 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from bench.parts import PARTS
 from core.errors import SlackAgentError, UsageError
 from core.logs import configure_logging
 from core.messages import message_text
@@ -79,7 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     token_revoke = token_cmds.add_parser("revoke", help="refuse a token from now on")
     token_revoke.add_argument("token_id", type=int, metavar="ID")
 
-    bench = commands.add_parser("bench", help="measure the core (no model)")
+    bench = commands.add_parser(
+        "bench", help="measure the core (no model); a PART alone with its arguments"
+    )
+    bench.add_argument("part", nargs="?", choices=sorted(PARTS), help="one part (default: all)")
+    bench.add_argument("part_args", nargs=argparse.REMAINDER, help="the part's arguments")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--database-url", help="default: a fresh temporary SQLite file")
     bench.add_argument(
@@ -339,6 +344,11 @@ async def _chat(args: argparse.Namespace, settings: Settings) -> None:
 async def _bench(args: argparse.Namespace, settings: Settings) -> None:
     """The core's measurements, then the Slack surface's (ack latency, idle memory of serve);
     or, with ``--compare``, our storage against the peers'."""
+    if args.part is not None:
+        from bench.parts import run
+
+        await asyncio.to_thread(run, args.part, args.part_args)
+        return
     if args.compare:
         from bench.peers.compare import format_compare, run_compare
 

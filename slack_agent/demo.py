@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from bot.service import Bot
+from core.conversation.places import SLACK_PROJECT, SlackThread
 from core.messages import assistant_message, user_message
 from core.records import TurnLease
 from core.settings import load_settings
@@ -218,7 +219,7 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> Non
     # 2c. The real terminal client (`slack-agent chat` given the thread's permalink) continues
     #     the thread. Alice's next message in Slack meets a session that moved on elsewhere: the
     #     thread first shows what the terminal added, and she sends hers anyway.
-    link = f"https://demo.slack.com/archives/{CHANNEL}/p{root.replace('.', '')}"
+    link = SlackThread(TEAM, CHANNEL, root).permalink
     await _terminal_client(
         url, link, ["$ echo 'step two done (terminal)' >> notes.txt; cat notes.txt"]
     )
@@ -318,7 +319,9 @@ async def _approval(
 
 async def _terminal_turn(bot: Bot, root: str, question: str) -> TurnLease:
     """A turn started outside Slack, as ``slack-agent chat`` starts one (the core, directly)."""
-    session = await bot.runtime.storage.sessions.find_session("slack", f"{TEAM}/{CHANNEL}/{root}")
+    session = await bot.runtime.storage.sessions.find_session(
+        SLACK_PROJECT, SlackThread(TEAM, CHANNEL, root).key
+    )
     assert session is not None
     tail = await bot.runtime.storage.sessions.tail(session.id)
     return await bot.runtime.storage.sessions.start_turn(
@@ -360,7 +363,9 @@ def _done(standin: SlackStandIn, streams: int) -> bool:
 
 
 async def _transcript(bot: Bot, root: str) -> list[str]:
-    session = await bot.runtime.storage.sessions.find_session("slack", f"{TEAM}/{CHANNEL}/{root}")
+    session = await bot.runtime.storage.sessions.find_session(
+        SLACK_PROJECT, SlackThread(TEAM, CHANNEL, root).key
+    )
     if session is None:
         return []
     return [m.message_id for m in await bot.runtime.storage.sessions.messages(session.id)]

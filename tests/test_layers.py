@@ -7,14 +7,13 @@ arrow that runs the wrong way fails here before a reviewer has to spot it:
         │
     bench        (measures the product; the product never imports it)
         │
-    bot, terminal  (the surfaces: Slack, the terminal; neither imports the other)
-        │
-    web          (the HTTP API and its page: a surface ``bot`` serves; it never imports bot)
-        │
+    bot, terminal, web  (the surfaces: Slack, the terminal, the HTTP API and its page;
+        │                 none imports another, except that ``serve`` (bot) mounts the web's
+        │                 routes on its listener)
     core         (knows nothing of Slack or a terminal; SQL only in core/storage)
 
 ``core.testing`` (the stand-ins) ships in the package for the tests, the demo and the benchmark;
-the product itself (the rest of ``core``, ``bot``, ``terminal``) never imports it.
+the product itself (the rest of ``core``, ``bot``, ``terminal``, ``web``) never imports it.
 """
 
 from __future__ import annotations
@@ -27,15 +26,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "web", "bot", "terminal", "bench", "slack_agent")
+PACKAGES = ("core", "bot", "terminal", "web", "bench", "slack_agent")
 # What each package may import of ours.
 ALLOWED = {
     "core": {"core"},
-    "web": {"core", "web"},
-    "bot": {"core", "web", "bot"},
+    "bot": {"core", "bot", "web"},
     "terminal": {"core", "terminal"},
-    "bench": {"core", "web", "bot", "terminal", "bench"},
-    "slack_agent": {"core", "web", "bot", "terminal", "bench", "slack_agent"},
+    "web": {"core", "web"},
+    "bench": {"core", "bot", "terminal", "web", "bench"},
+    "slack_agent": {"core", "bot", "terminal", "web", "bench", "slack_agent"},
 }
 # ``python -m bot`` (the command's other name, fixed by the product's contract) is the one
 # module that runs the entry point from inside a package below it: a ``__main__`` is an entry
@@ -118,7 +117,7 @@ def test_layers__core_knows_nothing_of_slack() -> None:
     assert not {name: m for name, m in found.items() if m}
 
 
-PRODUCT = ("core", "bot", "terminal")
+PRODUCT = ("core", "bot", "terminal", "web")
 STAND_INS = "core.testing"
 
 

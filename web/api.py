@@ -52,6 +52,7 @@ from web.shapes import (
     session_json,
     ui_message,
 )
+from web.signin import SignIn
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -94,6 +95,7 @@ class WebApi:
         ]
         for method, path, handler in routes:
             app.router.add_route(method, path, guarded(handler))
+        SignIn(self).add_routes(app)
         app.router.add_route("*", "/v1/{tail:.*}", guarded(unknown))
 
     async def close(self, grace: float) -> None:
@@ -307,7 +309,8 @@ class WebApi:
         async def work(caller: Caller) -> dict[str, Any]:
             conversation = await self.conversation(caller, session_id)
             page = await conversation.page(after_position=position, limit=limit)
-            team = place(conversation.session).team
+            thread = place(conversation.session).thread
+            team = thread.team if thread is not None else None
             next_cursor = cursor({"p": page[-1].position}) if len(page) == limit else None
             return {
                 "data": [ui_message(m, team=team) for m in page],

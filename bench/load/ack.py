@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -91,5 +90,6 @@ async def bench_slack(database_url: str | None = None, *, events: int = 100) -> 
     return await _measure(database_url, events=events, settle_seconds=2.0)
 
 
-if __name__ == "__main__":
-    print(json.dumps(asyncio.run(bench_slack(sys.argv[1] if len(sys.argv) > 1 else None))))
+def run_part(argv: list[str]) -> None:
+    """``slack-agent bench ack [DATABASE_URL]``."""
+    print(json.dumps(asyncio.run(bench_slack(argv[0] if argv else None))))

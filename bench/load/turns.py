@@ -43,7 +43,6 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import tempfile
 import time
 import uuid
@@ -567,14 +566,14 @@ def format_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":
-    # turns [DATABASE_URL [SIZES]] [--counts | --floor] [--stream-seconds=S]
-    # | fork [DATABASE_URL]
-    counting = "--counts" in sys.argv
-    flooring = "--floor" in sys.argv
-    streamed = [a for a in sys.argv if a.startswith("--stream-seconds=")]
+def run_part(argv: list[str]) -> None:
+    """``slack-agent bench turns [DATABASE_URL [SIZES]] [--counts | --floor]
+    [--stream-seconds=S]`` | ``slack-agent bench fork [DATABASE_URL]``."""
+    counting = "--counts" in argv
+    flooring = "--floor" in argv
+    streamed = [a for a in argv if a.startswith("--stream-seconds=")]
     stream_seconds = float(streamed[-1].partition("=")[2]) if streamed else 20.0
-    args = [a for a in sys.argv if a not in ("--counts", "--floor") and a not in streamed]
+    args = ["", *(a for a in argv if a not in ("--counts", "--floor") and a not in streamed)]
     what = args[1] if len(args) > 1 else "turns"
     target = args[2] if len(args) > 2 else None
     if what == "fork":

@@ -14,7 +14,7 @@ What it records, beside the soak's own report:
   its processes: the server is shared) and the whole machine, with the load average;
 - every answer the load generator got (``answers.json``: when, from which replica, status, ms).
 
-``python -m bench.soak.profile DIR`` prints the summary again from those files.
+``slack-agent bench soak-profile DIR`` prints the summary again from those files.
 """
 
 from __future__ import annotations
@@ -497,5 +497,6 @@ def summary(folder: Path) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    print(summary(Path(sys.argv[1])))
+def run_part(argv: list[str]) -> None:
+    """``slack-agent bench soak-profile DIR``: a soak's profile summarised again."""
+    print(summary(Path(argv[0])))

@@ -49,16 +49,9 @@ from core.conversation.outcomes import (
     TurnOutcome,
     TurnRequest,
 )
-from core.conversation.places import (
-    SLACK_PROJECT,
-    TERMINAL_PROJECT,
-    WEB_PROJECT,
-    Place,
-    Viewer,
-    may_see,
-    place,
-)
+from core.conversation.places import SLACK_PROJECT, TERMINAL_PROJECT, WEB_PROJECT, Place
 from core.conversation.views import REFRESH_LAST, MemoryView, ThreadView, Unseen, View
+from core.conversation.visibility import Viewer, may_see, place
 from core.messages import Message, message_text, slack_message_id
 from core.records import Actor, SessionInfo, StoredMessage
 from core.storage.approvals import ApprovalRecord

@@ -53,8 +53,8 @@ from core.conversation.outcomes import (
     TurnOutcome,
     TurnRequest,
 )
-from core.conversation.places import Viewer, may_see
 from core.conversation.views import MemoryView, ThreadView, Unseen, View, unseen
+from core.conversation.visibility import Viewer, may_see
 from core.errors import (
     AgentSessionBudgetExceeded,
     AgentSessionBusy,

@@ -1,109 +1,98 @@
-"""Where a session lives, and who may see it: what a surface that lists every surface's
-sessions (the HTTP API) needs to know of the others.
+"""Where a session lives, read off its key: the one place the key formats are written down.
 
-A session belongs to the surface that made it, named by its project: a Slack thread
-(``slack``, keyed ``team/channel/thread_ts``), a terminal session (``cli``), a web session
-(``web``). ``place`` reads that back as data. ``Viewer`` is a person as a listing sees them:
-their own sessions, the Slack threads of the channels they belong to (the surface asks Slack
-which those are and passes them in), everything for an admin. Someone who may not see a
-session is told it does not exist (``may_see``): ids are not to be probed.
+A session is named by its project and a key unique within it (``project_session_id``). Three
+projects exist: ``slack`` (a Slack thread: ``{team}/{channel}/{thread_ts}``), ``cli`` (the
+terminal: ``{login}/{uuid}``) and ``web`` (the HTTP API: ``{person}/{uuid}``). Every surface that
+meets another's session must read its key: the terminal finds a Slack thread's session from a
+permalink, the HTTP API shows each session's place with a link to its thread, the approval
+rounds find the thread a card is in. Written once here, not parsed where it is needed; the core
+knows the shape of these names, never how to talk to Slack.
+
+A person is ``slack:{team}:{user}`` when Slack knows them (Sign in with Slack names the same
+person), ``operator:{login}`` for the terminal's operator.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
+from typing import Final, Literal
 
-from core.records import Actor, SessionInfo
+SLACK_PROJECT: Final = "slack"
+TERMINAL_PROJECT: Final = "cli"
+WEB_PROJECT: Final = "web"
+SLACK_SURFACE: Final = "slack"  # the Slack surface's tables (threads, references, deliveries)
 
-SLACK_PROJECT = "slack"
-TERMINAL_PROJECT = "cli"
-WEB_PROJECT = "web"
+PlaceKind = Literal["slack", "terminal", "web", "other"]
+_KINDS: Final[dict[str, PlaceKind]] = {
+    SLACK_PROJECT: "slack",
+    TERMINAL_PROJECT: "terminal",
+    WEB_PROJECT: "web",
+}
 
-PlaceKind = Literal["slack", "web", "terminal"]
+
+def slack_person(team: str, user: str) -> str:
+    """A Slack user's external id: one person whichever surface they come through."""
+    return f"slack:{team}:{user}"
+
+
+def slack_user_in(person: str, team: str) -> str | None:
+    """The Slack user id of ``person`` in workspace ``team``; None for anyone else."""
+    prefix = slack_person(team, "")
+    return person.removeprefix(prefix) if person.startswith(prefix) else None
+
+
+@dataclass(frozen=True)
+class SlackThread:
+    """A Slack message's address (a thread's root, or any message in it: a card, a reply)."""
+
+    team: str
+    channel: str
+    ts: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.team}/{self.channel}/{self.ts}"
+
+    @property
+    def surface(self) -> str:
+        """Where in Slack: a direct message (``D…`` channels) or a channel."""
+        return "dm" if self.channel.startswith("D") else "channel"
+
+    @property
+    def permalink(self) -> str:
+        """A link to the message; slack.com redirects it to the workspace's own host."""
+        return f"https://slack.com/archives/{self.channel}/p{self.ts.replace('.', '')}"
+
+    @classmethod
+    def parse(cls, key: str) -> SlackThread | None:
+        """The address a key names; None when it is not one (a tampered or foreign key)."""
+        parts = key.split("/")
+        if len(parts) != 3 or not all(parts):
+            return None
+        return cls(*parts)
+
+    @staticmethod
+    def suffix(channel: str, ts: str) -> str:
+        """The end of the keys of a channel's message in any workspace (a permalink names no
+        workspace; Slack channel ids are unique across workspaces)."""
+        return f"/{channel}/{ts}"
 
 
 @dataclass(frozen=True)
 class Place:
-    """Where a session is: ``kind``; for a Slack thread its workspace, channel and root
-    message (``surface``: ``dm`` or ``channel``)."""
+    """A session's place as a person would name it: a Slack thread (with its link), a web
+    session, a terminal session."""
 
     kind: PlaceKind
-    surface: str | None = None
-    team: str | None = None
-    channel: str | None = None
-    thread_ts: str | None = None
-
-    @property
-    def url(self) -> str | None:
-        """A link that opens the thread in Slack (the workspace's own domain is not known
-        here; Slack's ``app_redirect`` finds it)."""
-        if self.channel is None or self.thread_ts is None:
-            return None
-        return (
-            f"https://slack.com/app_redirect?team={self.team}&channel={self.channel}"
-            f"&message_ts={self.thread_ts}"
-        )
+    surface: str | None = None  # Slack: "dm" or "channel"
+    url: str | None = None
+    thread: SlackThread | None = None
 
 
-def place(session: SessionInfo) -> Place:
-    if session.project_name == SLACK_PROJECT:
-        parts = session.project_session_id.split("/")
-        if len(parts) == 3 and all(parts):
-            team, channel, thread_ts = parts
-            surface = "dm" if channel.startswith("D") else "channel"
-            return Place("slack", surface, team, channel, thread_ts)
-        return Place("slack")
-    if session.project_name == TERMINAL_PROJECT:
-        return Place("terminal")
-    return Place("web")
-
-
-@dataclass(frozen=True)
-class Viewer:
-    """A person looking at sessions: ``team`` is their Slack workspace (None for a person who
-    is not a Slack user) and ``channels`` the channels there they belong to."""
-
-    actor: Actor
-    person: str
-    team: str | None = None
-    channels: frozenset[str] = field(default_factory=frozenset)
-
-    @property
-    def admin(self) -> bool:
-        return self.actor.admin
-
-    @property
-    def shared(self) -> list[tuple[str, str]]:
-        """The ``(project, key prefix)`` of the Slack threads they see through a channel."""
-        if self.team is None:
-            return []
-        return [(SLACK_PROJECT, f"{self.team}/{channel}/") for channel in sorted(self.channels)]
-
-
-def may_see(session: SessionInfo, viewer: Viewer) -> bool:
-    """Whether ``viewer`` sees ``session``: theirs, a Slack thread in one of their channels,
-    or any for an admin (terminal sessions included)."""
-    if viewer.admin:
-        return True
-    if session.user_id is not None and session.user_id == viewer.actor.user_id:
-        return True
-    where = place(session)
-    return (
-        where.kind == "slack"
-        and where.team == viewer.team
-        and where.channel is not None
-        and where.channel in viewer.channels
-    )
-
-
-__all__ = [
-    "SLACK_PROJECT",
-    "TERMINAL_PROJECT",
-    "WEB_PROJECT",
-    "Place",
-    "PlaceKind",
-    "Viewer",
-    "may_see",
-    "place",
-]
+def place_of(project: str, key: str) -> Place:
+    kind = _KINDS.get(project)
+    if kind == "slack":
+        thread = SlackThread.parse(key)
+        if thread is not None:
+            return Place("slack", thread.surface, thread.permalink, thread)
+    return Place(kind or "other")

@@ -34,7 +34,7 @@ from core.storage.sessions import SessionStore
 from core.storage.snapshots import Snapshots
 from core.storage.surface_state import SURFACE_SWEEPS, SurfaceState
 from core.storage.sweeper import SweepReport, sweep
-from core.storage.tokens import WebAccess
+from core.storage.tokens import WebAccess, sweep_sign_ins
 from core.storage.usage import UsageLedger
 
 
@@ -80,10 +80,14 @@ class Storage:
         """What the surface ``name`` keeps beside the sessions (threads, message refs, …)."""
         return SurfaceState(self._db, name)
 
-    def deliveries(self, surface: str) -> Deliveries:
-        """This process's view of the surface's delivery records (a new owner each call)."""
+    def deliveries(self, surface: str, *, owner: str | None = None) -> Deliveries:
+        """This process's view of the surface's delivery records, as ``owner`` (a new one
+        unless given)."""
         return Deliveries(
-            self._db, surface, staleness_seconds=self._settings.turn_lock_staleness_seconds
+            self._db,
+            surface,
+            staleness_seconds=self._settings.turn_lock_staleness_seconds,
+            owner=owner,
         )
 
     async def migrate(self) -> tuple[str | None, str | None]:
@@ -107,7 +111,7 @@ class Storage:
             await self.retention.policy(),
             staleness_seconds=self._settings.turn_lock_staleness_seconds,
             batch_size=self._settings.sweeper_batch_size,
-            extra_passes=SURFACE_SWEEPS,
+            extra_passes=(*SURFACE_SWEEPS, ("sign_ins", sweep_sign_ins)),
         )
 
     async def answers(self) -> bool:
