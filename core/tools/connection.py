@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
+from core.secrets import Redactor
 from core.tools.config import ServerConfig
-from core.tools.secrets import Redactor
 
 if TYPE_CHECKING:
     from mcp import Client

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from core.metrics import MCP_TOOL_SECONDS
+from core.secrets import Redactor
 from core.tools.calls import canonical_json
 from core.tools.config import Approval, ServerConfig, Transport
 from core.tools.connection import Connection, root_cause, startup_seconds
 from core.tools.outcome import OutcomeKind, ToolOutcome, render_content
-from core.tools.secrets import Redactor
 from core.tools.tool import McpTool, from_listing
 
 if TYPE_CHECKING:
