@@ -108,7 +108,9 @@ async def test_slack_approval__card_then_approve_runs_the_call_and_the_answer_co
         (card,) = await slack.wait_for(lambda: cards(slack))
         assert card.args["thread_ts"] == root
         assert "mcp__notes__add_note" in card.args["text"]
-        assert "&lt;on&gt;" in card.args["text"]  # the arguments are escaped
+        shown = json.dumps(card.args["blocks"])
+        assert "&lt;on&gt;" in shown  # the arguments are escaped
+        assert "Show all" not in shown  # nothing folded: the card shows the whole call
         assert notes(tmp_path) == {}
         assert await click(client, slack, card) == 200
         await slack.wait_for(

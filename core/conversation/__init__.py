@@ -49,6 +49,7 @@ from core.conversation.outcomes import (
     TurnOutcome,
     TurnRequest,
 )
+from core.conversation.shown import argument_lines, folded, pages, visible
 from core.conversation.views import REFRESH_LAST, MemoryView, ThreadView, Unseen, View
 from core.messages import Message, message_text, slack_message_id
 from core.records import Actor, SessionInfo, StoredMessage
@@ -109,9 +110,13 @@ __all__ = [
     "TurnRequest",
     "Unseen",
     "View",
+    "argument_lines",
+    "folded",
     "message_text",
+    "pages",
     "parse_checkpoint",
     "refused_budget",
     "resets_text",
     "slack_message_id",
+    "visible",
 ]
