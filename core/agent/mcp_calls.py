@@ -98,6 +98,12 @@ MAY_HAVE_RUN_TEXT = (
     "result was recorded: it may have run. Do not assume it did not; check before calling it "
     "again."
 )
+# Outcomes of a call that went to its server and got no answer: it may have done its work.
+UNANSWERED = frozenset({"timeout", "server_failed"})
+UNANSWERED_TEXT = (
+    "The call was sent, so it may have run: do not assume it did not; check before calling it "
+    "again."
+)
 SUPERSEDED = "superseded: the conversation moved on before anyone decided."
 APPROVED_NOT_RUN = (
     "superseded: it was approved, but the conversation moved on before it ran; it did not run."
@@ -159,6 +165,8 @@ async def run(
     await emit(McpCallStarted(call.name, tool.server if tool else None, call.arguments, call.id))
     started = time.perf_counter()
     outcome = await tools.call(call.name, call.arguments, approval=approval)
+    if outcome.kind in UNANSWERED:
+        outcome = dataclasses.replace(outcome, text=f"{outcome.text}. {UNANSWERED_TEXT}")
     await emit(McpCallFinished(outcome, time.perf_counter() - started, call.id))
     return outcome_part(call, outcome), outcome
 

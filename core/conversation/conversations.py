@@ -63,7 +63,7 @@ from core.errors import (
 from core.messages import message_text, said_anything, user_message
 from core.records import Actor, SessionInfo, StoredMessage
 from core.storage import Approvals, Feedback, SessionStore, SurfaceState
-from core.storage.approvals import MOVED_ON, ApprovalRecord
+from core.storage.approvals import ENDED, MOVED_ON, ApprovalRecord
 from core.storage.approvals import OVER_BUDGET as OVER
 from core.tools.names import PREFIX as MCP_PREFIX
 
@@ -528,7 +528,9 @@ class Conversation:
         desk = self._all.approvals
         assert desk is not None, "carrying out a decision needs the approvals store"
         record = await desk.get(approval_id)
-        if record is None or record.carried_out:
+        if record is None or record.state in ENDED:
+            # Carried out, or ended without running (refused, superseded, expired…): nothing
+            # to carry out, and no model request; the next message tells the model why.
             return AlreadyAnswered(None)
         try:
             result = await self._all.agent.carry_out(
