@@ -105,6 +105,13 @@ def over_budget(limit: str, resets: str) -> str:
     return f"Not sent: {limit} is used up; it resets {resets}. Your message was not added."
 
 
+def decision_over_budget(limit: str, resets: str) -> str:
+    return (
+        f"Not run: {limit} is used up (it resets {resets}). The approved call will not run by "
+        "itself later; ask again when the budget allows."
+    )
+
+
 def budget_ran_out(limit: str, resets: str) -> str:
     return f"The reply stopped: {limit} ran out while it was written (it resets {resets})."
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, select, update
+from sqlalchemy import text as sql
 
 from bot import texts as text
 from core.conversation import Answered, Decided, TurnRequest
@@ -371,3 +372,31 @@ async def test_slack_approval__show_all_opens_every_argument_of_the_call(
         assert f"{LONG} END" in whole  # ... and whole in the modal
         assert not any(c.result.get("error") for c in slack.calls)  # within Block Kit's limits
     assert notes(tmp_path) == {}
+
+
+async def test_slack_approval__a_click_that_could_not_be_recorded_asks_to_click_again(
+    database_url: str, slack: SlackStandIn, store: SessionStore, tmp_path: Path
+) -> None:
+    """Slack never sends a click again (not after a 500): a click whose recording fails is
+    acknowledged with a line asking to click again, and the second click runs the call once."""
+    async with (
+        running_bot(
+            database_url, slack, database_statement_timeout_seconds=1, **mcp(tmp_path)
+        ) as bot,
+        SlackClient(bot.url, response_url=slack.response_url) as client,
+    ):
+        await connected(bot)
+        root = await client.message(ADD, mention=True)
+        (card,) = await slack.wait_for(lambda: cards(slack))
+        async with store.db.write() as conn:  # the database refuses the click's writes
+            if conn.dialect.name == "postgresql":
+                await conn.execute(sql("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE"))
+            else:  # SQLite: another writer holds the database's write lock
+                await conn.execute(update(ToolApproval.__table__).values(card_ref=None))
+            assert await click(client, slack, card) == 200
+        await slack.wait_for(lambda: slack.responses)
+        assert slack.responses[0]["text"] == text.approval_not_recorded()
+        assert notes(tmp_path) == {}
+        assert await click(client, slack, card) == 200
+        await slack.wait_for(lambda: "answered" in slack.shown(root))
+    assert notes(tmp_path) == {"plan": "ship <on> friday"}

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, cast
 
-from sqlalchemy import ColumnElement, Table, and_, insert, select, update
+from sqlalchemy import ColumnElement, Table, and_, insert, or_, select, update
 
 from core.storage.dialect import ago, db_now, update_returning
 from core.storage.engine import Database
@@ -303,6 +303,11 @@ class Approvals:
         if session_id is not None:
             expired = and_(expired, A.session_id == session_id)
             condition = and_(condition, A.session_id == session_id)
+        # A read first: most rounds find nothing, and must not take a write transaction.
+        async with self.db.read() as conn:
+            seen = await conn.scalar(select(A.id).where(or_(condition, expired)).limit(1))
+        if seen is None:
+            return []
         oldest = (
             select(A.id)
             .where(condition)
