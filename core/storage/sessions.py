@@ -180,6 +180,11 @@ class SessionStore(TranscriptOperations):
         assert user_id is not None
         return int(user_id[0])
 
+    async def find_user(self, external_id: str) -> int | None:
+        """The user row of ``external_id``, if there is one (nothing is created)."""
+        known = await _USER_ID.fetch(self.db, {"external_id": external_id})
+        return int(known[0][0]) if known else None
+
     async def user_external_id(self, user_id: int) -> str | None:
         """Who a user is (``slack:T…:U…``, ``cli:<login>``), for surfaces that name an owner."""
         async with self.db.read() as conn:
