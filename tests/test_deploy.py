@@ -300,3 +300,22 @@ def test_chart__resources_are_stated() -> None:
     assert resources["requests"]["cpu"]
     assert resources["requests"]["memory"]
     assert resources["limits"]["memory"]
+
+
+def test_chart__a_metrics_port_takes_the_probes_and_the_scrape_with_it(tmp_path: Path) -> None:
+    values = {**FULL_VALUES, "env": {"METRICS_PORT": "9100"}}
+    docs = manifests(values)
+    (container,) = of_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in container["ports"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] == "metrics"
+    assert of_kind(docs, "ServiceMonitor")["spec"]["endpoints"][0]["port"] == "metrics"
+    service_ports = {p["name"]: p["port"] for p in of_kind(docs, "Service")["spec"]["ports"]}
+    assert service_ports["metrics"] == 9100
+    files = []
+    for number, doc in enumerate(d for d in docs if d["kind"] != "ServiceMonitor"):
+        path = tmp_path / f"{number}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        files.append(str(path))
+    result = run(tool("kubernetes-validate"), "--strict", "-k", KUBERNETES_VERSIONS[-1], *files)
+    assert result.returncode == 0, result.stdout + result.stderr
