@@ -18,6 +18,7 @@ Where no docker daemon answers (``.ci/run`` starts one), the test fails and says
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import os
 import shutil
@@ -113,11 +114,14 @@ def base_image() -> str:
 
 @pytest.fixture(scope="module")
 def image() -> str:
+    """Built once per worker; workers of one run take turns (a file lock), so the second finds
+    the base made and Docker's layers cached instead of building everything a second time."""
     require_docker()
-    base = base_image()
-    docker(
-        "build", "--network", "host", "--build-arg", f"PYTHON_IMAGE={base}", "-t", IMAGE, str(ROOT)
-    )
+    with open(Path(tempfile.gettempdir()) / "slack-agent-image-test.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        base = base_image()
+        build = ("build", "--network", "host", "--build-arg", f"PYTHON_IMAGE={base}")
+        docker(*build, "-t", IMAGE, str(ROOT))
     return IMAGE
 
 
