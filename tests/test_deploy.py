@@ -13,6 +13,7 @@ import math
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,10 @@ def test_dockerfile__locked_dependencies_non_root_serve_and_a_liveness_healthche
     assert ignored[[line.startswith("#") for line in ignored].index(False)] == "*"
     assert "**/.env" in ignored
     assert "**/*.db" in ignored
+    # …and every package the wheel is built from (pyproject.toml), or the image would lack it.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    assert {f"!{package}/" for package in packages} <= set(ignored)
 
 
 # -- compose -------------------------------------------------------------------------------------
