@@ -24,6 +24,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from core.leases import before_side_effect
 from core.metrics import MCP_TOOL_SECONDS
 from core.tools.calls import canonical_json
 from core.tools.config import Approval, ServerConfig, Transport
@@ -280,6 +281,7 @@ class McpServer:
         client = conn.client if conn is not None else None
         if self.state != "connected" or conn is None or client is None or conn.ended.is_set():
             return self._outcome(tool, "unavailable", self.unavailable())
+        before_side_effect()  # a turn whose lease is no longer safely its own sends nothing
         started = time.monotonic()
         try:
             result = await client.call_tool(
