@@ -28,6 +28,7 @@ import anyio
 
 from core.tools.config import ServerConfig
 from core.tools.secrets import Redactor
+from core.tools.stdio import MAX_MESSAGE_BYTES, MessageTooLarge, bounded_stdio_client
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -91,7 +92,7 @@ class Connection:
 
     @asynccontextmanager
     async def _stdio(self) -> AsyncIterator[TransportStreams]:
-        from mcp.client.stdio import StdioServerParameters, stdio_client
+        from mcp.client.stdio import StdioServerParameters
 
         launch = self.config.launch
         # A directory of its own unless the file names one: the app's directory holds .env.
@@ -104,7 +105,7 @@ class Connection:
         tail = self._stderr = StderrTail(self.config.name, self.redactor)
         try:
             await tail.start()
-            async with stdio_client(params, errlog=tail.writer) as (read, write):
+            async with bounded_stdio_client(params, tail.writer) as (read, write):
                 tail.writer.close()  # the server holds its own copy; EOF comes when it exits
                 yield _WatchedRead(read, self, "exited"), write
         finally:
@@ -117,12 +118,19 @@ class Connection:
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
 
+        from core.tools.bounded_http import BoundedTransport
+
         launch, timeout = self.config.launch, self.config.timeout_seconds
         # A call's SSE answer may be silent for the whole of the server's timeout.
         limits = httpx2.Timeout(min(30.0, timeout), read=max(300.0, timeout + 5))
+        # What one answer may weigh, as over stdio: an SSE event (the SDK's own bound, set to
+        # ours) or a JSON body (``BoundedTransport``), before anything parses it.
+        bounded = BoundedTransport(httpx2.AsyncHTTPTransport(), MAX_MESSAGE_BYTES)
         async with (
-            httpx2.AsyncClient(headers=launch.headers, timeout=limits) as http,
-            streamable_http_client(launch.url, http_client=http) as (read, write),
+            httpx2.AsyncClient(headers=launch.headers, timeout=limits, transport=bounded) as http,
+            streamable_http_client(
+                launch.url, http_client=http, max_sse_event_size=MAX_MESSAGE_BYTES
+            ) as (read, write),
         ):
             yield _WatchedRead(read, self, "closed the connection"), write
 
@@ -183,7 +191,9 @@ class _WatchedRead:
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._conn.end(self._eof)
             raise
-        if isinstance(item, Exception):
+        if isinstance(item, MessageTooLarge):
+            self._conn.end(str(item))
+        elif isinstance(item, Exception):
             where = "to stdout" if self._conn.config.transport == "stdio" else "in its answer"
             self._conn.end(f"sent something that is not MCP (JSON-RPC) {where}")
         return item
