@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Literal
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -94,13 +94,11 @@ SECRET_SETTINGS = (
 
 
 def _database_password(url: str) -> str | None:
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
     try:
-        return make_url(url).password
-    except (ArgumentError, ValueError):
+        password = urlsplit(url).password
+    except ValueError:
         return None
+    return unquote(password) if password else None
 
 
 class Settings(BaseSettings):
