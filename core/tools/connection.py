@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("slack-agent.mcp")
 
 STDERR_LINES_KEPT = 20
+PR_SET_DUMPABLE = 4  # linux/prctl.h
 # The handshake and tool listing may take this long even under a short call timeout: a server
 # started through a package runner (npx, uvx) may install itself first.
 MIN_STARTUP_SECONDS = 30.0
@@ -95,6 +97,7 @@ class Connection:
         from mcp.client.stdio import StdioServerParameters
 
         launch = self.config.launch
+        hide_from_children()
         # A directory of its own unless the file names one: the app's directory holds .env.
         own = None if launch.cwd else tempfile.mkdtemp(prefix="slack-agent-mcp-")
         # Only its declared environment over the SDK's safe defaults (PATH, HOME, USER, ...):
@@ -299,3 +302,26 @@ def root_cause(exc: BaseException) -> BaseException:
 def _one_line(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= MAX_REASON_CHARS else line[: MAX_REASON_CHARS - 1] + "…"
+
+
+_HIDDEN = False
+
+
+def hide_from_children() -> None:
+    """Linux: make this process non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``) before it starts a
+    server, once. A child runs as the same user, and could otherwise read this process's
+    ``/proc/<pid>/environ`` (the Slack token and the database URL when they come from the
+    environment), follow ``/proc/<pid>/cwd`` to ``.env`` or read its memory; non-dumpable,
+    those belong to root. Its other cost: no core dump of this process. Children are not
+    affected (``exec`` makes them dumpable again)."""
+    global _HIDDEN
+    if _HIDDEN or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        log.warning(
+            "could not hide this process from its MCP servers (prctl: errno %d)", ctypes.get_errno()
+        )
+    _HIDDEN = True
