@@ -293,7 +293,7 @@ class Settings(BaseSettings):
     def secret_values(self) -> list[tuple[str, str]]:
         """Every secret these settings hold, as ``(value, "${NAME}")``: the Slack tokens and
         secrets, the model keys, the database password and the OTLP headers' values. What a
-        ``Redactor`` (core.secrets) replaces wherever a text may carry one (tool results,
+        ``Redactor`` (core.redaction) replaces wherever a text may carry one (tool results,
         logs, traces), so a prompt-steered tool that reads one cannot hand it on."""
         pairs = [
             (value, f"${{{name.upper()}}}")

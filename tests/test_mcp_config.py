@@ -12,7 +12,7 @@ import pytest
 from mcp_types import ImageContent, TextContent
 
 from core.errors import ConfigError
-from core.secrets import Redactor
+from core.redaction import Redactor
 from core.settings import load_settings
 from core.tools import call_digest, load_mcp_config, mcp_environment
 from core.tools.config import config_path

@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from core.errors import ConfigError
-from core.secrets import Redactor, expand
 from core.tools.names import server_name_problem
+from core.tools.secrets import Redactor, expand
 
 Approval = Literal["always", "never", "unless_read_only"]
 Transport = Literal["stdio", "http"]

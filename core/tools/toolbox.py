@@ -31,10 +31,10 @@ from typing import Any
 
 from core.metrics import MCP_SERVER_CONNECTED, MCP_TOOL_CALLS
 from core.providers.base import ToolSpec
-from core.secrets import WATCHED_LOGGERS, RedactingFilter
 from core.tools.config import McpConfig
 from core.tools.names import server_of
 from core.tools.outcome import ToolOutcome
+from core.tools.secrets import WATCHED_LOGGERS, RedactingFilter
 from core.tools.server import Backoff, McpServer, ServerState, ServerStatus
 from core.tools.tool import McpTool
 
