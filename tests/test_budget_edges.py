@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import pytest
 from sqlalchemy import text
@@ -26,6 +27,7 @@ from core.providers.streaming import HttpOptions, RetryPolicy, Timeouts
 from core.settings import Settings
 from core.storage.budgets import Budgets
 from core.storage.engine import Database, create_database
+from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
 from core.storage.usage import LedgerEntry, UsageLedger, UsageLine
 from core.testing import openai as fake_openai
@@ -422,3 +424,67 @@ async def test_charged__a_failed_ledger_write_is_written_again(
     line = await charged(db)
     assert line.requests == 1
     assert accounting.writer.waiting == 0
+
+
+# -- what a running turn holds; the totals of a ledger that predates them ----------------------
+
+
+async def test_reservation__a_running_turn_holds_what_it_has_yet_to_spend(
+    store: SessionStore, db: Database
+) -> None:
+    """The claim reserves the turn's expected cost; each of its requests' rows lowers what it
+    holds, down to nothing, without touching the reservation's row."""
+    ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
+    budgets = parse_budgets("user:day:1000000tokens")
+    _, session = await new_session(store)
+    reservation = ledger.reservation(budgets, PAYER)
+    assert reservation is not None
+    lease = await store.start_turn(
+        session.id, user_message=user_message("hi"), last_message_id=None, reservation=reservation
+    )
+    try:
+        (held,) = await ledger.accounts(budgets, PAYER)
+        expected = expected_tokens(None, WindowTotals(), 0)
+        assert held.reserved == expected
+        request = RequestUsage("openai", "m", Usage(expected // 4, 0), None)
+        entry = LedgerEntry(request, "answer", expected // 4, False, session.id, payer=PAYER)
+        await ledger.record(entry)
+        (held,) = await ledger.accounts(budgets, PAYER)
+        assert (held.spent, held.reserved) == (expected // 4, expected - expected // 4)
+        await ledger.record(entry)
+        await ledger.record(entry)
+        await ledger.record(entry)
+        await ledger.record(entry)
+        (held,) = await ledger.accounts(budgets, PAYER)
+        assert held.reserved == 0
+    finally:
+        await store.release(lease)
+    (held,) = await ledger.accounts(budgets, PAYER)
+    assert held.reserved == 0
+
+
+async def test_migration_0007__fills_this_months_totals_from_the_ledger(
+    empty_database_url: str,
+) -> None:
+    db = create_database(empty_database_url)
+    try:
+        await upgrade(db, "0006_web_access")
+        insert = text(
+            "INSERT INTO usage_requests (user_key, workspace, kind, provider, model,"
+            " output_tokens, counted_tokens, cost_nanousd) VALUES (:user, :ws, 'answer', 'p',"
+            " 'm', :output, :counted, :cost)"
+        )
+        async with db.write() as conn:
+            await conn.execute(
+                insert, {"user": PAYER.user, "ws": "T1", "output": 5, "counted": 40, "cost": 7}
+            )
+            await conn.execute(
+                insert, {"user": "slack:T1:U2", "ws": "T1", "output": 1, "counted": 2, "cost": None}
+            )
+        await upgrade(db)
+        ledger = UsageLedger(db, staleness_seconds=60)
+        budgets = parse_budgets("user:day:1000tokens,workspace:month:1000tokens,all:day:1usd")
+        user, workspace, shared = await ledger.accounts(budgets, PAYER)
+        assert (user.spent, workspace.spent, shared.spent) == (40, 42, Decimal("7e-9"))
+    finally:
+        await db.dispose()

@@ -235,7 +235,7 @@ class TurnAccount:
             payer=self.attribution.payer,
             surface=self.attribution.surface,
         )
-        await self._accounting.writer.write(entry, self._reservation)
+        await self._accounting.writer.write(entry)
         return request
 
     async def _charge_unfinished(

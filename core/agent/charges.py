@@ -19,7 +19,7 @@ import logging
 from collections import deque
 from typing import Final
 
-from core.storage.usage import LedgerEntry, Reservation, UsageLedger
+from core.storage.usage import LedgerEntry, UsageLedger
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class LedgerWriter:
 
     def __init__(self, ledger: UsageLedger) -> None:
         self.ledger = ledger
-        self._waiting: deque[tuple[LedgerEntry, Reservation | None]] = deque()
+        self._waiting: deque[LedgerEntry] = deque()
         self._retrying: asyncio.Task[None] | None = None
         self._flushing = asyncio.Lock()  # one writer of the waiting rows at a time, in order
 
@@ -42,22 +42,22 @@ class LedgerWriter:
         """Rows that failed and wait to be written again."""
         return len(self._waiting)
 
-    async def write(self, entry: LedgerEntry, reservation: Reservation | None = None) -> bool:
+    async def write(self, entry: LedgerEntry) -> bool:
         """Write ``entry`` (after any row still waiting); ``False``: it failed and waits, to be
         written again by the process's retry task."""
         if self._waiting:
-            self._keep(entry, reservation)
+            self._keep(entry)
             self._retry_soon()
             return False
         try:
-            await self.ledger.record(entry, reservation=reservation)
+            await self.ledger.record(entry)
         except Exception:  # the answer must not be lost to its bookkeeping: kept, retried
             log.warning(
                 "session %s: a model request's usage was not recorded; retrying",
                 entry.session_id,
                 exc_info=True,
             )
-            self._keep(entry, reservation)
+            self._keep(entry)
             self._retry_soon()
             return False
         return True
@@ -66,15 +66,14 @@ class LedgerWriter:
         """Write every waiting row now (tests; a process's last moments)."""
         async with self._flushing:
             while self._waiting:
-                entry, reservation = self._waiting[0]
-                await self.ledger.record(entry, reservation=reservation)
+                await self.ledger.record(self._waiting[0])
                 self._waiting.popleft()
 
-    def _keep(self, entry: LedgerEntry, reservation: Reservation | None) -> None:
+    def _keep(self, entry: LedgerEntry) -> None:
         if len(self._waiting) >= MOST_WAITING:
-            dropped, _ = self._waiting.popleft()
+            dropped = self._waiting.popleft()
             log.error("a model request's usage was dropped (session %s)", dropped.session_id)
-        self._waiting.append((entry, reservation))
+        self._waiting.append(entry)
 
     def _retry_soon(self) -> None:
         if self._retrying is None or self._retrying.done():

@@ -487,8 +487,9 @@ class UsageRequest(Base):
         Index(None, "created_at"),
         Index(None, "user_key", "created_at"),
         Index(None, "workspace", "created_at"),
-        # A claim projects its turn's input from the session's last request (budgets).
-        Index(None, "session_id", "id"),
+        # A claim projects its turn's input from the session's last request, and counts what
+        # running turns have spent since they reserved (budgets).
+        Index(None, "session_id", "created_at"),
     )
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
@@ -543,7 +544,11 @@ class UsageReservation(Base):
     """
 
     __tablename__ = "usage_reservations"
-    __table_args__ = (Index(None, "account", "unit"),)
+    __table_args__ = (
+        Index(None, "account", "unit"),
+        # One row per turn's session and account: a claim replaces its session's row in place.
+        Index(None, "session_id", "account", "unit", unique=True),
+    )
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     session_id: Mapped[int] = mapped_column(

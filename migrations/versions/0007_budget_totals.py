@@ -1,6 +1,7 @@
 """Running totals per budget account and window (``usage_totals``), so a claim's budget check
-reads a few rows instead of summing the window's ledger, and an index to find a session's
-last request (the claim projects its turn's input from it).
+reads a few rows instead of summing the window's ledger; an index to find a session's last
+request (the claim projects its turn's input from it); one reservation row per session and
+account, replaced in place by the next claim.
 
 The totals of the current month (and so of today) are filled from the ledger rows already
 there: a budget in force across the upgrade keeps counting what was spent before it.
@@ -42,7 +43,21 @@ def upgrade() -> None:
         sa.Column("priced_requests", _id(), nullable=False),
         sa.PrimaryKeyConstraint("account", "period", "window_start", name=op.f("pk_usage_totals")),
     )
-    op.create_index(op.f("ix_usage_requests_session_id_id"), "usage_requests", ["session_id", "id"])
+    op.create_index(
+        op.f("ix_usage_requests_session_id_created_at"),
+        "usage_requests",
+        ["session_id", "created_at"],
+    )
+    # A claim now replaces its session's reservation in place (one row per session and
+    # account). Reservations only live as long as a turn: those of turns running across the
+    # upgrade are dropped (earlier ones could repeat a session and account).
+    op.execute("DELETE FROM usage_reservations")
+    op.create_index(
+        op.f("ix_usage_reservations_session_id_account_unit"),
+        "usage_reservations",
+        ["session_id", "account", "unit"],
+        unique=True,
+    )
     _fill()
 
 
@@ -112,5 +127,8 @@ def _fill() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index(op.f("ix_usage_requests_session_id_id"), table_name="usage_requests")
+    op.drop_index(
+        op.f("ix_usage_reservations_session_id_account_unit"), table_name="usage_reservations"
+    )
+    op.drop_index(op.f("ix_usage_requests_session_id_created_at"), table_name="usage_requests")
     op.drop_table("usage_totals")
