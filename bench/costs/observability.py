@@ -7,10 +7,12 @@
   round by round, so drift on a shared machine falls on all three alike. Export runs on the
   SDK's batch thread; what a turn pays is building its spans and queueing them (and, on a
   machine short of cores, the batch thread's share of the interpreter).
-- ``budget_check``: a turn's bookkeeping (``run_turn``: claim, user message, answer, release;
-  no model) without budgets and with three (user, workspace, shared) over a ledger of
-  ``ledger_rows`` requests this month: the check and reservation inside the claim
-  transaction (the budgets in force are read at most every few seconds per process).
+- ``budget_check``: a turn's bookkeeping (``run_turn``: claim, user message, the answer's one
+  ledger row, answer, release; no model) without budgets and with three (user, workspace,
+  shared), on an empty ledger and on one of ``LEDGER_ROWS`` requests this month: the check and
+  reservation inside the claim transaction, read from running totals (issue 35: at most 1.2x
+  without, whatever the ledger). ``python -m bench.costs.observability [URL|- [ROWS]]`` runs
+  it alone.
 """
 
 from __future__ import annotations
