@@ -461,6 +461,9 @@ async def test_reservation__a_running_turn_holds_what_it_has_yet_to_spend(
         await store.release(lease)
     (held,) = await ledger.accounts(budgets, PAYER)
     assert held.reserved == 0
+    # The release deleted the turn's rows: a claim scans live turns' reservations only.
+    async with db.read() as conn:
+        assert await conn.scalar(text("SELECT count(*) FROM usage_reservations")) == 0
 
 
 async def test_migration_0007__fills_this_months_totals_from_the_ledger(

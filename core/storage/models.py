@@ -539,7 +539,11 @@ class UsageReservation(Base):
     """What a running turn holds against one budget account, taken in its claim transaction.
 
     It counts only while its turn holds the session's lock (same ``lock_token``, live
-    heartbeat): a turn that ends, dies or loses its lock stops holding it without a write.
+    heartbeat): a turn that ends, dies or loses its lock stops holding it without a write, and
+    the statement that releases or takes over the lock deletes it (a trigger on
+    ``agent_sessions``, migration 0007). One row per session and account, replaced in place by
+    the session's next claim (``created_at``: when it was taken, by the claiming process's clock;
+    what the turn's requests spent since is no longer held).
     ``amount`` is in the budget's unit (tokens, or billionths of a dollar).
     """
 

@@ -21,7 +21,10 @@ What it guarantees (docs/design.md, *Budgets across replicas*):
   statement, so it sees the totals, the reservations and the rows that use them up of one
   moment.
 - A reservation counts only while its turn holds the session's lock (same token, live
-  heartbeat): a turn that ends, dies or loses its lock stops holding it without another write.
+  heartbeat): a turn that ends, dies or loses its lock stops holding it without another write,
+  and the statement that releases or takes over the lock deletes its rows (a trigger of
+  migration 0007), so a claim scans only the reservations of live turns (and of dead turns
+  whose session nobody has claimed since).
 """
 
 from __future__ import annotations
@@ -113,16 +116,18 @@ def _read(accounts: int) -> Prepared:
         TOTALS.c.requests.label("n4"),
         TOTALS.c.priced_requests.label("n5"),
     ).where(
-        TOTALS.c.account.in_(names),
+        # Every row by its whole key, so each is one lookup of the primary key however many
+        # windows an account has behind it.
         or_(
-            and_(
-                TOTALS.c.period == "day",
-                TOTALS.c.window_start == bindparam("day", type_=TOTALS.c.window_start.type),
-            ),
-            and_(
-                TOTALS.c.period == "month",
-                TOTALS.c.window_start == bindparam("month", type_=TOTALS.c.window_start.type),
-            ),
+            *(
+                and_(
+                    TOTALS.c.account == name,
+                    TOTALS.c.period == period,
+                    TOTALS.c.window_start == bindparam(period, type_=TOTALS.c.window_start.type),
+                )
+                for name in names
+                for period in ("day", "month")
+            )
         ),
     )
     # What each reserving turn has spent since it reserved: its session's rows written since
