@@ -37,6 +37,7 @@ from core.conversation.worker import DeliveryWorker
 from core.errors import ConfigError, DatabaseError
 from core.runtime import Deliveries, Settings, Storage, metrics
 from web.api import WebApi
+from web.page import add_page_routes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -148,6 +149,7 @@ class Listener:
                 app.router.add_get("/slack/oauth_redirect", self._oauth_redirect)
         if api and self.api is not None:  # the HTTP API (web.api), on the public listener
             self.api.add_routes(app)
+            add_page_routes(app)  # the web page (web.page), the API's first client
         return app
 
     @property
