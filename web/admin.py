@@ -73,6 +73,7 @@ class Admin:
                         "outputTokens": line.output_tokens,
                         "costUsd": float(line.cost_usd),
                         "requests": line.requests,
+                        "turns": line.requests,  # the name the first page reads (docs)
                     }
                     for line in lines
                 ]
