@@ -21,7 +21,6 @@ from aiohttp import web
 
 from core.conversation import (
     WEB_PROJECT,
-    Actor,
     Conversation,
     SessionInfo,
     Viewer,
@@ -29,6 +28,7 @@ from core.conversation import (
 )
 from core.conversation.worker import SHUTDOWN
 from core.runtime import Runtime, Settings
+from web.admin import Admin
 from web.auth import (
     COOKIE,
     CachedChannels,
@@ -53,6 +53,7 @@ from web.shapes import (
     ui_message,
 )
 from web.signin import SignIn
+from web.transcript import Transcript
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -96,7 +97,9 @@ class WebApi:
         for method, path, handler in routes:
             app.router.add_route(method, path, guarded(handler))
         SignIn(self).add_routes(app)
-        app.router.add_route("*", "/v1/{tail:.*}", guarded(unknown))
+        Transcript(self).add_routes(app, guarded)
+        Admin(self).add_routes(app, guarded)
+        app.router.add_route("*", "/v1/{tail:.*}", guarded(unknown))  # last: what is left
 
     async def close(self, grace: float) -> None:
         """Let running web turns finish for ``grace`` seconds, then interrupt them (each
@@ -158,9 +161,7 @@ class WebApi:
                 channels = await self.channels.of(caller.team, caller.user)
             except Exception as exc:  # Slack unreachable: their own sessions still show
                 log.warning("could not ask Slack for %s's channels: %s", caller.person, exc)
-        return Viewer(
-            Actor(caller.user_id, admin=caller.admin), caller.person, caller.team, channels
-        )
+        return Viewer(caller.actor, caller.person, caller.team, channels)
 
     async def conversation(self, caller: Caller, session_id: int) -> Conversation:
         """The session as ``caller`` may see it (404 when they may not)."""
@@ -187,30 +188,20 @@ class WebApi:
     # -- sessions -------------------------------------------------------------------------------
 
     async def session_json(self, conversation: Conversation) -> dict[str, Any]:
-        return (await self.sessionsjson_response([conversation.session]))[0]
+        return (await self.sessions_json([conversation.session]))[0]
 
-    async def sessionsjson_response(self, sessions: list[SessionInfo]) -> list[dict[str, Any]]:
-        owners: dict[int, str | None] = {}
-        shaped = []
-        for session in sessions:
-            owner = None
-            if session.user_id is not None:
-                if session.user_id not in owners:
-                    owners[session.user_id] = await self.conversations.who(session.user_id)
-                owner = owners[session.user_id]
-            handle = await self.conversations.get(session.id)
-            tail = await handle.last()
-            waiting = await handle.pending_approval()
-            shaped.append(
-                session_json(
-                    session,
-                    owner=owner,
-                    last_message_id=tail.message_id if tail else None,
-                    waiting=waiting,
-                    approval_timeout_seconds=self.settings.approval_timeout_seconds,
-                )
+    async def sessions_json(self, sessions: list[SessionInfo]) -> list[dict[str, Any]]:
+        return [
+            session_json(
+                summary.session,
+                owner=summary.owner,
+                owner_name=summary.owner_name,
+                last_message_id=summary.last_message_id,
+                waiting=summary.waiting,
+                approval_timeout_seconds=self.settings.approval_timeout_seconds,
             )
-        return shaped
+            for summary in await self.conversations.summaries(sessions)
+        ]
 
     async def _list(self, request: web.Request) -> web.StreamResponse:
         query = request.query
@@ -240,7 +231,7 @@ class WebApi:
             if len(found) == limit:
                 last = found[-1]
                 next_cursor = cursor({"at": last.updated_at.isoformat(), "id": last.id})
-            return {"data": await self.sessionsjson_response(found), "nextCursor": next_cursor}
+            return {"data": await self.sessions_json(found), "nextCursor": next_cursor}
 
         return json_response(await self.on_turns(request, work))
 
@@ -280,7 +271,7 @@ class WebApi:
 
         async def work(caller: Caller) -> dict[str, Any]:
             conversation = await self.conversation(caller, session_id)
-            await conversation.rename(title, Actor(caller.user_id, admin=caller.admin))
+            await conversation.rename(title, caller.actor)
             return await self.session_json(await self.conversation(caller, session_id))
 
         return json_response(await self.on_turns(request, work))
@@ -290,7 +281,7 @@ class WebApi:
 
         async def work(caller: Caller) -> None:
             conversation = await self.conversation(caller, session_id)
-            await conversation.delete(Actor(caller.user_id, admin=caller.admin))
+            await conversation.delete(caller.actor)
 
         await self.on_turns(request, work)
         return web.Response(status=204)

@@ -316,8 +316,11 @@ class UsageLedger:
                 exclude_session=exclude_session,
             )
 
-    async def report(self, by: GroupBy, *, since: date | None = None) -> list[UsageLine]:
-        """Requests grouped ``by`` user, workspace, model or day (UTC), since a day (UTC)."""
+    async def report(
+        self, by: GroupBy, *, since: date | None = None, user_key: str | None = None
+    ) -> list[UsageLine]:
+        """Requests grouped ``by`` user, workspace, model or day (UTC), since a day (UTC);
+        ``user_key``: only that payer's (a person reading their own usage)."""
         async with self._db.read(large=True) as conn:
             key: ColumnElement[Any]
             if by == "user":
@@ -350,6 +353,8 @@ class UsageLedger:
             if since is not None:
                 start = datetime(since.year, since.month, since.day, tzinfo=UTC)
                 query = query.where(REQUESTS.c.created_at >= start)
+            if user_key is not None:
+                query = query.where(REQUESTS.c.user_key == user_key)
             query = query.group_by(key).order_by(key)
             rows: Sequence[Any] = (await conn.execute(query)).all()
         return [
