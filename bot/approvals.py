@@ -9,23 +9,18 @@
   runs the call and continues) exactly once, on whichever replica holds the record, across
   restarts; a refusal is a one-line ephemeral and changes nothing. A retried or second click
   finds the request decided: the record already exists, and nothing runs again.
-- **The outcome.** A card shows its request's state in place of its buttons. Every replica
-  compares the cards with their requests every ``SESSION_POLL_SECONDS`` (``cards_behind``) and
-  one of them (``card_shown`` is conditional) updates a card whose request moved on anywhere:
-  decided in the terminal, carried out, expired, superseded or rewound.
-- **Decisions left behind.** The terminal carries its decisions out in place; if its process
-  dies between ``/approve`` and that turn, nobody would. So on the same rounds every replica
-  looks for decisions older than ``TURN_LOCK_STALENESS_SECONDS`` that were not carried out, on a
-  free session (``ApprovalDesk.left_behind``): one of a Slack thread gets the delivery record a
-  click would have made (the same key, so a click's record already there is not doubled), and
-  its continuation streams into the thread; one of a session with no thread (a terminal
-  session) is carried out here directly. Either way it is the usual turn (claim, stale guard,
-  fencing, ``start_running``): the call goes out at most once, whoever picks it up.
+- **The outcome.** A card shows its request's state in place of its buttons. The core's
+  approval rounds (``core.conversation.rounds``) hand every request whose card is behind its
+  state (decided in the terminal or the web page, carried out, expired, superseded, rewound) to
+  ``show``, which updates the card.
+- **Decisions left behind.** The rounds find decisions whose deciding process died before
+  carrying them out; one of a Slack thread is offered to ``take``, which records it as a click
+  would have (the same key, so a click's record already there is not doubled) so that its
+  continuation streams into the thread. The rounds carry out the others themselves.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -42,10 +37,10 @@ from core.conversation import (
     Conversations,
     Decided,
     DecisionRefused,
-    Payer,
 )
 from core.conversation.intake import Incoming
 from core.conversation.places import SlackThread, slack_user_in
+from core.conversation.rounds import Taking
 from core.conversation.worker import DeliveryWorker
 from core.runtime import Settings
 
@@ -68,12 +63,7 @@ class ApprovalCards:
         self.settings = settings
         self.conversations = conversations
         self._client_for = client_for
-        self._sync: asyncio.Task[None] | None = None
         self._worker: DeliveryWorker[AsyncWebClient] | None = None
-        # Left-behind decisions given a delivery record here and not carried out yet (recording
-        # again would be a no-op write each round: the record's key is the click's).
-        self._recorded: set[str] = set()
-        self._carrying: dict[str, asyncio.Task[None]] = {}  # ... or being carried out here
 
     # -- the card -------------------------------------------------------------------------------
 
@@ -95,7 +85,7 @@ class ApprovalCards:
             return
         ts = response.get("ts")
         if desk is not None and isinstance(ts, str):
-            await desk.approvals.set_card(request.id, thread_key(post.team, post.channel, ts))
+            await desk.set_card(request.id, thread_key(post.team, post.channel, ts))
 
     async def post_missing(
         self, client: AsyncWebClient, post: Post, waiting: ApprovalRecord
@@ -119,7 +109,7 @@ class ApprovalCards:
         card = SlackThread.parse(record.card_ref)
         if card is None:
             return False
-        if not await desk.approvals.card_shown(record.id, record.card_state, record.state):
+        if not await desk.card_shown(record.id, record.card_state, record.state):
             return False
         client = client or await self._client_for(card.team)
         if client is None:
@@ -149,75 +139,27 @@ class ApprovalCards:
         if record is not None:
             await self.show(record, client)
 
-    def start(self, worker: DeliveryWorker[AsyncWebClient] | None = None) -> None:
-        """Keep cards up to date and (given the delivery worker) carry out decisions left
-        behind."""
+    def start(self, worker: DeliveryWorker[AsyncWebClient]) -> None:
+        """Left-behind decisions of Slack threads are recorded for ``worker`` from now on."""
         self._worker = worker
-        if self._sync is None and self.conversations.approvals is not None:
-            self._sync = asyncio.create_task(self._keep_cards())
-
-    async def stop(self) -> None:
-        tasks = [t for t in (self._sync, *self._carrying.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _keep_cards(self) -> None:
-        desk = self.conversations.approvals
-        assert desk is not None
-        while True:
-            await asyncio.sleep(self.settings.session_poll_seconds)
-            try:
-                for record in await desk.approvals.cards_behind():
-                    await self.show(record)
-                if self._worker is not None:
-                    await self.carry_on_left_behind(self._worker)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a database blip: the next round tries again
-                log.warning("could not bring approval cards up to date: %s", exc)
 
     # -- decisions whose deciding process died -------------------------------------------------
 
-    async def carry_on_left_behind(self, worker: DeliveryWorker[AsyncWebClient]) -> None:
-        """Hand every decision left behind to whoever carries it out (see the module's doc)."""
-        desk = self.conversations.approvals
-        assert desk is not None
-        staleness = self.settings.turn_lock_staleness_seconds
-        found = await desk.left_behind(staleness)
-        # A decision recorded here leaves the list once carried out: forget it then, so the set
-        # holds only what is still on its way (it grew for the life of the process).
-        self._recorded &= {record.id for record in found}
-        for record in found:
-            if record.id in self._recorded or record.id in self._carrying:
-                continue
-            key = await self.conversations.key_of(record.session_id)
-            post = Post.of_thread(key, "") if key is not None else None
-            if key is None or post is None:
-                log.info("carrying out decision %s, left behind by its process", record.id)
-                self._carrying[record.id] = asyncio.create_task(self._carry_out(record))
-                continue
-            client = await self._client_for(post.team)
-            if client is None:
-                continue
-            user = await self._decider_in(record, post.team)
-            if user is None:
-                continue
-            log.info("decision %s was left behind by its process; recording it", record.id)
-            await self._record(record, key, user, client, worker)
-            self._recorded.add(record.id)
-
-    async def _carry_out(self, record: ApprovalRecord) -> None:
-        try:
-            await self.conversations.carry_out_left_behind(
-                record, payer=Payer(record.decided_by) if record.decided_by else None
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # its lock lapses; the next round (here or elsewhere) tries again
-            log.exception("decision %s left behind: carrying it out failed", record.id)
-        finally:
-            self._carrying.pop(record.id, None)
+    async def take(self, record: ApprovalRecord) -> Taking:
+        """A left-behind decision of a Slack thread gets the delivery record a click would have
+        made (the same key, so a click's record already there is not doubled): its
+        continuation streams into the thread. Any other is the approval rounds' to carry out."""
+        key = await self.conversations.key_of(record.session_id)
+        post = None if key is None else Post.of_thread(key, "")
+        if key is None or post is None:
+            return "not_mine"
+        client = await self._client_for(post.team)
+        user = None if client is None else await self._decider_in(record, post.team)
+        if client is None or user is None or self._worker is None:
+            return "later"  # a thread's, never carried out unseen: the next round asks again
+        log.info("decision %s was left behind by its process; recording it", record.id)
+        await self._record(record, key, user, client, self._worker)
+        return "taken"
 
     async def _decider_in(self, record: ApprovalRecord, team: str) -> str | None:
         """The Slack user the thread's notices about a decision go to: the decider when they
@@ -258,7 +200,7 @@ class ApprovalCards:
         if record.card_ref is None and channel and card_ts:
             # The replica that posted the card died before storing where it is: the click
             # says where, so the card still shows the outcome.
-            await desk.approvals.set_card(record.id, thread_key(team, channel, card_ts))
+            await desk.set_card(record.id, thread_key(team, channel, card_ts))
         person = await self.conversations.person(
             external_user(team, user), admin=self.settings.is_admin(team, user)
         )

@@ -26,6 +26,7 @@ from bot.post import PROJECT, SURFACE
 from bot.shortcuts import Shortcuts
 from bot.slack_api import http_session, web_client
 from bot.tasks import BackgroundWork
+from core.conversation.rounds import ApprovalRounds
 from core.conversation.worker import DeliveryWorker
 from core.errors import ConfigError
 from core.runtime import Runtime, Settings, metrics
@@ -102,6 +103,7 @@ class Bot:
         self.conversations = runtime.conversations(PROJECT, surface=SURFACE)
         self.answers = ThreadAnswers(settings, self.conversations, self.client_for)
         self.cards = ApprovalCards(settings, self.conversations, self.client_for)
+        self.rounds = ApprovalRounds(settings, self.conversations, [self.cards])
         self.answers.cards = self.cards
         self.deliveries = runtime.deliveries(SURFACE)
         metrics.REPLICA.info({"owner": self.deliveries.owner})
@@ -160,15 +162,16 @@ class Bot:
         """Begin renewing leases and taking over what stopped or dead replicas left, and
         keeping approval cards up to date."""
         self.worker.start()
+        self.cards.start(self.worker)
         if self.runtime.tools is not None:  # no MCP servers: no call ever waits for a person
-            self.cards.start(self.worker)
+            self.rounds.start()
 
     async def close(self) -> None:
         """Stop taking work, let running turns finish for the grace period, interrupt the
         rest (their partial answers kept), then close everything."""
         grace = self.settings.shutdown_grace_seconds
         self.background.closing = True
-        await self.cards.stop()
+        await self.rounds.stop()
         await asyncio.gather(
             self.worker.stop(grace), self.background.shutdown(grace), self.api.close(grace)
         )

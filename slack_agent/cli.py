@@ -80,6 +80,17 @@ def _parser() -> argparse.ArgumentParser:
     token_revoke = token_cmds.add_parser("revoke", help="refuse a token from now on")
     token_revoke.add_argument("token_id", type=int, metavar="ID")
 
+    user = commands.add_parser("user", help="one person's data: export it, or erase it")
+    user_cmds = user.add_subparsers(dest="action", required=True, metavar="ACTION")
+    user_export = user_cmds.add_parser(
+        "export", help="their sessions, messages, usage, approvals, … as JSON lines on stdout"
+    )
+    user_export.add_argument("person", metavar="TEAM:USER")
+    user_erase = user_cmds.add_parser(
+        "erase", help="remove their data (usage kept, anonymised); refused while they have a turn"
+    )
+    user_erase.add_argument("person", metavar="TEAM:USER")
+
     bench = commands.add_parser(
         "bench", help="measure the core (no model); a PART alone with its arguments"
     )
@@ -198,6 +209,26 @@ async def _dispatch(op: Operator, args: argparse.Namespace) -> None:
         await _budget(op, args)
     elif args.command == "token":
         await _token(op, args)
+    elif args.command == "user":
+        await _user(op, args)
+
+
+async def _user(op: Operator, args: argparse.Namespace) -> None:
+    if args.action == "export":
+        async for record in op.export_person(args.person):
+            print(json.dumps(record, ensure_ascii=False, default=str))
+        return
+    erased = await op.erase_person(args.person)
+    if not erased.anything:
+        print(f"nothing kept about {args.person}")
+        return
+    print(
+        f"erased {args.person}: {erased.sessions} sessions ({erased.messages} messages), "
+        f"{erased.deliveries} delivery records, {erased.feedback} votes, {erased.tokens} API "
+        f"tokens, {erased.sign_ins} web sign-ins, {erased.person} person record; "
+        f"kept anonymised: {erased.usage_anonymised} model requests (usage and budgets), "
+        f"{erased.decisions_anonymised} tool-call decisions"
+    )
 
 
 async def _token(op: Operator, args: argparse.Namespace) -> None:
@@ -424,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = load_settings()
-        configure_logging(settings.log_level, settings.log_format)
+        configure_logging(settings.log_level, settings.log_format, settings.secret_values())
         runners: dict[str, Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, None]]]
         runners = {
             "bench": _bench,

@@ -31,6 +31,8 @@ from bot.service import Bot
 from core.conversation.places import SLACK_PROJECT, SlackThread
 from core.errors import ConfigError
 from core.messages import assistant_message, user_message
+from core.providers import UserMessage
+from core.providers.offline import respond
 from core.records import TurnLease
 from core.settings import load_settings
 from core.testing.mcp_notes import stdio_entry
@@ -43,7 +45,7 @@ CHANNEL = "C0GENERAL"
 NAMES = {"U0ALICE": "alice", "U0BOB": "bob"}
 
 
-class Replica:
+class DemoReplica:
     """One ``serve`` replica, in this process: the real app on its own port and engine."""
 
     def __init__(self, name: str, bot: Bot, runner: web.AppRunner, slack: SlackClient) -> None:
@@ -59,7 +61,7 @@ class Replica:
         *,
         port: int | None = None,
         **extra: Any,
-    ) -> Replica:
+    ) -> DemoReplica:
         """``port``: listen on ``WEB_HOST:port`` (the page's) rather than a free port."""
         settings = load_settings(
             database_url=database_url,
@@ -97,12 +99,12 @@ class Slack:
         self.standin = standin
 
     @staticmethod
-    def _ok(replica: Replica, status: int) -> None:
+    def _ok(replica: DemoReplica, status: int) -> None:
         if status != 200:
             raise RuntimeError(f"{replica.name} answered {status}")
 
     async def say(
-        self, replica: Replica, user: str, text: str, thread_ts: str | None = None
+        self, replica: DemoReplica, user: str, text: str, thread_ts: str | None = None
     ) -> str:
         mention = thread_ts is None
         shown = (f"@agent {text}" if mention else text).strip()
@@ -113,7 +115,7 @@ class Slack:
         )
 
     async def shortcut(
-        self, replica: Replica, user: str, callback_id: str, message: Message
+        self, replica: DemoReplica, user: str, callback_id: str, message: Message
     ) -> None:
         status = await replica.slack.shortcut(
             callback_id,
@@ -124,11 +126,11 @@ class Slack:
         )
         self._ok(replica, status)
 
-    async def submit(self, replica: Replica, user: str, view: dict[str, Any]) -> None:
+    async def submit(self, replica: DemoReplica, user: str, view: dict[str, Any]) -> None:
         """A person pressing a modal's submit button."""
         self._ok(replica, await replica.slack.submit_view(view, user=user))
 
-    async def click(self, replica: Replica, user: str, ephemeral: Message, label: str) -> None:
+    async def click(self, replica: DemoReplica, user: str, ephemeral: Message, label: str) -> None:
         action_id, value = ephemeral.values[ephemeral.buttons.index(label)].split("\x00", 1)
         self._ok(replica, await replica.slack.button(action_id, value, user=user, channel=CHANNEL))
 
@@ -201,7 +203,7 @@ async def keep_the_page_up(standin: SlackStandIn, url: str, tmp: Path, port: int
     authorize page (and an admin, so every page of it shows), until cancelled."""
     alice = "U0ALICE"
     standin.sign_in_as = alice
-    replica = await Replica.start(
+    replica = await DemoReplica.start(
         "the page",
         url,
         standin,
@@ -236,8 +238,8 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> Non
     print("(a deterministic stand-in, not a language model), a fresh SQLite database and a")
     print("small notes MCP server.")
     mcp = _mcp_config(tmp)
-    a = await Replica.start("replica A", url, standin, mcp)
-    b = await Replica.start("replica B", url, standin, mcp)
+    a = await DemoReplica.start("replica A", url, standin, mcp)
+    b = await DemoReplica.start("replica B", url, standin, mcp)
 
     # 1. A mention starts a session in the thread; the reply streams into it.
     root = await slack.say(a, alice, "hello! what can you do?")
@@ -259,7 +261,8 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> Non
 
     # 2b. Someone continues the same session from the terminal; Bob's next message meets a
     #     session busy elsewhere, waits, and is offered to him once the terminal is done.
-    terminal = await _terminal_turn(a.bot, root, "(from the terminal) summarise the thread")
+    question = "summarise the thread"
+    terminal = await _terminal_turn(a.bot, root, question)
     await slack.say(b, bob, "and the tests?", thread_ts=root)
 
     def offer() -> Message | None:
@@ -268,9 +271,10 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> Non
     await slack.until(
         lambda: any("used elsewhere" in p.text for p in standin.thread(CHANNEL, root, bob))
     )
-    await a.bot.runtime.storage.sessions.finish(
-        terminal, [assistant_message("(terminal) the thread so far: …")]
-    )
+    answer = respond([UserMessage(question)], []).text  # what the offline model answers
+    await a.bot.runtime.storage.sessions.finish(terminal, [assistant_message(answer)])
+    print("\n── the terminal: a turn in the same conversation while Bob writes " + "─" * 10)
+    print(f"  > {question}\n  agent\n  {answer}")
     waiting = await slack.until(offer)
     print_thread(standin, root, bob, "#general, while the terminal client held the session")
     await slack.click(b, bob, waiting, "Send")
@@ -332,7 +336,7 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> Non
     before = await _transcript(a.bot, root)
     await a.stop()
     await b.stop()
-    c = await Replica.start("replica C", url, standin, mcp)
+    c = await DemoReplica.start("replica C", url, standin, mcp)
     after = await _transcript(c.bot, root)
     await slack.say(c, alice, "still there after the restart?", thread_ts=root)
     await slack.until(lambda: any("still there" in p.text for p in _replies(standin, root)))
@@ -346,7 +350,7 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> Non
 
 
 async def _approval(
-    standin: SlackStandIn, slack: Slack, a: Replica, b: Replica, alice: str, tmp: Path
+    standin: SlackStandIn, slack: Slack, a: DemoReplica, b: DemoReplica, alice: str, tmp: Path
 ) -> None:
     for replica in (a, b):  # the notes server starts in the background with each replica
         tools = replica.bot.runtime.tools

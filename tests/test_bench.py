@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 
 from bench import parts
 from bench.costs.storage import QUICK, BenchError, claim_round, format_table, run_bench
+from bench.costs.tools import bench_tools
 from bench.load.profile import summarise
 from bench.parts import PARTS
 from core.errors import AgentSessionBusy, UsageError
@@ -191,3 +192,15 @@ def test_bench_parts__the_turns_profile_part_prints_the_shares(
     raw.write_text("main (slack_agent/cli.py:1);Deliveries.move (core/storage/deliveries.py:5) 3\n")
     parts.run("turns-profile", [str(raw)])
     assert capsys.readouterr().out == "100.0%  storage (core/storage, SQLAlchemy, drivers)\n"
+
+
+@pytest.mark.slow
+async def test_bench_tools__a_call_and_an_approval_round_trip_measured_through_the_door(
+    database_url: str,
+) -> None:
+    """The approval figure is the one a surface pays: a turn stopped at a call, then one
+    ``decide`` that records and carries it out (the offline model and the stdio notes server)."""
+    result = await bench_tools(database_url, quick=True)
+    for name in ("turn_without_tool", "mcp_call_overhead", "approval_round_trip"):
+        assert result[name]["n"] == 20, name
+    assert result["approval_round_trip"]["p50"] > 0

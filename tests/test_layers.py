@@ -256,3 +256,15 @@ def test_layers__no_import_cycles() -> None:
         if name not in state:
             visit(name, [name])
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_layers__no_two_public_classes_share_a_name() -> None:
+    """One name per thing: two classes of one name get renamed on import somewhere, and a
+    reader meets the same word meaning two things (docs/design.md, *Words*)."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for name, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where[node.name].append(name)
+    shared = {cls: modules for cls, modules in where.items() if len(modules) > 1}
+    assert not shared, f"classes sharing a name: {shared}"

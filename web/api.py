@@ -21,7 +21,6 @@ from aiohttp import web
 
 from core.conversation import (
     WEB_PROJECT,
-    Actor,
     Conversation,
     SessionInfo,
     Viewer,
@@ -29,6 +28,7 @@ from core.conversation import (
 )
 from core.conversation.worker import SHUTDOWN
 from core.runtime import Runtime, Settings
+from web.admin import Admin
 from web.auth import (
     COOKIE,
     CachedChannels,
@@ -53,6 +53,7 @@ from web.shapes import (
     ui_message,
 )
 from web.signin import SignIn
+from web.transcript import Transcript
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -96,7 +97,9 @@ class WebApi:
         for method, path, handler in routes:
             app.router.add_route(method, path, guarded(handler))
         SignIn(self).add_routes(app)
-        app.router.add_route("*", "/v1/{tail:.*}", guarded(unknown))
+        Transcript(self).add_routes(app, guarded)
+        Admin(self).add_routes(app, guarded)
+        app.router.add_route("*", "/v1/{tail:.*}", guarded(unknown))  # last: what is left
 
     async def close(self, grace: float) -> None:
         """Let running web turns finish for ``grace`` seconds, then interrupt them (each
@@ -158,9 +161,7 @@ class WebApi:
                 channels = await self.channels.of(caller.team, caller.user)
             except Exception as exc:  # Slack unreachable: their own sessions still show
                 log.warning("could not ask Slack for %s's channels: %s", caller.person, exc)
-        return Viewer(
-            Actor(caller.user_id, admin=caller.admin), caller.person, caller.team, channels
-        )
+        return Viewer(caller.actor, caller.person, caller.team, channels)
 
     async def conversation(self, caller: Caller, session_id: int) -> Conversation:
         """The session as ``caller`` may see it (404 when they may not)."""
@@ -280,7 +281,7 @@ class WebApi:
 
         async def work(caller: Caller) -> dict[str, Any]:
             conversation = await self.conversation(caller, session_id)
-            await conversation.rename(title, Actor(caller.user_id, admin=caller.admin))
+            await conversation.rename(title, caller.actor)
             return await self.session_json(await self.conversation(caller, session_id))
 
         return json_response(await self.on_turns(request, work))
@@ -290,7 +291,7 @@ class WebApi:
 
         async def work(caller: Caller) -> None:
             conversation = await self.conversation(caller, session_id)
-            await conversation.delete(Actor(caller.user_id, admin=caller.admin))
+            await conversation.delete(caller.actor)
 
         await self.on_turns(request, work)
         return web.Response(status=204)

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from core.conversation import Actor, Payer
+
 COOKIE = "slack_agent_session"
 CSRF_HEADER = "X-CSRF-Token"
 CHANGES = frozenset({"POST", "PATCH", "PUT", "DELETE"})
@@ -42,6 +44,15 @@ class Caller:
     @property
     def csrf_token(self) -> str | None:
         return None if self.cookie is None else csrf_token(self.cookie)
+
+    @property
+    def payer(self) -> Payer:
+        """Who pays for what they start: the person, in their workspace (its budgets too)."""
+        return Payer(self.person, self.team)
+
+    @property
+    def actor(self) -> Actor:
+        return Actor(self.user_id, admin=self.admin)
 
     @property
     def approver_id(self) -> str | None:

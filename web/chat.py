@@ -27,7 +27,6 @@ from core.conversation import (
     DecisionRefused,
     MemoryView,
     OverBudget,
-    Payer,
     Stale,
     TurnEnd,
     message_text,
@@ -97,7 +96,7 @@ class Chat:
                     display_name=caller.name,
                     message_id=message_id,
                     metadata={"surface": "web", "author": caller.person},
-                    payer=Payer(caller.person),
+                    payer=caller.payer,
                 ),
                 renderer,
             )
@@ -134,7 +133,7 @@ class Chat:
                     by=caller.person,
                 ),
                 renderer,
-                payer=Payer(caller.person),
+                payer=caller.payer,
             )
             return refusal(end)
 

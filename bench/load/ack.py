@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    Connection,
+    EventConnection,
     percentiles,
     request_bytes,
     rss_bytes,
@@ -46,7 +46,7 @@ async def _measure(
             base = int(time.time())
             # Warm connections (as many as the measured wave uses) and the authorisation
             # cache; then a wave of turns running while the measured wave arrives.
-            connections = [await Connection.open(port) for _ in range(events)]
+            connections = [await EventConnection.open(port) for _ in range(events)]
             try:
                 await asyncio.gather(
                     *(

@@ -23,14 +23,15 @@ ledger row per request.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from core import metrics
 from core.errors import AgentSessionBudgetExceeded
+from core.messages import Message
 from core.providers.base import (
     AssistantMessage,
     ChatMessage,
@@ -41,18 +42,15 @@ from core.providers.base import (
     ToolSpec,
     Usage,
 )
-from core.providers.estimate import estimate_usage
+from core.providers.estimate import CHARS_PER_TOKEN, estimate_usage
 from core.storage.budgets import Budgets
 from core.storage.usage import Kind, LedgerEntry, Reservation, UsageLedger
 from core.tracing.spans import CompactionSpan, ToolSpan, Tracer, TurnSpan
-from core.usage.budgets import Budget, Payer, decide, refusal
+from core.usage.budgets import Budget, Payer
 from core.usage.prices import PriceSource
 from core.usage.totals import MessageUsage, RequestUsage
 
 log = logging.getLogger(__name__)
-
-# How long a process keeps the budgets in force before reading them again (``budget set``).
-BUDGETS_TTL_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -72,27 +70,21 @@ class Accounting:
         ledger: UsageLedger,
         budgets: Budgets | None = None,
         tracer: Tracer | None = None,
-        *,
-        budgets_ttl_seconds: float = BUDGETS_TTL_SECONDS,
     ) -> None:
         self.ledger = ledger
         self.budgets = budgets
         self.tracer = tracer or Tracer.off()
-        self._ttl = budgets_ttl_seconds
-        self._in_force: tuple[float, tuple[Budget, ...]] | None = None
 
     def turn(self, session_id: int, attribution: Attribution | None = None) -> TurnAccount:
         return TurnAccount(self, session_id, attribution or Attribution())
 
     async def in_force(self) -> tuple[Budget, ...]:
-        """The budgets in force, read at most once per ``budgets_ttl_seconds``: a change
-        made with ``budget set`` reaches every replica's turns within that time."""
+        """The budgets in force, read for every claim (one prepared statement): a change made
+        with ``budget set`` holds for the next claim on every replica, with no cache to wait
+        out."""
         if self.budgets is None:
             return ()
-        now = time.monotonic()
-        if self._in_force is None or now - self._in_force[0] >= self._ttl:
-            self._in_force = (now, await self.budgets.in_force())
-        return self._in_force[1]
+        return await self.budgets.in_force()
 
 
 class TurnAccount:
@@ -110,15 +102,22 @@ class TurnAccount:
         self._parent: TurnSpan | CompactionSpan = self.span
         self._kind: Kind = "answer"
         self._made = 0  # model requests made so far
+        self._reservation: Reservation | None = None  # taken at the claim
 
     # -- before the claim ---------------------------------------------------------------------
 
-    async def reservation(self) -> Reservation | None:
-        """The budget check the claim runs (``None``: no budget applies to this payer)."""
+    async def reservation(self, message: Message | None = None) -> Reservation | None:
+        """The budget check the claim runs (``None``: no budget applies to this payer);
+        ``message``: the user message the turn adds, part of what its first request sends."""
         self.budgets = await self._accounting.in_force()
         if not self.budgets:
             return None
-        return self._accounting.ledger.reservation(self.budgets, self.attribution.payer)
+        reservation = self._accounting.ledger.reservation(self.budgets, self.attribution.payer)
+        if reservation is not None and message is not None:
+            chars = len(json.dumps(message, ensure_ascii=False))
+            reservation.text_tokens = -(-chars // CHARS_PER_TOKEN)
+        self._reservation = reservation
+        return reservation
 
     # -- the trace ------------------------------------------------------------------------------
 
@@ -182,16 +181,13 @@ class TurnAccount:
         return {} if total is None else {"usage": total.to_json()}
 
     async def before_request(self) -> None:
-        """Before a model request: the first was admitted by the claim; a later one only while
-        the payer's budgets have room (``AgentSessionBudgetExceeded`` with ``during_turn``)."""
-        if not self._made or not self.budgets:
+        """Before a model request: the first was admitted (and reserved) by the claim; a later
+        one takes the claim's step again, so it runs only while its expected cost fits in what
+        the payer's budgets have left, or as the one request allowed past their end
+        (``AgentSessionBudgetExceeded`` with ``during_turn``)."""
+        if not self._made or self._reservation is None:
             return
-        accounts = await self._accounting.ledger.accounts(
-            self.budgets, self.attribution.payer, exclude_session=self.session_id
-        )
-        refused = decide(accounts)
-        if refused is not None:
-            raise refusal(refused, during_turn=True)
+        await self._accounting.ledger.extend(self._reservation)
 
     def provider(self, inner: ModelProvider, prices: PriceSource) -> ModelProvider:
         """``inner`` as this turn's requests go through it, priced from ``prices``."""
@@ -226,7 +222,7 @@ class TurnAccount:
             surface=self.attribution.surface,
         )
         try:
-            await self._accounting.ledger.record(entry)
+            await self._accounting.ledger.record(entry, reservation=self._reservation)
         except Exception:  # the answer must not be lost to its bookkeeping
             log.exception("session %s: a model request's usage was not recorded", self.session_id)
         return request

@@ -332,7 +332,7 @@ class Agent:
             last_message_id=last_message_id,
             model=model.choice,
             heartbeat_seconds=self.config.heartbeat_seconds,
-            reservation=await account.reservation(),
+            reservation=await account.reservation(user_message),
         ) as turn:
             tail = turn.lease.tail
             account.started(message_text(tail.message) if tail is not None else None)

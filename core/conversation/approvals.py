@@ -110,6 +110,18 @@ class ApprovalDesk:
             return DecisionRefused("rewound", closed or record)
         return None
 
+    async def set_card(self, approval_id: str, card_ref: str) -> None:
+        """Where a surface showed the request, to show its outcome there later."""
+        await self.approvals.set_card(approval_id, card_ref)
+
+    async def cards_behind(self) -> list[ApprovalRecord]:
+        """Shown requests whose state moved on since (overdue ones expired first)."""
+        return await self.approvals.cards_behind()
+
+    async def card_shown(self, approval_id: str, shown: str, now: str) -> bool:
+        """The card moves from showing ``shown`` to ``now``: True for one caller."""
+        return await self.approvals.card_shown(approval_id, shown, now)
+
     async def left_behind(
         self, older_than_seconds: float, *, session_id: int | None = None
     ) -> list[ApprovalRecord]:

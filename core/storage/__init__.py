@@ -9,7 +9,8 @@ only module that makes engines, ``dialect`` holds what differs between SQLite an
 module per concern holds that concern's statements (``sessions``, ``transcript``,
 ``snapshots``, ``deliveries``, ``approvals``, ``surface_state``, ``feedback``, ``retention``,
 ``custom_providers``, ``sweeper``, ``migrate``, ``usage`` (the ledger of model requests and
-budget reservations), ``budgets`` (the limits set at run time)).
+budget reservations), ``budgets`` (the limits set at run time), ``people`` (one person's
+data, exported or erased)).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from core.storage.migrate import (
     this_builds_head,
     upgrade,
 )
+from core.storage.people import Erased, People, Person
 from core.storage.retention import Retention, RetentionPolicy
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import Snapshots
@@ -57,6 +59,7 @@ class Storage:
         self.budgets = Budgets(db, settings.budgets)
         self.approvals = Approvals(db, timeout_seconds=settings.approval_timeout_seconds)
         self.web_access = WebAccess(db)
+        self.people = People(db, staleness_seconds=settings.turn_lock_staleness_seconds)
 
     @classmethod
     def open(cls, settings: Settings, *, pool_size: int = 10) -> Storage:
@@ -152,7 +155,10 @@ __all__ = [
     "Budgets",
     "CustomProviders",
     "Deliveries",
+    "Erased",
     "Feedback",
+    "People",
+    "Person",
     "Retention",
     "RetentionPolicy",
     "SessionStore",

@@ -487,6 +487,8 @@ class UsageRequest(Base):
         Index(None, "created_at"),
         Index(None, "user_key", "created_at"),
         Index(None, "workspace", "created_at"),
+        # A claim projects its turn's input from the session's last request (budgets).
+        Index(None, "session_id", "id"),
     )
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
@@ -507,6 +509,29 @@ class UsageRequest(Base):
     counts_estimated: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=false())
     cost_nanousd: Mapped[int | None] = mapped_column(Id)
     created_at: Mapped[datetime] = _created()
+
+
+class UsageTotal(Base):
+    """What one account spent in one budget window, kept by the transaction that writes each
+    ledger row, so a claim reads a few rows instead of summing the window's requests.
+
+    ``account`` is ``user:…``, ``workspace:…`` or ``all``; ``period`` ``day`` or ``month``;
+    ``window_start`` the window's first instant (UTC). ``tokens`` sums the requests'
+    ``counted_tokens``, ``nanousd`` their known costs (``priced_requests`` of the
+    ``requests``), ``output_tokens`` their reported output (a claim's expected output is the
+    window's average).
+    """
+
+    __tablename__ = "usage_totals"
+
+    account: Mapped[str] = mapped_column(String(300), primary_key=True)
+    period: Mapped[str] = mapped_column(String(10), primary_key=True)
+    window_start: Mapped[datetime] = mapped_column(UtcDateTime(), primary_key=True)
+    tokens: Mapped[int] = mapped_column(Id, nullable=False)
+    nanousd: Mapped[int] = mapped_column(Id, nullable=False)
+    output_tokens: Mapped[int] = mapped_column(Id, nullable=False)
+    requests: Mapped[int] = mapped_column(Id, nullable=False)
+    priced_requests: Mapped[int] = mapped_column(Id, nullable=False)
 
 
 class UsageReservation(Base):

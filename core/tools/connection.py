@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
+import tempfile
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
@@ -92,8 +94,12 @@ class Connection:
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
         launch = self.config.launch
+        # A directory of its own unless the file names one: the app's directory holds .env.
+        own = None if launch.cwd else tempfile.mkdtemp(prefix="slack-agent-mcp-")
+        # Only its declared environment over the SDK's safe defaults (PATH, HOME, USER, ...):
+        # never the app's, which holds the Slack token and the database URL.
         params = StdioServerParameters(
-            command=launch.command, args=list(launch.args), env=launch.env or None, cwd=launch.cwd
+            command=launch.command, args=list(launch.args), env=launch.env, cwd=launch.cwd or own
         )
         tail = self._stderr = StderrTail(self.config.name, self.redactor)
         try:
@@ -103,6 +109,8 @@ class Connection:
                 yield _WatchedRead(read, self, "exited"), write
         finally:
             await tail.aclose()
+            if own is not None:
+                shutil.rmtree(own, ignore_errors=True)
 
     @asynccontextmanager
     async def _http(self) -> AsyncIterator[TransportStreams]:

@@ -67,6 +67,11 @@ class Redactor:
     def __repr__(self) -> str:
         return f"Redactor({len(self._pairs)} values, not shown)"
 
+    def merged(self, pairs: Iterable[tuple[str, str]]) -> Redactor:
+        """This redactor and ``pairs`` (e.g. ``Settings.secret_values``): a value both name
+        keeps the name this one gave it."""
+        return Redactor([*pairs, *self._pairs])
+
     def redact(self, text: str) -> str:
         for value, name in self._pairs:
             if value in text:
