@@ -354,7 +354,7 @@ async def test_web__two_tabs_on_one_approval_the_second_click_is_told_it_was_dec
 # -- rewind, usage, narrow ---------------------------------------------------------------------
 
 
-async def test_web__rewind_here_asks_first_then_removes_what_the_plan_said(
+async def test_web__rewind_here_asks_first_then_removes_what_the_plan_said_then_compact(
     database_url: str, slack: SlackStandIn
 ) -> None:
     async with web(database_url, slack) as (bot, browser):
@@ -385,9 +385,86 @@ async def test_web__rewind_here_asks_first_then_removes_what_the_plan_said(
         )
         await expect(transcript(page)).not_to_contain_text("second words", timeout=SECONDS)
         await expect(transcript(page)).to_contain_text("first words")
+        # The rewound message of the person's is back in the composer, to edit and resend.
+        await expect(page.get_by_label("Message")).to_have_value("second words")
+        # Compact: the checkpoint shows as such.
+        await page.get_by_role("button", name="Compact").click()
+        await expect(transcript(page).get_by_role("separator", name="Checkpoint")).to_be_visible(
+            timeout=SECONDS
+        )
         await page.reload()
         await expect(transcript(page)).to_contain_text("first words", timeout=SECONDS)
         await expect(transcript(page)).not_to_contain_text("second words")
+
+
+async def test_web__branch_from_here_and_stop(
+    database_url: str, slack: SlackStandIn, model: GatedModel
+) -> None:
+    async with web(database_url, slack, **gated(model)) as (bot, browser):
+        model.release()
+        _, page = await signed_in(browser, bot, slack)
+        first = await web_session(page)
+        for text in ("keep this", "and this"):
+            await send(page, text)
+            await expect(page.get_by_role("button", name="Send")).to_be_disabled(timeout=SECONDS)
+            await expect(transcript(page).locator('[data-role="assistant"]')).to_contain_text(
+                [f"answer {n}" for n in range(1, 2 if text == "keep this" else 3)],
+                timeout=SECONDS,
+            )
+        # Branch from the second question: a new session with what came before it, the
+        # question back in its composer; the first session keeps everything.
+        asked = transcript(page).locator('[data-role="user"]', has_text="and this")
+        await asked.get_by_role("button", name="Branch from here").click()
+        await (
+            page.get_by_role("dialog", name="Branch from here?")
+            .get_by_role("button", name="Branch")
+            .click()
+        )
+        await page.wait_for_url(lambda url: not url.endswith(f"/sessions/{first}"))
+        await expect(transcript(page)).to_contain_text("answer 1", timeout=SECONDS)
+        await expect(transcript(page)).not_to_contain_text("answer 2")
+        await expect(page.get_by_label("Message")).to_have_value("and this")
+        # Stop: a turn held at the model is stopped from the page, its partial answer kept.
+        model.gate.clear()
+        await send(page, "stop me")
+        await expect(page.get_by_role("button", name="Stop")).to_be_enabled(timeout=SECONDS)
+        await asyncio.wait_for(model.arrived.wait(), SECONDS / 1000)
+        await page.get_by_role("button", name="Stop").click()
+        await expect(page.get_by_role("button", name="Stop")).to_be_disabled(timeout=SECONDS)
+        await expect(transcript(page)).to_contain_text("stopped before it finished")
+        await expect(page.get_by_label("Message")).to_be_enabled()
+        await page.goto(f"/sessions/{first}")
+        await expect(transcript(page)).to_contain_text("answer 2", timeout=SECONDS)
+
+
+async def test_web__admin_sets_retention_and_budgets_and_sees_the_mcp_servers(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    async with web(database_url, slack, admin_user_ids="T1:U1", **mcp(tmp_path)) as (
+        bot,
+        browser,
+    ):
+        await connected(bot)
+        _, page = await signed_in(browser, bot, slack)
+        await page.get_by_role("link", name="Admin").click()
+        servers = page.get_by_role("region", name="MCP servers")
+        await expect(servers).to_contain_text("notes", timeout=SECONDS)
+        await expect(servers).to_contain_text("add_note")
+        retention = page.get_by_role("form", name="Retention")
+        await retention.get_by_label("Delete sessions idle for more than (days)").fill("30")
+        await retention.get_by_role("button", name="Save retention").click()
+        await expect(retention.get_by_role("status")).to_have_text("Saved.", timeout=SECONDS)
+        budgets = page.get_by_role("form", name="Budgets")
+        await budgets.get_by_label("Entries to add or replace").fill("user:day:5000tokens")
+        await budgets.get_by_role("button", name="Save budgets").click()
+        await expect(budgets.get_by_role("status")).to_have_text("Saved.", timeout=SECONDS)
+        await expect(budgets).to_contain_text("user:day:5000tokens")
+        await page.reload()
+        await expect(page.get_by_label("Delete sessions idle for more than (days)")).to_have_value(
+            "30", timeout=SECONDS
+        )
+        await page.get_by_role("link", name="Usage").click()
+        await expect(page.locator(".budget")).to_contain_text("5000tokens", timeout=SECONDS)
 
 
 async def test_web__usage_charts_the_spend_beside_the_budgets(

@@ -59,8 +59,9 @@ export type UsageRow = {
   key: string;
   inputTokens: number;
   outputTokens: number;
-  costUsd: number;
-  turns: number;
+  costUsd: number | null;
+  requests?: number;
+  turns?: number;
 };
 
 export type Budget = {
