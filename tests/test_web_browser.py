@@ -332,7 +332,9 @@ async def test_web__approved_in_slack_the_page_card_clears_and_two_tabs_agree(
 async def test_web__two_tabs_on_one_approval_the_second_click_is_told_it_was_decided(
     database_url: str, slack: SlackStandIn, tmp_path: Path
 ) -> None:
-    async with web(database_url, slack, **mcp(tmp_path)) as (bot, browser):
+    # Polls ten minutes apart: the second tab still shows its card when its person clicks.
+    slow = {"busy_poll_seconds": 600, "session_poll_seconds": 600}
+    async with web(database_url, slack, **slow, **mcp(tmp_path)) as (bot, browser):
         await connected(bot)
         context, page = await signed_in(browser, bot, slack)
         session = await web_session(page)
@@ -342,13 +344,20 @@ async def test_web__two_tabs_on_one_approval_the_second_click_is_told_it_was_dec
         cards_ = [tab.get_by_role("region", name="Approval needed") for tab in (page, other)]
         for card in cards_:
             await expect(card).to_be_visible(timeout=SECONDS)
-        # The first tab approves; the second still shows its card until its next poll, and a
-        # click there is told the call was decided, then its card clears as well.
-        await cards_[0].get_by_role("button", name="Approve").click()
+        # The first tab approves from the keyboard.
+        await cards_[0].get_by_role("button", name="Approve").focus()
+        await page.keyboard.press("Enter")
         await expect(cards_[0]).to_have_count(0, timeout=SECONDS)
+        await expect(transcript(page)).to_contain_text("ship friday", timeout=SECONDS)
+        # The second is told the call was decided, and shows what came of it.
+        await expect(cards_[1]).to_be_visible()
+        await cards_[1].get_by_role("button", name="Approve").click()
+        await expect(other.get_by_text("That call was already approved")).to_be_visible(
+            timeout=SECONDS
+        )
         await expect(cards_[1]).to_have_count(0, timeout=SECONDS)
-        assert notes(tmp_path) == {"plan": "ship friday"}
         await expect(transcript(other)).to_contain_text("ship friday", timeout=SECONDS)
+        assert notes(tmp_path) == {"plan": "ship friday"}
 
 
 # -- rewind, usage, narrow ---------------------------------------------------------------------
@@ -374,7 +383,7 @@ async def test_web__rewind_here_asks_first_then_removes_what_the_plan_said_then_
         await second.get_by_role("button", name="Rewind here").click()
         dialog = page.get_by_role("dialog", name="Rewind here?")
         await expect(dialog).to_contain_text("removes 2 messages", timeout=SECONDS)
-        await dialog.get_by_role("button", name="Cancel").click()
+        await page.keyboard.press("Escape")  # the dialog is keyboard-usable: Escape cancels
         await expect(dialog).to_have_count(0)
         await expect(transcript(page)).to_contain_text("second words")
         await second.get_by_role("button", name="Rewind here").click()

@@ -32,6 +32,15 @@ import { type Message, MessageView } from "./Transcript";
 // by that session's composer.
 const draftsForNewSessions = new Map<number, string>();
 
+// How a decision the API reports (`tool_approval_already_decided`'s `decision`) reads.
+const DECISIONS: Record<string, string> = {
+  approved: "approved",
+  ran: "approved and carried out",
+  denied: "denied",
+  expired: "expired",
+  superseded: "set aside by a newer message",
+};
+
 async function loadMessages(id: number): Promise<Message[]> {
   const all: Message[] = [];
   let cursor: string | null = null;
@@ -315,8 +324,10 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
         await drain(response);
       } catch (e) {
         if (!(e instanceof ApiError && e.code === "tool_approval_already_decided")) throw e;
-        const by = typeof e.body.decidedBy === "string" ? ` by ${e.body.decidedBy}` : "";
-        setNotice(`That call was already ${String(e.body.decision ?? "decided")}${by}.`);
+        const who = e.body.decidedBy;
+        const by = typeof who === "string" ? (who === me.person ? " by you" : ` by ${who}`) : "";
+        const decision = typeof e.body.decision === "string" ? e.body.decision : "";
+        setNotice(`That call was already ${DECISIONS[decision] ?? "decided"}${by}.`);
       }
       await refresh();
     });
