@@ -188,30 +188,20 @@ class WebApi:
     # -- sessions -------------------------------------------------------------------------------
 
     async def session_json(self, conversation: Conversation) -> dict[str, Any]:
-        return (await self.sessionsjson_response([conversation.session]))[0]
+        return (await self.sessions_json([conversation.session]))[0]
 
-    async def sessionsjson_response(self, sessions: list[SessionInfo]) -> list[dict[str, Any]]:
-        owners: dict[int, str | None] = {}
-        shaped = []
-        for session in sessions:
-            owner = None
-            if session.user_id is not None:
-                if session.user_id not in owners:
-                    owners[session.user_id] = await self.conversations.who(session.user_id)
-                owner = owners[session.user_id]
-            handle = await self.conversations.get(session.id)
-            tail = await handle.last()
-            waiting = await handle.pending_approval()
-            shaped.append(
-                session_json(
-                    session,
-                    owner=owner,
-                    last_message_id=tail.message_id if tail else None,
-                    waiting=waiting,
-                    approval_timeout_seconds=self.settings.approval_timeout_seconds,
-                )
+    async def sessions_json(self, sessions: list[SessionInfo]) -> list[dict[str, Any]]:
+        return [
+            session_json(
+                summary.session,
+                owner=summary.owner,
+                owner_name=summary.owner_name,
+                last_message_id=summary.last_message_id,
+                waiting=summary.waiting,
+                approval_timeout_seconds=self.settings.approval_timeout_seconds,
             )
-        return shaped
+            for summary in await self.conversations.summaries(sessions)
+        ]
 
     async def _list(self, request: web.Request) -> web.StreamResponse:
         query = request.query
@@ -241,7 +231,7 @@ class WebApi:
             if len(found) == limit:
                 last = found[-1]
                 next_cursor = cursor({"at": last.updated_at.isoformat(), "id": last.id})
-            return {"data": await self.sessionsjson_response(found), "nextCursor": next_cursor}
+            return {"data": await self.sessions_json(found), "nextCursor": next_cursor}
 
         return json_response(await self.on_turns(request, work))
 

@@ -12,7 +12,7 @@ from core.agent.accounting import Payer
 from core.agent.loop import ApprovalRequest
 from core.checkpoint import SECTIONS, parse_checkpoint
 from core.conversation.approvals import ApprovalDesk, Decided, Decision
-from core.conversation.conversations import Conversation, Conversations, Forked
+from core.conversation.conversations import Conversation, Conversations, Forked, Summary
 from core.conversation.door import (
     Arrival,
     Attachments,
@@ -105,6 +105,7 @@ __all__ = [
     "SessionInfo",
     "Stale",
     "StoredMessage",
+    "Summary",
     "ThreadView",
     "Told",
     "ToolBegan",

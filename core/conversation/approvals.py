@@ -134,6 +134,14 @@ class ApprovalDesk:
         busy = await self.store.active_among({r.session_id for r in found})
         return [r for r in found if r.session_id not in busy]
 
+    async def waiting_among(self, tails: Mapping[int, str]) -> dict[int, ApprovalRecord]:
+        """``waiting_in`` for many sessions at once, given each one's last message id."""
+        waiting: dict[int, ApprovalRecord] = {}
+        for record in await self.approvals.pending_among(sorted(tails)):
+            if not record.overdue and tails.get(record.session_id) == record.message_id:
+                waiting[record.session_id] = record  # oldest first: the newest one stays
+        return waiting
+
     async def waiting_in(self, session_id: int) -> ApprovalRecord | None:
         """The request the session waits on now: pending, not overdue, and asked by the
         session's last message (anything later supersedes it at the next turn)."""

@@ -71,6 +71,18 @@ from core.tools.names import PREFIX as MCP_PREFIX
 
 
 @dataclass(frozen=True)
+class Summary:
+    """A session as a list shows it: its owner (external id and name), its last message and
+    the tool call it waits on a person for."""
+
+    session: SessionInfo
+    owner: str | None
+    owner_name: str | None
+    last_message_id: str | None
+    waiting: ApprovalRecord | None
+
+
+@dataclass(frozen=True)
 class Forked:
     conversation: Conversation
     copied: int
@@ -229,6 +241,20 @@ class Conversations:
             raise AgentSessionNotFound(f"session {session_id} does not exist")
         key = session.project_session_id if session.project_name == self.project else None
         return self._conversation(session, key, view)
+
+    async def summaries(self, sessions: Sequence[SessionInfo]) -> list[Summary]:
+        """Each session's ``Summary``, in three queries whatever their number."""
+        ids = [s.id for s in sessions]
+        people = await self.store.people([s.user_id for s in sessions if s.user_id is not None])
+        tails = await self.store.tails(ids)
+        waiting = {} if self.approvals is None else await self.approvals.waiting_among(tails)
+        shown = []
+        for session in sessions:
+            owner, name = people.get(session.user_id or -1, (None, None))
+            shown.append(
+                Summary(session, owner, name, tails.get(session.id), waiting.get(session.id))
+            )
+        return shown
 
     async def stop_session(self, session_id: int) -> bool:
         """``stop`` by the session's id: False when no turn runs on it."""
@@ -697,4 +723,4 @@ def answers_nothing(answer: StoredMessage) -> bool:
     )
 
 
-__all__ = ["Conversation", "Conversations", "Forked", "answers_nothing"]
+__all__ = ["Conversation", "Conversations", "Forked", "Summary", "answers_nothing"]

@@ -180,6 +180,18 @@ class SessionStore(TranscriptOperations):
         assert user_id is not None
         return int(user_id[0])
 
+    async def people(self, user_ids: list[int]) -> dict[int, tuple[str, str | None]]:
+        """Who these users are: external id and display name, in one query."""
+        if not user_ids:
+            return {}
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                select(USERS.c.id, USERS.c.external_id, USERS.c.display_name).where(
+                    USERS.c.id.in_(sorted(set(user_ids)))
+                )
+            )
+            return {int(r.id): (str(r.external_id), r.display_name) for r in rows}
+
     async def user_external_id(self, user_id: int) -> str | None:
         """Who a user is (``slack:T…:U…``, ``cli:<login>``), for surfaces that name an owner."""
         async with self.db.read() as conn:

@@ -57,6 +57,28 @@ class TranscriptOperations:
             rows = await conn.execute(stmt)
             return [q.stored(row) for row in rows]
 
+    async def tails(self, session_ids: Iterable[int]) -> dict[int, str]:
+        """The last message id of each of these sessions that has one, in one query (a list of
+        sessions shows each one's ``lastMessageId``)."""
+        ids = sorted(set(session_ids))
+        if not ids:
+            return {}
+        last = (
+            select(MESSAGES.c.session_id, func.max(MESSAGES.c.position).label("position"))
+            .where(MESSAGES.c.session_id.in_(ids))
+            .group_by(MESSAGES.c.session_id)
+            .subquery()
+        )
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                select(MESSAGES.c.session_id, MESSAGES.c.message_id).join(
+                    last,
+                    (MESSAGES.c.session_id == last.c.session_id)
+                    & (MESSAGES.c.position == last.c.position),
+                )
+            )
+            return {int(r.session_id): str(r.message_id) for r in rows}
+
     async def count_after(self, session_id: int, position: int) -> int:
         """How many messages come after ``position``, counted by the database (a rewind's
         confirmation says it; no message needs reading for that)."""
