@@ -26,7 +26,7 @@ from core.agent.accounting import Accounting
 from core.agent.loop import Agent, AgentConfig
 from core.agent.model_choice import ProviderCache
 from core.conversation import Conversations
-from core.operator import operator_external_id
+from core.operator import Operator, operator_external_id
 from core.settings import Settings
 from core.storage import Deliveries, Storage
 from core.sweeping import SweeperThread
@@ -148,6 +148,7 @@ def _prices_from_the_table(settings: Settings) -> bool:
 # metrics it serves, and the local operator's name.
 __all__ = [
     "Deliveries",
+    "Operator",
     "Runtime",
     "Settings",
     "Storage",

@@ -53,7 +53,7 @@ from core.providers.uimessages import (
 )
 from core.records import Actor, AnyTail, StoredMessage
 from core.sandbox.shell import Sandbox, SandboxLimits, ShellResult
-from core.storage.approvals import Approvals
+from core.storage.approvals import COMPACTED, Approvals
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import SnapshotRef
 from core.storage.usage import UsageLedger
@@ -333,7 +333,7 @@ class Agent:
             last_message_id=last_message_id,
             model=model.choice,
             heartbeat_seconds=self.config.heartbeat_seconds,
-            reservation=await account.reservation(),
+            reservation=await account.reservation(user_message),
         ) as turn:
             tail = turn.lease.tail
             account.started(message_text(tail.message) if tail is not None else None)
@@ -643,7 +643,14 @@ class Agent:
             span.record_output(message_text(message))
         message["metadata"].update(account.compaction_usage())
         await self.store.insert_checkpoint_before_tail(turn.lease, message)
+        await self._compacted(turn.session_id)
         return True
+
+    async def _compacted(self, session_id: int) -> None:
+        """A checkpoint moved the conversation on: a request still open behind it ends (the
+        model no longer sees the message that asked, so no later turn would settle it)."""
+        if self.approvals is not None:
+            await self.approvals.end_open(session_id, COMPACTED)
 
     def summariser(self, model: ResolvedModel) -> Summariser:
         return model_summariser(model.provider, model=model.choice.name)
@@ -667,7 +674,7 @@ class Agent:
         model = dataclasses.replace(model, provider=account.provider(model.provider, model.prices))
         failure: BaseException | None = None
         try:
-            return await compact(
+            stored = await compact(
                 self.store,
                 session_id,
                 actor,
@@ -676,6 +683,8 @@ class Agent:
                 heartbeat_seconds=self.config.heartbeat_seconds,
                 reservation=reservation,
             )
+            await self._compacted(session_id)
+            return stored
         except BaseException as exc:
             failure = exc
             raise

@@ -169,6 +169,9 @@ class ToolBegan:
 
 @dataclass(frozen=True)
 class ToolEnded:
+    """A tool call came back. ``seconds``: the tool's own time (an MCP server's round trip;
+    0 for the shell, which runs in-process), so a turn's own work can be told apart from it."""
+
     call_id: str
     name: str
     kind: ToolKind
@@ -178,6 +181,7 @@ class ToolEnded:
     output: str
     error: str
     structured: Any = None
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -318,7 +322,7 @@ async def decide(
     desk = conversations.approvals
     if desk is None:
         return DecisionRefused("unknown")
-    actor = await conversations.person(choice.person, admin=choice.admin)
+    actor = await conversations.known_person(choice.person, admin=choice.admin)
     decision = await desk.decide(
         choice.approval_id,
         actor,
@@ -476,6 +480,7 @@ def _shape(
             done.text,
             "" if done.ok else done.text,
             done.structured if done.structured is not None else done.text,
+            event.seconds,
         )
     if isinstance(event, Notice):
         return Told(event.text)

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
+from core.redaction import Redactor
 from core.tools.config import ServerConfig
-from core.tools.secrets import Redactor
 from core.tools.stdio import MAX_MESSAGE_BYTES, MessageTooLarge, bounded_stdio_client
 
 if TYPE_CHECKING:

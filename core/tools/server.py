@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from core.leases import before_side_effect
 from core.metrics import MCP_TOOL_SECONDS
+from core.redaction import Redactor
 from core.tools.calls import canonical_json
 from core.tools.config import Approval, ServerConfig, Transport
 from core.tools.connection import Connection, root_cause, startup_seconds
 from core.tools.outcome import OutcomeKind, ToolOutcome, render_content
-from core.tools.secrets import Redactor
 from core.tools.stdio import MAX_MESSAGE_BYTES, TOO_LARGE_MARK
 from core.tools.tool import McpTool, from_listing
 
