@@ -454,7 +454,13 @@ async def test_web__admin_sets_retention_and_budgets_and_sees_the_mcp_servers(
         browser,
     ):
         await connected(bot)
+        _, theirs = await signed_in(browser, bot, slack, user="U2")
+        their_session = await web_session(theirs)
         _, page = await signed_in(browser, bot, slack)
+        row = page.locator(f'[data-session-id="{their_session}"]')
+        await expect(row).to_have_count(0)  # Mine
+        await page.get_by_role("radio", name="All").check()
+        await expect(row).to_be_visible(timeout=SECONDS)
         await page.get_by_role("link", name="Admin").click()
         servers = page.get_by_role("region", name="MCP servers")
         await expect(servers).to_contain_text("notes", timeout=SECONDS)
