@@ -102,7 +102,7 @@ class Chat:
             )
             return refusal(end)
 
-        return await self._streamed(request, turn, limited=True)
+        return await self._streamed(request, session_id, turn, limited=True)
 
     async def tool_approvals(self, request: web.Request) -> web.StreamResponse:
         session_id = session_id_of(request)
@@ -137,7 +137,7 @@ class Chat:
             )
             return refusal(end)
 
-        return await self._streamed(request, turn, limited=False)
+        return await self._streamed(request, session_id, turn, limited=False)
 
     async def stop(self, request: web.Request) -> web.StreamResponse:
         session_id = session_id_of(request)
@@ -153,6 +153,7 @@ class Chat:
     async def _streamed(
         self,
         request: web.Request,
+        session_id: int,
         turn: Callable[[Caller, UIMessageStream], Awaitable[ApiError | None]],
         *,
         limited: bool,
@@ -181,6 +182,8 @@ class Chat:
             future = api.turns.start(run)
             api.running.add(future)
             future.add_done_callback(api.running.discard)
+            # (On the turns' loop, which owns the summaries: the polls see the turn's end.)
+            future.add_done_callback(lambda _: api.summaries.drop(session_id))
             future.add_done_callback(lambda _: pipe.end())
             return future
 
