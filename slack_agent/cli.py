@@ -146,7 +146,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SESSION",
         help="a session id or the Slack permalink of a message in its thread (none: a new one)",
     )
-    commands.add_parser("demo", help="the first-run experience")
+    demo = commands.add_parser("demo", help="the first-run experience")
+    demo.add_argument(
+        "--web",
+        action="store_true",
+        help="then keep the stand-in Slack, the offline model and the web page up on "
+        "http://127.0.0.1:8000 until Ctrl-C",
+    )
     commands.add_parser("tools", help="list the MCP servers, their state and tools")
     return parser
 
@@ -363,7 +369,7 @@ async def _demo(args: argparse.Namespace, settings: Settings) -> None:
 
     if settings.log_level.upper() == "INFO":  # the demo prints the threads; logs would drown them
         logging.getLogger().setLevel(logging.WARNING)
-    await run_demo()
+    await run_demo(web_page=args.web)
 
 
 async def _chat(args: argparse.Namespace, settings: Settings) -> None:

@@ -7,6 +7,11 @@ database is a fresh SQLite file. The script plays a short conversation and print
 a Slack user would see it: a threaded reply, a second replica meeting a busy session, a fork, a
 rewind, a compaction, a tool of an MCP server (the small notes server shipped in
 ``core.testing.mcp_notes``) run only once a person approved it, and a restart that loses nothing.
+
+``demo --web`` then keeps the stand-in Slack, the offline model, the database and a replica up,
+serving the web page and its API on ``http://127.0.0.1:8000`` until Ctrl-C: the page's "Sign in
+with Slack" goes to the stand-in's authorize page, which signs Alice in at once (no Slack needed),
+and she finds the demo's sessions there to continue, approve, rewind and chart.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from aiohttp import web
 
 from bot.service import Bot
 from core.conversation.places import SLACK_PROJECT, SlackThread
+from core.errors import ConfigError
 from core.messages import assistant_message, user_message
 from core.providers import UserMessage
 from core.providers.offline import respond
@@ -34,6 +40,7 @@ from core.testing.server import serve_app
 from core.testing.slack import TEAM, Message, SlackClient, SlackStandIn
 
 SECRET = "demo-signing-secret"
+WEB_HOST, WEB_PORT = "127.0.0.1", 8000
 CHANNEL = "C0GENERAL"
 NAMES = {"U0ALICE": "alice", "U0BOB": "bob"}
 
@@ -46,8 +53,16 @@ class DemoReplica:
 
     @classmethod
     async def start(
-        cls, name: str, database_url: str, standin: SlackStandIn, mcp_config: str
+        cls,
+        name: str,
+        database_url: str,
+        standin: SlackStandIn,
+        mcp_config: str,
+        *,
+        port: int | None = None,
+        **extra: Any,
     ) -> DemoReplica:
+        """``port``: listen on ``WEB_HOST:port`` (the page's) rather than a free port."""
         settings = load_settings(
             database_url=database_url,
             mcp_config=mcp_config,
@@ -58,11 +73,15 @@ class DemoReplica:
             busy_poll_seconds=0.2,
             sweeper_interval_seconds=0,
             _env_file=None,
+            **extra,
         )
         bot = await Bot.open(settings)
         bot.answers.pacer.base = 0.2
         bot.start()
-        runner, url = await serve_app(bot.web_app())
+        if port is None:
+            runner, url = await serve_app(bot.web_app())
+        else:
+            runner, url = await _listen(bot, port)
         slack = await SlackClient(url, team=TEAM, secret=SECRET).__aenter__()
         return cls(name, bot, runner, slack)
 
@@ -155,12 +174,53 @@ def print_thread(standin: SlackStandIn, root: str, viewer: str, title: str) -> N
             print(f"  {' ' * len(who)}  [{'] ['.join(p.buttons)}]")
 
 
-async def run_demo() -> None:
+async def _listen(bot: Bot, port: int) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(bot.web_app(), access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, WEB_HOST, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        await bot.close()
+        raise ConfigError(
+            f"demo --web: cannot listen on {WEB_HOST}:{port} ({exc.strerror}); is it in use?"
+        ) from exc
+    return runner, f"http://{WEB_HOST}:{port}"
+
+
+async def run_demo(*, web_page: bool = False, port: int = WEB_PORT) -> None:
+    """The story; with ``web_page``, then the page on ``port`` until cancelled (Ctrl-C)."""
     with tempfile.TemporaryDirectory() as tmp:
         async with SlackStandIn(TEAM, history=True) as standin:
-            await _play(
-                standin, Slack(standin), f"sqlite+aiosqlite:///{Path(tmp) / 'demo.db'}", Path(tmp)
-            )
+            url = f"sqlite+aiosqlite:///{Path(tmp) / 'demo.db'}"
+            await _play(standin, Slack(standin), url, Path(tmp))
+            if web_page:
+                await keep_the_page_up(standin, url, Path(tmp), port)
+
+
+async def keep_the_page_up(standin: SlackStandIn, url: str, tmp: Path, port: int) -> None:
+    """A replica serving the page and its API on ``port``, Alice signed in by the stand-in's
+    authorize page (and an admin, so every page of it shows), until cancelled."""
+    alice = "U0ALICE"
+    standin.sign_in_as = alice
+    replica = await DemoReplica.start(
+        "the page",
+        url,
+        standin,
+        _mcp_config(tmp),
+        port=port,
+        slack_signin_client_id="demo.client",
+        slack_signin_client_secret="demo-client-secret",
+        slack_openid_authorize_url=standin.authorize_url,
+        admin_user_ids=f"{TEAM}:{alice}",
+    )
+    page = f"http://{WEB_HOST}:{port}"
+    print(f"\nThe web page: {page} (Sign in with Slack signs you in as alice; no Slack needed).")
+    print("The stand-in Slack, the offline model and the page stay up until Ctrl-C.", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await replica.stop()
 
 
 def _mcp_config(tmp: Path) -> str:

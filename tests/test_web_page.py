@@ -36,12 +36,17 @@ async def test_the_page_and_its_assets() -> None:
                     assert await r.read() == index
                     assert r.headers["Cache-Control"] == "no-cache"
                     assert "default-src 'self'" in r.headers["Content-Security-Policy"]
-            async with http.get(url + script.group(1).decode()) as r:
-                assert r.status == 200
-                assert r.headers["Cache-Control"] == ASSET_CACHE
-                assert "javascript" in r.headers["Content-Type"]
-                name = Path(script.group(1).decode()).name
-                assert await r.read() == (STATIC / "assets" / name).read_bytes()
+            name = Path(script.group(1).decode()).name
+            for encoding in ("gzip", "identity"):
+                asked = {"Accept-Encoding": encoding}
+                async with http.get(url + script.group(1).decode(), headers=asked) as r:
+                    assert r.status == 200
+                    assert r.headers["Cache-Control"] == ASSET_CACHE
+                    assert r.headers["Content-Type"].startswith("text/javascript")
+                    assert r.headers.get("Content-Encoding") == (
+                        "gzip" if encoding == "gzip" else None
+                    )
+                    assert await r.read() == (STATIC / "assets" / name).read_bytes()
             for path in ("/assets/nope.js", "/assets/..%2Findex.html", "/v1/nothing", "/healthz"):
                 async with http.get(url + path) as r:
                     assert r.status == 404, path

@@ -76,19 +76,30 @@ function RetentionForm() {
   );
 }
 
+type AdminBudgets = {
+  entries: string;
+  budgets?: { limit: string; source: string; describe: string }[];
+};
+
 function BudgetsForm() {
   const [entries, setEntries] = useState("");
+  const [inForce, setInForce] = useState<AdminBudgets["budgets"]>([]);
   const [status, setStatus] = useSaved();
-  useEffect(() => {
-    getJson<{ entries: string }>("/v1/admin/budgets")
-      .then((b) => setEntries(b.entries))
+  const load = () =>
+    getJson<AdminBudgets>("/v1/admin/budgets")
+      .then((b) => {
+        setEntries(b.entries);
+        setInForce(b.budgets ?? []);
+      })
       .catch((e: unknown) => setStatus(describe(e)));
+  useEffect(() => {
+    void load();
   }, []);
   const save = async (event: FormEvent) => {
     event.preventDefault();
     try {
-      const answer = await sendJson<{ entries: string }>("/v1/admin/budgets", "PUT", { entries: entries.trim() });
-      setEntries(answer.entries);
+      await sendJson<{ entries: string }>("/v1/admin/budgets", "PUT", { entries: entries.trim() });
+      await load();
       setStatus("Saved.");
     } catch (e) {
       setStatus(describe(e));
@@ -97,8 +108,17 @@ function BudgetsForm() {
   return (
     <form className="panel" onSubmit={(e) => void save(e)} aria-labelledby="budgets">
       <h2 id="budgets">Budgets</h2>
+      {inForce !== undefined && inForce.length > 0 && (
+        <ul>
+          {inForce.map((budget) => (
+            <li key={budget.limit}>
+              <code>{budget.limit}</code>: {budget.describe} <span className="badge">{budget.source}</span>
+            </li>
+          ))}
+        </ul>
+      )}
       <label>
-        Entries, as <code>budget set</code> takes them
+        Entries to add or replace, as <code>budget set</code> takes them
         <input
           type="text"
           value={entries}
@@ -116,53 +136,60 @@ function BudgetsForm() {
 }
 
 type ToolServer = {
-  name?: string;
-  state?: string;
-  rule?: string;
-  tools?: (string | { name?: string; description?: string })[];
-  [key: string]: unknown;
+  name: string;
+  transport?: string;
+  target?: string;
+  state: string;
+  reason?: string | null;
+  approval?: string;
+  approvers?: string[];
+  tools?: { name: string; rule?: string; readOnly?: boolean }[];
 };
 
 function Tools() {
-  const [servers, setServers] = useState<ToolServer[] | unknown>(null);
+  const [servers, setServers] = useState<ToolServer[] | null>(null);
   const [error, setError] = useState<string | null>(null);
   useEffect(() => {
-    getJson<{ servers?: ToolServer[] } | unknown>("/v1/admin/tools")
-      .then((answer) =>
-        setServers(
-          answer !== null && typeof answer === "object" && "servers" in answer ? answer.servers : answer,
-        ),
-      )
+    getJson<{ servers: ToolServer[] }>("/v1/admin/tools")
+      .then((answer) => setServers(answer.servers))
       .catch((e: unknown) => setError(describe(e)));
   }, []);
   return (
     <section className="panel" aria-labelledby="tools">
       <h2 id="tools">MCP servers</h2>
       {error !== null && <p role="alert" className="error">{error}</p>}
-      {Array.isArray(servers) ? (
-        servers.length === 0 ? (
-          <p className="empty">No MCP server is configured.</p>
-        ) : (
-          <ul className="servers">
-            {(servers as ToolServer[]).map((server, index) => (
-              <li key={index}>
-                <strong>{server.name ?? `server ${index + 1}`}</strong> <span className="badge">{server.state ?? "?"}</span>
-                {server.rule && <span> · {server.rule}</span>}
-                {Array.isArray(server.tools) && server.tools.length > 0 && (
-                  <ul>
-                    {server.tools.map((tool, i) => (
-                      <li key={i}>
-                        {typeof tool === "string" ? tool : `${tool.name ?? "?"}${tool.description ? `: ${tool.description}` : ""}`}
-                      </li>
-                    ))}
-                  </ul>
-                )}
-              </li>
-            ))}
-          </ul>
-        )
-      ) : (
-        servers !== null && <pre>{JSON.stringify(servers, null, 2)}</pre>
+      {servers !== null && servers.length === 0 && <p className="empty">No MCP server is configured.</p>}
+      {servers !== null && servers.length > 0 && (
+        <ul className="servers">
+          {servers.map((server) => (
+            <li key={server.name}>
+              <strong>{server.name}</strong> <span className="badge">{server.state}</span>
+              {server.transport && (
+                <span className="meta">
+                  {" "}
+                  {server.transport}
+                  {server.target ? `: ${server.target}` : ""}
+                </span>
+              )}
+              {server.reason && <div className="error">{server.reason}</div>}
+              <div className="meta">
+                approval: {server.approval ?? "?"}
+                {server.approvers && server.approvers.length > 0 && `; approvers ${server.approvers.join(", ")}`}
+              </div>
+              {server.tools && server.tools.length > 0 && (
+                <ul>
+                  {server.tools.map((tool) => (
+                    <li key={tool.name}>
+                      <code>{tool.name}</code>
+                      {tool.rule && ` · ${tool.rule}`}
+                      {tool.readOnly && " · read-only"}
+                    </li>
+                  ))}
+                </ul>
+              )}
+            </li>
+          ))}
+        </ul>
       )}
     </section>
   );

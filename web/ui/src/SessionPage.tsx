@@ -28,6 +28,19 @@ import { navigate } from "./router";
 import { PlaceBadge } from "./SessionList";
 import { type Message, MessageView } from "./Transcript";
 
+// A draft handed to the session a Branch made (the branched-from user message's text), read once
+// by that session's composer.
+const draftsForNewSessions = new Map<number, string>();
+
+// How a decision the API reports (`tool_approval_already_decided`'s `decision`) reads.
+const DECISIONS: Record<string, string> = {
+  approved: "approved",
+  ran: "approved and carried out",
+  denied: "denied",
+  expired: "expired",
+  superseded: "set aside by a newer message",
+};
+
 async function loadMessages(id: number): Promise<Message[]> {
   const all: Message[] = [];
   let cursor: string | null = null;
@@ -62,7 +75,11 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
   const id = props.initialSession.id;
   const [session, setSession] = useState(props.initialSession);
   const [persisted, setPersisted] = useState(() => new Set(props.initialMessages.map((m) => m.id)));
-  const [draft, setDraft] = useState("");
+  const [draft, setDraft] = useState(() => {
+    const handed = draftsForNewSessions.get(props.initialSession.id) ?? "";
+    draftsForNewSessions.delete(props.initialSession.id);
+    return handed;
+  });
   const [busyElsewhere, setBusyElsewhere] = useState(false);
   const [notice, setNotice] = useState<string | null>(null);
   const [error, setError] = useState<string | null>(null);
@@ -220,7 +237,10 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
 
   const rewind = (message: Message) =>
     act("Planning", async () => {
-      const plan = await sendJson<{ removes: number; irreversible: { tool: string; server: string }[] }>(
+      const plan = await sendJson<{
+        removes: number;
+        irreversible: { tool: string; server: string; input?: unknown }[];
+      }>(
         `${sessionPath(id)}/truncate`,
         "POST",
         { messageId: message.id, dryRun: true },
@@ -239,7 +259,8 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
                 <ul>
                   {plan.irreversible.map((call, index) => (
                     <li key={index}>
-                      {call.tool} ({call.server})
+                      <code>{call.tool}</code> on {call.server}
+                      {call.input !== undefined && <pre>{JSON.stringify(call.input, null, 2)}</pre>}
                     </li>
                   ))}
                 </ul>
@@ -250,9 +271,15 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
         confirm: "Rewind",
         run: () =>
           act("Rewinding", async () => {
-            await sendJson(`${sessionPath(id)}/truncate`, "POST", { messageId: message.id });
+            const done = await sendJson<{ removes: number; draft?: string | null }>(
+              `${sessionPath(id)}/truncate`,
+              "POST",
+              { messageId: message.id },
+            );
             await refresh();
-            setNotice(`Rewound: ${plan.removes} message${plan.removes === 1 ? "" : "s"} removed.`);
+            // A rewound message of the person's comes back to the composer, to edit and resend.
+            if (done.draft) setDraft(done.draft);
+            setNotice(`Rewound: ${done.removes} message${done.removes === 1 ? "" : "s"} removed.`);
           }),
       });
     });
@@ -264,7 +291,12 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
       confirm: "Branch",
       run: () =>
         act("Branching", async () => {
-          const made = await sendJson<Session>(`${sessionPath(id)}/branch`, "POST", { messageId: message.id });
+          const made = await sendJson<Session & { draft?: string | null }>(
+            `${sessionPath(id)}/branch`,
+            "POST",
+            { messageId: message.id },
+          );
+          if (made.draft) draftsForNewSessions.set(made.id, made.draft);
           navigate(`/sessions/${made.id}`);
         }),
     });
@@ -292,8 +324,10 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
         await drain(response);
       } catch (e) {
         if (!(e instanceof ApiError && e.code === "tool_approval_already_decided")) throw e;
-        const by = typeof e.body.decidedBy === "string" ? ` by ${e.body.decidedBy}` : "";
-        setNotice(`That call was already ${String(e.body.decision ?? "decided")}${by}.`);
+        const who = e.body.decidedBy;
+        const by = typeof who === "string" ? (who === me.person ? " by you" : ` by ${who}`) : "";
+        const decision = typeof e.body.decision === "string" ? e.body.decision : "";
+        setNotice(`That call was already ${DECISIONS[decision] ?? "decided"}${by}.`);
       }
       await refresh();
     });

@@ -41,7 +41,8 @@ export function UsagePage() {
       .catch((e: unknown) => setError(describe(e)));
   }, []);
 
-  const value = (row: UsageRow) => (metric === "cost" ? row.costUsd : row.inputTokens + row.outputTokens);
+  const value = (row: UsageRow) =>
+    metric === "cost" ? (row.costUsd ?? 0) : row.inputTokens + row.outputTokens;
   const format = (n: number) => (metric === "cost" ? usd(n) : `${count(n)} tokens`);
   const sorted =
     rows === null ? [] : by === "day" ? [...rows].sort((a, b) => a.key.localeCompare(b.key)) : [...rows].sort((a, b) => value(b) - value(a));
@@ -91,7 +92,7 @@ export function UsagePage() {
             <thead>
               <tr>
                 <th scope="col">{by === "user" ? "person" : by}</th>
-                <th scope="col">turns</th>
+                <th scope="col">model requests</th>
                 <th scope="col">input tokens</th>
                 <th scope="col">output tokens</th>
                 <th scope="col">spend</th>
@@ -101,10 +102,10 @@ export function UsagePage() {
               {sorted.map((row) => (
                 <tr key={row.key}>
                   <th scope="row">{row.key}</th>
-                  <td>{count(row.turns)}</td>
+                  <td>{count(row.requests ?? row.turns ?? 0)}</td>
                   <td>{count(row.inputTokens)}</td>
                   <td>{count(row.outputTokens)}</td>
-                  <td>{usd(row.costUsd)}</td>
+                  <td>{row.costUsd === null ? "unpriced" : usd(row.costUsd)}</td>
                 </tr>
               ))}
             </tbody>

@@ -59,8 +59,9 @@ export type UsageRow = {
   key: string;
   inputTokens: number;
   outputTokens: number;
-  costUsd: number;
-  turns: number;
+  costUsd: number | null;
+  requests?: number;
+  turns?: number;
 };
 
 export type Budget = {
@@ -102,10 +103,15 @@ function changes(method: string): boolean {
 /** `fetch` for the API: same-origin cookie, CSRF header on changes, refusals thrown. */
 export async function apiFetch(input: string, init: RequestInit = {}): Promise<Response> {
   const method = init.method ?? "GET";
-  const headers = new Headers(init.headers);
-  if (changes(method) && csrfToken !== null) headers.set("X-CSRF-Token", csrfToken);
-  if (init.body !== undefined && !headers.has("Content-Type")) {
-    headers.set("Content-Type", "application/json");
+  // A plain object, not a Headers: Chromium sends a Headers' names lower-cased and an object's
+  // as written, and a server (or a proxy before it) that compares names exactly still matches.
+  const headers: Record<string, string> = {};
+  new Headers(init.headers).forEach((value, name) => {
+    headers[name] = value;
+  });
+  if (changes(method) && csrfToken !== null) headers["X-CSRF-Token"] = csrfToken;
+  if (init.body !== undefined && headers["content-type"] === undefined) {
+    headers["Content-Type"] = "application/json";
   }
   const response = await fetch(input, { ...init, method, headers, credentials: "same-origin" });
   if (!response.ok) {
