@@ -27,13 +27,9 @@ WORKDIR /src
 # The dependencies first, in a layer of their own: a change to the code rebuilds only the last.
 COPY pyproject.toml uv.lock ./
 RUN /opt/uv/bin/uv sync --locked --no-dev --no-install-project
-COPY README.md ./
-COPY core core
-COPY bot bot
-COPY terminal terminal
-COPY slack_agent slack_agent
-COPY bench bench
-COPY migrations migrations
+# The packages the wheel is built from, and README.md (its description): .dockerignore lets
+# nothing else into the build context.
+COPY . .
 RUN /opt/uv/bin/uv sync --locked --no-dev --no-editable
 
 FROM ${PYTHON_IMAGE}

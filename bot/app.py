@@ -3,7 +3,8 @@
 A message for the agent is recorded durably inside its listener, which Bolt runs before it
 acknowledges (``process_before_response``): once Slack hears "received", the record guarantees
 an answer (``core.conversation.worker``); if the record cannot be written, the request fails with
-500 and Slack sends it again. The answer itself is worked out after the acknowledgement, as is
+500 and the Events API sends it again (Slack never sends a click again: a click's listener answers
+its own failures). The answer itself is worked out after the acknowledgement, as is
 everything the other listeners do (they acknowledge first and hand the work to a task).
 
 ``serve`` runs the message listeners twice over: in the intake's own small app
@@ -96,8 +97,9 @@ def bolt_app(
 
     @app.error
     async def on_error(error: Exception) -> BoltResponse:
-        """A listener or middleware failed. The database failing is a 500, so Slack sends the
-        request again; a payload of the wrong shape is a 400 and changed nothing."""
+        """A listener or middleware failed. The database failing is a 500, so Slack sends an
+        event again (the Events API retries; a click is never sent again: the click listeners
+        answer their own failures); a payload of the wrong shape is a 400 and changed nothing."""
         if isinstance(error, DatabaseError):
             log.error("request not taken: %s", error)
             return BoltResponse(status=500, body="")
@@ -292,13 +294,20 @@ def build_app(
         client: AsyncWebClient,
         respond: AsyncRespond,
     ) -> None:
-        """Approve / Deny on a card: decided and recorded before the acknowledgement (a
-        failure to record is a 500, and Slack sends the click again); a refusal is an
-        ephemeral and changes nothing."""
+        """Approve / Deny on a card: decided and recorded, then acknowledged; a refusal is an
+        ephemeral and changes nothing. Slack never sends a click again (not after a 500, not
+        after a time-out), so a failure to decide or record is acknowledged too and said to
+        the clicker, who can click again: the decision is conditional, so a second click
+        finds it decided and records it once. A decision recorded but not handed on (the
+        database failed in between) is also picked up by the left-behind pass."""
         if cards is None:
             await ack()
             return
-        refusal = await cards.clicked(body, action, client, worker)
+        try:
+            refusal = await cards.clicked(body, action, client, worker)
+        except DatabaseError as exc:
+            log.error("approval click not recorded: %s", exc)
+            refusal = text.approval_not_recorded()
         await ack()
         value = payload.nested_string(action, "value") or ""
         if refusal is not None:
@@ -313,6 +322,17 @@ def build_app(
 
     app.action(text.APPROVE)(on_approval_button)
     app.action(text.DENY)(on_approval_button)
+
+    async def on_show_call(
+        ack: AsyncAck, body: dict[str, Any], action: dict[str, Any], client: AsyncWebClient
+    ) -> None:
+        """*Show all* on a card, Previous / Next in its modal: the whole call (a modal)."""
+        await ack()
+        if cards is not None:
+            background.spawn(cards.show_call(body, action, client))
+
+    app.action(text.SHOW_CALL)(on_show_call)
+    app.action(text.CALL_PAGE)(on_show_call)
 
     @app.action(re.compile(f"^{text.COMPACT_PICK}:"))
     async def on_compact_pick(

@@ -1,14 +1,21 @@
 """Tool calls waiting for a person, the Slack way: the card, the buttons, the card's outcome.
 
 - **The card.** A turn that stops at a call needing approval (``TurnResult.approval``) gets a
-  card in its thread: the tool, its server, its arguments (escaped, shortened), Approve / Deny.
+  card in its thread: the tool, its server, every argument (escaped, long values folded),
+  Approve / Deny (and *Show all* when something is folded).
   The buttons carry only the request's id; where the card is (``card_ref``) is stored with it.
 - **A click.** Who clicked and on which request is one call of the conversation API
   (``ApprovalDesk.decide``). A decision is then recorded as a delivery record (event key
   ``approval:<id>``) *before* Bolt acknowledges the click, so it is carried out (the turn that
   runs the call and continues) exactly once, on whichever replica holds the record, across
-  restarts; a refusal is a one-line ephemeral and changes nothing. A retried or second click
-  finds the request decided: the record already exists, and nothing runs again.
+  restarts; a refusal is a one-line ephemeral and writes nothing (who clicked is checked before
+  anything is stored). Slack never sends a click again, so a click whose recording failed is
+  answered with an ephemeral asking to click again; a second click finds the request decided and
+  records it (the same key: nothing runs twice), and the left-behind pass picks it up anyway.
+- **Show all.** The card shows every argument (``core.conversation.argument_lines``: nothing
+  hidden by invisible or reordering characters), each folded to a few hundred characters; when
+  anything is folded, *Show all* opens a modal with every character of the call, in pages within
+  Slack's block limits.
 - **The outcome.** A card shows its request's state in place of its buttons. The core's
   approval rounds (``core.conversation.rounds``) hand every request whose card is behind its
   state (decided in the terminal or the web page, carried out, expired, superseded, rewound) to
@@ -70,7 +77,7 @@ class ApprovalCards:
     async def post(self, client: AsyncWebClient, post: Post, request: ApprovalRequest) -> None:
         """The card for a request a turn stopped at, in the turn's thread."""
         desk = self.conversations.approvals
-        body = text.approval_request(request.tool_name, request.server, request.arguments)
+        body = text.approval_text(request.tool_name, request.server)
         try:
             response = await client.chat_postMessage(
                 channel=post.channel,
@@ -118,13 +125,15 @@ class ApprovalCards:
             await client.chat_update(
                 channel=card.channel,
                 ts=card.ts,
-                text=text.approval_outcome(record.state, record.decided_by),
+                text=text.approval_outcome(record.state, record.decided_by, record.reason),
                 blocks=text.approval_outcome_blocks(
+                    record.id,
                     record.state,
                     record.decided_by,
                     record.tool_name,
                     record.server,
                     record.arguments,
+                    record.reason,
                 ),
             )
         except SLACK_FAILURES as exc:
@@ -195,13 +204,9 @@ class ApprovalCards:
             key = await self.conversations.key_of(record.session_id)
         if record is None or key is None or not key.startswith(f"{team}/"):
             return text.approval_refused("unknown")  # a tampered id, another workspace's
-        channel = payload.nested_string(body, "container", "channel_id")
-        card_ts = payload.nested_string(body, "container", "message_ts")
-        if record.card_ref is None and channel and card_ts:
-            # The replica that posted the card died before storing where it is: the click
-            # says where, so the card still shows the outcome.
-            await desk.set_card(record.id, thread_key(team, channel, card_ts))
-        person = await self.conversations.person(
+        # Who clicked, looked up without creating anyone: a refused click writes nothing (a
+        # person becomes a user row by talking to the agent, or here once allowed to decide).
+        person = await self.conversations.known_person(
             external_user(team, user), admin=self.settings.is_admin(team, user)
         )
         decision = await desk.decide(
@@ -211,11 +216,13 @@ class ApprovalCards:
             approve=approve,
             by=external_user(team, user),
         )
+        if not (isinstance(decision, DecisionRefused) and decision.reason == "not_allowed"):
+            await self._place_card(record, team, body)
         if isinstance(decision, DecisionRefused):
             found = decision.record
             if decision.reason == "decided" and found is not None and not found.carried_out:
-                # A retry of the click that decided (its acknowledgement was lost), or a second
-                # click: the record is idempotent, so the decision is carried out once.
+                # A second click after one whose recording failed, or a click of someone else
+                # at once: the record is idempotent, so the decision is carried out once.
                 await self._record(found, key, user, client, worker)
             return text.approval_refused(
                 decision.reason, found.decided_by if found is not None else None
@@ -223,6 +230,50 @@ class ApprovalCards:
         assert isinstance(decision, Decided)
         await self._record(decision.record, key, user, client, worker)
         return None
+
+    async def _place_card(self, record: ApprovalRecord, team: str, body: dict[str, Any]) -> None:
+        """The replica that posted the card died before storing where it is: the click (of
+        someone allowed to decide) says where, so the card still shows the outcome."""
+        desk = self.conversations.approvals
+        channel = payload.nested_string(body, "container", "channel_id")
+        card_ts = payload.nested_string(body, "container", "message_ts")
+        if desk is not None and record.card_ref is None and channel and card_ts:
+            await desk.set_card(record.id, thread_key(team, channel, card_ts))
+
+    # -- *Show all* -----------------------------------------------------------------------------
+
+    async def show_call(
+        self, body: dict[str, Any], action: dict[str, Any], client: AsyncWebClient
+    ) -> None:
+        """*Show all* on a card (or Previous / Next in its modal): the whole call, every
+        character, in a modal (a page of it). Anyone who sees the card may read it; a request
+        of another workspace, or none, opens nothing."""
+        desk = self.conversations.approvals
+        value = payload.nested_string(action, "value") or ""
+        approval_id, _, page = value.partition(":")
+        team = payload.nested_string(body, "team", "id") or ""
+        if desk is None or not team:
+            return
+        record = await desk.get(approval_id)
+        key = None if record is None else await self.conversations.key_of(record.session_id)
+        if record is None or key is None or not key.startswith(f"{team}/"):
+            return
+        modal = text.call_modal(
+            record.id,
+            record.tool_name,
+            record.server,
+            record.arguments,
+            int(page) if page.isdigit() else 0,
+        )
+        view_id = payload.nested_string(body, "view", "id")
+        try:
+            if view_id:
+                await client.views_update(view_id=view_id, view=modal)
+            else:
+                trigger = payload.nested_string(body, "trigger_id") or ""
+                await client.views_open(trigger_id=trigger, view=modal)
+        except SLACK_FAILURES as exc:
+            log.info("the call of %s not shown: %s", record.id, exc)
 
     async def _record(
         self,

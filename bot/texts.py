@@ -11,10 +11,10 @@ turn's own notes (``resumed``, ``stopped``, ``turn_failed``…).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from bot.render import escape
+from core.conversation import argument_lines, folded, pages
 
 # Action ids of the buttons (the listeners match on them).
 SEND_DRAFT = "draft_send"
@@ -433,45 +433,138 @@ def not_undone(calls: tuple[str, ...]) -> str:
 
 APPROVE = "approval_approve"
 DENY = "approval_deny"
-APPROVAL_ARGUMENTS_SHOWN = 600  # characters of a call's arguments on its card
+SHOW_CALL = "approval_show"  # *Show all*: the whole call in a modal
+CALL_PAGE = "approval_page"  # the modal's Previous / Next (value ``<id>:<page>``)
+# Slack's limits (Block Kit): a section's text holds 3,000 characters, a message 50 blocks, a
+# modal 100. A card shows each argument folded to ``CARD_LINE`` characters and as many as fit
+# in one section; the modal shows every character, ``MODAL_SECTIONS`` sections a page.
+SECTION_LIMIT = 3000
+CARD_LINE = 300
+MODAL_SECTIONS = 40
+_FENCE = "```"
 
 
-def _arguments(arguments: dict[str, Any]) -> str:
-    """A call's arguments on a card: JSON, shortened, escaped, with no backticks to break out
-    of the code span."""
-    shown = json.dumps(arguments, ensure_ascii=False, sort_keys=True)
-    if len(shown) > APPROVAL_ARGUMENTS_SHOWN:
-        shown = shown[: APPROVAL_ARGUMENTS_SHOWN - 1] + "…"
-    return escape(shown.replace("`", "'").replace("\n", " "))
+def _slack_length(text: str) -> int:
+    """How many characters ``text`` takes in mrkdwn (``&``, ``<``, ``>`` become entities)."""
+    return len(escape(text))
 
 
-def approval_request(tool: str, server: str, arguments: dict[str, Any]) -> str:
+def _code(text: str) -> str:
+    return f"{_FENCE}{escape(text)}{_FENCE}"
+
+
+def _call_lines(arguments: dict[str, Any]) -> list[str]:
+    """Every argument, escaped so nothing hides (``core.conversation.visible``); a backtick too,
+    so nothing closes the code block."""
+    return argument_lines(arguments, also="`") or ["(no arguments)"]
+
+
+def card_arguments(arguments: dict[str, Any]) -> tuple[str, bool]:
+    """The arguments as a card shows them (one code block) and whether anything is not on the
+    card (a value folded, or arguments past what one block holds): then *Show all* shows them."""
+    room = SECTION_LIMIT - 2 * len(_FENCE) - 200  # the last line's fold and "more" note
+    shown: list[str] = []
+    used = 0
+    lines = _call_lines(arguments)
+    complete = True
+    for index, line in enumerate(lines):
+        fold = folded(line, CARD_LINE)
+        complete = complete and fold == line
+        cost = _slack_length(fold) + 1
+        if used + cost > room:
+            left = len(lines) - index
+            shown.append(f"… and {left} more argument{'s' if left > 1 else ''} (Show all)")
+            return _code("\n".join(shown)), True
+        shown.append(fold)
+        used += cost
+    return _code("\n".join(shown)), not complete
+
+
+def approval_request(tool: str, server: str) -> str:
     return (
         f"The agent wants to use *{_quote(tool, 100)}* (MCP server *{_quote(server, 64)}*), "
-        "which may change something outside this conversation:\n"
-        f"`{_arguments(arguments)}`\n"
-        "It runs only if the conversation's owner, an admin or one of the server's approvers "
-        "approves."
+        "which may change something outside this conversation. Its arguments:"
     )
+
+
+APPROVAL_WHO = (
+    "It runs only if the conversation's owner, an admin or one of the server's approvers "
+    "approves. Characters that print as nothing are shown as \\u escapes."
+)
+APPROVAL_FOLDED = "Some arguments are folded here: *Show all* shows every character of the call."
+
+
+def approval_text(tool: str, server: str) -> str:
+    """The card's notification text (its blocks show the arguments)."""
+    return f"The agent asks to use {_quote(tool, 100)} (MCP server {_quote(server, 64)})."
+
+
+def _call_blocks(
+    approval_id: str, tool: str, server: str, arguments: dict[str, Any]
+) -> tuple[list[dict[str, Any]], bool]:
+    body, folded_ = card_arguments(arguments)
+    notes = f"{APPROVAL_WHO}\n{APPROVAL_FOLDED}" if folded_ else APPROVAL_WHO
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": approval_request(tool, server)}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": body}},
+        {"type": "context", "elements": [{"type": "mrkdwn", "text": notes}]},
+    ]
+    return blocks, folded_
 
 
 def approval_blocks(
     approval_id: str, tool: str, server: str, arguments: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    """The card: what would run, and Approve / Deny (the buttons carry only the request's id)."""
-    return [
-        {
-            "type": "section",
-            "text": {"type": "mrkdwn", "text": approval_request(tool, server, arguments)},
-        },
-        {
-            "type": "actions",
-            "elements": [
-                _button("Approve", APPROVE, approval_id, style="primary"),
-                _button("Deny", DENY, approval_id, style="danger"),
-            ],
-        },
+    """The card: what would run, and Approve / Deny (the buttons carry only the request's id),
+    and *Show all* when the card folds anything."""
+    blocks, folded_ = _call_blocks(approval_id, tool, server, arguments)
+    buttons = [
+        _button("Approve", APPROVE, approval_id, style="primary"),
+        _button("Deny", DENY, approval_id, style="danger"),
     ]
+    if folded_:
+        buttons.append(_button("Show all", SHOW_CALL, approval_id))
+    return [*blocks, {"type": "actions", "elements": buttons}]
+
+
+def call_pages(arguments: dict[str, Any]) -> list[list[str]]:
+    """The whole call for the modal: pages of at most ``MODAL_SECTIONS`` code blocks, each
+    within a section's limit; every character of every argument is on one of them."""
+    size = SECTION_LIMIT - 2 * len(_FENCE)
+    blocks = pages(_call_lines(arguments), size, measure=_slack_length)
+    return [blocks[i : i + MODAL_SECTIONS] for i in range(0, len(blocks), MODAL_SECTIONS)]
+
+
+def call_modal(
+    approval_id: str, tool: str, server: str, arguments: dict[str, Any], page: int = 0
+) -> dict[str, Any]:
+    """*Show all*: every argument of the call (one page of it, with Previous / Next)."""
+    found = call_pages(arguments)
+    page = max(0, min(page, len(found) - 1))
+    where = f" (page {page + 1} of {len(found)})" if len(found) > 1 else ""
+    head = (
+        f"*{_quote(tool, 100)}* on MCP server *{_quote(server, 64)}*: every argument{where}, "
+        "exactly the call that runs if approved. Characters that print as nothing are shown "
+        "as \\u escapes."
+    )
+    blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": head}}]
+    blocks += [
+        {"type": "section", "text": {"type": "mrkdwn", "text": _code(piece)}}
+        for piece in found[page]
+    ]
+    turns = []
+    if page > 0:
+        turns.append(_button("Previous page", CALL_PAGE, f"{approval_id}:{page - 1}"))
+    if page + 1 < len(found):
+        turns.append(_button("Next page", CALL_PAGE, f"{approval_id}:{page + 1}"))
+    if turns:
+        blocks.append({"type": "actions", "elements": turns})
+    return {
+        "type": "modal",
+        "title": {"type": "plain_text", "text": "The whole call"},
+        "close": {"type": "plain_text", "text": "Close"},
+        "blocks": blocks,
+    }
 
 
 def _who(external_id: str | None) -> str:
@@ -483,9 +576,35 @@ def _who(external_id: str | None) -> str:
     )
 
 
-def approval_outcome(state: str, decided_by: str | None) -> str:
-    """What the card says once the request left ``pending`` (in place of its buttons)."""
+def approval_outcome(state: str, decided_by: str | None, reason: str | None = None) -> str:
+    """What the card says once the request left ``pending`` (in place of its buttons): every
+    end state with its reason (``core.storage.approvals``)."""
     who = _who(decided_by)
+    ended = {
+        ("ran", "may_have_run"): (
+            f"⚠️ Approved by {who}; the call was sent, but its result was never recorded: it "
+            "may have run."
+        ),
+        ("refused", "over_budget"): (
+            f"💸 Approved by {who}, but not run: a usage budget was used up when it was to run. "
+            "Ask again when the budget allows."
+        ),
+        ("expired", "decision_expired"): (
+            f"⌛ Approved by {who}, but not carried out in time, so the call did not run."
+        ),
+        ("superseded", "moved_on"): (
+            "↪️ The conversation moved on before this request was carried out, so the call did "
+            "not run."
+        ),
+        ("superseded", "compacted"): (
+            "↪️ The conversation was compacted before this request was carried out, so the "
+            "call did not run."
+        ),
+    }.get((state, reason or ""))
+    if ended is not None:
+        return ended
+    if state == "superseded" and decided_by is not None:
+        return f"↪️ Approved by {who}, but a newer message came first, so the call did not run."
     return {
         "approved": f"✅ Approved by {who}; running the call…",
         "running": f"✅ Approved by {who}; running the call…",
@@ -495,22 +614,36 @@ def approval_outcome(state: str, decided_by: str | None) -> str:
         "expired": "⌛ Expired: nobody decided in time, so the call did not run.",
         "superseded": "↪️ Superseded: a newer message came first, so the call did not run.",
         "rewound": "⏪ The conversation was rewound past this request; the call did not run.",
+        "refused": f"Approved by {who}, but the call could not be run.",
     }.get(state, "This request is no longer waiting.")
 
 
 def approval_outcome_blocks(
-    state: str, decided_by: str | None, tool: str, server: str, arguments: dict[str, Any]
+    approval_id: str,
+    state: str,
+    decided_by: str | None,
+    tool: str,
+    server: str,
+    arguments: dict[str, Any],
+    reason: str | None = None,
 ) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "section",
-            "text": {"type": "mrkdwn", "text": approval_request(tool, server, arguments)},
-        },
+    """The card once its request left ``pending``: the call as before (*Show all* kept when
+    anything is folded) and what became of it."""
+    blocks, folded_ = _call_blocks(approval_id, tool, server, arguments)
+    blocks.append(
         {
             "type": "context",
-            "elements": [{"type": "mrkdwn", "text": approval_outcome(state, decided_by)}],
-        },
-    ]
+            "elements": [{"type": "mrkdwn", "text": approval_outcome(state, decided_by, reason)}],
+        }
+    )
+    if folded_:
+        show = _button("Show all", SHOW_CALL, approval_id)
+        blocks.append({"type": "actions", "elements": [show]})
+    return blocks
+
+
+def approval_not_recorded() -> str:
+    return "I couldn't record that decision just now, so nothing was run yet. Please click again."
 
 
 def approval_refused(reason: str, decided_by: str | None = None) -> str:
@@ -523,6 +656,10 @@ def approval_refused(reason: str, decided_by: str | None = None) -> str:
         ),
         "expired": "That request has expired: nobody decided in time, so nothing was run.",
         "superseded": "That request was superseded by a newer message, so nothing was run.",
+        "moved_on": (
+            "The conversation has moved on since that request (a newer message or a "
+            "compaction), so it can no longer be decided and nothing was run."
+        ),
         "rewound": "The conversation was rewound past that request, so nothing was run.",
         "decided": f"That request was already decided by {_who(decided_by)}.",
     }.get(reason, "That request can no longer be decided.")

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-from core.tools.secrets import RedactingFilter, Redactor
+from core.redaction import RedactingFilter, Redactor
 
 
 class JsonFormatter(logging.Formatter):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Literal
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -99,13 +99,12 @@ SECRET_SETTINGS = (
 
 
 def _database_password(url: str) -> str | None:
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
+    """The password in a database URL (``scheme://user:password@host/db``), percent-decoded."""
     try:
-        return make_url(url).password
-    except (ArgumentError, ValueError):
+        password = urlsplit(url).password
+    except ValueError:
         return None
+    return unquote(password) if password else None
 
 
 class Settings(BaseSettings):
@@ -294,7 +293,7 @@ class Settings(BaseSettings):
     def secret_values(self) -> list[tuple[str, str]]:
         """Every secret these settings hold, as ``(value, "${NAME}")``: the Slack tokens and
         secrets, the model keys, the database password and the OTLP headers' values. What a
-        ``Redactor`` (core.tools.secrets) replaces wherever a text may carry one (tool results,
+        ``Redactor`` (core.redaction) replaces wherever a text may carry one (tool results,
         logs, traces), so a prompt-steered tool that reads one cannot hand it on."""
         pairs = [
             (value, f"${{{name.upper()}}}")

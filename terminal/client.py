@@ -246,7 +246,7 @@ class Terminal:
             else:
                 self.say(say.send_failed(_reason(exc)))
             return
-        await self._ended(task.result(), decide is None)
+        await self._ended(task.result(), decide is None and left is None)
 
     async def _ended(self, end: TurnEnd | DecisionRefused, sent: bool) -> None:
         """Say how a turn (or a decision) ended: one branch per way it can end."""
@@ -260,7 +260,12 @@ class Terminal:
             self.say(say.stale(len(end.unseen.messages), end.unseen.rewound))
         elif isinstance(end, OverBudget):
             refusal = end.refusal
-            self.say(say.over_budget(refused_budget(refusal).describe(), resets_text(refusal)))
+            limit, resets = refused_budget(refusal).describe(), resets_text(refusal)
+            if sent:
+                self.say(say.over_budget(limit, resets))
+            else:  # a decision: it ended, and never runs by itself later
+                self.asking = None
+                self.say(say.decision_over_budget(limit, resets))
         elif isinstance(end, LockLost | Interrupted):
             # The message is in the transcript; only its answer was cut short.
             self.draft = None

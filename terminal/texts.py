@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from core.conversation import argument_lines
 
 PROMPT = "> "
 WAITING_PROMPT = "(waiting) > "
@@ -105,6 +105,13 @@ def over_budget(limit: str, resets: str) -> str:
     return f"Not sent: {limit} is used up; it resets {resets}. Your message was not added."
 
 
+def decision_over_budget(limit: str, resets: str) -> str:
+    return (
+        f"Not run: {limit} is used up (it resets {resets}). The approved call will not run by "
+        "itself later; ask again when the budget allows."
+    )
+
+
 def budget_ran_out(limit: str, resets: str) -> str:
     return f"The reply stopped: {limit} ran out while it was written (it resets {resets})."
 
@@ -191,15 +198,16 @@ def shorten(text: str, limit: int = 60) -> str:
 APPROVAL_SETTLED = (
     "The waiting tool call was decided or moved on elsewhere; nothing to approve now."
 )
-APPROVAL_ARGUMENTS_SHOWN = 600
 
 
 def approval_waiting(tool: str, server: str, arguments: dict[str, object]) -> str:
-    shown = json.dumps(arguments, ensure_ascii=False, sort_keys=True)
-    if len(shown) > APPROVAL_ARGUMENTS_SHOWN:
-        shown = shown[: APPROVAL_ARGUMENTS_SHOWN - 1] + "…"
+    """The call waiting for a decision, whole: every argument on its own line, nothing cut,
+    characters a terminal would hide or reorder shown as \\u escapes
+    (``core.conversation.argument_lines``)."""
+    lines = argument_lines(arguments) or ["(no arguments)"]
+    shown = "\n".join("  " + line.replace("\n", "\n  ") for line in lines)
     return (
-        f"The agent wants to use {tool} (MCP server {server}) with {shown}. "
+        f"The agent wants to use {tool} (MCP server {server}) with these arguments:\n{shown}\n"
         "It runs only once approved: /approve or /deny."
     )
 
@@ -218,6 +226,10 @@ def approval_refused(reason: str) -> str:
         "unknown": "Nothing waits for a decision in this session.",
         "expired": "That request has expired: nobody decided in time, so nothing was run.",
         "superseded": "That request was superseded by a newer message, so nothing was run.",
+        "moved_on": (
+            "The conversation has moved on since that request (a newer message or a "
+            "compaction), so it can no longer be decided and nothing was run."
+        ),
         "rewound": "The conversation was rewound past that request, so nothing was run.",
         "decided": "That request was already decided elsewhere.",
         "not_allowed": "You may not decide that request.",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,14 @@ from core.conversation import (
     Conversations,
     Decided,
     DecisionRefused,
+    OverBudget,
     TurnRequest,
 )
 from core.conversation.rounds import ApprovalRounds
-from core.records import Actor
+from core.records import ANY_TAIL, Actor
 from core.runtime import Runtime
 from core.settings import Settings
+from core.storage.approvals import ApprovalRecord
 from core.storage.dialect import ago
 from core.storage.models import ToolApproval
 from core.tools import call_digest, canonical_json
@@ -507,3 +510,175 @@ async def test_approval_rounds__a_replica_with_no_surface_carries_out_what_was_l
     assert tail.role == "assistant"
     await asyncio.gather(*(r.round() for r in rounds))  # nothing left: nothing runs again
     assert calls_counted("notes", "add_note", "ok") == before + 1
+
+
+# -- every request reaches an end state with a reason (issue 35, items 3 and 6) ------------------
+
+
+async def _moved_on(conversation: Conversation) -> None:
+    """Something follows the message that asked, added without a turn settling the request
+    (as a compaction adds its checkpoint)."""
+    store = conversation.store
+    lease = await store.start_turn(conversation.id, user_message=None, last_message_id=ANY_TAIL)
+    note = {"id": str(uuid.uuid4()), "role": "assistant", "parts": [{"type": "text", "text": "-"}]}
+    await store.finish(lease, [note])
+
+
+async def _record(conversations: Conversations, approval_id: str) -> ApprovalRecord:
+    assert conversations.approvals is not None
+    record = await conversations.approvals.get(approval_id)
+    assert record is not None
+    return record
+
+
+async def test_approval__a_request_running_when_a_new_message_comes_may_have_run(
+    conversations: Conversations, runtime: Runtime
+) -> None:
+    """A turn sent the approved call and died before recording it; a new message comes: the
+    model is told the call may have run, never that it did not."""
+    conversation, approval_id = await asked(conversations)
+    assert isinstance(await decide(conversations, approval_id, await owner(conversations)), Decided)
+    assert await runtime.storage.approvals.start_running(approval_id)
+    outcome = await conversation.take_turn(TurnRequest("did it work?"))
+    assert isinstance(outcome, Answered)
+    messages = await conversation.store.messages(conversation.id)
+    reason = part_of(messages[-3].message)["approval"]["reason"]
+    assert "may have run" in reason
+    assert "did not run" not in reason
+    record = await _record(conversations, approval_id)
+    assert (record.state, record.reason) == ("ran", "may_have_run")
+
+
+async def test_approval__a_decision_refused_for_budget_ends_and_never_runs_by_itself(
+    conversations: Conversations, database_url: str, tmp_path: Path
+) -> None:
+    """The decider is over a budget when the call is to run: the request ends (refused, with
+    the reason), and when the budget allows again nothing runs without a fresh decision."""
+    conversation, approval_id = await asked(conversations)
+    assert isinstance(await decide(conversations, approval_id, await owner(conversations)), Decided)
+    tight = await Runtime.open(
+        Settings(database_url=database_url, model_provider="offline", budgets="all:day:1tokens")
+    )
+    try:
+        there = await tight.conversations("test").get(conversation.id)
+        assert isinstance(await there.carry_out(approval_id), OverBudget)
+    finally:
+        await tight.close()
+    record = await _record(conversations, approval_id)
+    assert (record.state, record.reason) == ("refused", "over_budget")
+    # The budget no longer applies (this runtime has none), and the decision is long past.
+    async with conversations.store.db.write() as conn:
+        await conn.execute(update(ToolApproval.__table__).values(decided_at=ago(600)))
+    assert conversations.approvals is not None
+    assert await conversations.approvals.left_behind(60) == []
+    assert isinstance(await conversation.carry_out(approval_id), AlreadyAnswered)
+    assert notes(tmp_path) == {}
+    # The next message tells the model why the call did not run.
+    assert isinstance(await conversation.take_turn(TurnRequest("and?")), Answered)
+    messages = await conversation.store.messages(conversation.id)
+    assert "budget" in part_of(messages[-3].message)["approval"]["reason"]
+
+
+async def test_approval__a_compaction_ends_the_waiting_request(
+    conversations: Conversations, tmp_path: Path
+) -> None:
+    conversation, approval_id = await asked(conversations)
+    await conversation.compact(await owner(conversations))
+    record = await _record(conversations, approval_id)
+    assert (record.state, record.reason) == ("superseded", "compacted")
+    refused = await decide(conversations, approval_id, await owner(conversations))
+    assert isinstance(refused, DecisionRefused)
+    assert refused.reason == "moved_on"
+    assert notes(tmp_path) == {}
+
+
+async def test_approval__a_request_no_longer_the_tail_cannot_be_decided_or_carried_out(
+    conversations: Conversations, tmp_path: Path
+) -> None:
+    conversation, approval_id = await asked(conversations)
+    await _moved_on(conversation)
+    refused = await decide(conversations, approval_id, await owner(conversations))
+    assert isinstance(refused, DecisionRefused)
+    assert refused.reason == "moved_on"
+    record = await _record(conversations, approval_id)
+    assert (record.state, record.reason) == ("superseded", "moved_on")
+    # Decided while it was the tail, then the conversation moved on before it was carried out.
+    other, second = await asked(conversations, "k2")
+    assert isinstance(await decide(conversations, second, await owner(conversations)), Decided)
+    await _moved_on(other)
+    assert isinstance(await other.carry_out(second), AlreadyAnswered)
+    record = await _record(conversations, second)
+    assert (record.state, record.reason) == ("superseded", "moved_on")
+    assert notes(tmp_path) == {}
+
+
+async def test_approval__a_decision_not_carried_out_in_time_expires_and_never_runs(
+    conversations: Conversations, runtime: Runtime, tmp_path: Path
+) -> None:
+    past = runtime.settings.approval_timeout_seconds + 60
+    first, one = await asked(conversations)
+    second, two = await asked(conversations, "k2")
+    for approval_id in (one, two):
+        assert isinstance(
+            await decide(conversations, approval_id, await owner(conversations)), Decided
+        )
+    async with conversations.store.db.write() as conn:
+        await conn.execute(update(ToolApproval.__table__).values(decided_at=ago(past)))
+    # Carried out late: the model hears it expired.
+    outcome = await second.carry_out(two)
+    assert isinstance(outcome, Answered)
+    messages = await second.store.messages(second.id)
+    part = part_of(messages[-2].message)
+    assert part["state"] == "output-denied"
+    assert "not carried out in time" in part["approval"]["reason"]
+    # Left behind: the pass ends it instead of running it.
+    assert conversations.approvals is not None
+    assert await conversations.approvals.left_behind(60) == []
+    for approval_id in (one, two):
+        record = await _record(conversations, approval_id)
+        assert (record.state, record.reason) == ("expired", "decision_expired")
+    assert notes(tmp_path) == {}
+    assert await first.pending_approval() is None
+
+
+async def test_approval__the_left_behind_pass_cannot_starve(
+    conversations: Conversations, runtime: Runtime, tmp_path: Path
+) -> None:
+    """More decisions than one pass takes that nobody can carry out (their session is busy)
+    come first; a real left-behind decision behind them is still found within a few passes."""
+    approvals = runtime.storage.approvals
+    store = conversations.store
+    busy, _ = await asked(conversations, "busy")
+    tail = await store.tail(busy.id)
+    assert tail is not None
+    batch = 20
+    for index in range(batch + 5):
+        stuck = await approvals.request(
+            session_id=busy.id,
+            message_id=tail.message_id,
+            tool_call_id=f"call-{index}",
+            tool_name="mcp__notes__add_note",
+            server="notes",
+            arguments={"title": f"stuck {index}", "text": "x"},
+            digest="0" * 64,
+            approvers=(),
+        )
+        assert await approvals.decide(stuck, approve=True, by="slack:T1:U1") is not None
+    await store.start_turn(busy.id, user_message=None, last_message_id=ANY_TAIL)  # held
+    real, approval_id = await asked(conversations, "real")
+    assert isinstance(await decide(conversations, approval_id, await owner(conversations)), Decided)
+    table = ToolApproval.__table__
+    async with store.db.write() as conn:
+        await conn.execute(update(table).values(decided_at=ago(600)))
+        await conn.execute(  # the real one decided last
+            update(table).where(table.c.id == approval_id).values(decided_at=ago(300))
+        )
+    assert conversations.approvals is not None
+    found: list[str] = []
+    for _ in range(3):
+        found += [r.id for r in await conversations.approvals.left_behind(60)]
+    assert approval_id in found
+    outcome = await conversations.carry_out_left_behind(await _record(conversations, approval_id))
+    assert isinstance(outcome, Answered)
+    assert notes(tmp_path) == {"plan": "ship on friday"}
+    assert real.id != busy.id

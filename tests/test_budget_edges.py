@@ -7,23 +7,36 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import pytest
+from sqlalchemy import text
 
 from core.agent.accounting import Accounting, Attribution, Payer
-from core.agent.loop import Agent, AgentConfig
+from core.agent.loop import Agent, AgentConfig, TextChunk, TurnResult
 from core.agent.model_choice import ProviderCache
-from core.errors import AgentSessionBudgetExceeded
+from core.errors import (
+    AgentSessionBudgetExceeded,
+    AgentSessionLockLost,
+    ModelProviderError,
+    TurnInterrupted,
+)
 from core.messages import user_message
 from core.providers.base import Usage
+from core.providers.streaming import HttpOptions, RetryPolicy, Timeouts
 from core.settings import Settings
 from core.storage.budgets import Budgets
 from core.storage.engine import Database, create_database
+from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
-from core.storage.usage import LedgerEntry, UsageLedger
+from core.storage.usage import LedgerEntry, UsageLedger, UsageLine
+from core.testing import openai as fake_openai
+from core.testing.openai import OpenAIStandIn
+from core.testing.scripted import JsonReply, SseReply
 from core.usage.budgets import WindowTotals, expected_tokens, parse_budgets
 from core.usage.totals import RequestUsage
-from tests.helpers import new_session, read_json_line, start_worker, stop_workers
+from tests.helpers import new_session, read_json_line, start_worker, stop_workers, take_over
+from tests.providers_fixtures import RecordingSleep
 from tests.test_processes import release_together
 
 PAYER = Payer("slack:T1:U1", "T1")
@@ -44,7 +57,7 @@ async def spend(db: Database, tokens: int, payer: Payer = PAYER) -> None:
     )
 
 
-async def turn(agent: Agent, session_id: int, text: str) -> object:
+async def turn(agent: Agent, session_id: int, text: str) -> TurnResult:
     tail = await agent.store.tail(session_id)
     return await agent.run_turn(
         session_id,
@@ -211,3 +224,270 @@ async def test_budget__racing_processes_at_its_end_overshoot_by_at_most_one_requ
     # The losers' messages were rolled back with their claims.
     counts = [len(await store.messages(sid)) for sid in sessions]
     assert sorted(counts) == [0] * (racers - len(winners)) + [1] * len(winners)
+
+
+# -- a stopped or failed answer is charged --------------------------------------------------
+
+STREAMED = "words the person already saw"
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[OpenAIStandIn]:
+    async with OpenAIStandIn() as server:
+        yield server
+
+
+def charged_agent(
+    store: SessionStore,
+    db: Database,
+    model: OpenAIStandIn,
+    caches: list[ProviderCache],
+    *,
+    read_timeout: float = 60.0,
+) -> Agent:
+    settings = Settings(
+        model_provider="openai",
+        openai_api_key="sk-test",
+        openai_base_url=model.base_url,
+        model_name="fake-model",
+    )
+    http = HttpOptions(timeout=Timeouts(read=read_timeout), retry=RetryPolicy(RecordingSleep()))
+    caches.append(ProviderCache(settings, http=http))
+    ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
+    return Agent(
+        store,
+        caches[-1],
+        AgentConfig(auto_compact_tokens=0, heartbeat_seconds=0.05),
+        accounting=Accounting(ledger, Budgets(db, ())),
+    )
+
+
+@pytest.fixture
+async def caches() -> AsyncIterator[list[ProviderCache]]:
+    made: list[ProviderCache] = []
+    yield made
+    for cache in made:
+        await cache.aclose()
+
+
+async def charged(db: Database) -> UsageLine:
+    """The payer's one ledger line, once its one row is there."""
+    for _ in range(250):
+        lines = await UsageLedger(db, staleness_seconds=60).report("user")
+        if lines:
+            (line,) = lines
+            return line
+        await asyncio.sleep(0.02)
+    raise AssertionError("no ledger row was written")
+
+
+async def started_turn(agent: Agent, session_id: int) -> asyncio.Task[TurnResult]:
+    """A turn whose model streams ``STREAMED`` and then waits (``reply``'s gate): returns once
+    the words reached the turn."""
+    seen = asyncio.Event()
+
+    async def on_event(event: object) -> None:
+        if isinstance(event, TextChunk):
+            seen.set()
+
+    running = asyncio.create_task(
+        agent.run_turn(
+            session_id,
+            user_message=user_message("a long question"),
+            last_message_id=None,
+            on_event=on_event,
+            attribution=Attribution("slack", PAYER),
+        )
+    )
+    await asyncio.wait_for(seen.wait(), 20)
+    return running
+
+
+def gated() -> SseReply:
+    # The role chunk and the words, then a wait at the gate nobody opens: no usage ever comes.
+    return SseReply(
+        [*fake_openai.text_frames(STREAMED), *fake_openai.ending(900, 40)],
+        gate=asyncio.Event(),
+        gate_at=2,
+    )
+
+
+def assert_estimated_charge(line: UsageLine) -> None:
+    assert line.requests == 1
+    assert line.estimated == 1  # marked: the provider reported nothing
+    assert line.input_tokens > 0  # what was sent
+    assert line.output_tokens >= len(STREAMED) // 4  # what streamed
+    assert line.counted_tokens == line.input_tokens + line.output_tokens
+
+
+async def test_charged__a_stopped_answer(
+    store: SessionStore,
+    replica: SessionStore,
+    db: Database,
+    model: OpenAIStandIn,
+    caches: list[ProviderCache],
+) -> None:
+    _, session = await new_session(store)
+    model.push(gated())
+    running = await started_turn(charged_agent(store, db, model, caches), session.id)
+    assert await replica.request_stop(session.id)
+    with pytest.raises(TurnInterrupted):
+        await asyncio.wait_for(running, 20)
+    assert_estimated_charge(await charged(db))
+    _, answer = await store.messages(session.id)
+    assert answer.message["metadata"]["usage"]["estimated"] is True  # the answer says so too
+
+
+async def test_charged__an_answer_cut_by_a_shutdown(
+    store: SessionStore, db: Database, model: OpenAIStandIn, caches: list[ProviderCache]
+) -> None:
+    _, session = await new_session(store)
+    model.push(gated())
+    running = await started_turn(charged_agent(store, db, model, caches), session.id)
+    running.cancel("shutdown")
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert_estimated_charge(await charged(db))
+
+
+async def test_charged__an_answer_whose_lock_was_lost(
+    store: SessionStore, db: Database, model: OpenAIStandIn, caches: list[ProviderCache]
+) -> None:
+    _, session = await new_session(store)
+    model.push(gated())
+    running = await started_turn(charged_agent(store, db, model, caches), session.id)
+    await take_over(db, session.id)
+    with pytest.raises(AgentSessionLockLost):
+        await asyncio.wait_for(running, 20)
+    assert_estimated_charge(await charged(db))
+
+
+@pytest.mark.parametrize("ending", ["time-out", "cut"])
+async def test_charged__an_answer_the_model_failed_mid_stream(
+    store: SessionStore,
+    db: Database,
+    model: OpenAIStandIn,
+    caches: list[ProviderCache],
+    ending: str,
+) -> None:
+    _, session = await new_session(store)
+    frames = fake_openai.text_frames(STREAMED)[:2]  # the words, then silence or a cut
+    model.push(SseReply(frames, stall=ending == "time-out", cut=ending == "cut"))
+    agent = charged_agent(store, db, model, caches, read_timeout=0.5)
+    result = await agent.run_turn(
+        session.id,
+        user_message=user_message("a long question"),
+        last_message_id=None,
+        attribution=Attribution("slack", PAYER),
+    )
+    assert isinstance(result.error, ModelProviderError)
+    assert len(model.requests) == 1
+    assert_estimated_charge(await charged(db))
+    assert result.answer.message["metadata"]["usage"]["requests"] == 1
+
+
+async def test_charged__a_request_refused_before_it_answered_is_not(
+    store: SessionStore, db: Database, model: OpenAIStandIn, caches: list[ProviderCache]
+) -> None:
+    """A bad key (401) is billed nothing: no row."""
+    _, session = await new_session(store)
+    model.push(JsonReply(401, {"error": {"message": "bad key", "type": "invalid_request_error"}}))
+    agent = charged_agent(store, db, model, caches)
+    result = await agent.run_turn(
+        session.id,
+        user_message=user_message("hello"),
+        last_message_id=None,
+        attribution=Attribution("slack", PAYER),
+    )
+    assert isinstance(result.error, ModelProviderError)
+    assert await UsageLedger(db, staleness_seconds=60).report("user") == []
+
+
+async def test_charged__a_failed_ledger_write_is_written_again(
+    store: SessionStore, db: Database, offline: ProviderCache
+) -> None:
+    """The ledger's table is away while the turn writes its row: the answer is kept, and the
+    row is written once the table is back, by the process's retry, with no new turn."""
+    ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
+    accounting = Accounting(ledger, Budgets(db, ()))
+    agent = Agent(store, offline, AgentConfig(auto_compact_tokens=0), accounting=accounting)
+    _, session = await new_session(store)
+    async with db.write() as conn:
+        await conn.execute(text("ALTER TABLE usage_totals RENAME TO usage_totals_away"))
+    try:
+        result = await turn(agent, session.id, "hello")
+        assert result.error is None
+        assert accounting.writer.waiting == 1
+    finally:
+        async with db.write() as conn:
+            await conn.execute(text("ALTER TABLE usage_totals_away RENAME TO usage_totals"))
+    line = await charged(db)
+    assert line.requests == 1
+    assert accounting.writer.waiting == 0
+
+
+# -- what a running turn holds; the totals of a ledger that predates them ----------------------
+
+
+async def test_reservation__a_running_turn_holds_what_it_has_yet_to_spend(
+    store: SessionStore, db: Database
+) -> None:
+    """The claim reserves the turn's expected cost; each of its requests' rows lowers what it
+    holds, down to nothing, without touching the reservation's row."""
+    ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
+    budgets = parse_budgets("user:day:1000000tokens")
+    _, session = await new_session(store)
+    reservation = ledger.reservation(budgets, PAYER)
+    assert reservation is not None
+    lease = await store.start_turn(
+        session.id, user_message=user_message("hi"), last_message_id=None, reservation=reservation
+    )
+    try:
+        (held,) = await ledger.accounts(budgets, PAYER)
+        expected = expected_tokens(None, WindowTotals(), 0)
+        assert held.reserved == expected
+        request = RequestUsage("openai", "m", Usage(expected // 4, 0), None)
+        entry = LedgerEntry(request, "answer", expected // 4, False, session.id, payer=PAYER)
+        await ledger.record(entry)
+        (held,) = await ledger.accounts(budgets, PAYER)
+        assert (held.spent, held.reserved) == (expected // 4, expected - expected // 4)
+        await ledger.record(entry)
+        await ledger.record(entry)
+        await ledger.record(entry)
+        await ledger.record(entry)
+        (held,) = await ledger.accounts(budgets, PAYER)
+        assert held.reserved == 0
+    finally:
+        await store.release(lease)
+    (held,) = await ledger.accounts(budgets, PAYER)
+    assert held.reserved == 0
+    # The release deleted the turn's rows: a claim scans live turns' reservations only.
+    async with db.read() as conn:
+        assert await conn.scalar(text("SELECT count(*) FROM usage_reservations")) == 0
+
+
+async def test_migration_0007__fills_this_months_totals_from_the_ledger(
+    empty_database_url: str,
+) -> None:
+    db = create_database(empty_database_url)
+    try:
+        await upgrade(db, "0006_web_access")
+        insert = text(
+            "INSERT INTO usage_requests (user_key, workspace, kind, provider, model,"
+            " output_tokens, counted_tokens, cost_nanousd) VALUES (:user, :ws, 'answer', 'p',"
+            " 'm', :output, :counted, :cost)"
+        )
+        async with db.write() as conn:
+            await conn.execute(
+                insert, {"user": PAYER.user, "ws": "T1", "output": 5, "counted": 40, "cost": 7}
+            )
+            await conn.execute(
+                insert, {"user": "slack:T1:U2", "ws": "T1", "output": 1, "counted": 2, "cost": None}
+            )
+        await upgrade(db)
+        ledger = UsageLedger(db, staleness_seconds=60)
+        budgets = parse_budgets("user:day:1000tokens,workspace:month:1000tokens,all:day:1usd")
+        user, workspace, shared = await ledger.accounts(budgets, PAYER)
+        assert (user.spent, workspace.spent, shared.spent) == (40, 42, Decimal("7e-9"))
+    finally:
+        await db.dispose()

@@ -13,6 +13,7 @@ import math
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,10 @@ def test_dockerfile__locked_dependencies_non_root_serve_and_a_liveness_healthche
     assert ignored[[line.startswith("#") for line in ignored].index(False)] == "*"
     assert "**/.env" in ignored
     assert "**/*.db" in ignored
+    # …and every package the wheel is built from (pyproject.toml), or the image would lack it.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    assert {f"!{package}/" for package in packages} <= set(ignored)
 
 
 # -- compose -------------------------------------------------------------------------------------
@@ -300,3 +305,22 @@ def test_chart__resources_are_stated() -> None:
     assert resources["requests"]["cpu"]
     assert resources["requests"]["memory"]
     assert resources["limits"]["memory"]
+
+
+def test_chart__a_metrics_port_takes_the_probes_and_the_scrape_with_it(tmp_path: Path) -> None:
+    values = {**FULL_VALUES, "env": {"METRICS_PORT": "9100"}}
+    docs = manifests(values)
+    (container,) = of_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in container["ports"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] == "metrics"
+    assert of_kind(docs, "ServiceMonitor")["spec"]["endpoints"][0]["port"] == "metrics"
+    service_ports = {p["name"]: p["port"] for p in of_kind(docs, "Service")["spec"]["ports"]}
+    assert service_ports["metrics"] == 9100
+    files = []
+    for number, doc in enumerate(d for d in docs if d["kind"] != "ServiceMonitor"):
+        path = tmp_path / f"{number}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        files.append(str(path))
+    result = run(tool("kubernetes-validate"), "--strict", "-k", KUBERNETES_VERSIONS[-1], *files)
+    assert result.returncode == 0, result.stdout + result.stderr

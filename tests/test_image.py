@@ -10,25 +10,32 @@ Two containers of the image share one PostgreSQL (this machine's, reached over t
 network, as the stand-ins for Slack and the model in this test process are) and answer signed
 Slack requests; ``docker stop`` of the one with a turn still running lets the turn go on for
 ``SHUTDOWN_GRACE_SECONDS``, keeps the partial answer, and exits 0 before Docker's SIGKILL;
-the message that reached it while it stopped is answered by the other.
+the message that reached it while it stopped is answered by the other. In front of the two,
+compose's proxy (deploy/compose.yaml's nginx configuration, run by Debian's nginx) hands a
+request that meets the stopping replica's 503 to the other one.
 
-Where no docker daemon answers (``.ci/run`` starts one), the test fails and says so.
+Where no docker daemon answers (``.ci/run`` starts one), or mmdebstrap or nginx is missing
+(``.ci/run`` installs them), the test fails and says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 
 from core.records import StoredMessage
 from core.storage.engine import create_database
@@ -112,11 +119,14 @@ def base_image() -> str:
 
 @pytest.fixture(scope="module")
 def image() -> str:
+    """Built once per worker; workers of one run take turns (a file lock), so the second finds
+    the base made and Docker's layers cached instead of building everything a second time."""
     require_docker()
-    base = base_image()
-    docker(
-        "build", "--network", "host", "--build-arg", f"PYTHON_IMAGE={base}", "-t", IMAGE, str(ROOT)
-    )
+    with open(Path(tempfile.gettempdir()) / "slack-agent-image-test.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        base = base_image()
+        build = ("build", "--network", "host", "--build-arg", f"PYTHON_IMAGE={base}")
+        docker(*build, "-t", IMAGE, str(ROOT))
     return IMAGE
 
 
@@ -146,6 +156,46 @@ class Container:
 
     def remove(self) -> None:
         docker("rm", "-f", self.name, check=False, timeout=60)
+
+
+@contextlib.contextmanager
+def compose_proxy(tmp: Path, *replicas: Container) -> Iterator[tuple[str, Path]]:
+    """deploy/compose.yaml's proxy (its nginx configuration, as the file holds it) in front of
+    the containers, on a port of its own: Debian's nginx here, the nginx image under compose.
+    Gives its URL, and its access log: each request's status and its upstreams' statuses."""
+    if shutil.which("nginx") is None:
+        pytest.fail("nginx is not installed (apt-get install nginx-light; .ci/run does)")
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
+    site = compose["configs"]["proxy"]["content"].replace("$$", "$")
+    servers = "".join(f"server 127.0.0.1:{c.port} max_fails=0;\n" for c in replicas)
+    assert "server serve:3000 max_fails=0;\n" in site
+    site = site.replace("server serve:3000 max_fails=0;\n", servers)
+    port = free_port()
+    site = site.replace("listen 3000;", f"listen 127.0.0.1:{port};")
+    temp = " ".join(
+        f"{kind}_temp_path {tmp}/{kind};"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    conf = tmp / "nginx.conf"
+    conf.write_text(
+        f"worker_processes 1; pid {tmp}/nginx.pid; error_log {tmp}/error.log;\n"
+        f"events {{}}\nhttp {{ {temp}\n"
+        "log_format upstreams '$request_method $uri $status $upstream_status';\n"
+        f"access_log {tmp}/access.log upstreams;\n{site}\n}}\n"
+    )
+    proc = subprocess.Popen(
+        ["nginx", "-e", str(tmp / "error.log"), "-c", str(conf), "-g", "daemon off;"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,  # its errors go to error.log (-e)
+    )
+    try:
+        yield f"http://127.0.0.1:{port}", tmp / "access.log"
+    except BaseException:
+        print((tmp / "error.log").read_text() if (tmp / "error.log").exists() else "")
+        raise
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 async def get(url: str) -> tuple[int, str]:
@@ -226,42 +276,84 @@ def test_image__non_root_no_compiler_and_the_command_is_serve(image: str) -> Non
 
 
 async def test_two_containers_answer_and_docker_stop_drains_within_the_grace(
-    containers: tuple[GatedModel, list[Container]], pg_url: str, slack: SlackStandIn
+    containers: tuple[GatedModel, list[Container]],
+    pg_url: str,
+    slack: SlackStandIn,
+    tmp_path: Path,
 ) -> None:
     model, (a, b) = containers
     database = create_database(pg_url)
     store = SessionStore(database, staleness_seconds=60)
     try:
-        async with SlackClient(a.url) as to_a, SlackClient(b.url) as to_b:
-            first = await to_a.message("held past the grace", mention=True)
-            second = await to_b.message("answered by the other", mention=True)
-            await until(lambda: len(model.requests) >= 2, "both turns reached the model")
-
-            # docker stop: SIGTERM, then SIGKILL after its 10 s; the grace is 8 s by default.
-            stopping = asyncio.create_task(asyncio.to_thread(docker, "stop", a.name))
-            await until(lambda: "stopping:" in a.logs(), "the container logged its stop")
-            assert await get(a.url + "/readyz") == (503, "stopping")
-            assert await get(a.url + "/livez") == (200, "ok")
-            # A message that reaches the stopping replica is refused (Slack sends it again)…
-            ts = to_a.new_ts()
-            late = {"type": "app_mention", "user": "U1", "text": f"<@{BOT_USER}> late", "ts": ts}
-            late.update(channel="C1", event_ts=late["ts"])
-            assert await to_a.event(late, event_id="EvLate") == 503
-            # …and its retry, to the other replica, is taken.
-            assert await to_b.event(late, event_id="EvLate", retry=1) == 200
-            await stopping
-            assert a.state() == ("exited", 0), a.logs()  # 137 had it been killed
-            model.release()
-
-            held = await transcript(store, first)
-            assert [m.role for m in held] == ["user", "assistant"], a.logs()
-            assert held[1].message["metadata"]["interrupted_by"] == "shutdown"
-            assert "the first half" in str(held[1].message["parts"])
-            for root in (second, late["ts"]):
-                answered = await _answered(store, root)
-                assert [m.role for m in answered] == ["user", "assistant"], b.logs()
+        with compose_proxy(tmp_path, a, b) as (proxy_url, proxy_log):
+            await until_proxied(proxy_url)
+            await _drain(model, a, b, store, proxy_url, proxy_log)
     finally:
         await database.dispose()
+
+
+async def until_proxied(url: str, within: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            async with aiohttp.ClientSession() as http, http.get(url + "/readyz") as response:
+                if response.status == 200:
+                    return
+        except aiohttp.ClientError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+        await asyncio.sleep(0.1)
+
+
+async def _drain(
+    model: GatedModel,
+    a: Container,
+    b: Container,
+    store: SessionStore,
+    proxy_url: str,
+    proxy_log: Path,
+) -> None:
+    async with SlackClient(a.url) as to_a, SlackClient(b.url) as to_b:
+        first = await to_a.message("held past the grace", mention=True)
+        second = await to_b.message("answered by the other", mention=True)
+        await until(lambda: len(model.requests) >= 2, "both turns reached the model")
+
+        # docker stop: SIGTERM, then SIGKILL after its 10 s; the grace is 8 s by default.
+        began = time.monotonic()
+        stopping = asyncio.create_task(asyncio.to_thread(docker, "stop", a.name))
+        await until(lambda: "stopping:" in a.logs(), "the container logged its stop")
+        assert await get(a.url + "/readyz") == (503, "stopping")
+        assert await get(a.url + "/livez") == (200, "ok")
+        # Through compose's proxy, messages are taken while a replica stops: it hands requests
+        # to the two in turn, so one of two meets the stopping one, whose 503 it tries on the
+        # other (``message`` asserts the 200 Slack would see).
+        async with SlackClient(proxy_url) as through_proxy:
+            proxied = [
+                await through_proxy.message(f"through the proxy {n}", mention=True)
+                for n in range(2)
+            ]
+        # A message that reaches the stopping replica itself is refused (Slack sends it again)…
+        ts = to_a.new_ts()
+        late = {"type": "app_mention", "user": "U1", "text": f"<@{BOT_USER}> late", "ts": ts}
+        late.update(channel="C1", event_ts=late["ts"])
+        assert await to_a.event(late, event_id="EvLate") == 503
+        # …and its retry, to the other replica, is taken.
+        assert await to_b.event(late, event_id="EvLate", retry=1) == 200
+        # The proxy's log: one request met the stopping replica's 503 and went on to the other.
+        logged = await asyncio.to_thread(proxy_log.read_text)
+        assert "POST /slack/events 200 503, 200" in logged, logged
+        await stopping
+        print(f"docker stop took {time.monotonic() - began:.2f} s")  # README, *Deploying*
+        assert a.state() == ("exited", 0), a.logs()  # 137 had it been killed
+        model.release()
+
+        held = await transcript(store, first)
+        assert [m.role for m in held] == ["user", "assistant"], a.logs()
+        assert held[1].message["metadata"]["interrupted_by"] == "shutdown"
+        assert "the first half" in str(held[1].message["parts"])
+        for root in (second, late["ts"], *proxied):
+            answered = await _answered(store, root)
+            assert [m.role for m in answered] == ["user", "assistant"], b.logs()
 
 
 async def _answered(store: SessionStore, root: str, within: float = 60.0) -> list[StoredMessage]:

@@ -166,6 +166,7 @@ def test_layers__storage_is_the_bottom_of_core() -> None:
 CORE_LEVELS: tuple[tuple[str, ...], ...] = (
     ("core",),  # the package itself (imports nothing)
     ("core.errors", "core.messages"),
+    ("core.redaction", "core.leases"),
     ("core.records", "core.sandbox", "core.logs", "core.trace_links"),
     ("core.checkpoint",),
     ("core.providers",),

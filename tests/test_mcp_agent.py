@@ -116,6 +116,18 @@ async def test_agent__a_failing_tool_is_a_result_and_the_turn_answers(
     assert part["outcome"] == "tool_error"
 
 
+async def test_agent__a_call_sent_and_never_answered_may_have_run(
+    agent: Agent, store: SessionStore
+) -> None:
+    """The server died during the call: the model reads that it may have run (it was sent),
+    never only that it failed."""
+    _, session = await new_session(store)
+    result = await ask(agent, session.id, 'mcp__notes__fault {"kind": "crash"}')
+    (part,) = tool_parts(result.answer.message)
+    assert part["outcome"] == "server_failed"
+    assert "may have run" in part["errorText"]
+
+
 async def test_agent__a_huge_result_is_cut_with_a_note(agent: Agent, store: SessionStore) -> None:
     _, session = await new_session(store)
     result = await ask(agent, session.id, 'mcp__notes__fault {"kind": "huge"}')

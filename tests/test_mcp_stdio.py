@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ctypes
 import json
 import logging
 import os
@@ -341,6 +342,12 @@ async def test_shutdown__every_session_closed_every_process_reaped(
     assert (await tools.call("mcp__notes__list_notes", {})).kind == "unavailable"
 
 
+def dumpable() -> int:
+    """This process's ``prctl(PR_GET_DUMPABLE)``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return int(libc.prctl(3, 0, 0, 0, 0))
+
+
 def place(path: str | Path) -> Path | None:
     """Where a directory really is (None once it is gone)."""
     real = Path(path).resolve()
@@ -380,6 +387,9 @@ async def test_stdio_server__own_directory_and_only_its_declared_environment(
     assert json.loads(again.text)["cwd"] == seen["cwd"]  # one directory per server, kept
     assert place(seen["cwd"]) is None  # and removed with the server
     assert place(json.loads(elsewhere.text)["cwd"]) == place(placed)
+    # Nor through /proc/<app>/environ or cwd (for a server without CAP_SYS_PTRACE, i.e. not
+    # run as root): the app made itself non-dumpable before it started one.
+    assert dumpable() == 0
 
 
 async def test_secrets__every_secret_the_product_knows_is_redacted_from_results(

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import func, select, update
+from sqlalchemy import text as sql
 
 from bot import texts as text
 from core.conversation import Answered, Decided, TurnRequest
-from core.storage.models import ToolApproval
+from core.storage.models import ToolApproval, User
 from core.storage.sessions import SessionStore
 from core.testing.slack import Call, SlackClient, SlackStandIn
 from tests.helpers import read_json_line, start_worker
@@ -108,7 +109,9 @@ async def test_slack_approval__card_then_approve_runs_the_call_and_the_answer_co
         (card,) = await slack.wait_for(lambda: cards(slack))
         assert card.args["thread_ts"] == root
         assert "mcp__notes__add_note" in card.args["text"]
-        assert "&lt;on&gt;" in card.args["text"]  # the arguments are escaped
+        shown = json.dumps(card.args["blocks"])
+        assert "&lt;on&gt;" in shown  # the arguments are escaped
+        assert "Show all" not in shown  # nothing folded: the card shows the whole call
         assert notes(tmp_path) == {}
         assert await click(client, slack, card) == 200
         await slack.wait_for(
@@ -307,7 +310,93 @@ async def test_slack_approval__a_card_whose_place_was_never_stored_still_shows_t
         async with store.db.write() as conn:
             forgotten = update(ToolApproval.__table__).values(card_ref=None, card_state=None)
             await conn.execute(forgotten)
+        # Someone not allowed to decide clicks first: refused, and nothing is written (no
+        # user row for them, no card reference taken from their payload).
+        assert await click(client, slack, card, user="U2") == 200
+        await slack.wait_for(lambda: slack.responses or slack.ephemerals("U2"))
+        async with store.db.read() as conn:
+            assert (await conn.scalar(select(ToolApproval.__table__.c.card_ref))) is None
+            stranger = User.__table__.c.external_id == "slack:T1:U2"
+            assert (await conn.scalar(select(func.count()).where(stranger))) == 0
         assert await click(client, slack, card) == 200
         await slack.wait_for(lambda: any("the call ran" in t for t in card_updates(slack, card)))
+        await slack.wait_for(lambda: "answered" in slack.shown(root))
+    assert notes(tmp_path) == {"plan": "ship <on> friday"}
+
+
+LONG = "y" * 4_000
+# "text" sorts before "title": the title comes after a value longer than any card.
+ADD_LONG = f'mcp__notes__add_note {{"text": "{LONG} END", "title": "plan\u202e"}}'
+
+
+async def press(client: SlackClient, card: Call, action_id: str, value: str) -> int:
+    return await client.interaction(
+        {
+            "type": "block_actions",
+            "team": {"id": client.team, "domain": "test"},
+            "user": {"id": "U5", "team_id": client.team},
+            "channel": {"id": "C1"},
+            "container": {"type": "message", "channel_id": "C1", "message_ts": card.result["ts"]},
+            "message": {"ts": card.result["ts"], "thread_ts": card.args["thread_ts"]},
+            "trigger_id": "trig",
+            "token": "legacy",
+            "actions": [{"type": "button", "action_id": action_id, "value": value}],
+        }
+    )
+
+
+async def test_slack_approval__show_all_opens_every_argument_of_the_call(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    """The card folds a long value, names the argument after it, escapes what would hide, and
+    *Show all* opens the whole call (Slack's limits are the stand-in's)."""
+    async with (
+        running_bot(database_url, slack, **mcp(tmp_path)) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        await connected(bot)
+        await client.message(ADD_LONG, mention=True)
+        (card,) = await slack.wait_for(lambda: cards(slack))
+        shown = json.dumps(card.args["blocks"], ensure_ascii=False)
+        assert "plan\\\\u202e" in shown  # the title, its override shown escaped
+        assert "\u202e" not in shown
+        assert "END" not in shown  # folded on the card...
+        assert "characters not shown here" in shown
+        assert await press(client, card, text.SHOW_CALL, approval_id(card)) == 200
+        (modal,) = await slack.wait_for(lambda: slack.views)
+        whole = "".join(
+            b["text"]["text"].removeprefix("```").removesuffix("```")
+            for b in modal["blocks"]
+            if b["type"] == "section"
+        )
+        assert f"{LONG} END" in whole  # ... and whole in the modal
+        assert not any(c.result.get("error") for c in slack.calls)  # within Block Kit's limits
+    assert notes(tmp_path) == {}
+
+
+async def test_slack_approval__a_click_that_could_not_be_recorded_asks_to_click_again(
+    database_url: str, slack: SlackStandIn, store: SessionStore, tmp_path: Path
+) -> None:
+    """Slack never sends a click again (not after a 500): a click whose recording fails is
+    acknowledged with a line asking to click again, and the second click runs the call once."""
+    async with (
+        running_bot(
+            database_url, slack, database_statement_timeout_seconds=1, **mcp(tmp_path)
+        ) as bot,
+        SlackClient(bot.url, response_url=slack.response_url) as client,
+    ):
+        await connected(bot)
+        root = await client.message(ADD, mention=True)
+        (card,) = await slack.wait_for(lambda: cards(slack))
+        async with store.db.write() as conn:  # the database refuses the click's writes
+            if conn.dialect.name == "postgresql":
+                await conn.execute(sql("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE"))
+            else:  # SQLite: another writer holds the database's write lock
+                await conn.execute(update(ToolApproval.__table__).values(card_ref=None))
+            assert await click(client, slack, card) == 200
+        await slack.wait_for(lambda: slack.responses)
+        assert slack.responses[0]["text"] == text.approval_not_recorded()
+        assert notes(tmp_path) == {}
+        assert await click(client, slack, card) == 200
         await slack.wait_for(lambda: "answered" in slack.shown(root))
     assert notes(tmp_path) == {"plan": "ship <on> friday"}

@@ -157,3 +157,23 @@ async def test_bad_bodies_are_one_line_4xx(
     assert answer.body["code"] == code
     assert "\n" not in answer.body["message"]
     assert (await api.get(path + "/messages")).body["data"] == []
+
+
+async def test_a_message_id_sent_twice_is_stored_once(running: RunningBot) -> None:
+    api = await api_as(running, "slack:T1:U1")
+    session = (await api.post("/v1/agent_sessions", {})).body
+    path = f"/v1/agent_sessions/{session['id']}"
+    mine = {
+        "id": "0190e0c8-7a51-7cc2-9d1e-5b2f6f0a1b2c",
+        "role": "user",
+        "parts": [{"type": "text", "text": "once"}],
+    }
+    first = await api.post(path + "/chat", {"message": mine, "lastMessageId": None})
+    assert first.status == 200
+    stored = (await api.get(path + "/messages")).body["data"]
+    assert stored[0]["id"] == mine["id"]
+    last = stored[-1]["id"]
+    again = await api.post(path + "/chat", {"message": mine, "lastMessageId": last})
+    assert again.status == 409
+    assert again.body["code"] == "agent_session_message_duplicate"
+    assert len((await api.get(path + "/messages")).body["data"]) == 2

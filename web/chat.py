@@ -57,8 +57,10 @@ def refusal(end: TurnEnd | DecisionRefused | DecisionRecorded) -> ApiError | Non
         )
     if isinstance(end, OverBudget):
         return over_budget(end.refusal)
-    if isinstance(end, AlreadyAnswered):
-        return ApiError(409, "agent_session_messages_stale", "this was answered already")
+    if isinstance(end, AlreadyAnswered):  # a retry of a message stored and answered already
+        return ApiError(
+            409, "agent_session_message_duplicate", "a message with this id was answered already"
+        )
     if isinstance(end, DecisionRefused):
         record = end.record
         if end.reason == "unknown":

@@ -22,15 +22,22 @@ ledger row per request.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from core import metrics
-from core.errors import AgentSessionBudgetExceeded
+from core.agent.charges import LedgerWriter
+from core.errors import (
+    AgentSessionBudgetExceeded,
+    ModelProviderRateLimited,
+    ModelProviderRejected,
+    ModelProviderUnavailable,
+)
 from core.messages import Message
 from core.providers.base import (
     AssistantMessage,
@@ -52,6 +59,11 @@ from core.usage.totals import MessageUsage, RequestUsage
 
 log = logging.getLogger(__name__)
 
+# Errors of a request the provider refused before it did any work (a bad key, a rate limit, an
+# overloaded or unreachable server): nothing is billed when nothing was answered. Time-outs
+# and broken streams are billed: the provider was working when they happened.
+UNBILLED: Final = (ModelProviderRejected, ModelProviderRateLimited, ModelProviderUnavailable)
+
 
 @dataclass(frozen=True)
 class Attribution:
@@ -72,8 +84,10 @@ class Accounting:
         tracer: Tracer | None = None,
     ) -> None:
         self.ledger = ledger
+        self.writer = LedgerWriter(ledger)  # ledger rows, retried when a write fails
         self.budgets = budgets
         self.tracer = tracer or Tracer.off()
+        self._charging: set[asyncio.Task[RequestUsage]] = set()  # outliving a cancelled turn
 
     def turn(self, session_id: int, attribution: Attribution | None = None) -> TurnAccount:
         return TurnAccount(self, session_id, attribution or Attribution())
@@ -221,11 +235,43 @@ class TurnAccount:
             payer=self.attribution.payer,
             surface=self.attribution.surface,
         )
-        try:
-            await self._accounting.ledger.record(entry, reservation=self._reservation)
-        except Exception:  # the answer must not be lost to its bookkeeping
-            log.exception("session %s: a model request's usage was not recorded", self.session_id)
+        await self._accounting.writer.write(entry)
         return request
+
+    async def _charge_unfinished(
+        self,
+        provider: str,
+        model: str,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        reply: AssistantMessage,
+        source: PriceSource,
+    ) -> RequestUsage:
+        """A request that ended before its provider reported usage (a stop, a time-out, an
+        error mid-stream, a lost lock, a shutdown): the provider bills what was sent, so it is
+        charged as estimated (what it sent in, what streamed out). The write is its own task,
+        shielded like every charge."""
+        usage = estimate_usage(messages, tools, reply)
+        return await self._charge(provider, model, usage, messages, tools, reply, source)
+
+    async def _charge(
+        self,
+        provider: str,
+        model: str,
+        usage: Usage,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        reply: AssistantMessage,
+        source: PriceSource,
+    ) -> RequestUsage:
+        """``_record`` as a task of its own, shielded: a turn cancelled (a stop, a shutdown)
+        while its request's row is written does not lose the row."""
+        charging = asyncio.ensure_future(
+            self._record(provider, model, usage, messages, tools, reply, source)
+        )
+        self._accounting._charging.add(charging)
+        charging.add_done_callback(self._accounting._charging.discard)
+        return await asyncio.shield(charging)
 
 
 class _AccountedProvider:
@@ -251,6 +297,7 @@ class _AccountedProvider:
         account._made += 1
         text: list[str] = []
         calls: list[ToolCall] = []
+        charged = False  # the provider's usage arrived (or the request was refused unbilled)
         with account._parent.llm(
             provider=self.name, model=name, messages=messages, tools=tools
         ) as span:
@@ -262,14 +309,25 @@ class _AccountedProvider:
                     elif isinstance(event, ToolCall):
                         calls.append(event)
                     elif isinstance(event, Usage):
+                        charged = True
                         reply = AssistantMessage("".join(text), tuple(calls))
-                        request = await account._record(
+                        request = await account._charge(
                             self.name, name, event, messages, tools, reply, self._source
                         )
                         span.record_usage(event, request.cost_usd)
                     yield event
+            except UNBILLED:
+                charged = charged or not (text or calls)  # refused before it answered
+                raise
             finally:
-                await source.aclose()
+                try:
+                    await source.aclose()
+                finally:
+                    if not charged:
+                        reply = AssistantMessage("".join(text), tuple(calls))
+                        await account._charge_unfinished(
+                            self.name, name, messages, tools, reply, self._source
+                        )
             span.record_output(AssistantMessage("".join(text), tuple(calls)))
 
     async def aclose(self) -> None:

@@ -40,6 +40,7 @@ from core.errors import (
     ModelProviderError,
     SlackAgentError,
 )
+from core.leases import before_side_effect
 from core.messages import Message, message_text, new_message_id
 from core.providers.base import TextDelta, ToolCall, ToolSpec
 from core.providers.uimessages import (
@@ -52,7 +53,7 @@ from core.providers.uimessages import (
 )
 from core.records import Actor, AnyTail, StoredMessage
 from core.sandbox.shell import Sandbox, SandboxLimits, ShellResult
-from core.storage.approvals import Approvals
+from core.storage.approvals import COMPACTED, Approvals
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import SnapshotRef
 from core.storage.usage import UsageLedger
@@ -550,6 +551,7 @@ class Agent:
             text_index: int | None = None
             # Closed here, not when the event loop finalizes it: a turn stopped while its
             # surface shows a chunk (``emit``) ends its model request at once.
+            before_side_effect()  # the lease is still safely this turn's (core.leases)
             stream = model.provider.stream(conversation, tools, model=model.choice.name)
             async with contextlib.aclosing(stream) as events:
                 async for event in events:
@@ -598,6 +600,7 @@ class Agent:
             return
         answer.parts.append(tool_call_part(call))
         await emit(ToolStarted(command, call.id))
+        before_side_effect()
         result = await sandbox.run(command)
         answer.parts[-1] = tool_output_part(
             call,
@@ -640,7 +643,14 @@ class Agent:
             span.record_output(message_text(message))
         message["metadata"].update(account.compaction_usage())
         await self.store.insert_checkpoint_before_tail(turn.lease, message)
+        await self._compacted(turn.session_id)
         return True
+
+    async def _compacted(self, session_id: int) -> None:
+        """A checkpoint moved the conversation on: a request still open behind it ends (the
+        model no longer sees the message that asked, so no later turn would settle it)."""
+        if self.approvals is not None:
+            await self.approvals.end_open(session_id, COMPACTED)
 
     def summariser(self, model: ResolvedModel) -> Summariser:
         return model_summariser(model.provider, model=model.choice.name)
@@ -664,7 +674,7 @@ class Agent:
         model = dataclasses.replace(model, provider=account.provider(model.provider, model.prices))
         failure: BaseException | None = None
         try:
-            return await compact(
+            stored = await compact(
                 self.store,
                 session_id,
                 actor,
@@ -673,6 +683,8 @@ class Agent:
                 heartbeat_seconds=self.config.heartbeat_seconds,
                 reservation=reservation,
             )
+            await self._compacted(session_id)
+            return stored
         except BaseException as exc:
             failure = exc
             raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,7 +24,14 @@ from core.agent.turn import Turn
 from core.messages import Message
 from core.providers.base import ToolCall, ToolSpec
 from core.providers.uimessages import Part, tool_call_part, tool_error_part
-from core.storage.approvals import ApprovalRecord, Approvals
+from core.storage.approvals import (
+    DECISION_EXPIRED,
+    ENDED,
+    MAY_HAVE_RUN,
+    NEW_MESSAGE,
+    ApprovalRecord,
+    Approvals,
+)
 from core.tools import McpTools, ToolOutcome, is_mcp_tool_name
 from core.tools.names import server_of
 
@@ -85,8 +93,30 @@ SENT_BEFORE = (
     "The call was sent to its server by a turn that stopped before recording the result; "
     "it may or may not have run, and it is not sent again."
 )
+MAY_HAVE_RUN_TEXT = (
+    "The call was approved and sent to its server, but the conversation moved on before its "
+    "result was recorded: it may have run. Do not assume it did not; check before calling it "
+    "again."
+)
+# Outcomes of a call that went to its server and got no answer: it may have done its work.
+UNANSWERED = frozenset({"timeout", "server_failed"})
+UNANSWERED_TEXT = (
+    "The call was sent, so it may have run: do not assume it did not; check before calling it "
+    "again."
+)
 SUPERSEDED = "superseded: the conversation moved on before anyone decided."
+APPROVED_NOT_RUN = (
+    "superseded: it was approved, but the conversation moved on before it ran; it did not run."
+)
 EXPIRED = "expired: nobody decided in time."
+DECISION_EXPIRED_TEXT = (
+    "expired: it was approved but not carried out in time, so it did not run; ask again if "
+    "it is still needed."
+)
+OVER_BUDGET_TEXT = (
+    "not run: the person who approved it was over a usage budget when it was to run; ask "
+    "again if it is still needed."
+)
 NOT_HERE = "it waited for a decision in another conversation (this one was forked from it)."
 REWOUND = "the conversation was rewound past it."
 
@@ -135,6 +165,8 @@ async def run(
     await emit(McpCallStarted(call.name, tool.server if tool else None, call.arguments, call.id))
     started = time.perf_counter()
     outcome = await tools.call(call.name, call.arguments, approval=approval)
+    if outcome.kind in UNANSWERED:
+        outcome = dataclasses.replace(outcome, text=f"{outcome.text}. {UNANSWERED_TEXT}")
     await emit(McpCallFinished(outcome, time.perf_counter() - started, call.id))
     return outcome_part(call, outcome), outcome
 
@@ -216,16 +248,57 @@ async def settle_waiting(turn: Turn, history: list[Message], approvals: Approval
 
 
 async def _close(part: Part, session_id: int, approvals: Approvals) -> str:
+    """End the request behind a part still asking (a new turn started), and what the model
+    reads about it: never "did not run" for a call that was sent."""
     approval = part.get("approval")
     approval_id = approval.get("id") if isinstance(approval, dict) else None
     record = await approvals.get(approval_id) if isinstance(approval_id, str) else None
     if record is None or record.session_id != session_id:
         return NOT_HERE
-    if record.overdue and await approvals.close(record.id, "expired") is not None:
-        return EXPIRED
+    for _ in range(3):  # a request another replica moves meanwhile is read again
+        said = await _end(record, approvals)
+        if said is not None:
+            return said
+        current = await approvals.get(record.id)
+        if current is None:
+            return NOT_HERE
+        record = current
+    return ended_text(record)
+
+
+async def _end(record: ApprovalRecord, approvals: Approvals) -> str | None:
+    """Move ``record`` to its end state as a new message finds it, and what the model reads;
+    None when it moved meanwhile."""
+    if record.state in ENDED:
+        return ended_text(record)
+    if record.state == "pending" and record.overdue:
+        moved = await approvals.close(record.id, "expired")
+    elif record.state in ("pending", "approved"):
+        moved = await approvals.close(record.id, "superseded", NEW_MESSAGE)
+    elif record.state == "denied":
+        moved = await approvals.end(record.id, before=("denied",), state="declined", reason=None)
+    else:  # running: it went out, and the turn that sent it never recorded the result
+        moved = await approvals.end(
+            record.id, before=("running",), state="ran", reason=MAY_HAVE_RUN
+        )
+    return None if moved is None else ended_text(moved)
+
+
+def ended_text(record: ApprovalRecord) -> str:
+    """What the model reads about a request that ended without its call being carried out in
+    this turn."""
+    if record.state == "ran":
+        return MAY_HAVE_RUN_TEXT
+    if record.state == "declined":
+        return f"{record.decided_by or 'a person'} declined it."
+    if record.state == "refused":
+        return OVER_BUDGET_TEXT
+    if record.state == "rewound":
+        return REWOUND
     if record.state == "expired":
-        return EXPIRED
-    await approvals.close(record.id, "superseded")
+        return DECISION_EXPIRED_TEXT if record.reason == DECISION_EXPIRED else EXPIRED
+    if record.decided_by is not None and record.state == "superseded":
+        return APPROVED_NOT_RUN
     return SUPERSEDED
 
 
@@ -250,17 +323,27 @@ async def decided_message(
     call = ToolCall(record.tool_call_id, record.tool_name, record.arguments)
     part: Part = parts[index] if index is not None else requested_part(call, record.id)
     decision = {"id": record.id, "approved": record.approved, "by": record.decided_by}
-    if record.approved:
-        if record.state == "approved" and await approvals.start_running(record.id):
+    if record.state == "approved":
+        if await approvals.start_running(record.id):
             done, _ = await run(tools, call, emit, approval=record.digest)
-        else:
+            record = dataclasses.replace(record, state="running")
+        else:  # decided too long ago: the consent has lapsed (or it moved on meanwhile)
+            await approvals.end(
+                record.id, before=("approved",), state="expired", reason=DECISION_EXPIRED
+            )
+            record = await approvals.get(record.id) or record
+            done = {}
+    else:
+        done = {}
+    if record.state in ("running", "ran"):
+        if not done:
             done = {**tool_call_part(call), "state": "output-error", "errorText": SENT_BEFORE}
         done = {**done, "approval": decision}
     elif record.declined:
         done = denied_part(part, f"{record.decided_by or 'a person'} declined it.")
         done["approval"] = {**done["approval"], "by": record.decided_by}
     else:
-        done = denied_part(part, EXPIRED if record.state == "expired" else SUPERSEDED)
+        done = denied_part(part, ended_text(record), by=record.decided_by)
     if index is None:
         parts.append(done)
     else:

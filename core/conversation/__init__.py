@@ -50,6 +50,7 @@ from core.conversation.outcomes import (
     TurnRequest,
 )
 from core.conversation.places import SLACK_PROJECT, TERMINAL_PROJECT, WEB_PROJECT, Place
+from core.conversation.shown import argument_lines, folded, pages, visible
 from core.conversation.views import REFRESH_LAST, MemoryView, ThreadView, Unseen, View
 from core.conversation.visibility import Viewer, may_see, place
 from core.messages import Message, message_text, slack_message_id
@@ -117,11 +118,15 @@ __all__ = [
     "Unseen",
     "View",
     "Viewer",
+    "argument_lines",
+    "folded",
     "may_see",
     "message_text",
+    "pages",
     "parse_checkpoint",
     "place",
     "refused_budget",
     "resets_text",
     "slack_message_id",
+    "visible",
 ]

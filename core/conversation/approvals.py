@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from core import metrics
 from core.records import Actor, SessionInfo
-from core.storage.approvals import ApprovalRecord, Approvals
+from core.storage.approvals import COMPACTED, MOVED_ON, ApprovalRecord, Approvals
 from core.storage.sessions import SessionStore
 from core.tools import canonical_json, is_mcp_tool_name
 
@@ -32,6 +32,7 @@ RefusalReason = Literal[
     "not_allowed",  # neither the owner, an admin, nor one of the server's approvers
     "expired",  # nobody decided within APPROVAL_TIMEOUT_SECONDS
     "superseded",  # a new message moved the conversation on
+    "moved_on",  # the message that asked is no longer the conversation's last (a compaction)
     "rewound",  # the message that asked was taken out by a rewind
     "decided",  # someone decided already (``record.decided_by``)
 ]
@@ -97,6 +98,8 @@ class ApprovalDesk:
         while it waits."""
         if record is None:
             return DecisionRefused("unknown")
+        if record.state == "superseded" and record.reason in (MOVED_ON, COMPACTED):
+            return DecisionRefused("moved_on", record)
         if record.state in ("expired", "superseded", "rewound"):
             return DecisionRefused(record.state, record)  # type: ignore[arg-type]
         if record.state != "pending":
@@ -104,11 +107,18 @@ class ApprovalDesk:
         if record.overdue:
             closed = await self.approvals.close(record.id, "expired")
             return DecisionRefused("expired", closed or record)
+        tail = await self.store.tail(record.session_id)
+        if tail is not None and tail.message_id == record.message_id:
+            return None
+        # Not the conversation's last message any more: taken out by a rewind, or followed by
+        # something (a compaction's checkpoint, a new message whose turn has not settled it
+        # yet). Either way the call can no longer run where it was asked.
         located = await self.store.find_message(record.message_id)
         if located is None or located[0] != record.session_id:
             closed = await self.approvals.close(record.id, "rewound")
             return DecisionRefused("rewound", closed or record)
-        return None
+        closed = await self.approvals.close(record.id, "superseded", MOVED_ON)
+        return DecisionRefused("moved_on", closed or record)
 
     async def set_card(self, approval_id: str, card_ref: str) -> None:
         """Where a surface showed the request, to show its outcome there later."""

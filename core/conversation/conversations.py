@@ -66,7 +66,8 @@ from core.errors import (
 from core.messages import message_text, said_anything, user_message
 from core.records import Actor, SessionInfo, StoredMessage
 from core.storage import Approvals, Feedback, SessionStore, SurfaceState
-from core.storage.approvals import ApprovalRecord
+from core.storage.approvals import ENDED, MOVED_ON, ApprovalRecord
+from core.storage.approvals import OVER_BUDGET as OVER
 from core.tools.names import PREFIX as MCP_PREFIX
 
 
@@ -130,6 +131,11 @@ class Conversations:
         """Who acts (``slack:T…:U…``, ``cli:<login>``); ``admin`` as the surface decides it."""
         user_id = await self.store.get_or_create_user(external_id, display_name)
         return Actor(user_id=user_id, admin=admin)
+
+    async def known_person(self, external_id: str, *, admin: bool = False) -> Actor:
+        """Who acts, as ``person`` says, but without making them a user: a person who may turn
+        out not to be allowed (a click on someone else's card) leaves nothing behind."""
+        return Actor(user_id=await self.store.find_user(external_id), admin=admin)
 
     async def who(self, user_id: int) -> str | None:
         """The external id of a user (to name a session's owner)."""
@@ -606,7 +612,9 @@ class Conversation:
         desk = self._all.approvals
         assert desk is not None, "carrying out a decision needs the approvals store"
         record = await desk.get(approval_id)
-        if record is None or record.carried_out:
+        if record is None or record.state in ENDED:
+            # Carried out, or ended without running (refused, superseded, expired…): nothing
+            # to carry out, and no model request; the next message tells the model why.
             return AlreadyAnswered(None)
         try:
             result = await self._all.agent.carry_out(
@@ -618,12 +626,18 @@ class Conversation:
         except AgentSessionBusy:
             return Busy()
         except AgentSessionBudgetExceeded as exc:
+            # The decision cannot be carried out now, and must not be later by itself (when
+            # the budget resets nobody consents again): it ends here, and the card says why.
+            approvals = desk.approvals
+            await approvals.end(approval_id, before=("approved",), state="refused", reason=OVER)
+            await approvals.end(approval_id, before=("denied",), state="declined", reason=OVER)
             return OverBudget(exc)
         except AgentSessionStale:
             # The message that asked is no longer the last: carried out by a turn that died
-            # after storing its answer (finished now), or a new message came first (the next
-            # turn superseded the request; the call never ran).
+            # after storing its answer (finished now), or the conversation moved on first (a
+            # new message, a compaction): an approved call that never went out never will.
             await desk.approvals.carried_out(approval_id)
+            await desk.approvals.close(approval_id, "superseded", MOVED_ON)
             return AlreadyAnswered(None)
         if result.answer is not None:
             await self.view.show(result.answer.message_id)

@@ -322,7 +322,7 @@ async def decide(
     desk = conversations.approvals
     if desk is None:
         return DecisionRefused("unknown")
-    actor = await conversations.person(choice.person, admin=choice.admin)
+    actor = await conversations.known_person(choice.person, admin=choice.admin)
     decision = await desk.decide(
         choice.approval_id,
         actor,

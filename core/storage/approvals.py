@@ -1,25 +1,36 @@
 """Tool calls waiting for a person's decision: the statements of ``tool_approvals``.
 
-A request's life (``state``)::
+A request's life (``state``, and ``reason`` once it ended)::
 
     pending ──> approved ──> running ──> ran        (a person approved; the call went out once)
+       │           │            └─────> ran, may_have_run  (sent; its result never recorded)
+       │           ├──> refused, over_budget        (the decider was over a budget: not run)
+       │           ├──> superseded, moved_on        (the conversation moved on first: not run)
+       │           └──> expired, decision_expired   (not carried out in time: not run)
        │    └─> denied ───────────────> declined    (a person declined; the model was told)
-       │       (approved or denied, not carried out yet, and a new message came: superseded)
-       ├──> expired       (nobody decided within APPROVAL_TIMEOUT_SECONDS)
-       ├──> superseded    (a new message in the conversation moved on)
-       └──> rewound       (the message asking was taken out by a rewind)
+       ├──> expired, timeout       (nobody decided within APPROVAL_TIMEOUT_SECONDS)
+       ├──> superseded, new_message | compacted | moved_on   (the conversation moved on)
+       └──> rewound, rewound       (the message asking was taken out by a rewind)
+
+Every request reaches one of the end states (``ENDED``) with a reason: a decision that can no
+longer be carried out ends (``end``) instead of staying ``approved``, and a decision is carried
+out within APPROVAL_TIMEOUT_SECONDS of being made or not at all (``start_running`` refuses an
+older one; ``left_behind`` ends them), so no consent runs a call a day later by itself.
 
 What the statements guarantee (each one conditional UPDATE, so on any replica and under any
 number of clicks exactly one caller moves a request out of a state):
 
 - ``decide``: a pending request that is not overdue becomes approved or denied by one person;
   a second decision, a late one, or one on a request that moved on changes nothing (None).
-- ``start_running``: an approved request is sent to its server by one turn only; a turn that
-  finds it ``running`` (the one that sent it died) never sends it again.
-- ``close``: a pending request is superseded, rewound or expired, once.
+- ``start_running``: an approved request decided within the timeout is sent to its server by
+  one turn only; a turn that finds it ``running`` (the one that sent it died) never sends it
+  again.
+- ``close`` / ``end``: a request leaves an open state for an end state, once.
 - ``left_behind``: decided requests nobody carried out (the process that decided died before
   its turn); carrying one out is a turn like any other (claim, stale guard, ``start_running``),
-  so of any number of processes picking one up the call still goes out at most once.
+  so of any number of processes picking one up the call still goes out at most once. Each pass
+  takes the rows looked at longest ago and marks them looked at (``updated_at``), so rows that
+  cannot be carried out yet never hide the others.
 
 Overdue is measured on the database clock from ``requested_at``, so replicas agree.
 """
@@ -31,7 +42,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, cast
 
-from sqlalchemy import ColumnElement, Table, and_, insert, select, update
+from sqlalchemy import ColumnElement, Table, and_, insert, or_, select, update
 
 from core.storage.dialect import ago, db_now, update_returning
 from core.storage.engine import Database
@@ -43,6 +54,17 @@ A: Final = APPROVALS.c
 APPROVED: Final = ("approved", "running", "ran")
 DECLINED: Final = ("denied", "declined")
 CLOSED: Final = ("expired", "superseded", "rewound")
+ENDED: Final = ("ran", "declined", "refused", *CLOSED)
+OPEN: Final = ("pending", "approved", "denied", "running")
+# Why a request ended (``reason``).
+TIMEOUT: Final = "timeout"  # nobody decided in time
+DECISION_EXPIRED: Final = "decision_expired"  # decided, not carried out in time
+NEW_MESSAGE: Final = "new_message"  # a new message moved the conversation on
+COMPACTED: Final = "compacted"  # a compaction moved the conversation on
+MOVED_ON: Final = "moved_on"  # no longer the conversation's last message when decided or run
+OVER_BUDGET: Final = "over_budget"  # the decider was over a budget when it was to run
+MAY_HAVE_RUN: Final = "may_have_run"  # sent to its server; the result was never recorded
+REWOUND: Final = "rewound"
 
 
 @dataclass(frozen=True)
@@ -171,28 +193,68 @@ class Approvals:
             },
         )
 
-    async def close(self, approval_id: str, state: str) -> ApprovalRecord | None:
+    async def close(
+        self, approval_id: str, state: str, reason: str | None = None
+    ) -> ApprovalRecord | None:
         """A pending request ends undecided: ``superseded``, ``rewound`` or ``expired`` (only
-        once overdue). A decided one not yet carried out can be superseded too: a new message
+        once overdue). An approved one not yet carried out can be superseded too: a new message
         came first, so the call never runs."""
         assert state in CLOSED
-        before = ("pending", "approved", "denied") if state == "superseded" else ("pending",)
+        before = ("pending", "approved") if state == "superseded" else ("pending",)
         condition = and_(A.id == approval_id, A.state.in_(before))
         if state == "expired":
             condition = and_(condition, A.requested_at < ago(self.timeout_seconds))
-        return await self._move(condition, {"state": state})
+        default = {"expired": TIMEOUT, "rewound": REWOUND, "superseded": NEW_MESSAGE}[state]
+        return await self._move(condition, {"state": state, "reason": reason or default})
+
+    async def end(
+        self, approval_id: str, *, before: tuple[str, ...], state: str, reason: str | None
+    ) -> ApprovalRecord | None:
+        """A request in one of ``before`` ends as ``state`` for ``reason``; None when it had
+        moved on (someone else ended it first)."""
+        assert state in ENDED
+        return await self._move(
+            and_(A.id == approval_id, A.state.in_(before)), {"state": state, "reason": reason}
+        )
+
+    async def end_open(self, session_id: int, reason: str) -> int:
+        """The conversation moved on (``reason``: a compaction): every request of the session
+        still open ends, as a new message would end it (pending or approved: superseded, the
+        call never runs; denied: declined; running: ran, it may have)."""
+        moved = 0
+        for before, after, why in (
+            (("pending", "approved"), "superseded", reason),
+            (("denied",), "declined", None),
+            (("running",), "ran", MAY_HAVE_RUN),
+        ):
+            async with self.db.write() as conn:
+                result = await conn.execute(
+                    update(APPROVALS)
+                    .where(A.session_id == session_id, A.state.in_(before))
+                    .values(state=after, reason=why, updated_at=db_now())
+                )
+            moved += result.rowcount or 0
+        return moved
 
     async def start_running(self, approval_id: str) -> bool:
-        """An approved call is about to go to its server: True for exactly one caller."""
+        """An approved call is about to go to its server: True for exactly one caller, and only
+        within APPROVAL_TIMEOUT_SECONDS of the decision (an older consent runs nothing)."""
         moved = await self._move(
-            and_(A.id == approval_id, A.state == "approved"), {"state": "running"}
+            and_(
+                A.id == approval_id,
+                A.state == "approved",
+                A.decided_at >= ago(self.timeout_seconds),
+            ),
+            {"state": "running"},
         )
         return moved is not None
 
     async def carried_out(self, approval_id: str) -> ApprovalRecord | None:
         """The turn that carried the decision out finished: ``ran`` or ``declined``."""
         for before, after in (("running", "ran"), ("denied", "declined")):
-            moved = await self._move(and_(A.id == approval_id, A.state == before), {"state": after})
+            moved = await self._move(
+                and_(A.id == approval_id, A.state == before), {"state": after, "reason": None}
+            )
             if moved is not None:
                 return moved
         return None
@@ -213,7 +275,7 @@ class Approvals:
             await conn.execute(
                 update(APPROVALS)
                 .where(A.state == "pending", A.requested_at < ago(self.timeout_seconds))
-                .values(state="expired", updated_at=db_now())
+                .values(state="expired", reason=TIMEOUT, updated_at=db_now())
             )
         async with self.db.read() as conn:
             rows = await conn.execute(
@@ -239,18 +301,50 @@ class Approvals:
         self, older_than_seconds: float, *, session_id: int | None = None, limit: int = 20
     ) -> list[ApprovalRecord]:
         """Requests decided over ``older_than_seconds`` ago (the database clock) and not carried
-        out, oldest decision first (``session_id``: of that session only)."""
+        out, the ones looked at longest ago first (``session_id``: of that session only). The
+        rows returned are marked looked at (``updated_at``), so they go to the back of the line
+        and the next pass (here or on another replica) takes the next ones: a batch of rows
+        nobody can carry out yet never hides the rest, each row comes up at least once every
+        ``ceil(rows / limit)`` passes. Approved
+        decisions older than the timeout end first (``decision_expired``): they never run."""
+        expired = and_(A.state == "approved", A.decided_at < ago(self.timeout_seconds))
         condition = and_(
             A.state.in_(("approved", "running", "denied")),
             A.decided_at < ago(older_than_seconds),
         )
         if session_id is not None:
+            expired = and_(expired, A.session_id == session_id)
             condition = and_(condition, A.session_id == session_id)
+        # A read first: most rounds find nothing, and must not take a write transaction.
         async with self.db.read() as conn:
-            rows = await conn.execute(
-                select(*self._columns()).where(condition).order_by(A.decided_at, A.id).limit(limit)
+            seen = await conn.scalar(select(A.id).where(or_(condition, expired)).limit(1))
+        if seen is None:
+            return []
+        oldest = (
+            select(A.id)
+            .where(condition)
+            .order_by(A.updated_at, A.id)
+            .limit(limit)
+            .scalar_subquery()
+        )
+        async with self.db.write() as conn:
+            await conn.execute(
+                update(APPROVALS)
+                .where(expired)
+                .values(state="expired", reason=DECISION_EXPIRED, updated_at=db_now())
             )
-            return [_record(r) for r in rows]
+            rows = await update_returning(
+                conn, APPROVALS, and_(condition, A.id.in_(oldest)), {"updated_at": db_now()}, [A.id]
+            )
+        if not rows:
+            return []
+        async with self.db.read() as conn:
+            found = await conn.execute(
+                select(*self._columns())
+                .where(A.id.in_([r.id for r in rows]))
+                .order_by(A.decided_at, A.id)
+            )
+            return [_record(r) for r in found]
 
     async def overdue(self, limit: int = 100) -> list[ApprovalRecord]:
         """Pending requests past the timeout, oldest first (to expire and say so)."""

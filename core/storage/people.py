@@ -284,7 +284,9 @@ class People:
                     or 0
                 )
                 gone = await conn.execute(
-                    delete(DELIVERIES).where(DELIVERIES.c.session_id.in_(owned))
+                    delete(DELIVERIES).where(
+                        DELIVERIES.c.session_id.in_(owned), DELIVERIES.c.state.not_in(_ANSWERING)
+                    )
                 )
                 erased.deliveries += gone.rowcount
                 total = await conn.scalar(
@@ -306,7 +308,12 @@ class People:
                     setattr(erased, name, gone.rowcount)
                 gone = await conn.execute(delete(USERS).where(USERS.c.id == user_id))
                 erased.person = gone.rowcount
-            gone = await conn.execute(delete(DELIVERIES).where(self._their_deliveries(person)))
+            # Only finished records: one that arrived since the check above is answered as usual.
+            gone = await conn.execute(
+                delete(DELIVERIES).where(
+                    self._their_deliveries(person), DELIVERIES.c.state.not_in(_ANSWERING)
+                )
+            )
             erased.deliveries += gone.rowcount
             # Counted before: a vote on an answer in their own sessions went with the session.
             await conn.execute(delete(FEEDBACK).where(FEEDBACK.c.voter == person.external_id))

@@ -13,15 +13,18 @@ What it guarantees (docs/design.md, *Budgets across replicas*):
   costs fit run, and at most one more: concurrent turns overshoot a budget by at most one model
   request in total (plus what requests cost beyond what was expected of them), not one per turn.
 - Each later request of a running turn takes the same step again (``UsageLedger.extend``), and
-  each request's ledger row lowers its turn's reservation by what it spent (same transaction),
-  so what a turn holds is what it has yet to spend.
+  what a turn holds is what it has yet to spend: its reservation less its session's ledger rows
+  written since it reserved (both stamped by the writing process's clock).
 - The step is atomic per account: on PostgreSQL under transaction-level advisory locks (one per
   account, taken in one statement, in a fixed order: claims on different accounts never wait
   for each other), on SQLite under the write lock every write transaction holds. The read is one
-  statement, so it sees the totals and the reservations of one moment: a ledger row and the
-  reservation it lowers are written together.
+  statement, so it sees the totals, the reservations and the rows that use them up of one
+  moment.
 - A reservation counts only while its turn holds the session's lock (same token, live
-  heartbeat): a turn that ends, dies or loses its lock stops holding it without another write.
+  heartbeat): a turn that ends, dies or loses its lock stops holding it without another write,
+  and the statement that releases or takes over the lock deletes its rows (a trigger of
+  migration 0007), so a claim scans only the reservations of live turns (and of dead turns
+  whose session nobody has claimed since).
 """
 
 from __future__ import annotations
@@ -39,15 +42,15 @@ from sqlalchemy import (
     Table,
     and_,
     bindparam,
-    delete,
+    case,
     func,
-    insert,
     literal,
     or_,
     select,
     union_all,
 )
 from sqlalchemy import cast as sa_cast
+from sqlalchemy.dialects import postgresql, sqlite
 
 from core.storage.dialect import db_now
 from core.storage.engine import Conn
@@ -113,24 +116,50 @@ def _read(accounts: int) -> Prepared:
         TOTALS.c.requests.label("n4"),
         TOTALS.c.priced_requests.label("n5"),
     ).where(
-        TOTALS.c.account.in_(names),
+        # Every row by its whole key, so each is one lookup of the primary key however many
+        # windows an account has behind it.
         or_(
-            and_(
-                TOTALS.c.period == "day",
-                TOTALS.c.window_start == bindparam("day", type_=TOTALS.c.window_start.type),
-            ),
-            and_(
-                TOTALS.c.period == "month",
-                TOTALS.c.window_start == bindparam("month", type_=TOTALS.c.window_start.type),
-            ),
+            *(
+                and_(
+                    TOTALS.c.account == name,
+                    TOTALS.c.period == period,
+                    TOTALS.c.window_start == bindparam(period, type_=TOTALS.c.window_start.type),
+                )
+                for name in names
+                for period in ("day", "month")
+            )
         ),
+    )
+    # What each reserving turn has spent since it reserved: its session's rows written since
+    # (a session runs one turn at a time; both times are the writing process's clock).
+    since_reserved = (
+        select(
+            func.coalesce(
+                func.sum(
+                    case(
+                        (RESERVATIONS.c.unit == "tokens", REQUESTS.c.counted_tokens),
+                        else_=func.coalesce(REQUESTS.c.cost_nanousd, 0),
+                    )
+                ),
+                0,
+            )
+        )
+        .where(
+            REQUESTS.c.session_id == RESERVATIONS.c.session_id,
+            REQUESTS.c.created_at >= RESERVATIONS.c.created_at,
+        )
+        .scalar_subquery()
+    )
+    unspent = case(
+        (RESERVATIONS.c.amount > since_reserved, RESERVATIONS.c.amount - since_reserved),
+        else_=0,
     )
     held = (
         select(
             literal("held"),
             RESERVATIONS.c.account,
             RESERVATIONS.c.unit,
-            sa_cast(func.sum(RESERVATIONS.c.amount), BigInteger),
+            sa_cast(func.sum(unspent), BigInteger),
             literal(0, BigInteger),
             literal(0, BigInteger),
             literal(0, BigInteger),
@@ -153,7 +182,7 @@ def _read(accounts: int) -> Prepared:
     newest = (
         select(REQUESTS.c.counted_tokens, REQUESTS.c.cost_nanousd)
         .where(REQUESTS.c.session_id == bindparam("sid", type_=BigInteger))
-        .order_by(REQUESTS.c.id.desc())
+        .order_by(REQUESTS.c.created_at.desc(), REQUESTS.c.id.desc())
         .limit(1)
         .subquery()
     )
@@ -182,29 +211,40 @@ def _locks(accounts: int) -> Prepared:
     )
 
 
-def _hold(rows: int) -> Prepared:
+def _hold(dialect: Any, rows: int) -> Prepared:
+    """The turn's reservation rows, replacing its session's earlier ones in place (an earlier
+    turn's, or this turn's own before a later request): no delete first."""
+    upsert = dialect.insert(RESERVATIONS).values(
+        [
+            {
+                "session_id": bindparam("sid", type_=BigInteger),
+                "lock_token": bindparam("token", type_=RESERVATIONS.c.lock_token.type),
+                "account": bindparam(f"r{i}", type_=RESERVATIONS.c.account.type),
+                "unit": bindparam(f"u{i}", type_=RESERVATIONS.c.unit.type),
+                "amount": bindparam(f"n{i}", type_=BigInteger),
+                "created_at": bindparam("at", type_=RESERVATIONS.c.created_at.type),
+            }
+            for i in range(rows)
+        ]
+    )
     return Prepared(
-        insert(RESERVATIONS).values(
-            [
-                {
-                    "session_id": bindparam("sid", type_=BigInteger),
-                    "lock_token": bindparam("token", type_=RESERVATIONS.c.lock_token.type),
-                    "account": bindparam(f"r{i}", type_=RESERVATIONS.c.account.type),
-                    "unit": bindparam(f"u{i}", type_=RESERVATIONS.c.unit.type),
-                    "amount": bindparam(f"n{i}", type_=BigInteger),
-                }
-                for i in range(rows)
-            ]
+        upsert.on_conflict_do_update(
+            index_elements=["session_id", "account", "unit"],
+            set_={
+                "lock_token": upsert.excluded.lock_token,
+                "amount": upsert.excluded.amount,
+                "created_at": upsert.excluded.created_at,
+            },
         )
     )
 
 
 _READ: Final = {n: _read(n) for n in range(1, MOST_ACCOUNTS + 1)}
 _LOCKS: Final = {n: _locks(n) for n in range(1, MOST_ACCOUNTS + 1)}
-_HOLD: Final = {n: _hold(n) for n in range(1, 2 * MOST_ACCOUNTS + 1)}
-_FORGET: Final = Prepared(
-    delete(RESERVATIONS).where(RESERVATIONS.c.session_id == bindparam("sid", type_=BigInteger))
-)
+_HOLD: Final = {
+    name: {n: _hold(dialect, n) for n in range(1, 2 * MOST_ACCOUNTS + 1)}
+    for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
+}
 
 
 @dataclass(frozen=True)
@@ -313,7 +353,6 @@ class Reservation:
         if conn.dialect.name == "postgresql":
             locks = {f"k{i}": lock_key(key) for i, key in enumerate(keys)}
             await _LOCKS[len(keys)].all(conn, locks)
-        await _FORGET.run(conn, {"sid": session_id})
         now = self.clock()
         view = await _view(conn, keys, now, session_id, self.staleness_seconds)
         text = 0 if during_turn else self.text_tokens
@@ -337,10 +376,10 @@ class Reservation:
             amount = max(min(expected, left), 1)
             slot = (key, budget.unit)
             holds[slot] = min(holds.get(slot, amount), amount)
-        params: dict[str, Any] = {"sid": session_id, "token": token}
+        params: dict[str, Any] = {"sid": session_id, "token": token, "at": now}
         for i, ((key, unit), amount) in enumerate(sorted(holds.items())):
             params.update({f"r{i}": key, f"u{i}": unit, f"n{i}": amount})
-        await _HOLD[len(holds)].run(conn, params)
+        await _HOLD[conn.dialect.name][len(holds)].run(conn, params)
         self.session_id, self.token = session_id, token
 
 

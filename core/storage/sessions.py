@@ -180,6 +180,11 @@ class SessionStore(TranscriptOperations):
         assert user_id is not None
         return int(user_id[0])
 
+    async def find_user(self, external_id: str) -> int | None:
+        """The user row of ``external_id``, if there is one (nothing is created)."""
+        known = await _USER_ID.fetch(self.db, {"external_id": external_id})
+        return int(known[0][0]) if known else None
+
     async def people(self, user_ids: list[int]) -> dict[int, tuple[str, str | None]]:
         """Who these users are: external id and display name, in one query."""
         if not user_ids:

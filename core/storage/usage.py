@@ -4,10 +4,11 @@ window kept with it, and the budget accounts read from those totals.
 Every replica writes and reads the same rows, so they share one account per budget:
 
 - ``record``: one model request, in its own short transaction (one statement on PostgreSQL), as
-  soon as it ended: its row, the totals of its payer's accounts (``usage_totals``: the user,
-  the workspace and everyone's, today's and this month's windows) and, for a turn holding a
-  reservation, the reservation lowered by what the request spent. A turn that dies later has
-  still paid, and a claim never sees the spending without the reservation it used up.
+  soon as it ended: its row and the totals of its payer's accounts (``usage_totals``: the user,
+  the workspace and everyone's, today's and this month's windows). A turn that dies later has
+  still paid. A running turn's reservation counts what it has yet to spend: the claim's read
+  subtracts the turn's rows written since it reserved, in the same statement that reads the
+  totals, so a row is never seen both as spent and as still reserved, nor as neither.
 - ``accounts``: for each budget that applies to a payer, what its window spent and what *other*
   running turns hold, from a few rows whatever the ledger's size.
 - ``Reservation`` (``core.storage.reservations``): the check and reservation a claim runs; and
@@ -38,19 +39,17 @@ from sqlalchemy import (
     insert,
     literal,
     select,
-    update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
 from core.storage.engine import Database
-from core.storage.models import UsageRequest, UsageReservation, UsageTotal
+from core.storage.models import UsageRequest, UsageTotal
 from core.storage.prepared import Prepared
 from core.storage.reservations import MOST_ACCOUNTS, NANO, Reservation, applicable, read_accounts
 from core.usage.budgets import Account, Budget, Payer, window
 from core.usage.totals import RequestUsage
 
 REQUESTS: Final = cast(Table, UsageRequest.__table__)
-RESERVATIONS: Final = cast(Table, UsageReservation.__table__)
 TOTALS: Final = cast(Table, UsageTotal.__table__)
 PERIODS: Final = ("day", "month")
 Clock = Callable[[], datetime]
@@ -187,40 +186,17 @@ def _totals_upsert(dialect: Any, accounts: int) -> Any:
     )
 
 
-def _release() -> Any:
-    """The turn's reservation lowered by what its request spent (never below 0)."""
-    spent = case(
-        (RESERVATIONS.c.unit == "tokens", bindparam("tokens", type_=BigInteger)),
-        else_=bindparam("nanousd", type_=BigInteger),
-    )
-    return (
-        update(RESERVATIONS)
-        .where(
-            RESERVATIONS.c.session_id == bindparam("sid", type_=BigInteger),
-            RESERVATIONS.c.lock_token == bindparam("token", type_=RESERVATIONS.c.lock_token.type),
-        )
-        .values(
-            amount=case((RESERVATIONS.c.amount > spent, RESERVATIONS.c.amount - spent), else_=0)
-        )
-    )
-
-
 # A request's bookkeeping, built once with bind parameters (``core.storage.prepared``): every
-# turn writes at least one. On PostgreSQL the row, the totals and the release are one statement
-# (data-modifying CTEs: one round trip, atomic); on SQLite two or three in one transaction.
+# turn writes at least one. On PostgreSQL the row and the totals are one statement (a
+# data-modifying CTE: one round trip, atomic); on SQLite two in one transaction.
 _RECORD_PG: Final = {
-    n: Prepared(
-        _totals_upsert(postgresql, n).add_cte(
-            _row_insert().cte("recorded"), _release().cte("released")
-        )
-    )
+    n: Prepared(_totals_upsert(postgresql, n).add_cte(_row_insert().cte("recorded")))
     for n in range(1, MOST_ACCOUNTS + 1)
 }
 _RECORD_ROW: Final = Prepared(_row_insert())
 _RECORD_TOTALS: Final = {
     n: Prepared(_totals_upsert(sqlite, n)) for n in range(1, MOST_ACCOUNTS + 1)
 }
-_RELEASE: Final = Prepared(_release())
 
 
 def accounts_of(payer: Payer | None) -> list[str]:
@@ -254,27 +230,19 @@ class UsageLedger:
         self.staleness_seconds = staleness_seconds
         self.clock: Clock = clock or (lambda: datetime.now(UTC))
 
-    async def record(self, entry: LedgerEntry, *, reservation: Reservation | None = None) -> None:
-        """One request: its row, its payer's totals, and (``reservation`` taken) the turn's
-        reservation lowered by what it spent, in one transaction."""
+    async def record(self, entry: LedgerEntry) -> None:
+        """One request: its row and its payer's totals, in one transaction."""
         now = self.clock()
         accounts = accounts_of(entry.payer)
         params: dict[str, Any] = {**entry.row(), "created_at": now, **_amounts(entry)}
         params.update({f"a{i}": account for i, account in enumerate(accounts)})
         params.update(day=window("day", now).start, month=window("month", now).start)
-        held = reservation is not None and reservation.token is not None
-        params.update(
-            sid=reservation.session_id if held and reservation else -1,
-            token=reservation.token if held and reservation else "",
-        )
         async with self._db.autocommit() as conn:
             if conn.dialect.name == "postgresql":
                 await _RECORD_PG[len(accounts)].run(conn, params)
                 return
             await _RECORD_ROW.run(conn, params)
             await _RECORD_TOTALS[len(accounts)].run(conn, params)
-            if held:
-                await _RELEASE.run(conn, params)
 
     async def record_many(self, entries: Sequence[LedgerEntry]) -> None:
         """Several requests in one transaction, totals included (an import, the benchmark's

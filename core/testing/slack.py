@@ -10,7 +10,10 @@ reached a field Slack would act on (``controls``). It is not a test double of al
 rules; the ones it keeps: one ``markdown_text`` holds at most 12,000 characters and a message
 at most 40,000 (``msg_too_long``; a longer mrkdwn ``text`` is cut, as Slack does), a stopped
 stream answers ``message_not_in_streaming_state``, ``streaming=False`` answers
-``chat.startStream`` as a workspace without streaming does.
+``chat.startStream`` as a workspace without streaming does, and Block Kit's limits answer
+``invalid_blocks`` (``block_limits``: 50 blocks a message, 100 a modal, 3,000 characters a
+section's text, a button's value 2,000 and its label 75, 25 elements an actions block, 10 a
+context block, 24 characters a modal's title).
 
 Faults: ``SlackFaults`` answers a share of calls as an overloaded Slack does, 429 with
 ``Retry-After`` or 500 (the call is then not carried out, and is kept in ``faulted``, apart
@@ -50,6 +53,46 @@ from core.testing.server import LocalServer, run_forever
 
 MARKDOWN_LIMIT = 12_000
 MESSAGE_LIMIT = 40_000
+# Block Kit's limits (docs.slack.dev, reference/block-kit): what ``block_limits`` checks.
+MESSAGE_BLOCKS = 50
+MODAL_BLOCKS = 100
+SECTION_TEXT = 3000
+BUTTON_VALUE = 2000
+BUTTON_TEXT = 75
+ACTIONS_ELEMENTS = 25
+CONTEXT_ELEMENTS = 10
+MODAL_TITLE = 24
+
+
+def block_limits(blocks: Any, *, modal: bool = False) -> str | None:
+    """The first of Block Kit's limits ``blocks`` break (a message's, or a modal's), or None."""
+    if not isinstance(blocks, list):
+        return None
+    if len(blocks) > (MODAL_BLOCKS if modal else MESSAGE_BLOCKS):
+        return f"{len(blocks)} blocks"
+    for block in blocks:
+        if not isinstance(block, dict):
+            return "a block that is not an object"
+        kind = block.get("type")
+        inner = block.get("text")
+        long_text = isinstance(inner, dict) and len(str(inner.get("text", ""))) > SECTION_TEXT
+        if kind == "section" and long_text:
+            return "a section's text past 3,000 characters"
+        elements = block.get("elements") or []
+        if kind == "actions" and len(elements) > ACTIONS_ELEMENTS:
+            return "an actions block of more than 25 elements"
+        if kind == "context" and len(elements) > CONTEXT_ELEMENTS:
+            return "a context block of more than 10 elements"
+        for element in elements:
+            if isinstance(element, dict) and element.get("type") == "button":
+                if len(str(element.get("value", ""))) > BUTTON_VALUE:
+                    return "a button's value past 2,000 characters"
+                label = element.get("text") or {}
+                if len(str(label.get("text", ""))) > BUTTON_TEXT:
+                    return "a button's label past 75 characters"
+    return None
+
+
 # What Slack acts on in a message: mentions, channel links, special mentions, labelled links.
 CONTROL = re.compile(r"<(?:[!@#][^>\s]*|[A-Za-z][A-Za-z0-9+.\-]*:[^>|\s]*\|[^>]*)>")
 
@@ -401,6 +444,9 @@ class SlackStandIn(LocalServer):
         if method == "views.open":
             self.views.append(dict(args.get("view") or {}))
             return {"ok": True, "view": {"id": f"V{self.next_ts()}"}}
+        if method == "views.update":
+            self.views.append(dict(args.get("view") or {}))
+            return {"ok": True, "view": {"id": args.get("view_id")}}
         if method == "conversations.replies":
             return self._replies(args)
         if method == "openid.connect.token":
@@ -460,8 +506,17 @@ class SlackStandIn(LocalServer):
 
     def _limits(self, method: str, args: dict[str, Any]) -> dict[str, Any] | None:
         """Slack's length rules: an error to answer, or None."""
+        if method in ("views.open", "views.update", "views.push"):
+            view = args.get("view") or {}
+            title = str((view.get("title") or {}).get("text", ""))
+            broken = block_limits(view.get("blocks"), modal=True)
+            if broken is None and len(title) > MODAL_TITLE:
+                broken = "a modal's title past 24 characters"
+            return None if broken is None else {"ok": False, "error": "invalid_blocks"}
         if not method.startswith("chat."):
             return None
+        if block_limits(args.get("blocks")) is not None:
+            return {"ok": False, "error": "invalid_blocks"}
         pieces = [str(args.get("markdown_text") or "")]
         pieces += [str(c.get("text") or "") for c in _chunks(args)]
         if any(len(p) > MARKDOWN_LIMIT for p in pieces):

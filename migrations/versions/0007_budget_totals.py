@@ -1,6 +1,8 @@
 """Running totals per budget account and window (``usage_totals``), so a claim's budget check
-reads a few rows instead of summing the window's ledger, and an index to find a session's
-last request (the claim projects its turn's input from it).
+reads a few rows instead of summing the window's ledger; an index to find a session's last
+request (the claim projects its turn's input from it); one reservation row per session and
+account, replaced in place by the next claim and deleted by a trigger when the turn's lock is
+released or taken over.
 
 The totals of the current month (and so of today) are filled from the ledger rows already
 there: a budget in force across the upgrade keeps counting what was spent before it.
@@ -42,8 +44,57 @@ def upgrade() -> None:
         sa.Column("priced_requests", _id(), nullable=False),
         sa.PrimaryKeyConstraint("account", "period", "window_start", name=op.f("pk_usage_totals")),
     )
-    op.create_index(op.f("ix_usage_requests_session_id_id"), "usage_requests", ["session_id", "id"])
+    op.create_index(
+        op.f("ix_usage_requests_session_id_created_at"),
+        "usage_requests",
+        ["session_id", "created_at"],
+    )
+    # A claim now replaces its session's reservation in place (one row per session and
+    # account). Reservations only live as long as a turn: those of turns running across the
+    # upgrade are dropped (earlier ones could repeat a session and account).
+    op.execute("DELETE FROM usage_reservations")
+    op.create_index(
+        op.f("ix_usage_reservations_session_id_account_unit"),
+        "usage_reservations",
+        ["session_id", "account", "unit"],
+        unique=True,
+    )
+    _end_with_the_lock()
     _fill()
+
+
+# A turn's reservation ends with its hold on the session's lock: the statement that releases
+# the lock or takes it over deletes the rows of the token it replaces, inside the database, so
+# no turn pays a statement for it and a claim only ever scans live turns' rows (and those of
+# turns that died and whose session nobody has claimed since).
+_SQLITE_TRIGGER = """
+CREATE TRIGGER usage_reservations_end AFTER UPDATE OF lock_token ON agent_sessions
+WHEN OLD.lock_token IS NOT NULL AND (NEW.lock_token IS NULL OR NEW.lock_token != OLD.lock_token)
+BEGIN
+    DELETE FROM usage_reservations WHERE session_id = OLD.id AND lock_token = OLD.lock_token;
+END
+"""
+_PG_FUNCTION = """
+CREATE FUNCTION usage_reservations_end() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM usage_reservations WHERE session_id = OLD.id AND lock_token = OLD.lock_token;
+    RETURN NULL;
+END
+$$
+"""
+_PG_TRIGGER = """
+CREATE TRIGGER usage_reservations_end AFTER UPDATE OF lock_token ON agent_sessions
+FOR EACH ROW WHEN (OLD.lock_token IS NOT NULL AND OLD.lock_token IS DISTINCT FROM NEW.lock_token)
+EXECUTE FUNCTION usage_reservations_end()
+"""
+
+
+def _end_with_the_lock() -> None:
+    if op.get_bind().dialect.name == "sqlite":
+        op.execute(_SQLITE_TRIGGER)
+    else:
+        op.execute(_PG_FUNCTION)
+        op.execute(_PG_TRIGGER)
 
 
 def _fill() -> None:
@@ -112,5 +163,15 @@ def _fill() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index(op.f("ix_usage_requests_session_id_id"), table_name="usage_requests")
+    op.execute("DROP TRIGGER IF EXISTS usage_reservations_end" + _on_sessions())
+    if op.get_bind().dialect.name != "sqlite":
+        op.execute("DROP FUNCTION IF EXISTS usage_reservations_end()")
+    op.drop_index(
+        op.f("ix_usage_reservations_session_id_account_unit"), table_name="usage_reservations"
+    )
+    op.drop_index(op.f("ix_usage_requests_session_id_created_at"), table_name="usage_requests")
     op.drop_table("usage_totals")
+
+
+def _on_sessions() -> str:
+    return "" if op.get_bind().dialect.name == "sqlite" else " ON agent_sessions"
