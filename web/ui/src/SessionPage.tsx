@@ -148,6 +148,11 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
       await refresh().catch(() => undefined);
       return;
     }
+    if (e.code === "agent_session_message_duplicate") {
+      // The message was stored already (a retry): show the session as it is.
+      await refresh().catch((x: unknown) => setError(describe(x)));
+      return;
+    }
     withdraw();
     if (e.code === "agent_session_busy") {
       setBusyElsewhere(true);
