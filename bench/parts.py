@@ -27,6 +27,7 @@ PARTS: Final[dict[str, tuple[str, str]]] = {
         "a chat's first byte over the HTTP API beside the terminal's: [RUNS]",
     ),
     "web-pollers": ("bench.load.web", "idle pollers of the HTTP API, a replica's CPU: [N [S]]"),
+    "web-cpu": ("bench.load.web", "serve's CPU per turn, the HTTP API beside Slack: [TURNS]"),
     "web-page": ("bench.load.page", "the web page's weight and first paint in Chromium: [LOADS]"),
     "bookkeeping": ("bench.costs.bookkeeping", "a message's bookkeeping statements: [URL]"),
     "history-load": ("bench.costs.history_load", "loading a long history: [URL [PEER_URL]]"),
@@ -34,7 +35,11 @@ PARTS: Final[dict[str, tuple[str, str]]] = {
 }
 
 
-_WEB: Final = ("web-first-byte", "web-pollers")  # two modes of one module, like turns/fork
+_WEB: Final = (
+    "web-first-byte",
+    "web-pollers",
+    "web-cpu",
+)  # two modes of one module, like turns/fork
 
 # parts that cannot run without an argument (a file or directory to read)
 NEEDS_ONE: Final = frozenset({"turns-profile", "soak-profile"})

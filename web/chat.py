@@ -167,6 +167,13 @@ class Chat:
         renderer = UIMessageStream(pipe)
 
         async def work(caller: Caller) -> concurrent.futures.Future[ApiError | None]:
+            if len(api.running) >= api.settings.max_concurrent_turns:
+                raise ApiError(
+                    503,
+                    "unavailable",
+                    "this replica runs as many web turns as it may; send it again",
+                    headers={"Retry-After": "1"},
+                )
             if limited:
                 wait = api.chats.take(caller.person)
                 if wait is not None:

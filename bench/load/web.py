@@ -13,6 +13,11 @@ door). Runs alternate; p50 and p95 of each, in milliseconds.
 polling one idle session's ``GET /v1/agent_sessions/{id}`` every 3 s, spread evenly, over
 SECONDS (default 60) after a warm-up; the child's CPU (``/proc``) as a share of one core, and
 the polls' latency.
+
+``slack-agent bench web-cpu [TURNS]``: the same child and the offline model; TURNS chats one
+after another through the API on one session, then TURNS signed Slack mentions one after
+another in one thread; ``serve``'s own CPU per turn for each surface (the bench reads the
+database to see a Slack turn end, which costs ``serve`` nothing).
 """
 
 from __future__ import annotations
@@ -23,20 +28,27 @@ import json
 import random
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.common import cpu_times, serve_process, standin_process, stop_process, summarize
+from bench.common import (
+    SECRET,
+    cpu_times,
+    serve_process,
+    standin_process,
+    stop_process,
+    summarize,
+)
 from bot.intake import IntakeThread
 from bot.service import Bot
 from core.conversation import Arrival, MemoryView, QuietRenderer, Said, TurnEvent
 from core.settings import load_settings
 from core.storage import Storage
 from core.testing.openai import GatedModel
-from core.testing.slack import SIGNING_SECRET, SlackStandIn
+from core.testing.slack import BOT_USER, SIGNING_SECRET, TEAM, SlackStandIn, signed_headers
 
 PERSON = "slack:T1:UBENCH"
 POLL_SECONDS = 3.0
@@ -216,9 +228,109 @@ async def _pollers(clients: int, seconds: float) -> dict[str, Any]:
     }
 
 
+async def _cpu_per_turn(turns: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        standin, api_url = await standin_process()
+        database = f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
+        proc, port = await serve_process(database, api_url, tmp, {"WEB_CHATS_PER_MINUTE": "100000"})
+        storage = Storage.open(load_settings(database_url=database))
+        try:
+            token = await _token(storage)
+            url = f"http://127.0.0.1:{port}"
+            headers = {"Authorization": f"Bearer {token}"}
+            async with aiohttp.ClientSession(headers=headers) as http:
+                made = await (await http.post(url + "/v1/agent_sessions", json={})).json()
+                path = f"{url}/v1/agent_sessions/{made['id']}"
+                last: str | None = None
+
+                async def web_turn() -> None:
+                    nonlocal last
+                    sent = {"message": "benchmark message", "lastMessageId": last}
+                    async with http.post(path + "/chat", json=sent) as response:
+                        if response.status != 200:
+                            raise RuntimeError(f"chat answered {response.status}")
+                        async for line in response.content:
+                            if line.startswith(b'data: {"type":"start"'):
+                                last = json.loads(line[6:])["messageId"]
+
+                api = await _cpu_of(proc.pid, turns, web_turn)
+            root = f"{int(time.time())}.000100"
+            count = 0
+
+            async def slack_turn() -> None:
+                nonlocal count
+                ts = root if count == 0 else f"{root[:-6]}{count + 200:06d}"
+                await _mention(port, ts, root if count else None)
+                count += 1
+                await _until_answered(storage, root, 2 * count)
+
+            slack = await _cpu_of(proc.pid, turns, slack_turn)
+        finally:
+            await storage.dispose()
+            await stop_process(proc)
+            await stop_process(standin)
+    return {"turns": turns, "api_cpu_ms_per_turn": api, "slack_cpu_ms_per_turn": slack}
+
+
+async def _cpu_of(pid: int, turns: int, turn: Callable[[], Awaitable[None]]) -> float:
+    await turn()  # warm: the first of each kind imports and prepares what it needs
+    user0, sys0 = cpu_times(pid)
+    for _ in range(turns):
+        await turn()
+    user1, sys1 = cpu_times(pid)
+    return round(((user1 - user0) + (sys1 - sys0)) * 1000 / turns, 2)
+
+
+async def _mention(port: int, ts: str, thread_ts: str | None) -> None:
+    event: dict[str, Any] = {
+        "type": "app_mention",
+        "user": "U0BENCH",
+        "text": f"<@{BOT_USER}> benchmark message",
+        "ts": ts,
+        "channel": "C0BENCH",
+        "event_ts": ts,
+        "channel_type": "channel",
+    }
+    if thread_ts is not None:
+        event["thread_ts"] = thread_ts
+    body = json.dumps(
+        {
+            "team_id": TEAM,
+            "api_app_id": "A0BENCH",
+            "type": "event_callback",
+            "event_id": f"Ev{ts.replace('.', '')}",
+            "event_time": int(time.time()),
+            "event": event,
+        }
+    )
+    headers = {**signed_headers(body, secret=SECRET), "Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"http://127.0.0.1:{port}/slack/events", data=body, headers=headers) as r,
+    ):
+        if r.status != 200:
+            raise RuntimeError(f"/slack/events answered {r.status}")
+
+
+async def _until_answered(storage: Storage, root: str, messages: int) -> None:
+    for _ in range(3000):
+        session = await storage.sessions.find_session("slack", f"{TEAM}/C0BENCH/{root}")
+        if (
+            session is not None
+            and not session.is_turn_active
+            and len(await storage.sessions.messages(session.id)) >= messages
+        ):
+            return
+        await asyncio.sleep(0.02)
+    raise RuntimeError("the Slack turn did not finish")
+
+
 def run_part(argv: Sequence[str]) -> None:
     part, *rest = argv
-    if part == "web-first-byte":
+    if part == "web-cpu":
+        turns = int(rest[0]) if rest else 50
+        print(json.dumps({"web_cpu": asyncio.run(_cpu_per_turn(turns))}))
+    elif part == "web-first-byte":
         runs = int(rest[0]) if rest else 40
         print(json.dumps({"web_first_byte": asyncio.run(_first_byte(runs))}))
     else:
