@@ -132,28 +132,51 @@ async def test_a_cookie_changes_nothing_without_its_csrf_token(running: RunningB
     assert len((await browser.get("/v1/agent_sessions")).body["data"]) == 1
 
 
-@pytest.mark.parametrize(
-    ("data", "status", "code"),
-    [
-        (b"{not json", 400, "bad_request"),
-        (b"[1, 2]", 400, "bad_request"),
-        (b'{"message": 5, "lastMessageId": null}', 400, "bad_request"),
-        (b'{"message": "hi"}', 400, "bad_request"),
-        (b'{"message": "hi", "lastMessageId": 7}', 400, "bad_request"),
-        (b'{"message": "' + b"x" * (1 << 20) + b'", "lastMessageId": null}', 413, "too_large"),
-    ],
-    ids=["not-json", "not-object", "message-type", "no-last", "last-type", "oversized"],
-)
-async def test_bad_bodies_are_one_line_4xx(
-    running: RunningBot, data: bytes, status: int, code: str
-) -> None:
+BAD_BODIES = [
+    (b"{not json", 400, "bad_request"),
+    (b"[1, 2]", 400, "bad_request"),
+    (b'{"message": 5, "lastMessageId": null}', 400, "bad_request"),
+    (b'{"message": "hi"}', 400, "bad_request"),
+    (b'{"message": "hi", "lastMessageId": 7}', 400, "bad_request"),
+    (b'{"messages": [], "trigger": "submit-message"}', 400, "bad_request"),
+    (b'{"message": "' + b"x" * (1 << 20) + b'", "lastMessageId": null}', 413, "too_large"),
+]
+
+
+async def test_bad_bodies_are_one_line_4xx_that_write_nothing(running: RunningBot) -> None:
     api = await api_as(running, "slack:T1:U1")
     session = (await api.post("/v1/agent_sessions", {})).body
     path = f"/v1/agent_sessions/{session['id']}"
-    answer = await api.call(
-        "POST", path + "/chat", data=data, headers={"Content-Type": "application/json"}
-    )
-    assert answer.status == status, answer.raw[:200]
-    assert answer.body["code"] == code
-    assert "\n" not in answer.body["message"]
+    for data, status, code in BAD_BODIES:
+        answer = await api.call(
+            "POST", path + "/chat", data=data, headers={"Content-Type": "application/json"}
+        )
+        assert answer.status == status, (data[:40], answer.raw[:200])
+        assert answer.body["code"] == code
+        assert "\n" not in answer.body["message"]
     assert (await api.get(path + "/messages")).body["data"] == []
+    assert (await api.get("/v1/agent_sessions/99999999")).status == 404
+    assert (await api.get("/v1/agent_sessions/abc")).status == 404
+    assert (await api.get("/v1/agent_sessions?limit=0")).status == 400
+    assert (await api.get("/v1/agent_sessions?cursor=%%%")).status == 400
+    assert (await api.get("/v1/nothing")).body["code"] == "not_found"
+
+
+async def test_a_message_id_sent_twice_is_stored_once(running: RunningBot) -> None:
+    api = await api_as(running, "slack:T1:U1")
+    session = (await api.post("/v1/agent_sessions", {})).body
+    path = f"/v1/agent_sessions/{session['id']}"
+    mine = {
+        "id": "0190e0c8-7a51-7cc2-9d1e-5b2f6f0a1b2c",
+        "role": "user",
+        "parts": [{"type": "text", "text": "once"}],
+    }
+    first = await api.post(path + "/chat", {"message": mine, "lastMessageId": None})
+    assert first.status == 200
+    stored = (await api.get(path + "/messages")).body["data"]
+    assert stored[0]["id"] == mine["id"]
+    last = stored[-1]["id"]
+    again = await api.post(path + "/chat", {"message": mine, "lastMessageId": last})
+    assert again.status == 409
+    assert again.body["code"] == "agent_session_message_duplicate"
+    assert len((await api.get(path + "/messages")).body["data"]) == 2
