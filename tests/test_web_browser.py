@@ -480,6 +480,22 @@ async def test_web__admin_sets_retention_and_budgets_and_sees_the_mcp_servers(
         )
         await page.get_by_role("link", name="Usage").click()
         await expect(page.locator(".budget")).to_contain_text("5000tokens", timeout=SECONDS)
+        # A person's data: their export downloads, and erasing them asks first.
+        await page.get_by_role("link", name="Admin").click()
+        data = page.get_by_role("form", name="A person's data")
+        await data.get_by_label("Slack member").fill("T1:U2")
+        async with page.expect_download() as downloading:
+            await data.get_by_role("link", name="Export (JSON lines)").click()
+        saved = await (await downloading.value).path()
+        records = [
+            json.loads(line) for line in (await asyncio.to_thread(saved.read_text)).splitlines()
+        ]
+        assert "session" in {r["record"] for r in records}
+        await data.get_by_role("button", name="Erase…").click()
+        await page.get_by_role("dialog").get_by_role("button", name="Erase").click()
+        await expect(data.get_by_role("status")).to_contain_text("Erased T1:U2", timeout=SECONDS)
+        await page.goto(f"/sessions/{their_session}")
+        await expect(page.get_by_text("not found", exact=False)).to_be_visible(timeout=SECONDS)
 
 
 async def test_web__usage_charts_the_spend_beside_the_budgets(
@@ -556,11 +572,6 @@ async def test_web__another_persons_cookie_and_session_url_show_not_found(
         assert json.loads(listed["body"])["data"] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="web/api.py reads X-CSRF-Token from dict(request.headers), so its exact case: a "
-    "Headers object's names reach it lower-cased (as HTTP/2 and many proxies send every name)",
-)
 async def test_web__the_csrf_header_is_matched_whatever_its_case(
     database_url: str, slack: SlackStandIn
 ) -> None:

@@ -130,7 +130,7 @@ class WebApi:
         otherwise; 403 for a cookie request that changes something without its CSRF token)."""
         token = bearer_token(request.headers)
         secret = None if token is not None else request.cookies.get(COOKIE)
-        method, headers = request.method, dict(request.headers)
+        method, headers = request.method, request.headers.copy()  # names in any case
         changed = request.match_info.get("id") if method != "GET" else None
 
         async def there() -> T:

@@ -9,6 +9,7 @@ reads one row. This replica's own writes to a session drop its entry at once.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -52,3 +53,8 @@ class Recent(Generic[K, V]):
     def drop(self, key: K) -> None:
         self._drops += 1
         self._kept.pop(key, None)
+
+    def drop_values(self, gone: Callable[[V], bool]) -> None:
+        """Drop every entry whose value is ``gone`` (a person erased: every key of theirs)."""
+        self._drops += 1
+        self._kept = {k: v for k, v in self._kept.items() if not gone(v[1])}

@@ -72,13 +72,36 @@ def approval_json(
     }
 
 
+# An answer's usage as stored (``MessageUsage.to_json``) -> as the API names it.
+USAGE_NAMES = {
+    "provider": "provider",
+    "model": "model",
+    "requests": "requests",
+    "input_tokens": "inputTokens",
+    "output_tokens": "outputTokens",
+    "cached_tokens": "cachedTokens",
+    "cost_usd": "costUsd",
+    "estimated": "estimated",
+}
+
+
+def api_metadata(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored message's metadata as the API gives it: the answer's usage in the API's names
+    (``inputTokens``, ``costUsd``…; docs/http-api.md), the rest as it is."""
+    metadata = dict(stored)
+    usage = metadata.get("usage")
+    if isinstance(usage, Mapping):
+        metadata["usage"] = {USAGE_NAMES[k]: v for k, v in usage.items() if k in USAGE_NAMES}
+    return metadata
+
+
 def ui_message(
     stored: StoredMessage, *, team: str | None, trace_url: str | None = None
 ) -> dict[str, Any]:
     """A stored message as the API shows it (``team``: the Slack workspace of the session, to
     name a Slack author as a person)."""
     message = stored.message
-    metadata: dict[str, Any] = dict(message.get("metadata") or {})
+    metadata = api_metadata(message.get("metadata") or {})
     author = metadata.get("author")
     slack_user = metadata.get("slack_user")
     if not isinstance(author, str) and isinstance(slack_user, str) and team is not None:
