@@ -30,11 +30,11 @@ from core.storage.engine import Database, create_database
 from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
 from core.storage.usage import LedgerEntry, UsageLedger, UsageLine
-from core.testing import openai as fake_openai
-from core.testing.openai import OpenAIStandIn
-from core.testing.scripted import JsonReply, SseReply
 from core.usage.budgets import WindowTotals, expected_tokens, parse_budgets
 from core.usage.totals import RequestUsage
+from standins import openai as fake_openai
+from standins.openai import OpenAIStandIn
+from standins.scripted import JsonReply, SseReply
 from tests.helpers import new_session, read_json_line, start_worker, stop_workers, take_over
 from tests.providers_fixtures import RecordingSleep
 from tests.test_processes import release_together

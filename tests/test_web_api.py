@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from core.testing.slack import SlackStandIn
+from standins.slack import SlackStandIn
 from tests.slack_harness import RunningBot, running_bot
 from tests.ui_stream import parse_ui_stream
 from tests.web_harness import ApiClient, api_as, person_token

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
 
-from core.testing.openai import GatedModel
-from core.testing.slack import SlackClient, SlackStandIn
+from standins.openai import GatedModel
+from standins.slack import SlackClient, SlackStandIn
 from tests.mcp_support import notes, notes_entry, write_config
 from tests.slack_harness import RunningBot, running_bot
 from tests.test_slack_approvals import cards, click, connected

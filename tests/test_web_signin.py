@@ -8,7 +8,7 @@ from urllib.parse import parse_qs, urlsplit
 import aiohttp
 import pytest
 
-from core.testing.slack import SlackStandIn
+from standins.slack import SlackStandIn
 from tests.slack_harness import RunningBot, running_bot
 from tests.web_harness import ApiClient
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from core.records import ANY_TAIL
-from core.testing.slack import SlackStandIn
+from standins.slack import SlackStandIn
 from tests.slack_harness import RunningBot, running_bot
 from tests.web_harness import ApiClient, api_as
 

@@ -36,11 +36,11 @@ from core.storage.engine import Database
 from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
 from core.storage.usage import LedgerEntry, UsageLedger
-from core.testing.otlp import OtlpReceiver
-from core.testing.processes import free_port
 from core.tracing.spans import Tracer
 from core.usage.budgets import parse_budgets
 from core.usage.totals import RequestUsage
+from standins.otlp import OtlpReceiver
+from standins.processes import free_port
 
 PAYER = Payer("slack:T1:U1", "T1")
 HISTORY = 20  # the most messages a measured turn's session holds before it

@@ -47,8 +47,8 @@ from bot.service import Bot
 from core.conversation import Arrival, MemoryView, QuietRenderer, Said, TurnEvent
 from core.settings import load_settings
 from core.storage import Storage
-from core.testing.openai import GatedModel
-from core.testing.slack import BOT_USER, SIGNING_SECRET, TEAM, SlackStandIn, signed_headers
+from standins.openai import GatedModel
+from standins.slack import BOT_USER, SIGNING_SECRET, TEAM, SlackStandIn, signed_headers
 
 PERSON = "slack:T1:UBENCH"
 POLL_SECONDS = 3.0
