@@ -41,8 +41,9 @@ from bot.reply import SLACK_FAILURES
 from core.conversation import (
     ApprovalRecord,
     ApprovalRequest,
+    Choice,
     Conversations,
-    Decided,
+    DecisionRecorded,
     DecisionRefused,
 )
 from core.conversation.intake import Incoming
@@ -195,50 +196,34 @@ class ApprovalCards:
         approval_id = payload.nested_string(action, "value") or ""
         team = payload.nested_string(body, "team", "id") or ""
         user = payload.nested_string(body, "user", "id") or ""
-        desk = self.conversations.approvals
-        if desk is None or not team or not user:
+        if not team or not user:
             return text.approval_refused("unknown")
-        record = await desk.get(approval_id)
-        key = None
-        if record is not None:
-            key = await self.conversations.key_of(record.session_id)
-        if record is None or key is None or not key.startswith(f"{team}/"):
-            return text.approval_refused("unknown")  # a tampered id, another workspace's
-        # Who clicked, looked up without creating anyone: a refused click writes nothing (a
-        # person becomes a user row by talking to the agent, or here once allowed to decide).
-        person = await self.conversations.known_person(
-            external_user(team, user), admin=self.settings.is_admin(team, user)
+        channel = payload.nested_string(body, "container", "channel_id")
+        card_ts = payload.nested_string(body, "container", "message_ts")
+        decision = await self.conversations.decide(
+            Choice(
+                approval_id,
+                external_user(team, user),
+                approve,
+                admin=self.settings.is_admin(team, user),
+                approver_id=f"{team}:{user}",
+                within=SlackThread.in_workspace(team),  # a tampered id, another workspace's
+                shown_at=thread_key(team, channel, card_ts) if channel and card_ts else None,
+            )
         )
-        decision = await desk.decide(
-            approval_id,
-            person,
-            approver_id=f"{team}:{user}",
-            approve=approve,
-            by=external_user(team, user),
-        )
-        if not (isinstance(decision, DecisionRefused) and decision.reason == "not_allowed"):
-            await self._place_card(record, team, body)
         if isinstance(decision, DecisionRefused):
-            found = decision.record
-            if decision.reason == "decided" and found is not None and not found.carried_out:
+            found, key = decision.record, decision.key
+            if decision.reason == "decided" and found and key and not found.carried_out:
                 # A second click after one whose recording failed, or a click of someone else
                 # at once: the record is idempotent, so the decision is carried out once.
                 await self._record(found, key, user, client, worker)
             return text.approval_refused(
                 decision.reason, found.decided_by if found is not None else None
             )
-        assert isinstance(decision, Decided)
-        await self._record(decision.record, key, user, client, worker)
+        assert isinstance(decision, DecisionRecorded)
+        assert decision.key is not None  # asked ``within`` a workspace: its key was read
+        await self._record(decision.record, decision.key, user, client, worker)
         return None
-
-    async def _place_card(self, record: ApprovalRecord, team: str, body: dict[str, Any]) -> None:
-        """The replica that posted the card died before storing where it is: the click (of
-        someone allowed to decide) says where, so the card still shows the outcome."""
-        desk = self.conversations.approvals
-        channel = payload.nested_string(body, "container", "channel_id")
-        card_ts = payload.nested_string(body, "container", "message_ts")
-        if desk is not None and record.card_ref is None and channel and card_ts:
-            await desk.set_card(record.id, thread_key(team, channel, card_ts))
 
     # -- *Show all* -----------------------------------------------------------------------------
 

@@ -48,8 +48,12 @@ class Decided:
 
 @dataclass(frozen=True)
 class DecisionRefused:
+    """Nothing was decided. ``key``: the request's conversation, when the door read it (a
+    surface that names its places asked with ``Choice.within``)."""
+
     reason: RefusalReason
     record: ApprovalRecord | None = None
+    key: str | None = None
 
 
 Decision = Decided | DecisionRefused

@@ -72,6 +72,11 @@ class SlackThread:
         return cls(*parts)
 
     @staticmethod
+    def in_workspace(team: str) -> str:
+        """The start of every key of a workspace's messages."""
+        return f"{team}/"
+
+    @staticmethod
     def suffix(channel: str, ts: str) -> str:
         """The end of the keys of a channel's message in any workspace (a permalink names no
         workspace; Slack channel ids are unique across workspaces)."""

@@ -2,43 +2,35 @@
 
 The MCP SDK reads a JSON answer of Streamable HTTP whole (``response.aread()``) and parses it
 on the event loop, with no limit (its SSE events have one, which ``Connection`` sets to the same
-bound). Wrapped around httpx's transport, this ends a body that is not an event stream once it
-passes ``limit`` bytes (or at once when its ``Content-Length`` says it will), with a
-``httpx2.StreamError`` the SDK turns into a JSON-RPC error for that request, whose text names
-the limit (``core.tools.stdio.too_large``). Imported only when an HTTP server connects.
+bound). A response hook of the client wraps the body of a response that is not an event stream
+so that reading it ends once it passes ``limit`` bytes (at once when its ``Content-Length``
+says it will), with a ``httpx2.StreamError`` the SDK turns into a JSON-RPC error for that
+request, whose text names the limit (``core.tools.stdio.too_large``). Imported only when an
+HTTP server connects.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx2
 
 from core.tools.stdio import too_large
 
 
-class BoundedTransport(httpx2.AsyncBaseTransport):
-    def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int) -> None:
-        self._inner = inner
-        self._limit = limit
+def bound_responses(limit: int) -> Callable[[httpx2.Response], Awaitable[None]]:
+    """An httpx response hook (``event_hooks={"response": [...]}``): it runs before the body is
+    read, on every transport the client uses (proxies from the environment included)."""
 
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        response = await self._inner.handle_async_request(request)
+    async def bound(response: httpx2.Response) -> None:
         kind = response.headers.get("content-type", "").lower()
         if kind.startswith("text/event-stream"):
-            return response  # bounded per event by the SDK (max_sse_event_size)
+            return  # bounded per event by the SDK (max_sse_event_size)
         stream = response.stream
         assert isinstance(stream, httpx2.AsyncByteStream)
-        return httpx2.Response(
-            status_code=response.status_code,
-            headers=response.headers,
-            stream=_Bounded(stream, self._limit, response.headers.get("content-length")),
-            extensions=response.extensions,
-            request=request,
-        )
+        response.stream = _Bounded(stream, limit, response.headers.get("content-length"))
 
-    async def aclose(self) -> None:
-        await self._inner.aclose()
+    return bound
 
 
 class _Bounded(httpx2.AsyncByteStream):

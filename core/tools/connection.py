@@ -121,16 +121,16 @@ class Connection:
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
 
-        from core.tools.bounded_http import BoundedTransport
+        from core.tools.bounded_http import bound_responses
 
         launch, timeout = self.config.launch, self.config.timeout_seconds
         # A call's SSE answer may be silent for the whole of the server's timeout.
         limits = httpx2.Timeout(min(30.0, timeout), read=max(300.0, timeout + 5))
         # What one answer may weigh, as over stdio: an SSE event (the SDK's own bound, set to
-        # ours) or a JSON body (``BoundedTransport``), before anything parses it.
-        bounded = BoundedTransport(httpx2.AsyncHTTPTransport(), MAX_MESSAGE_BYTES)
+        # ours) or a JSON body (``bound_responses``), before anything parses it.
+        hooks = {"response": [bound_responses(MAX_MESSAGE_BYTES)]}
         async with (
-            httpx2.AsyncClient(headers=launch.headers, timeout=limits, transport=bounded) as http,
+            httpx2.AsyncClient(headers=launch.headers, timeout=limits, event_hooks=hooks) as http,
             streamable_http_client(
                 launch.url, http_client=http, max_sse_event_size=MAX_MESSAGE_BYTES
             ) as (read, write),
