@@ -54,6 +54,10 @@ async def test_a_session_is_made_listed_chatted_in_renamed_and_deleted(
     assert page.status == 200
     assert [m["role"] for m in page.body["data"]] == ["user", "assistant", "user"]
     assert page.body["data"][0]["metadata"]["author"] == "slack:T1:U1"
+    assert page.body["data"][0]["metadata"]["createdAt"].endswith("Z")
+    usage = page.body["data"][1]["metadata"]["usage"]
+    assert usage["inputTokens"] > 0
+    assert "costUsd" in usage
     rest = await api.get(path + f"/messages?cursor={page.body['nextCursor']}")
     assert [m["role"] for m in rest.body["data"]] == ["assistant"]
     assert rest.body["nextCursor"] is None
