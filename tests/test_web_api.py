@@ -54,6 +54,10 @@ async def test_a_session_is_made_listed_chatted_in_renamed_and_deleted(
     assert page.status == 200
     assert [m["role"] for m in page.body["data"]] == ["user", "assistant", "user"]
     assert page.body["data"][0]["metadata"]["author"] == "slack:T1:U1"
+    assert page.body["data"][0]["metadata"]["createdAt"].endswith("Z")
+    usage = page.body["data"][1]["metadata"]["usage"]
+    assert usage["inputTokens"] > 0
+    assert "costUsd" in usage
     rest = await api.get(path + f"/messages?cursor={page.body['nextCursor']}")
     assert [m["role"] for m in rest.body["data"]] == ["assistant"]
     assert rest.body["nextCursor"] is None
@@ -180,3 +184,22 @@ async def test_a_message_id_sent_twice_is_stored_once(running: RunningBot) -> No
     assert again.status == 409
     assert again.body["code"] == "agent_session_message_duplicate"
     assert len((await api.get(path + "/messages")).body["data"]) == 2
+
+
+async def test_the_list_pages_newest_first_and_finds_words(running: RunningBot) -> None:
+    api = await api_as(running, "slack:T1:U1")
+    made = [(await api.post("/v1/agent_sessions", {"title": f"plan {n}"})).body for n in range(3)]
+    await api.call("PATCH", f"/v1/agent_sessions/{made[0]['id']}", {"title": "Plan zero"})
+    seen: list[int] = []
+    cursor = ""
+    for _ in range(4):
+        page = (await api.get(f"/v1/agent_sessions?limit=1{cursor}")).body
+        seen += [s["id"] for s in page["data"]]
+        if page["nextCursor"] is None:
+            break
+        cursor = f"&cursor={page['nextCursor']}"
+    assert seen == [made[0]["id"], made[2]["id"], made[1]["id"]]  # the renamed one is newest
+    found = (await api.get("/v1/agent_sessions?q=ZERO")).body["data"]
+    assert [s["id"] for s in found] == [made[0]["id"]]
+    own = (await api.get("/v1/agent_sessions?scope=own")).body["data"]
+    assert len(own) == 3

@@ -72,36 +72,37 @@ def approval_json(
     }
 
 
-# An answer's usage as stored (``MessageUsage.to_json``) -> as the API names it.
-USAGE_NAMES = {
-    "provider": "provider",
-    "model": "model",
-    "requests": "requests",
+_USAGE_NAMES = {
     "input_tokens": "inputTokens",
     "output_tokens": "outputTokens",
     "cached_tokens": "cachedTokens",
     "cost_usd": "costUsd",
-    "estimated": "estimated",
 }
 
 
-def api_metadata(stored: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored message's metadata as the API gives it: the answer's usage in the API's names
-    (``inputTokens``, ``costUsd``…; docs/http-api.md), the rest as it is."""
+def metadata_json(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored message's metadata as the API names it: ``usage`` in the contract's words
+    (``inputTokens``, ``outputTokens``, ``costUsd``, …)."""
     metadata = dict(stored)
     usage = metadata.get("usage")
     if isinstance(usage, Mapping):
-        metadata["usage"] = {USAGE_NAMES[k]: v for k, v in usage.items() if k in USAGE_NAMES}
+        metadata["usage"] = {_USAGE_NAMES.get(k, k): v for k, v in usage.items()}
     return metadata
 
 
 def ui_message(
-    stored: StoredMessage, *, team: str | None, trace_url: str | None = None
+    stored: StoredMessage,
+    *,
+    team: str | None,
+    created_at: datetime | None = None,
+    trace_url: str | None = None,
 ) -> dict[str, Any]:
     """A stored message as the API shows it (``team``: the Slack workspace of the session, to
     name a Slack author as a person)."""
     message = stored.message
-    metadata = api_metadata(message.get("metadata") or {})
+    metadata = metadata_json(message.get("metadata") or {})
+    if created_at is not None:
+        metadata["createdAt"] = when(created_at)
     author = metadata.get("author")
     slack_user = metadata.get("slack_user")
     if not isinstance(author, str) and isinstance(slack_user, str) and team is not None:
