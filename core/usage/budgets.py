@@ -28,10 +28,11 @@ requests whose provider reported none.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Final, Literal, cast
 
@@ -144,11 +145,17 @@ def window(period: Period, now: datetime) -> Window:
     """The calendar day or month (UTC) that contains ``now`` (an aware datetime)."""
     if now.tzinfo is None:
         raise ValueError("window() needs an aware datetime; budgets are kept in UTC")
-    moment = now.astimezone(UTC)
+    return _window(period, now.astimezone(UTC).date())
+
+
+@functools.lru_cache(maxsize=64)
+def _window(period: Period, day: date) -> Window:
+    """``window`` by the UTC date (a claim and a ledger row each ask for two: cached)."""
+    moment = datetime(day.year, day.month, day.day, tzinfo=UTC)
     if period == "day":
-        start = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+        start = moment
         return Window(start, start + timedelta(days=1))
-    start = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    start = moment.replace(day=1)
     end = (
         start.replace(year=start.year + 1, month=1)
         if start.month == 12
