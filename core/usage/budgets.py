@@ -16,10 +16,13 @@ is no limit anyway, while one past 64 bits would break every turn of its payer. 
 entry raises ``ConfigError`` with one line naming it, so ``BUDGETS`` stops start-up and
 ``budget set`` refuses before changing anything.
 
-``decide`` is the whole rule, given what the storage layer summed: a turn may start (or make
-its next model request) while, for every budget that applies to it, what the window has spent
-plus what other running turns have reserved is below the limit. "Already over" refuses; the
-last bit of a budget is not refused because a request *might* need more than what is left.
+``admits`` is the whole rule, given what the storage layer read: a turn may start (or make
+its next model request) while, for every budget that applies to it, what is left (the limit
+less what the window has spent and what other running turns hold) is positive and the
+request's expected cost (``expected_tokens``, ``expected_nanousd``) fits in it, or, when no
+other turn holds anything, into the last bit: so the last bit of a budget is used, by one
+request at a time, and concurrent turns overshoot a budget by at most one request in total.
+``decide`` names the exhausted account of a set (a report's view: spent and held at the limit).
 A dollar budget counts only requests whose price is known (an unpriced request has no dollar
 amount to count): an operator whose provider has no price in the table should use a token
 budget, or state the custom provider's own prices. A token budget counts estimated tokens for
