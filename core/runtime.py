@@ -118,6 +118,7 @@ class Runtime:
         if self.tracer.enabled:  # flushes what is queued, within a bounded time, off the loop
             await asyncio.to_thread(self.tracer.shutdown)
         await self.providers.aclose()
+        await self.agent.accounting.close()  # ledger rows still being written or retried
         await self.storage.dispose()
 
 
