@@ -29,6 +29,10 @@ PARTS: Final[dict[str, tuple[str, str]]] = {
     "web-pollers": ("bench.load.web", "idle pollers of the HTTP API, a replica's CPU: [N [S]]"),
     "web-cpu": ("bench.load.web", "serve's CPU per turn, the HTTP API beside Slack: [TURNS]"),
     "web-page": ("bench.load.page", "the web page's weight and first paint in Chromium: [LOADS]"),
+    "budget-check": (
+        "bench.costs.observability",
+        "a turn's bookkeeping with three budgets and without: [URL|- [LEDGER_ROWS]]",
+    ),
     "bookkeeping": ("bench.costs.bookkeeping", "a message's bookkeeping statements: [URL]"),
     "history-load": ("bench.costs.history_load", "loading a long history: [URL [PEER_URL]]"),
     "soak-profile": ("bench.soak.profile", "a soak's profile summarised again: DIR"),
