@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import sys
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select, update
+from sqlalchemy import event, insert, select, update
 
 from core.messages import user_message
 from core.storage import batched
@@ -29,10 +30,12 @@ from core.storage.models import (
     SnapshotContent,
     SnapshotSet,
     SnapshotSetMember,
+    UsageTotal,
 )
 from core.storage.retention import RetentionPolicy, load_policy, set_policy
 from core.storage.sessions import SessionStore
 from core.storage.sweeper import sweep
+from core.storage.usage import sweep_totals
 from tests.helpers import (
     add_exchange,
     backdate,
@@ -405,3 +408,36 @@ async def test_deliveries_pass__offers_nobody_answered_go_after_their_lifetime(
     assert left == {("T1/C1/1.0", "offered"), ("T1/C1/3.0", "stale")}
     assert {c.state for c in await deliveries.counts()} == {"offered", "stale"}
     assert max(c.oldest_age_seconds for c in await deliveries.counts()) < OFFER_TTL_SECONDS
+
+
+async def test_usage_totals_pass__drops_windows_long_over_and_keeps_the_current(
+    db: Database,
+) -> None:
+    """The running totals a claim reads are the current window's; the sweeper drops those of
+    windows that began over ``TOTALS_KEPT_SECONDS`` ago (the ledger keeps every request)."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    rows = [
+        ("all", "month", now - timedelta(days=100)),
+        ("user:slack:T1:U1", "day", now - timedelta(days=71)),
+        ("all", "month", now - timedelta(days=20)),
+        ("user:slack:T1:U1", "day", now),
+    ]
+    async with db.write() as conn:
+        for account, period, start in rows:
+            await conn.execute(
+                insert(UsageTotal).values(
+                    account=account,
+                    period=period,
+                    window_start=start,
+                    tokens=1,
+                    nanousd=0,
+                    output_tokens=1,
+                    requests=1,
+                    priced_requests=0,
+                )
+            )
+    assert await sweep_totals(db, 100) == 2
+    async with db.read() as conn:
+        kept = (await conn.execute(select(UsageTotal.window_start))).scalars().all()
+    assert sorted(kept) == [now - timedelta(days=20), now]
+    assert await sweep_totals(db, 100) == 0

@@ -37,7 +37,7 @@ from core.storage.snapshots import Snapshots
 from core.storage.surface_state import SURFACE_SWEEPS, SurfaceState
 from core.storage.sweeper import SweepReport, sweep
 from core.storage.tokens import WebAccess, sweep_sign_ins
-from core.storage.usage import UsageLedger
+from core.storage.usage import UsageLedger, sweep_totals
 
 
 class Storage:
@@ -114,7 +114,11 @@ class Storage:
             await self.retention.policy(),
             staleness_seconds=self._settings.turn_lock_staleness_seconds,
             batch_size=self._settings.sweeper_batch_size,
-            extra_passes=(*SURFACE_SWEEPS, ("sign_ins", sweep_sign_ins)),
+            extra_passes=(
+                *SURFACE_SWEEPS,
+                ("sign_ins", sweep_sign_ins),
+                ("usage_totals", sweep_totals),
+            ),
         )
 
     async def answers(self) -> bool:

@@ -35,6 +35,7 @@ from sqlalchemy import (
     Table,
     bindparam,
     case,
+    delete,
     func,
     insert,
     literal,
@@ -42,6 +43,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
+from core.storage.dialect import ago
 from core.storage.engine import Database
 from core.storage.models import UsageRequest, UsageTotal
 from core.storage.prepared import Prepared
@@ -391,3 +393,19 @@ __all__ = [
     "nano_usd",
     "usd",
 ]
+
+
+# A window's totals are read only while it is current (a month at most); kept this long after
+# it began, so the month before (and its last day) is still there for anyone looking.
+TOTALS_KEPT_SECONDS: Final = 70 * 86400
+
+
+async def sweep_totals(db: Database, _batch_size: int) -> int:
+    """Sweeper pass: the running totals of windows long over (claims read and write only the
+    current ones, so one statement takes them all without waiting on a turn; the ledger keeps
+    every request for ``usage``)."""
+    async with db.write() as conn:
+        done = await conn.execute(
+            delete(TOTALS).where(TOTALS.c.window_start < ago(TOTALS_KEPT_SECONDS))
+        )
+    return int(done.rowcount or 0)
