@@ -210,7 +210,7 @@ def request_bytes(port: int, ts: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n" + body).encode()
 
 
-class Connection:
+class EventConnection:
     """One keep-alive connection, as Slack holds them: write a request, time its answer.
 
     A plain stream rather than an HTTP client library, so the client's own per-request work
@@ -221,7 +221,7 @@ class Connection:
         self.reader, self.writer = reader, writer
 
     @classmethod
-    async def open(cls, port: int) -> Connection:
+    async def open(cls, port: int) -> EventConnection:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         return cls(reader, writer)
 

@@ -32,12 +32,12 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot import payload
 from bot import texts as text
 from bot.answers import tell
-from bot.approvals import ApprovalCards, post_of_thread
+from bot.approvals import ApprovalCards
 from bot.files import SharedFile, shared_files
 from bot.post import Post, external_user, thread_key
 from bot.shortcuts import Shortcuts
+from bot.slack_api import observed, web_client
 from bot.tasks import BackgroundWork
-from bot.web import observed, web_client
 from core.conversation import Conversations, DeliveryRecord, slack_message_id
 from core.conversation.intake import Incoming
 from core.conversation.surface import ClickAnswer
@@ -114,7 +114,7 @@ def bolt_app(
         context: AsyncBoltContext, next: Callable[[], Awaitable[None]]
     ) -> None:
         """Listeners' Web API calls are counted in ``/metrics`` like every other call: Bolt
-        hands each request a plain client of its own (``bot.web.observed``)."""
+        hands each request a plain client of its own (``bot.slack_api.observed``)."""
         context["client"] = observed(context.client)
         await next()
 
@@ -315,7 +315,7 @@ def build_app(
             channel = payload.nested_string(body, "channel", "id") or ""
             thread_ts = payload.nested_string(body, "message", "thread_ts") or ""
             team = payload.nested_string(body, "team", "id") or ""
-            post = post_of_thread(f"{team}/{channel}/{thread_ts}", user)
+            post = Post.of_thread(thread_key(team, channel, thread_ts), user)
             if post is not None:
                 background.spawn(_answer_click(client, post, respond, refusal, replace=False))
         background.spawn(cards.refresh(value, client))

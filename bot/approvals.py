@@ -16,23 +16,18 @@
   hidden by invisible or reordering characters), each folded to a few hundred characters; when
   anything is folded, *Show all* opens a modal with every character of the call, in pages within
   Slack's block limits.
-- **The outcome.** A card shows its request's state in place of its buttons. Every replica
-  compares the cards with their requests every ``SESSION_POLL_SECONDS`` (``cards_behind``) and
-  one of them (``card_shown`` is conditional) updates a card whose request moved on anywhere:
-  decided in the terminal, carried out, expired, superseded or rewound.
-- **Decisions left behind.** The terminal carries its decisions out in place; if its process
-  dies between ``/approve`` and that turn, nobody would. So on the same rounds every replica
-  looks for decisions older than ``TURN_LOCK_STALENESS_SECONDS`` that were not carried out, on a
-  free session (``ApprovalDesk.left_behind``): one of a Slack thread gets the delivery record a
-  click would have made (the same key, so a click's record already there is not doubled), and
-  its continuation streams into the thread; one of a session with no thread (a terminal
-  session) is carried out here directly. Either way it is the usual turn (claim, stale guard,
-  fencing, ``start_running``): the call goes out at most once, whoever picks it up.
+- **The outcome.** A card shows its request's state in place of its buttons. The core's
+  approval rounds (``core.conversation.rounds``) hand every request whose card is behind its
+  state (decided in the terminal or the web page, carried out, expired, superseded, rewound) to
+  ``show``, which updates the card.
+- **Decisions left behind.** The rounds find decisions whose deciding process died before
+  carrying them out; one of a Slack thread is offered to ``take``, which records it as a click
+  would have (the same key, so a click's record already there is not doubled) so that its
+  continuation streams into the thread. The rounds carry out the others themselves.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -46,12 +41,14 @@ from bot.reply import SLACK_FAILURES
 from core.conversation import (
     ApprovalRecord,
     ApprovalRequest,
+    Choice,
     Conversations,
-    Decided,
+    DecisionRecorded,
     DecisionRefused,
-    Payer,
 )
 from core.conversation.intake import Incoming
+from core.conversation.places import SlackThread, slack_user_in
+from core.conversation.rounds import Taking
 from core.conversation.worker import DeliveryWorker
 from core.runtime import Settings
 
@@ -60,16 +57,6 @@ log = logging.getLogger(__name__)
 EVENT_PREFIX = "approval:"  # delivery records of decisions: ``approval:<id>``
 
 ClientFor = Callable[[str], Awaitable[AsyncWebClient | None]]
-
-
-def post_of_thread(key: str, user: str, ts: str | None = None) -> Post | None:
-    """Where a conversation's thread is (its key ``team/channel/thread_ts``)."""
-    parts = key.split("/")
-    if len(parts) != 3 or not all(parts):
-        return None
-    team, channel, thread_ts = parts
-    surface = "dm" if channel.startswith("D") else "channel"
-    return Post(team, channel, thread_ts, ts or thread_ts, user, surface)
 
 
 class ApprovalCards:
@@ -84,12 +71,7 @@ class ApprovalCards:
         self.settings = settings
         self.conversations = conversations
         self._client_for = client_for
-        self._sync: asyncio.Task[None] | None = None
         self._worker: DeliveryWorker[AsyncWebClient] | None = None
-        # Left-behind decisions given a delivery record here and not carried out yet (recording
-        # again would be a no-op write each round: the record's key is the click's).
-        self._recorded: set[str] = set()
-        self._carrying: dict[str, asyncio.Task[None]] = {}  # ... or being carried out here
 
     # -- the card -------------------------------------------------------------------------------
 
@@ -111,7 +93,7 @@ class ApprovalCards:
             return
         ts = response.get("ts")
         if desk is not None and isinstance(ts, str):
-            await desk.approvals.set_card(request.id, thread_key(post.team, post.channel, ts))
+            await desk.set_card(request.id, thread_key(post.team, post.channel, ts))
 
     async def post_missing(
         self, client: AsyncWebClient, post: Post, waiting: ApprovalRecord
@@ -132,19 +114,18 @@ class ApprovalCards:
             return False
         if record.card_state == record.state:
             return False
-        parts = record.card_ref.split("/")
-        if len(parts) != 3:
+        card = SlackThread.parse(record.card_ref)
+        if card is None:
             return False
-        team, channel, ts = parts
-        if not await desk.approvals.card_shown(record.id, record.card_state, record.state):
+        if not await desk.card_shown(record.id, record.card_state, record.state):
             return False
-        client = client or await self._client_for(team)
+        client = client or await self._client_for(card.team)
         if client is None:
             return False
         try:
             await client.chat_update(
-                channel=channel,
-                ts=ts,
+                channel=card.channel,
+                ts=card.ts,
                 text=text.approval_outcome(record.state, record.decided_by, record.reason),
                 blocks=text.approval_outcome_blocks(
                     record.id,
@@ -168,85 +149,37 @@ class ApprovalCards:
         if record is not None:
             await self.show(record, client)
 
-    def start(self, worker: DeliveryWorker[AsyncWebClient] | None = None) -> None:
-        """Keep cards up to date and (given the delivery worker) carry out decisions left
-        behind."""
+    def start(self, worker: DeliveryWorker[AsyncWebClient]) -> None:
+        """Left-behind decisions of Slack threads are recorded for ``worker`` from now on."""
         self._worker = worker
-        if self._sync is None and self.conversations.approvals is not None:
-            self._sync = asyncio.create_task(self._keep_cards())
-
-    async def stop(self) -> None:
-        tasks = [t for t in (self._sync, *self._carrying.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _keep_cards(self) -> None:
-        desk = self.conversations.approvals
-        assert desk is not None
-        while True:
-            await asyncio.sleep(self.settings.session_poll_seconds)
-            try:
-                for record in await desk.approvals.cards_behind():
-                    await self.show(record)
-                if self._worker is not None:
-                    await self.carry_on_left_behind(self._worker)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a database blip: the next round tries again
-                log.warning("could not bring approval cards up to date: %s", exc)
 
     # -- decisions whose deciding process died -------------------------------------------------
 
-    async def carry_on_left_behind(self, worker: DeliveryWorker[AsyncWebClient]) -> None:
-        """Hand every decision left behind to whoever carries it out (see the module's doc)."""
-        desk = self.conversations.approvals
-        assert desk is not None
-        staleness = self.settings.turn_lock_staleness_seconds
-        found = await desk.left_behind(staleness)
-        # A decision recorded here leaves the list once carried out: forget it then, so the set
-        # holds only what is still on its way (it grew for the life of the process).
-        self._recorded &= {record.id for record in found}
-        for record in found:
-            if record.id in self._recorded or record.id in self._carrying:
-                continue
-            key = await self.conversations.key_of(record.session_id)
-            post = post_of_thread(key, "") if key is not None else None
-            if key is None or post is None:
-                log.info("carrying out decision %s, left behind by its process", record.id)
-                self._carrying[record.id] = asyncio.create_task(self._carry_out(record))
-                continue
-            client = await self._client_for(post.team)
-            if client is None:
-                continue
-            user = await self._decider_in(record, post.team)
-            if user is None:
-                continue
-            log.info("decision %s was left behind by its process; recording it", record.id)
-            await self._record(record, key, user, client, worker)
-            self._recorded.add(record.id)
-
-    async def _carry_out(self, record: ApprovalRecord) -> None:
-        try:
-            await self.conversations.carry_out_left_behind(
-                record, payer=Payer(record.decided_by) if record.decided_by else None
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # its lock lapses; the next round (here or elsewhere) tries again
-            log.exception("decision %s left behind: carrying it out failed", record.id)
-        finally:
-            self._carrying.pop(record.id, None)
+    async def take(self, record: ApprovalRecord) -> Taking:
+        """A left-behind decision of a Slack thread gets the delivery record a click would have
+        made (the same key, so a click's record already there is not doubled): its
+        continuation streams into the thread. Any other is the approval rounds' to carry out."""
+        key = await self.conversations.key_of(record.session_id)
+        post = None if key is None else Post.of_thread(key, "")
+        if key is None or post is None:
+            return "not_mine"
+        client = await self._client_for(post.team)
+        user = None if client is None else await self._decider_in(record, post.team)
+        if client is None or user is None or self._worker is None:
+            return "later"  # a thread's, never carried out unseen: the next round asks again
+        log.info("decision %s was left behind by its process; recording it", record.id)
+        await self._record(record, key, user, client, self._worker)
+        return "taken"
 
     async def _decider_in(self, record: ApprovalRecord, team: str) -> str | None:
         """The Slack user the thread's notices about a decision go to: the decider when they
         decided in this workspace, else the conversation's owner."""
-        prefix = external_user(team, "")
-        if record.decided_by and record.decided_by.startswith(prefix):
-            return record.decided_by.removeprefix(prefix)
+        decider = slack_user_in(record.decided_by, team) if record.decided_by else None
+        if decider is not None:
+            return decider
         session = (await self.conversations.get(record.session_id)).session
         owner = None if session.user_id is None else await self.conversations.who(session.user_id)
-        return owner.removeprefix(prefix) if owner and owner.startswith(prefix) else None
+        return None if owner is None else slack_user_in(owner, team)
 
     # -- a click --------------------------------------------------------------------------------
 
@@ -263,50 +196,34 @@ class ApprovalCards:
         approval_id = payload.nested_string(action, "value") or ""
         team = payload.nested_string(body, "team", "id") or ""
         user = payload.nested_string(body, "user", "id") or ""
-        desk = self.conversations.approvals
-        if desk is None or not team or not user:
+        if not team or not user:
             return text.approval_refused("unknown")
-        record = await desk.get(approval_id)
-        key = None
-        if record is not None:
-            key = await self.conversations.key_of(record.session_id)
-        if record is None or key is None or not key.startswith(f"{team}/"):
-            return text.approval_refused("unknown")  # a tampered id, another workspace's
-        # Who clicked, looked up without creating anyone: a refused click writes nothing (a
-        # person becomes a user row by talking to the agent, or here once allowed to decide).
-        person = await self.conversations.known_person(
-            external_user(team, user), admin=self.settings.is_admin(team, user)
+        channel = payload.nested_string(body, "container", "channel_id")
+        card_ts = payload.nested_string(body, "container", "message_ts")
+        decision = await self.conversations.decide(
+            Choice(
+                approval_id,
+                external_user(team, user),
+                approve,
+                admin=self.settings.is_admin(team, user),
+                approver_id=f"{team}:{user}",
+                within=SlackThread.in_workspace(team),  # a tampered id, another workspace's
+                shown_at=thread_key(team, channel, card_ts) if channel and card_ts else None,
+            )
         )
-        decision = await desk.decide(
-            approval_id,
-            person,
-            approver_id=f"{team}:{user}",
-            approve=approve,
-            by=external_user(team, user),
-        )
-        if not (isinstance(decision, DecisionRefused) and decision.reason == "not_allowed"):
-            await self._place_card(record, team, body)
         if isinstance(decision, DecisionRefused):
-            found = decision.record
-            if decision.reason == "decided" and found is not None and not found.carried_out:
+            found, key = decision.record, decision.key
+            if decision.reason == "decided" and found and key and not found.carried_out:
                 # A second click after one whose recording failed, or a click of someone else
                 # at once: the record is idempotent, so the decision is carried out once.
                 await self._record(found, key, user, client, worker)
             return text.approval_refused(
                 decision.reason, found.decided_by if found is not None else None
             )
-        assert isinstance(decision, Decided)
-        await self._record(decision.record, key, user, client, worker)
+        assert isinstance(decision, DecisionRecorded)
+        assert decision.key is not None  # asked ``within`` a workspace: its key was read
+        await self._record(decision.record, decision.key, user, client, worker)
         return None
-
-    async def _place_card(self, record: ApprovalRecord, team: str, body: dict[str, Any]) -> None:
-        """The replica that posted the card died before storing where it is: the click (of
-        someone allowed to decide) says where, so the card still shows the outcome."""
-        desk = self.conversations.approvals
-        channel = payload.nested_string(body, "container", "channel_id")
-        card_ts = payload.nested_string(body, "container", "message_ts")
-        if desk is not None and record.card_ref is None and channel and card_ts:
-            await desk.approvals.set_card(record.id, thread_key(team, channel, card_ts))
 
     # -- *Show all* -----------------------------------------------------------------------------
 
@@ -351,7 +268,7 @@ class ApprovalCards:
         client: AsyncWebClient,
         worker: DeliveryWorker[AsyncWebClient],
     ) -> None:
-        post = post_of_thread(key, user)
+        post = Post.of_thread(key, user)
         if post is None:
             return
         decision = Incoming(

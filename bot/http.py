@@ -36,6 +36,8 @@ from slack_sdk.web.async_client import AsyncWebClient
 from core.conversation.worker import DeliveryWorker
 from core.errors import ConfigError, DatabaseError
 from core.runtime import Deliveries, Settings, Storage, metrics
+from web.api import WebApi
+from web.page import add_page_routes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -108,8 +110,10 @@ class Listener:
         *,
         oauth: bool,
         elsewhere: Elsewhere | None = None,
+        api: WebApi | None = None,
     ) -> None:
         self.app = app
+        self.api = api
         self.worker = worker
         self.storage = storage
         self.deliveries = deliveries
@@ -126,9 +130,12 @@ class Listener:
             else None
         )
 
-    def web_app(self, *, events: bool = True, operator: bool = True) -> web.Application:
-        """Slack's requests (``events``, HTTP mode) and the operator's endpoints (``operator``;
-        off when they have a listener of their own)."""
+    def web_app(
+        self, *, events: bool = True, operator: bool = True, api: bool = True
+    ) -> web.Application:
+        """Slack's requests (``events``, HTTP mode), the operator's endpoints (``operator``;
+        off when they have a listener of their own) and the HTTP API (``api``, when the
+        listener has one: off on the metrics listener)."""
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         if operator:
             app.router.add_get("/healthz", self._health)
@@ -140,6 +147,9 @@ class Listener:
             if self.oauth:
                 app.router.add_get("/slack/install", self._install)
                 app.router.add_get("/slack/oauth_redirect", self._oauth_redirect)
+        if api and self.api is not None:  # the HTTP API (web.api), on the public listener
+            self.api.add_routes(app)
+            add_page_routes(app)  # the web page (web.page), the API's first client
         return app
 
     @property
@@ -345,11 +355,12 @@ async def listen(
     *,
     events: bool,
     operator: bool = True,
+    api: bool = True,
     name: str = "PORT",
 ) -> web.AppRunner:
     """Serve ``listener`` on ``host:port``; a port that cannot be had is one config line
     (``name``: the setting that chose it)."""
-    app = listener.web_app(events=events, operator=operator)
+    app = listener.web_app(events=events, operator=operator, api=api)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

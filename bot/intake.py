@@ -39,11 +39,11 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.app import add_message_listeners, bolt_app
 from bot.http import Elsewhere, Listener, listen
 from bot.installations import open_install_stores
-from bot.post import PROJECT, SURFACE
+from bot.post import SURFACE
 from bot.service import Bot, oauth_settings
-from bot.web import http_session
+from bot.slack_api import http_session
 from core.conversation.intake import Incoming, Intake
-from core.runtime import Runtime, Storage
+from core.runtime import Storage
 
 log = logging.getLogger(__name__)
 
@@ -114,17 +114,16 @@ class IntakeThread(threading.Thread):
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         storage = Storage.open(settings, pool_size=INTAKE_POOL_SIZE)
-        runtime = Runtime.on(settings, storage)
-        deliveries = storage.deliveries(SURFACE)
-        deliveries.owner = bot.deliveries.owner  # the worker renews and moves what this records
         worker = bot.worker
-        intake = Intake(
-            deliveries,
-            runtime.conversations(PROJECT, surface=SURFACE),
-            worker.hand_over,
+        intake = Intake.apart(
+            storage,
+            SURFACE,
+            owner=bot.deliveries.owner,
+            hand_off=worker.hand_over,
             closing=lambda: worker.closing,
             has_room=worker.has_room,
         )
+        deliveries = intake.deliveries
         installs = None
         http = http_session()
         runners: list[web.AppRunner] = []
@@ -143,18 +142,25 @@ class IntakeThread(threading.Thread):
                 deliveries,
                 oauth=bot.installs is not None,
                 elsewhere=Elsewhere(self.turns_loop, bot.app, worker),
+                api=bot.api,
             )
             apart = settings.metrics_port is not None
-            if self.events or not apart:  # Socket Mode with METRICS_PORT: nothing for PORT
-                runner = await listen(
-                    listener, self.host, self.port, events=self.events, operator=not apart
-                )
-                runners.append(runner)
-                self.bound_port = int(runner.addresses[0][1])
+            # PORT: Slack's requests (HTTP mode), the HTTP API, and the operator's endpoints
+            # unless they have a listener of their own.
+            runner = await listen(
+                listener, self.host, self.port, events=self.events, operator=not apart
+            )
+            runners.append(runner)
+            self.bound_port = int(runner.addresses[0][1])
             if settings.metrics_port is not None:
                 host = settings.metrics_host or self.host
                 runner = await listen(
-                    listener, host, settings.metrics_port, events=False, name="METRICS_PORT"
+                    listener,
+                    host,
+                    settings.metrics_port,
+                    events=False,
+                    api=False,
+                    name="METRICS_PORT",
                 )
                 runners.append(runner)
                 self.metrics_bound_port = int(runner.addresses[0][1])
@@ -166,4 +172,4 @@ class IntakeThread(threading.Thread):
             await http.close()
             if installs is not None:
                 await installs.dispose()
-            await runtime.close()
+            await storage.dispose()

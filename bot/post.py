@@ -1,8 +1,9 @@
 """Where a Slack message was posted and by whom, and the keys the Slack surface names things by.
 
-Keys: a thread is ``{team}/{channel}/{thread_ts}`` (its session's ``project_session_id``), a
-Slack message ``{team}/{channel}/{ts}``; a user message's id is ``slack_message_id(team,
-channel, ts)``, so a retried delivery can never be stored twice.
+Keys (written down in ``core.conversation.places``): a thread is ``{team}/{channel}/{thread_ts}``
+(its session's ``project_session_id``), a Slack message ``{team}/{channel}/{ts}``; a user
+message's id is ``slack_message_id(team, channel, ts)``, so a retried delivery can never be
+stored twice.
 """
 
 from __future__ import annotations
@@ -10,16 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SURFACE = "slack"  # the surface's tables (threads, message references, delivery records)
-PROJECT = "slack"  # the sessions' ``project_name``
+from core.conversation.places import SLACK_PROJECT, SLACK_SURFACE, SlackThread, slack_person
+
+SURFACE = SLACK_SURFACE  # the surface's tables (threads, message references, delivery records)
+PROJECT = SLACK_PROJECT  # the sessions' ``project_name``
 
 
 def thread_key(team: str, channel: str, thread_ts: str) -> str:
-    return f"{team}/{channel}/{thread_ts}"
+    return SlackThread(team, channel, thread_ts).key
 
 
 def external_user(team: str, user: str) -> str:
-    return f"slack:{team}:{user}"
+    return slack_person(team, user)
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,14 @@ class Post:
             "user": self.user,
             "surface": self.surface,
         }
+
+    @classmethod
+    def of_thread(cls, key: str, user: str, ts: str | None = None) -> Post | None:
+        """Where a conversation's thread is, from its key; None when the key names none."""
+        thread = SlackThread.parse(key)
+        if thread is None:
+            return None
+        return cls(thread.team, thread.channel, thread.ts, ts or thread.ts, user, thread.surface)
 
     @classmethod
     def from_context(cls, data: dict[str, Any]) -> Post:

@@ -14,7 +14,7 @@ The model writes Markdown, and it goes to Slack as Markdown (``markdown_text``),
   writes 256 characters a second or more is paced as before.
   (slack_sdk's own ``chat_stream`` helper waits for 256 characters, however long.) 429s, 5xx
   answers and dropped
-  connections are retried by slack_sdk's retry handlers (``bot.web``).
+  connections are retried by slack_sdk's retry handlers (``bot.slack_api``).
 - **Limits.** One ``markdown_text`` carries at most 12,000 characters: more goes in several
   appends, cut at paragraph or code-fence ends (``render.split_markdown``). A message holds at
   most ``MESSAGE_LIMIT`` characters (``APPEND_LIMIT`` without streaming: one edit carries the

@@ -30,7 +30,7 @@ from typing import Any
 from bot.gc_tuning import tune_garbage_collection
 from bot.intake import IntakeThread
 from bot.service import Bot
-from bot.web import web_client
+from bot.slack_api import web_client
 from core.runtime import Settings, SweeperThread
 
 log = logging.getLogger(__name__)

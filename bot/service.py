@@ -19,24 +19,29 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.answers import ThreadAnswers
 from bot.app import build_app
 from bot.approvals import ApprovalCards
+from bot.channels import SlackChannels
 from bot.http import Listener
 from bot.installations import InstallStores, open_install_stores
 from bot.post import PROJECT, SURFACE
 from bot.shortcuts import Shortcuts
+from bot.slack_api import http_session, web_client
 from bot.tasks import BackgroundWork
-from bot.web import http_session, web_client
+from core.conversation.rounds import ApprovalRounds
 from core.conversation.worker import DeliveryWorker
 from core.errors import ConfigError
 from core.runtime import Runtime, Settings, metrics
+from web.api import WebApi
 
 BOT_SCOPES = [
     "app_mentions:read",
     "assistant:write",
     "channels:history",
+    "channels:read",  # the HTTP API shows a person the threads of channels they belong to
     "chat:write",
     "commands",
     "files:read",
     "groups:history",
+    "groups:read",
     "im:history",
     "mpim:history",
 ]
@@ -98,6 +103,7 @@ class Bot:
         self.conversations = runtime.conversations(PROJECT, surface=SURFACE)
         self.answers = ThreadAnswers(settings, self.conversations, self.client_for)
         self.cards = ApprovalCards(settings, self.conversations, self.client_for)
+        self.rounds = ApprovalRounds(settings, self.conversations, [self.cards])
         self.answers.cards = self.cards
         self.deliveries = runtime.deliveries(SURFACE)
         metrics.REPLICA.info({"owner": self.deliveries.owner})
@@ -109,6 +115,8 @@ class Bot:
             max_turns=settings.max_concurrent_turns,
         )
         self.background = BackgroundWork()
+        # The HTTP API under /v1 (web.api), on the turns' loop with the Slack surface.
+        self.api = WebApi(runtime, SlackChannels(self.client_for))
         oauth = None if installs is None else oauth_settings(settings, installs)
         self.app: AsyncApp = build_app(
             settings,
@@ -143,6 +151,7 @@ class Bot:
             self.runtime.storage,
             self.deliveries,
             oauth=self.installs is not None,
+            api=self.api,
         )
 
     def web_app(self, *, events: bool = True) -> web.Application:
@@ -153,16 +162,19 @@ class Bot:
         """Begin renewing leases and taking over what stopped or dead replicas left, and
         keeping approval cards up to date."""
         self.worker.start()
+        self.cards.start(self.worker)
         if self.runtime.tools is not None:  # no MCP servers: no call ever waits for a person
-            self.cards.start(self.worker)
+            self.rounds.start()
 
     async def close(self) -> None:
         """Stop taking work, let running turns finish for the grace period, interrupt the
         rest (their partial answers kept), then close everything."""
         grace = self.settings.shutdown_grace_seconds
         self.background.closing = True
-        await self.cards.stop()
-        await asyncio.gather(self.worker.stop(grace), self.background.shutdown(grace))
+        await self.rounds.stop()
+        await asyncio.gather(
+            self.worker.stop(grace), self.background.shutdown(grace), self.api.close(grace)
+        )
         if self.installs is not None:
             await self.installs.dispose()
         await self.runtime.close()

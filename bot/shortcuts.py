@@ -29,6 +29,7 @@ from core.conversation import (
     message_text,
     parse_checkpoint,
 )
+from core.conversation.places import SlackThread
 from core.errors import (
     AgentSessionAlreadyCompact,
     AgentSessionBusy,
@@ -142,9 +143,13 @@ class Shortcuts:
             text=text.rewound(result.deleted, post.user),
         )
         for ref, shown in result.withdrawn_replies:
-            channel, ts = ref.split("/")[1:3]
+            reply = SlackThread.parse(ref)
+            if reply is None:
+                continue
             try:
-                await client.chat_update(channel=channel, ts=ts, text=text.rewound_reply(shown))
+                await client.chat_update(
+                    channel=reply.channel, ts=reply.ts, text=text.rewound_reply(shown)
+                )
             except SLACK_FAILURES as exc:
                 # Deleted in Slack, or Slack busy past the retries: the rewind is done, and
                 # the other replies and the returned draft must not wait on this one.

@@ -40,6 +40,27 @@ class Checkpoint:
         return list(self.sections.get(section, []))
 
 
+CHECKPOINT_REQUEST = "Write the checkpoint now."
+
+
+def checkpoint_request(focus: str | None, previous: Checkpoint | None) -> str:
+    """The message that asks a model for a checkpoint, after the conversation it summarises.
+
+    It is an instruction, never part of the conversation: a summariser (the offline stand-in
+    included) recognises it with ``is_checkpoint_request`` and leaves it out of the sections.
+    """
+    ask = CHECKPOINT_REQUEST
+    if focus:
+        ask += f" Focus on: {focus}"
+    if previous is not None:
+        ask += "\nThe earlier checkpoint to update:\n" + render_checkpoint(previous)
+    return ask
+
+
+def is_checkpoint_request(text: str) -> bool:
+    return text.startswith(CHECKPOINT_REQUEST)
+
+
 Summariser = Callable[
     [Sequence[StoredMessage], Checkpoint | None, str | None], Awaitable[Checkpoint]
 ]

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Iterable
 from datetime import UTC, datetime
+
+from core.redaction import RedactingFilter, Redactor
 
 
 class JsonFormatter(logging.Formatter):
@@ -21,8 +24,15 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, ensure_ascii=False)
 
 
-def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
+def configure_logging(
+    level: str = "INFO", fmt: str = "text", secrets: Iterable[tuple[str, str]] = ()
+) -> None:
+    """``secrets``: ``(value, name)`` pairs (``Settings.secret_values``) no line may show: a
+    library's error quoting a URL with its password, a server's stderr echoing a token."""
     handler = logging.StreamHandler(sys.stderr)
+    redactor = Redactor(secrets)
+    if redactor:
+        handler.addFilter(RedactingFilter(redactor))
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import getpass
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import date
+from typing import Any
 
 from core.errors import ConfigError, UsageError
 from core.records import Actor, SessionInfo, StoredMessage
 from core.settings import Settings
-from core.storage import RetentionPolicy, Storage, SweepReport
+from core.storage import Erased, Person, RetentionPolicy, Storage, SweepReport
 from core.storage.tokens import TokenInfo
 from core.storage.usage import GroupBy, UsageLine
 from core.usage.budgets import Account, Budget
@@ -133,3 +135,12 @@ class Operator:
     async def revoke_token(self, token_id: int) -> None:
         if not await self.storage.web_access.revoke_token(token_id):
             raise UsageError(f"token revoke: no token {token_id} (or it is revoked already)")
+
+    def export_person(self, person: str) -> AsyncIterator[dict[str, Any]]:
+        """Everything kept about the Slack person ``TEAM:USER``, one record at a time."""
+        return self.storage.people.export(Person.parse(person, "user export"))
+
+    async def erase_person(self, person: str) -> Erased:
+        """Remove the Slack person ``TEAM:USER``'s data (``core.storage.people`` says what);
+        refused while a turn of theirs runs."""
+        return await self.storage.people.erase(Person.parse(person, "user erase"))

@@ -26,11 +26,11 @@ from core.agent.accounting import Accounting
 from core.agent.loop import Agent, AgentConfig
 from core.agent.model_choice import ProviderCache
 from core.conversation import Conversations
-from core.operator import operator_external_id
+from core.operator import Operator, operator_external_id
 from core.settings import Settings
 from core.storage import Deliveries, Storage
 from core.sweeping import SweeperThread
-from core.tools import McpTools, load_mcp_config
+from core.tools import McpTools, load_mcp_config, with_known_secrets
 from core.tracing.spans import Tracer
 from core.usage import prices
 
@@ -78,7 +78,7 @@ class Runtime:
     def on(cls, settings: Settings, storage: Storage) -> Runtime:
         """The runtime on storage that is already open (its MCP servers not started yet:
         ``open`` starts them)."""
-        config = load_mcp_config(settings.mcp_config)
+        config = with_known_secrets(load_mcp_config(settings.mcp_config), settings.secret_values())
         tools = McpTools(config) if config.servers else None
         providers = ProviderCache(settings)
         tracer = Tracer.from_settings(settings)
@@ -148,6 +148,7 @@ def _prices_from_the_table(settings: Settings) -> bool:
 # metrics it serves, and the local operator's name.
 __all__ = [
     "Deliveries",
+    "Operator",
     "Runtime",
     "Settings",
     "Storage",

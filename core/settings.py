@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -37,6 +38,10 @@ DATABASE_STATEMENT_FLOOR_SECONDS = 5.0
 # allows 30 s) room for the wind-down after it: interrupting turns, keeping their partial
 # answers, telling their threads, closing connections (docs/reliability.md, measured).
 SHUTDOWN_GRACE_DEFAULT = 8.0
+# What a process manager's timer must allow past the grace for that wind-down: measured at
+# 0.2-0.5 s here (docs/reliability.md, *Stopping*), more with many turns or a slow Slack. The
+# deployment files add it (deploy/, tests/test_deploy.py holds them to it).
+SHUTDOWN_WIND_DOWN_SECONDS = 2.0
 # An hour: beyond it a typo (milliseconds for seconds) more likely than an intent.
 SHUTDOWN_GRACE_MOST = 3600.0
 
@@ -78,6 +83,28 @@ CsvList = Annotated[list[str], NoDecode]
 # equal to this): a larger MAX_FILE_BYTES would let every upload above it fail in the sandbox.
 SANDBOX_MAX_FILE_BYTES = 10_000_000
 _ADMIN = re.compile(r"(?:[TE][A-Z0-9]+:)?[UW][A-Z0-9]+")
+
+
+# The settings that hold a secret (``Settings.secret_values``; DATABASE_URL's password and the
+# OTLP headers are read out of their values).
+SECRET_SETTINGS = (
+    "slack_bot_token",
+    "slack_signing_secret",
+    "slack_app_token",
+    "slack_client_secret",
+    "slack_signin_client_secret",
+    "openai_api_key",
+    "anthropic_api_key",
+)
+
+
+def _database_password(url: str) -> str | None:
+    """The password in a database URL (``scheme://user:password@host/db``), percent-decoded."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return None
+    return unquote(password) if password else None
 
 
 class Settings(BaseSettings):
@@ -181,6 +208,17 @@ class Settings(BaseSettings):
     trace_user_ids: bool = False
     trace_url_template: str | None = None
 
+    # The HTTP API (web/): how long a browser's Sign in with Slack lasts, how many chats a
+    # person may start per minute on one replica, and where browsers sign in (Slack's OpenID
+    # Connect authorize page; the stand-in's in tests and the demo).
+    web_session_hours: float = Field(default=12, gt=0)
+    web_chats_per_minute: int = Field(default=20, gt=0)
+    slack_openid_authorize_url: str = "https://slack.com/openid/connect/authorize"
+    # Sign in with Slack's app credentials when they are not SLACK_CLIENT_ID/SECRET (those
+    # also switch the bot to multi-workspace installs; one workspace's app sets these instead).
+    slack_signin_client_id: str | None = None
+    slack_signin_client_secret: str | None = None
+
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
 
@@ -251,6 +289,34 @@ class Settings(BaseSettings):
             f"DATABASE_STATEMENT_TIMEOUT_SECONDS to at most {budget:g}s together, or lengthen "
             "TURN_LOCK_STALENESS_SECONDS"
         )
+
+    def secret_values(self) -> list[tuple[str, str]]:
+        """Every secret these settings hold, as ``(value, "${NAME}")``: the Slack tokens and
+        secrets, the model keys, the database password and the OTLP headers' values. What a
+        ``Redactor`` (core.redaction) replaces wherever a text may carry one (tool results,
+        logs, traces), so a prompt-steered tool that reads one cannot hand it on."""
+        pairs = [
+            (value, f"${{{name.upper()}}}")
+            for name in SECRET_SETTINGS
+            if isinstance(value := getattr(self, name), str) and value
+        ]
+        password = _database_password(self.database_url)
+        if password:
+            pairs.append((password, "${DATABASE_URL password}"))
+        for name in ("otel_exporter_otlp_headers", "otel_exporter_otlp_traces_headers"):
+            for header in (getattr(self, name) or "").split(","):
+                value = header.partition("=")[2].strip()
+                if value:
+                    label = f"${{{name.upper()}}}"
+                    pairs += [(value, label), (unquote(value), label)]
+        return pairs
+
+    @property
+    def signin_credentials(self) -> tuple[str, str] | None:
+        """The app's client id and secret for Sign in with Slack (None: browsers cannot)."""
+        client_id = self.slack_signin_client_id or self.slack_client_id
+        secret = self.slack_signin_client_secret or self.slack_client_secret
+        return (client_id, secret) if client_id and secret else None
 
     def is_admin(self, team: str, user: str) -> bool:
         """``T…:U…`` entries name a user of one workspace; a bare ``U…`` (one workspace only)

@@ -18,6 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from bench.parts import PARTS
 from core.errors import SlackAgentError, UsageError
 from core.logs import configure_logging
 from core.messages import message_text
@@ -79,7 +80,22 @@ def _parser() -> argparse.ArgumentParser:
     token_revoke = token_cmds.add_parser("revoke", help="refuse a token from now on")
     token_revoke.add_argument("token_id", type=int, metavar="ID")
 
-    bench = commands.add_parser("bench", help="measure the core (no model)")
+    user = commands.add_parser("user", help="one person's data: export it, or erase it")
+    user_cmds = user.add_subparsers(dest="action", required=True, metavar="ACTION")
+    user_export = user_cmds.add_parser(
+        "export", help="their sessions, messages, usage, approvals, … as JSON lines on stdout"
+    )
+    user_export.add_argument("person", metavar="TEAM:USER")
+    user_erase = user_cmds.add_parser(
+        "erase", help="remove their data (usage kept, anonymised); refused while they have a turn"
+    )
+    user_erase.add_argument("person", metavar="TEAM:USER")
+
+    bench = commands.add_parser(
+        "bench", help="measure the core (no model); a PART alone with its arguments"
+    )
+    bench.add_argument("part", nargs="?", choices=sorted(PARTS), help="one part (default: all)")
+    bench.add_argument("part_args", nargs=argparse.REMAINDER, help="the part's arguments")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--database-url", help="default: a fresh temporary SQLite file")
     bench.add_argument(
@@ -130,7 +146,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SESSION",
         help="a session id or the Slack permalink of a message in its thread (none: a new one)",
     )
-    commands.add_parser("demo", help="the first-run experience")
+    demo = commands.add_parser("demo", help="the first-run experience")
+    demo.add_argument(
+        "--web",
+        action="store_true",
+        help="then keep the stand-in Slack, the offline model and the web page up on "
+        "http://127.0.0.1:8000 until Ctrl-C",
+    )
     commands.add_parser("tools", help="list the MCP servers, their state and tools")
     return parser
 
@@ -187,6 +209,26 @@ async def _dispatch(op: Operator, args: argparse.Namespace) -> None:
         await _budget(op, args)
     elif args.command == "token":
         await _token(op, args)
+    elif args.command == "user":
+        await _user(op, args)
+
+
+async def _user(op: Operator, args: argparse.Namespace) -> None:
+    if args.action == "export":
+        async for record in op.export_person(args.person):
+            print(json.dumps(record, ensure_ascii=False, default=str))
+        return
+    erased = await op.erase_person(args.person)
+    if not erased.anything:
+        print(f"nothing kept about {args.person}")
+        return
+    print(
+        f"erased {args.person}: {erased.sessions} sessions ({erased.messages} messages), "
+        f"{erased.deliveries} delivery records, {erased.feedback} votes, {erased.tokens} API "
+        f"tokens, {erased.sign_ins} web sign-ins, {erased.person} person record; "
+        f"kept anonymised: {erased.usage_anonymised} model requests (usage and budgets), "
+        f"{erased.decisions_anonymised} tool-call decisions"
+    )
 
 
 async def _token(op: Operator, args: argparse.Namespace) -> None:
@@ -327,7 +369,7 @@ async def _demo(args: argparse.Namespace, settings: Settings) -> None:
 
     if settings.log_level.upper() == "INFO":  # the demo prints the threads; logs would drown them
         logging.getLogger().setLevel(logging.WARNING)
-    await run_demo()
+    await run_demo(web_page=args.web)
 
 
 async def _chat(args: argparse.Namespace, settings: Settings) -> None:
@@ -339,6 +381,11 @@ async def _chat(args: argparse.Namespace, settings: Settings) -> None:
 async def _bench(args: argparse.Namespace, settings: Settings) -> None:
     """The core's measurements, then the Slack surface's (ack latency, idle memory of serve);
     or, with ``--compare``, our storage against the peers'."""
+    if args.part is not None:
+        from bench.parts import run
+
+        await asyncio.to_thread(run, args.part, args.part_args)
+        return
     if args.compare:
         from bench.peers.compare import format_compare, run_compare
 
@@ -408,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = load_settings()
-        configure_logging(settings.log_level, settings.log_format)
+        configure_logging(settings.log_level, settings.log_format, settings.secret_values())
         runners: dict[str, Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, None]]]
         runners = {
             "bench": _bench,

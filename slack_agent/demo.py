@@ -7,6 +7,11 @@ database is a fresh SQLite file. The script plays a short conversation and print
 a Slack user would see it: a threaded reply, a second replica meeting a busy session, a fork, a
 rewind, a compaction, a tool of an MCP server (the small notes server shipped in
 ``core.testing.mcp_notes``) run only once a person approved it, and a restart that loses nothing.
+
+``demo --web`` then keeps the stand-in Slack, the offline model, the database and a replica up,
+serving the web page and its API on ``http://127.0.0.1:8000`` until Ctrl-C: the page's "Sign in
+with Slack" goes to the stand-in's authorize page, which signs Alice in at once (no Slack needed),
+and she finds the demo's sessions there to continue, approve, rewind and chart.
 """
 
 from __future__ import annotations
@@ -23,7 +28,11 @@ from typing import Any
 from aiohttp import web
 
 from bot.service import Bot
+from core.conversation.places import SLACK_PROJECT, SlackThread
+from core.errors import ConfigError
 from core.messages import assistant_message, user_message
+from core.providers import UserMessage
+from core.providers.offline import respond
 from core.records import TurnLease
 from core.settings import load_settings
 from core.testing.mcp_notes import stdio_entry
@@ -31,11 +40,12 @@ from core.testing.server import serve_app
 from core.testing.slack import TEAM, Message, SlackClient, SlackStandIn
 
 SECRET = "demo-signing-secret"
+WEB_HOST, WEB_PORT = "127.0.0.1", 8000
 CHANNEL = "C0GENERAL"
 NAMES = {"U0ALICE": "alice", "U0BOB": "bob"}
 
 
-class Replica:
+class DemoReplica:
     """One ``serve`` replica, in this process: the real app on its own port and engine."""
 
     def __init__(self, name: str, bot: Bot, runner: web.AppRunner, slack: SlackClient) -> None:
@@ -43,8 +53,16 @@ class Replica:
 
     @classmethod
     async def start(
-        cls, name: str, database_url: str, standin: SlackStandIn, mcp_config: str
-    ) -> Replica:
+        cls,
+        name: str,
+        database_url: str,
+        standin: SlackStandIn,
+        mcp_config: str,
+        *,
+        port: int | None = None,
+        **extra: Any,
+    ) -> DemoReplica:
+        """``port``: listen on ``WEB_HOST:port`` (the page's) rather than a free port."""
         settings = load_settings(
             database_url=database_url,
             mcp_config=mcp_config,
@@ -55,11 +73,15 @@ class Replica:
             busy_poll_seconds=0.2,
             sweeper_interval_seconds=0,
             _env_file=None,
+            **extra,
         )
         bot = await Bot.open(settings)
         bot.answers.pacer.base = 0.2
         bot.start()
-        runner, url = await serve_app(bot.web_app())
+        if port is None:
+            runner, url = await serve_app(bot.web_app())
+        else:
+            runner, url = await _listen(bot, port)
         slack = await SlackClient(url, team=TEAM, secret=SECRET).__aenter__()
         return cls(name, bot, runner, slack)
 
@@ -77,12 +99,12 @@ class Slack:
         self.standin = standin
 
     @staticmethod
-    def _ok(replica: Replica, status: int) -> None:
+    def _ok(replica: DemoReplica, status: int) -> None:
         if status != 200:
             raise RuntimeError(f"{replica.name} answered {status}")
 
     async def say(
-        self, replica: Replica, user: str, text: str, thread_ts: str | None = None
+        self, replica: DemoReplica, user: str, text: str, thread_ts: str | None = None
     ) -> str:
         mention = thread_ts is None
         shown = (f"@agent {text}" if mention else text).strip()
@@ -93,7 +115,7 @@ class Slack:
         )
 
     async def shortcut(
-        self, replica: Replica, user: str, callback_id: str, message: Message
+        self, replica: DemoReplica, user: str, callback_id: str, message: Message
     ) -> None:
         status = await replica.slack.shortcut(
             callback_id,
@@ -104,11 +126,11 @@ class Slack:
         )
         self._ok(replica, status)
 
-    async def submit(self, replica: Replica, user: str, view: dict[str, Any]) -> None:
+    async def submit(self, replica: DemoReplica, user: str, view: dict[str, Any]) -> None:
         """A person pressing a modal's submit button."""
         self._ok(replica, await replica.slack.submit_view(view, user=user))
 
-    async def click(self, replica: Replica, user: str, ephemeral: Message, label: str) -> None:
+    async def click(self, replica: DemoReplica, user: str, ephemeral: Message, label: str) -> None:
         action_id, value = ephemeral.values[ephemeral.buttons.index(label)].split("\x00", 1)
         self._ok(replica, await replica.slack.button(action_id, value, user=user, channel=CHANNEL))
 
@@ -152,12 +174,53 @@ def print_thread(standin: SlackStandIn, root: str, viewer: str, title: str) -> N
             print(f"  {' ' * len(who)}  [{'] ['.join(p.buttons)}]")
 
 
-async def run_demo() -> None:
+async def _listen(bot: Bot, port: int) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(bot.web_app(), access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, WEB_HOST, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        await bot.close()
+        raise ConfigError(
+            f"demo --web: cannot listen on {WEB_HOST}:{port} ({exc.strerror}); is it in use?"
+        ) from exc
+    return runner, f"http://{WEB_HOST}:{port}"
+
+
+async def run_demo(*, web_page: bool = False, port: int = WEB_PORT) -> None:
+    """The story; with ``web_page``, then the page on ``port`` until cancelled (Ctrl-C)."""
     with tempfile.TemporaryDirectory() as tmp:
         async with SlackStandIn(TEAM, history=True) as standin:
-            await _play(
-                standin, Slack(standin), f"sqlite+aiosqlite:///{Path(tmp) / 'demo.db'}", Path(tmp)
-            )
+            url = f"sqlite+aiosqlite:///{Path(tmp) / 'demo.db'}"
+            await _play(standin, Slack(standin), url, Path(tmp))
+            if web_page:
+                await keep_the_page_up(standin, url, Path(tmp), port)
+
+
+async def keep_the_page_up(standin: SlackStandIn, url: str, tmp: Path, port: int) -> None:
+    """A replica serving the page and its API on ``port``, Alice signed in by the stand-in's
+    authorize page (and an admin, so every page of it shows), until cancelled."""
+    alice = "U0ALICE"
+    standin.sign_in_as = alice
+    replica = await DemoReplica.start(
+        "the page",
+        url,
+        standin,
+        _mcp_config(tmp),
+        port=port,
+        slack_signin_client_id="demo.client",
+        slack_signin_client_secret="demo-client-secret",
+        slack_openid_authorize_url=standin.authorize_url,
+        admin_user_ids=f"{TEAM}:{alice}",
+    )
+    page = f"http://{WEB_HOST}:{port}"
+    print(f"\nThe web page: {page} (Sign in with Slack signs you in as alice; no Slack needed).")
+    print("The stand-in Slack, the offline model and the page stay up until Ctrl-C.", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await replica.stop()
 
 
 def _mcp_config(tmp: Path) -> str:
@@ -175,8 +238,8 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> Non
     print("(a deterministic stand-in, not a language model), a fresh SQLite database and a")
     print("small notes MCP server.")
     mcp = _mcp_config(tmp)
-    a = await Replica.start("replica A", url, standin, mcp)
-    b = await Replica.start("replica B", url, standin, mcp)
+    a = await DemoReplica.start("replica A", url, standin, mcp)
+    b = await DemoReplica.start("replica B", url, standin, mcp)
 
     # 1. A mention starts a session in the thread; the reply streams into it.
     root = await slack.say(a, alice, "hello! what can you do?")
@@ -198,7 +261,8 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> Non
 
     # 2b. Someone continues the same session from the terminal; Bob's next message meets a
     #     session busy elsewhere, waits, and is offered to him once the terminal is done.
-    terminal = await _terminal_turn(a.bot, root, "(from the terminal) summarise the thread")
+    question = "summarise the thread"
+    terminal = await _terminal_turn(a.bot, root, question)
     await slack.say(b, bob, "and the tests?", thread_ts=root)
 
     def offer() -> Message | None:
@@ -207,9 +271,10 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> Non
     await slack.until(
         lambda: any("used elsewhere" in p.text for p in standin.thread(CHANNEL, root, bob))
     )
-    await a.bot.runtime.storage.sessions.finish(
-        terminal, [assistant_message("(terminal) the thread so far: …")]
-    )
+    answer = respond([UserMessage(question)], []).text  # what the offline model answers
+    await a.bot.runtime.storage.sessions.finish(terminal, [assistant_message(answer)])
+    print("\n── the terminal: a turn in the same conversation while Bob writes " + "─" * 10)
+    print(f"  > {question}\n  agent\n  {answer}")
     waiting = await slack.until(offer)
     print_thread(standin, root, bob, "#general, while the terminal client held the session")
     await slack.click(b, bob, waiting, "Send")
@@ -218,7 +283,7 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> Non
     # 2c. The real terminal client (`slack-agent chat` given the thread's permalink) continues
     #     the thread. Alice's next message in Slack meets a session that moved on elsewhere: the
     #     thread first shows what the terminal added, and she sends hers anyway.
-    link = f"https://demo.slack.com/archives/{CHANNEL}/p{root.replace('.', '')}"
+    link = SlackThread(TEAM, CHANNEL, root).permalink
     await _terminal_client(
         url, link, ["$ echo 'step two done (terminal)' >> notes.txt; cat notes.txt"]
     )
@@ -271,7 +336,7 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> Non
     before = await _transcript(a.bot, root)
     await a.stop()
     await b.stop()
-    c = await Replica.start("replica C", url, standin, mcp)
+    c = await DemoReplica.start("replica C", url, standin, mcp)
     after = await _transcript(c.bot, root)
     await slack.say(c, alice, "still there after the restart?", thread_ts=root)
     await slack.until(lambda: any("still there" in p.text for p in _replies(standin, root)))
@@ -285,7 +350,7 @@ async def _play(standin: SlackStandIn, slack: Slack, url: str, tmp: Path) -> Non
 
 
 async def _approval(
-    standin: SlackStandIn, slack: Slack, a: Replica, b: Replica, alice: str, tmp: Path
+    standin: SlackStandIn, slack: Slack, a: DemoReplica, b: DemoReplica, alice: str, tmp: Path
 ) -> None:
     for replica in (a, b):  # the notes server starts in the background with each replica
         tools = replica.bot.runtime.tools
@@ -318,7 +383,9 @@ async def _approval(
 
 async def _terminal_turn(bot: Bot, root: str, question: str) -> TurnLease:
     """A turn started outside Slack, as ``slack-agent chat`` starts one (the core, directly)."""
-    session = await bot.runtime.storage.sessions.find_session("slack", f"{TEAM}/{CHANNEL}/{root}")
+    session = await bot.runtime.storage.sessions.find_session(
+        SLACK_PROJECT, SlackThread(TEAM, CHANNEL, root).key
+    )
     assert session is not None
     tail = await bot.runtime.storage.sessions.tail(session.id)
     return await bot.runtime.storage.sessions.start_turn(
@@ -360,7 +427,9 @@ def _done(standin: SlackStandIn, streams: int) -> bool:
 
 
 async def _transcript(bot: Bot, root: str) -> list[str]:
-    session = await bot.runtime.storage.sessions.find_session("slack", f"{TEAM}/{CHANNEL}/{root}")
+    session = await bot.runtime.storage.sessions.find_session(
+        SLACK_PROJECT, SlackThread(TEAM, CHANNEL, root).key
+    )
     if session is None:
         return []
     return [m.message_id for m in await bot.runtime.storage.sessions.messages(session.id)]

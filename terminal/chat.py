@@ -34,17 +34,16 @@ from core.conversation import (
     TurnEvent,
     Unseen,
 )
+from core.conversation.places import SLACK_PROJECT, SLACK_SURFACE, TERMINAL_PROJECT
 from core.errors import MessageNotFound, UsageError
 from core.runtime import Runtime, Settings, operator_external_id
 from terminal.permalinks import (
-    SLACK_PROJECT,
-    SLACK_SURFACE,
     looks_like_link,
     permalink_of_session,
     session_for_permalink,
 )
 
-PROJECT = "cli"  # sessions started from the terminal: project_session_id is "<login>/<uuid>"
+PROJECT = TERMINAL_PROJECT  # project_session_id is "<login>/<uuid>"
 
 
 class ChatSession:

@@ -16,11 +16,8 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
 from core.conversation import Conversations
+from core.conversation.places import SlackThread
 from core.errors import AgentSessionNotFound, UsageError
-
-# Where the Slack app keeps its threads (its surface's tables) and names its sessions.
-SLACK_SURFACE = "slack"
-SLACK_PROJECT = "slack"
 
 _PATH = re.compile(r"/archives/(?P<channel>[A-Z0-9]+)/p(?P<secs>\d{10})(?P<micros>\d{6})/?$")
 _TS = re.compile(r"\d{10}\.\d{6}")
@@ -58,7 +55,8 @@ async def session_for_permalink(slack: Conversations, value: str) -> int:
     """The id of the session whose thread holds the linked message."""
     link = parse_permalink(value)
     found = await slack.find_by_key_suffix(
-        f"/{link.channel}/{link.thread_ts}", ref_suffix=f"/{link.channel}/{link.ts}"
+        SlackThread.suffix(link.channel, link.thread_ts),
+        ref_suffix=SlackThread.suffix(link.channel, link.ts),
     )
     if found is None:
         raise AgentSessionNotFound(f"no session has the Slack message {value.strip()}")
@@ -68,7 +66,5 @@ async def session_for_permalink(slack: Conversations, value: str) -> int:
 async def permalink_of_session(slack: Conversations, session_id: int) -> str | None:
     """The permalink of the session's Slack thread, when it has one."""
     key = await slack.key_of(session_id)
-    if key is None:
-        return None
-    _team, channel, ts = key.split("/", 2)
-    return f"https://slack.com/archives/{channel}/p{ts.replace('.', '')}"
+    thread = None if key is None else SlackThread.parse(key)
+    return None if thread is None else thread.permalink

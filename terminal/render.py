@@ -16,12 +16,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
-from rich.markdown import Markdown
+from rich.markdown import CodeBlock, MarkdownElement
+from rich.markdown import Markdown as RichMarkdown
 from rich.segment import Segment
+from rich.syntax import Syntax
 from rich.text import Text
 
 from core.conversation import SECTIONS, Message, StoredMessage, parse_checkpoint
@@ -53,6 +55,25 @@ class PlainConsole(Console):
         )
 
 
+class _CodeBlock(CodeBlock):
+    """A fenced block as its lines: rich pads one by a blank line above and below and a space
+    on each side, which reads as stray blank lines once the output is not a terminal (a pipe,
+    the demo's transcript)."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Syntax(str(self.text).rstrip(), self.lexer_name, theme=self.theme, word_wrap=True)
+
+
+class Markdown(RichMarkdown):
+    """rich's Markdown with code blocks unpadded (``_CodeBlock``)."""
+
+    elements: ClassVar[dict[str, type[MarkdownElement]]] = {
+        **RichMarkdown.elements,
+        "fence": _CodeBlock,
+        "code_block": _CodeBlock,
+    }
+
+
 def author(message: StoredMessage, operator: str) -> str:
     if message.is_compaction_message:
         return say.CHECKPOINT_LABEL
@@ -82,7 +103,8 @@ def tool_block(command: str, output: dict[str, Any] | None, error: str | None = 
     if len(lines) > TOOL_OUTPUT_LINES:
         lines = [*lines[:TOOL_OUTPUT_LINES], say.tool_output_cut()]
     if lines:
-        block.append("\n".join(lines) + "\n", style="dim")
+        block.append("\n".join(lines), style="dim")
+    block.rstrip()  # the next block starts on the next line; a trailing newline would be a gap
     return block
 
 

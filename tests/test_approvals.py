@@ -24,6 +24,7 @@ from core.conversation import (
     OverBudget,
     TurnRequest,
 )
+from core.conversation.rounds import ApprovalRounds
 from core.records import ANY_TAIL, Actor
 from core.runtime import Runtime
 from core.settings import Settings
@@ -473,6 +474,42 @@ async def test_approval__the_digest_binds_the_servers_tool_not_only_its_offered_
     assert record.digest == tool.digest(record.arguments)
     moved = dataclasses.replace(tool, origin=tool.origin + " --elsewhere")
     assert moved.digest(record.arguments) != record.digest
+
+
+async def test_approval_rounds__a_replica_with_no_surface_carries_out_what_was_left_behind(
+    conversations: Conversations, runtime: Runtime, tmp_path: Path
+) -> None:
+    """The rounds are the core's: with no surface that shows cards (no Slack), a decision whose
+    process died is still carried out, once, though two replicas' rounds find it at once; a
+    decision younger than the staleness window is left to the process that made it."""
+    desk = conversations.approvals
+    assert desk is not None
+    conversation, approval_id = await asked(conversations)
+    decided = await desk.decide(
+        approval_id, await owner(conversations), approver_id=None, approve=True, by="slack:T1:U1"
+    )
+    assert isinstance(decided, Decided)
+    rounds = [ApprovalRounds(runtime.settings, conversations) for _ in range(2)]
+    await asyncio.gather(*(r.round() for r in rounds))
+    record = await desk.get(approval_id)
+    assert record is not None
+    assert record.state == "approved"  # still within the window: its process may be at it
+    async with runtime.storage.approvals.db.write() as conn:  # ... which has passed since
+        await conn.execute(update(ToolApproval.__table__).values(decided_at=ago(600)))
+    before = calls_counted("notes", "add_note", "ok")
+    await asyncio.gather(*(r.round() for r in rounds))
+    for r in rounds:  # the carrying out runs beside the rounds: wait for it
+        await r.carried_out()
+    record = await desk.get(approval_id)
+    assert record is not None
+    assert record.state == "ran"
+    assert calls_counted("notes", "add_note", "ok") == before + 1
+    assert notes(tmp_path) == {"plan": "ship on friday"}
+    tail = await conversation.store.tail(conversation.id)
+    assert tail is not None
+    assert tail.role == "assistant"
+    await asyncio.gather(*(r.round() for r in rounds))  # nothing left: nothing runs again
+    assert calls_counted("notes", "add_note", "ok") == before + 1
 
 
 # -- every request reaches an end state with a reason (issue 35, items 3 and 6) ------------------

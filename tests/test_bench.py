@@ -7,6 +7,7 @@ No timing is asserted here: timings depend on the machine; the figures live in t
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,12 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from bench import parts
 from bench.costs.storage import QUICK, BenchError, claim_round, format_table, run_bench
+from bench.costs.tools import bench_tools
 from bench.load.profile import summarise
-from core.errors import AgentSessionBusy
+from bench.parts import PARTS
+from core.errors import AgentSessionBusy, UsageError
 from core.messages import Message
 from core.records import ModelChoice, TurnLease
 from core.storage.engine import create_database
@@ -167,3 +171,36 @@ def test_turn_profile__sums_the_replicas_samples_recorded_either_way(tmp_path: P
             "storage (core/storage, SQLAlchemy, drivers)": 0.75,
             "Slack Web API calls (slack_sdk, aiohttp)": 0.25,
         }
+
+
+@pytest.mark.parametrize("part", sorted(PARTS))
+def test_bench_parts__every_part_is_a_command_of_the_product(part: str) -> None:
+    """No measurement is reachable only as a script: each part names a module that runs it."""
+    module = importlib.import_module(PARTS[part][0])
+    assert callable(module.run_part)
+
+
+def test_bench_parts__a_part_that_reads_a_file_refuses_to_run_without_one() -> None:
+    with pytest.raises(UsageError, match=r"turns-profile: .*FILE"):
+        parts.run("turns-profile", [])
+
+
+def test_bench_parts__the_turns_profile_part_prints_the_shares(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = tmp_path / "p.raw"
+    raw.write_text("main (slack_agent/cli.py:1);Deliveries.move (core/storage/deliveries.py:5) 3\n")
+    parts.run("turns-profile", [str(raw)])
+    assert capsys.readouterr().out == "100.0%  storage (core/storage, SQLAlchemy, drivers)\n"
+
+
+@pytest.mark.slow
+async def test_bench_tools__a_call_and_an_approval_round_trip_measured_through_the_door(
+    database_url: str,
+) -> None:
+    """The approval figure is the one a surface pays: a turn stopped at a call, then one
+    ``decide`` that records and carries it out (the offline model and the stdio notes server)."""
+    result = await bench_tools(database_url, quick=True)
+    for name in ("turn_without_tool", "mcp_call_overhead", "approval_round_trip"):
+        assert result[name]["n"] == 20, name
+    assert result["approval_round_trip"]["p50"] > 0

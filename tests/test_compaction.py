@@ -7,9 +7,11 @@ from collections.abc import Sequence
 import pytest
 
 from core.agent.compaction import Checkpoint, compact, parse_checkpoint, render_checkpoint
-from core.checkpoint import parse_checkpoint_text
+from core.agent.summariser import model_summariser
+from core.checkpoint import CHECKPOINT_REQUEST, SECTIONS, parse_checkpoint_text
 from core.errors import AgentSessionAlreadyCompact, AgentSessionBusy, AgentSessionForbidden
 from core.messages import message_text, user_message
+from core.providers import OfflineProvider
 from core.records import Actor, StoredMessage
 from core.storage.sessions import SessionStore
 from tests.helpers import add_exchange, new_session
@@ -126,3 +128,23 @@ def test_checkpoint__items_that_look_like_markup_cannot_break_its_structure() ->
     assert parsed.get("objectives") == hostile.items("objectives")
     assert parsed.get("decisions") == hostile.items("decisions")
     assert "constraints" not in parsed
+
+
+async def test_compact__offline_checkpoint_summarises_the_conversation_not_its_request(
+    store: SessionStore,
+) -> None:
+    """The request for a checkpoint is an instruction: no section may list it as the work."""
+    owner, session = await new_session(store)
+    await add_exchange(store, session.id, 2)
+    summariser = model_summariser(OfflineProvider())
+    await compact(store, session.id, Actor(owner), summariser, focus="the report")
+    await add_exchange(store, session.id, 1)
+    stored = await compact(store, session.id, Actor(owner), summariser)
+
+    checkpoint = parse_checkpoint(stored)
+    assert checkpoint is not None
+    every = [item for section in SECTIONS for item in checkpoint.items(section)]
+    assert not [item for item in every if CHECKPOINT_REQUEST in item or "<checkpoint>" in item]
+    assert checkpoint.items("objectives") == ["question 0"]
+    assert checkpoint.items("active_work") == []  # the last question was answered
+    assert checkpoint.items("important_details") == ["question 1"]

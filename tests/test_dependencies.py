@@ -20,7 +20,7 @@ NEEDED = {
     # chat_startStream/appendStream/stopStream in 3.37.0, TaskUpdateChunk in 3.40.0.
     "slack-sdk": ((3, 44), "agents_sessions_setStatus (bot/answers.py)"),
     # The per-request client Bolt builds copies the app client's retry handlers from 1.20.1.
-    "slack-bolt": ((1, 20, 1), "retry handlers on the request path (bot/web.py)"),
+    "slack-bolt": ((1, 20, 1), "retry handlers on the request path (bot/slack_api.py)"),
     # ``NoDecode`` (comma-separated list settings) was added in pydantic-settings 2.7.0.
     "pydantic-settings": ((2, 7), "NoDecode (core/settings.py)"),
     # ``patch_stdout(raw=True)`` exists since prompt_toolkit 3.0.0.

@@ -7,12 +7,13 @@ arrow that runs the wrong way fails here before a reviewer has to spot it:
         │
     bench        (measures the product; the product never imports it)
         │
-    bot, terminal  (the surfaces: Slack, the terminal; neither imports the other)
-        │
+    bot, terminal, web  (the surfaces: Slack, the terminal, the HTTP API and its page;
+        │                 none imports another, except that ``serve`` (bot) mounts the web's
+        │                 routes on its listener)
     core         (knows nothing of Slack or a terminal; SQL only in core/storage)
 
 ``core.testing`` (the stand-ins) ships in the package for the tests, the demo and the benchmark;
-the product itself (the rest of ``core``, ``bot``, ``terminal``) never imports it.
+the product itself (the rest of ``core``, ``bot``, ``terminal``, ``web``) never imports it.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "bot", "terminal", "bench", "slack_agent")
+PACKAGES = ("core", "bot", "terminal", "web", "bench", "slack_agent")
 # What each package may import of ours.
 ALLOWED = {
     "core": {"core"},
-    "bot": {"core", "bot"},
+    "bot": {"core", "bot", "web"},
     "terminal": {"core", "terminal"},
-    "bench": {"core", "bot", "terminal", "bench"},
-    "slack_agent": {"core", "bot", "terminal", "bench", "slack_agent"},
+    "web": {"core", "web"},
+    "bench": {"core", "bot", "terminal", "web", "bench"},
+    "slack_agent": {"core", "bot", "terminal", "web", "bench", "slack_agent"},
 }
 # ``python -m bot`` (the command's other name, fixed by the product's contract) is the one
 # module that runs the entry point from inside a package below it: a ``__main__`` is an entry
@@ -115,7 +117,7 @@ def test_layers__core_knows_nothing_of_slack() -> None:
     assert not {name: m for name, m in found.items() if m}
 
 
-PRODUCT = ("core", "bot", "terminal")
+PRODUCT = ("core", "bot", "terminal", "web")
 STAND_INS = "core.testing"
 
 
@@ -164,6 +166,7 @@ def test_layers__storage_is_the_bottom_of_core() -> None:
 CORE_LEVELS: tuple[tuple[str, ...], ...] = (
     ("core",),  # the package itself (imports nothing)
     ("core.errors", "core.messages"),
+    ("core.redaction", "core.leases"),
     ("core.records", "core.sandbox", "core.logs", "core.trace_links"),
     ("core.checkpoint",),
     ("core.providers",),
@@ -206,7 +209,7 @@ def test_layers__core_imports_only_downward(name: str) -> None:
 # All a surface imports of the core: the conversation API (its door and the values it hands
 # out), the errors, and the runtime that assembles a process. Everything else (storage, the
 # agent, usage) is reached through them, so a surface cannot grow a path around the door.
-SURFACES = ("bot", "terminal")
+SURFACES = ("bot", "terminal", "web")
 SURFACE_MAY_IMPORT = ("core.conversation", "core.errors", "core.runtime")
 
 
@@ -254,3 +257,15 @@ def test_layers__no_import_cycles() -> None:
         if name not in state:
             visit(name, [name])
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_layers__no_two_public_classes_share_a_name() -> None:
+    """One name per thing: two classes of one name get renamed on import somewhere, and a
+    reader meets the same word meaning two things (docs/design.md, *Words*)."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for name, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where[node.name].append(name)
+    shared = {cls: modules for cls, modules in where.items() if len(modules) > 1}
+    assert not shared, f"classes sharing a name: {shared}"

@@ -3,6 +3,7 @@ calling it by its documented message form, the real store on both databases."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from core.providers.uimessages import ui_to_chat
 from core.runtime import Runtime
 from core.settings import Settings
 from core.storage.sessions import SessionStore
+from core.testing.otlp import OtlpReceiver
 from core.tools import McpTools
 from tests.helpers import new_session
 from tests.mcp_support import notes, notes_entry, running, write_config
@@ -173,3 +175,41 @@ async def test_runtime__without_servers_offers_only_the_shell(database_url: str)
         assert runtime.agent.tools is None
     finally:
         await runtime.close()
+
+
+async def test_runtime__a_tool_result_holding_the_bot_token_reaches_no_one(
+    tmp_path: Path, database_url: str
+) -> None:
+    """A read-only tool steered into returning the Slack token (here: written into the server's
+    own configuration, which the file never marks as a secret): the model, the stored answer
+    (what the thread and the task card show) and the exported trace get its name instead."""
+    token = "xoxb-1111-2222-the-real-bot-token"
+    entry = notes_entry(tmp_path, env={"LEAKED": token})
+    async with OtlpReceiver() as collector:
+        settings = Settings(
+            database_url=database_url,
+            mcp_config=write_config(tmp_path, {"notes": entry}),
+            model_provider="offline",
+            slack_bot_token=token,
+            otel_exporter_otlp_traces_endpoint=collector.endpoint,
+            _env_file=None,  # type: ignore[call-arg]
+        )
+        runtime = await Runtime.open(settings)
+        try:
+            assert runtime.tools is not None
+            _, session = await new_session(runtime.storage.sessions)
+            call = 'mcp__notes__fault {"kind": "echo", "name": "LEAKED"}'
+            result = await ask(runtime.agent, session.id, call)
+            stored = await runtime.storage.sessions.messages(session.id)
+            assert await asyncio.to_thread(runtime.tracer.force_flush, 10.0)
+            async with asyncio.timeout(30):
+                await collector.wait_for(spans=2)
+        finally:
+            await runtime.close()
+        exported = json.dumps([(s.name, s.attributes) for s in collector.spans], default=str)
+    assert result.error is None
+    assert "LEAKED=${SLACK_BOT_TOKEN}" in result.text  # the model read the name
+    assert token not in result.text
+    assert token not in json.dumps([m.message for m in stored])
+    assert "${SLACK_BOT_TOKEN}" in exported
+    assert token not in exported

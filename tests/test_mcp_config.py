@@ -12,12 +12,12 @@ import pytest
 from mcp_types import ImageContent, TextContent
 
 from core.errors import ConfigError
+from core.redaction import Redactor
 from core.settings import load_settings
 from core.tools import call_digest, load_mcp_config, mcp_environment
 from core.tools.config import config_path
 from core.tools.names import offered_name, server_of
 from core.tools.outcome import cut, render_content
-from core.tools.secrets import Redactor
 
 SECRET = "tok-3f9a8b7c6d5e4f"
 

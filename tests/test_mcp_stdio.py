@@ -5,15 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ctypes
+import json
 import logging
 import os
 import sys
 from pathlib import Path
 
 import pytest
+from mcp.client.stdio import get_default_environment
 
+from core.settings import Settings
 from core.testing.mcp_notes import PNG_1PX
-from core.tools import RESULT_CAP, McpTools, call_digest, load_mcp_config
+from core.tools import (
+    RESULT_CAP,
+    McpTools,
+    call_digest,
+    load_mcp_config,
+    with_known_secrets,
+)
 from tests.mcp_support import (
     alive,
     calls_counted,
@@ -330,3 +340,79 @@ async def test_shutdown__every_session_closed_every_process_reaped(
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("mcp-server:")]
     assert not [r for r in caplog.records if r.name == "asyncio"]  # no "Task was destroyed"
     assert (await tools.call("mcp__notes__list_notes", {})).kind == "unavailable"
+
+
+def dumpable() -> int:
+    """This process's ``prctl(PR_GET_DUMPABLE)``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return int(libc.prctl(3, 0, 0, 0, 0))
+
+
+def place(path: str | Path) -> Path | None:
+    """Where a directory really is (None once it is gone)."""
+    real = Path(path).resolve()
+    return real if real.is_dir() else None
+
+
+async def test_stdio_server__own_directory_and_only_its_declared_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stdio server a prompt steers to look around finds neither the app's ``.env`` (it runs
+    in a directory of its own) nor the app's environment (only the SDK's defaults and its own
+    ``env``); a ``cwd`` in the file is kept."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / ".env").write_text(f"SLACK_BOT_TOKEN={SECRET}\n")
+    monkeypatch.chdir(app)
+    monkeypatch.setenv("SLACK_BOT_TOKEN", SECRET)
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://agent:{SECRET}@db/agent")
+    placed = tmp_path / "placed"
+    placed.mkdir()
+    servers = {
+        "notes": notes_entry(tmp_path, env={"DECLARED": "yes"}),
+        "placed": notes_entry(tmp_path, cwd=str(placed)),
+    }
+    async with running(tmp_path, servers) as tools:
+        snooped = await tools.call(FAULT, {"kind": "snoop"})
+        again = await tools.call(FAULT, {"kind": "snoop"})
+        elsewhere = await tools.call("mcp__placed__fault", {"kind": "snoop"})
+    assert snooped.ok, snooped
+    seen = json.loads(snooped.text)
+    assert SECRET not in snooped.text
+    assert seen["dotenv"] is None
+    assert Path(seen["cwd"]) != place(app)  # getcwd() gives the real path
+    assert seen["environ"]["DECLARED"] == "yes"
+    extra = set(seen["environ"]) - set(get_default_environment()) - {"DECLARED"}
+    assert extra <= {"MCP_NOTES_FILE", "MCP_NOTES_FAULTS", "PWD", "LC_CTYPE", "_"}, extra
+    assert json.loads(again.text)["cwd"] == seen["cwd"]  # one directory per server, kept
+    assert place(seen["cwd"]) is None  # and removed with the server
+    assert place(json.loads(elsewhere.text)["cwd"]) == place(placed)
+    # Nor through /proc/<app>/environ or cwd (for a server without CAP_SYS_PTRACE, i.e. not
+    # run as root): the app made itself non-dumpable before it started one.
+    assert dumpable() == 0
+
+
+async def test_secrets__every_secret_the_product_knows_is_redacted_from_results(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The file need not name a secret for a server to know it: one written into its own
+    configuration, read from a file it reaches. Every secret of the settings is replaced."""
+    caplog.set_level(logging.DEBUG)
+    password = "db-password-5e81c0aa"
+    settings = Settings(
+        slack_bot_token=SECRET,
+        database_url=f"postgresql://agent:{password}@db/agent",
+        otel_exporter_otlp_headers="authorization=Bearer%20otlp-key-77aa01",
+        _env_file=None,  # type: ignore[call-arg]
+    )
+    leaky = notes_entry(tmp_path, env={"LEAKED": f"{SECRET} {password} Bearer otlp-key-77aa01"})
+    config = load_mcp_config(write_config(tmp_path, {"notes": leaky}), environ=os.environ)
+    async with McpTools(with_known_secrets(config, settings.secret_values())) as tools:
+        async with asyncio.timeout(60):
+            await tools.wait_ready()
+        echoed = await tools.call(FAULT, {"kind": "echo", "name": "LEAKED"})
+    assert echoed.text == (
+        "LEAKED=${SLACK_BOT_TOKEN} ${DATABASE_URL password} ${OTEL_EXPORTER_OTLP_HEADERS}"
+    )
+    for secret in (SECRET, password, "otlp-key-77aa01"):
+        assert secret not in caplog.text  # its stderr line, redacted too

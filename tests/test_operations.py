@@ -348,7 +348,7 @@ async def test_slack_answering_a_page_not_json__is_a_slack_error_the_callers_han
     from aiohttp import web
     from slack_sdk.errors import SlackApiError
 
-    from bot.web import web_client
+    from bot.slack_api import web_client
     from core.settings import Settings
     from core.testing.server import serve_app
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from core.conversation.places import Place, SlackThread, place_of
 from core.errors import AgentSessionNotFound, UsageError
 from core.storage.sessions import SessionStore
 from core.storage.surface_state import SurfaceState
@@ -77,3 +78,23 @@ async def test_lookup__by_thread_then_by_message_and_unknown_is_not_found(
         "https://slack.com/archives/C0ABC/p1700000000000100"
     )
     assert await permalink_of_session(slack, forked.id) is None
+
+
+@pytest.mark.parametrize("key", ["", "T1/C1", "T1//1.2", "T1/C1/1.2/x", "/C1/1.2"])
+def test_places__a_key_that_names_no_thread_is_no_place(key: str) -> None:
+    assert SlackThread.parse(key) is None
+    assert place_of("slack", key) == Place("slack")
+
+
+def test_places__a_thread_key_reads_back_and_links_to_what_the_terminal_follows() -> None:
+    thread = SlackThread("T1", "D42", "1700000000.000100")
+    assert SlackThread.parse(thread.key) == thread
+    assert thread.surface == "dm"
+    assert SlackThread("T1", "C1", "1.2").surface == "channel"
+    link = parse_permalink(thread.permalink)
+    assert (link.channel, link.ts, link.thread_ts) == ("D42", thread.ts, thread.ts)
+    place = place_of("slack", thread.key)
+    assert (place.kind, place.surface, place.url) == ("slack", "dm", thread.permalink)
+    assert place_of("cli", "me/123").kind == "terminal"
+    assert place_of("web", "slack:T1:U1/123").kind == "web"
+    assert place_of("elsewhere", "x").kind == "other"

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from bot.service import check_config
 from core.agent.model_choice import ProviderCache
 from core.errors import ConfigError
+from core.logs import configure_logging
 from core.settings import (
     DEFAULT_DATABASE_URL,
     SHUTDOWN_GRACE_DEFAULT,
+    Settings,
     load_settings,
     normalize_database_url,
 )
@@ -147,3 +151,50 @@ def test_metrics_port__its_own_listener_never_the_public_port() -> None:
     with pytest.raises(ConfigError) as error:
         load_settings(metrics_port=70000)
     assert str(error.value).startswith("METRICS_PORT: ")
+
+
+def test_secret_values__every_secret_setting_and_the_logs_never_show_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Tokens, keys, the database password and the OTLP headers' values are known as secrets;
+    the log handler the entry point sets up replaces them, wherever a line quotes one."""
+    settings = Settings(
+        database_url="postgresql://agent:pg-pass-1234567@db:5432/agent",
+        slack_bot_token="xoxb-bot-token-1",
+        slack_signing_secret="signing-secret-1",
+        slack_app_token="xapp-app-token-1",
+        slack_client_secret="client-secret-1",
+        openai_api_key="sk-openai-key-1",
+        anthropic_api_key="sk-ant-key-1",
+        otel_exporter_otlp_traces_headers="x-api-key=otlp%2Bkey%2B1",
+        _env_file=None,  # type: ignore[call-arg]
+    )
+    values = {value for value, _ in settings.secret_values()}
+    expected = {
+        "pg-pass-1234567",
+        "xoxb-bot-token-1",
+        "signing-secret-1",
+        "xapp-app-token-1",
+        "client-secret-1",
+        "sk-openai-key-1",
+        "sk-ant-key-1",
+        "otlp+key+1",
+    }
+    assert expected <= values
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        configure_logging("INFO", "text", settings.secret_values())
+        logging.getLogger("slack-agent.test").warning(
+            "connect failed: %s", settings.database_url.replace("+asyncpg", "")
+        )
+        try:
+            raise RuntimeError(f"bad token {settings.slack_bot_token}")
+        except RuntimeError:
+            logging.getLogger("slack-agent.test").exception("a library said")
+    finally:
+        root.handlers[:], root.level = handlers, level
+    err = capsys.readouterr().err
+    assert "connect failed: postgresql://agent:${DATABASE_URL password}@db:5432/agent" in err
+    assert "bad token ${SLACK_BOT_TOKEN}" in err
+    assert not [value for value in expected if value in err]

@@ -11,17 +11,17 @@ waits on a person as ``tool-approval-request``, and ``finish``.
 
 The response is opened only when the turn starts: a refusal (busy, stale, over budget) comes
 before that and is answered as a plain 409 with its code, so a refused request never shows a
-half-open stream.
+half-open stream. The renderer runs on the turns' loop and writes to a ``Sink`` (``web.loops.
+Pipe``), which the request's handler reads on its own loop: ``open`` once the turn began, then
+the bytes of each event.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
-from aiohttp import web
 
 from core.conversation import (
     Answered,
@@ -48,20 +48,24 @@ HEADERS = {
 }
 
 
+class Sink(Protocol):
+    """Where the stream goes: ``open`` once (the response may start), then its bytes. Both
+    return at once (a turn never waits on a client)."""
+
+    def open(self) -> None: ...
+
+    def write(self, data: bytes) -> None: ...
+
+
 class UIMessageStream(QuietRenderer):
     """One answer streamed to one HTTP client."""
 
-    def __init__(self, request: web.Request) -> None:
-        self._request = request
-        self.response: web.StreamResponse | None = None
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+        self.started = False
         self._text: str | None = None  # the id of the text part being written
         self._parts = 0
         self._step_open = False
-        self.gone = False  # the client went away: the turn goes on, unseen
-
-    @property
-    def started(self) -> bool:
-        return self.response is not None
 
     async def event(self, event: TurnEvent) -> None:
         if isinstance(event, Began):
@@ -99,7 +103,7 @@ class UIMessageStream(QuietRenderer):
             await self._send({"type": "data-notice", "data": {"text": event.text}})
 
     async def finish(self, end: TurnEnd) -> Sequence[str]:
-        if self.response is None:
+        if not self.started:
             return ()  # refused before the turn started: the handler answers with the code
         await self._end_text()
         metadata: dict[str, Any] = {}
@@ -132,30 +136,25 @@ class UIMessageStream(QuietRenderer):
         if metadata:
             finish["messageMetadata"] = metadata
         await self._send(finish)
-        await self._write(b"data: [DONE]\n\n")
+        self._write(b"data: [DONE]\n\n")
         return ()
 
     async def abandoned(self, error: BaseException) -> None:
         """A failure the turn did not survive (the database): the client is told in the
         stream's own terms, and the stream is closed properly."""
-        if self.response is None:
+        if not self.started:
             return
         await self._end_text()
         await self._send({"type": "error", "errorText": getattr(error, "code", "internal_error")})
         await self._send({"type": "finish", "finishReason": "error"})
-        await self._write(b"data: [DONE]\n\n")
-
-    async def close(self) -> None:
-        if self.response is not None and not self.gone:
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await self.response.write_eof()
+        self._write(b"data: [DONE]\n\n")
 
     # -- writing --------------------------------------------------------------------------------
 
     async def _open(self, message_id: str) -> None:
-        if self.response is None:
-            self.response = web.StreamResponse(status=200, headers=HEADERS)
-            await self.response.prepare(self._request)
+        if not self.started:
+            self.started = True
+            self._sink.open()
             start: dict[str, Any] = {"type": "start"}
             if message_id:
                 start["messageId"] = message_id
@@ -197,14 +196,8 @@ class UIMessageStream(QuietRenderer):
         return f"{kind}-{self._parts}"
 
     async def _send(self, chunk: Mapping[str, Any]) -> None:
-        await self._write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        self._write(b"data: " + orjson.dumps(chunk) + b"\n\n")
 
-    async def _write(self, data: bytes) -> None:
-        if self.response is None or self.gone:
-            return
-        try:
-            await self.response.write(data)
-        except (ConnectionError, RuntimeError):
-            # The client went away (a closed tab): the turn runs to its end and is stored;
-            # the client sees it in the transcript when it comes back.
-            self.gone = True
+    def _write(self, data: bytes) -> None:
+        if self.started:
+            self._sink.write(data)

@@ -10,8 +10,8 @@ moves to ``started`` and ``done``, the reply's ref, the shown tail, the usage le
 the stop poll. ``process_time`` counts this process only, so on PostgreSQL the server's work
 is not in it (the client's is what a replica spends).
 
-    uv run python -m bench.bookkeeping                                  # SQLite
-    uv run python -m bench.bookkeeping postgresql+asyncpg://…/fresh     # PostgreSQL
+    uv run slack-agent bench bookkeeping                               # SQLite
+    uv run slack-agent bench bookkeeping postgresql+asyncpg://…/fresh  # PostgreSQL
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -128,7 +127,8 @@ async def main(url: str) -> dict[str, Any]:
         await storage.dispose()
 
 
-if __name__ == "__main__":
+def run_part(argv: list[str]) -> None:
+    """``slack-agent bench bookkeeping [DATABASE_URL]`` (default: a temporary SQLite file)."""
     with tempfile.TemporaryDirectory() as tmp:
-        target = sys.argv[1] if len(sys.argv) > 1 else f"sqlite:///{Path(tmp) / 'b.db'}"
+        target = argv[0] if argv else f"sqlite:///{Path(tmp) / 'b.db'}"
         print(json.dumps(asyncio.run(main(target))))

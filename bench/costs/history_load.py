@@ -6,9 +6,9 @@ the database server's time in them; this times one size by the process's CPU (``
 this process only, so on PostgreSQL the server's own work is not in it), which a shared machine
 disturbs much less. Each load's texts are read, as ``bench --compare`` reads them.
 
-    uv run --extra compare python -m bench.costs.history_load     # SQLite, and the peer
-    uv run python -m bench.costs.history_load postgresql+asyncpg://…/db   # PostgreSQL (fresh)
-    uv run --extra compare python -m bench.costs.history_load postgresql+asyncpg://…/db \
+    uv run --extra compare slack-agent bench history-load     # SQLite, and the peer
+    uv run slack-agent bench history-load postgresql+asyncpg://…/db   # PostgreSQL (fresh)
+    uv run --extra compare slack-agent bench history-load postgresql+asyncpg://…/db \
         postgresql+asyncpg://…/other   # and the SDK's SQLAlchemySession in a second fresh one
 
 On PostgreSQL the server's work (reading the rows, writing each document as text) is not in
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -176,5 +175,6 @@ async def main(url: str | None, peer_url: str | None = None) -> dict[str, Any]:
     return result
 
 
-if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(*sys.argv[1:3]))))
+def run_part(argv: list[str]) -> None:
+    """``slack-agent bench history-load [DATABASE_URL [PEER_URL]]``."""
+    print(json.dumps(asyncio.run(main(*argv[:2]))))

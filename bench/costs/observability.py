@@ -7,15 +7,19 @@
   round by round, so drift on a shared machine falls on all three alike. Export runs on the
   SDK's batch thread; what a turn pays is building its spans and queueing them (and, on a
   machine short of cores, the batch thread's share of the interpreter).
-- ``budget_check``: a turn's bookkeeping (``run_turn``: claim, user message, answer, release;
-  no model) without budgets and with three (user, workspace, shared) over a ledger of
-  ``ledger_rows`` requests this month: the check and reservation inside the claim
-  transaction (the budgets in force are read at most every few seconds per process).
+- ``budget_check``: a turn's bookkeeping (``run_turn``: claim, user message, the answer's one
+  ledger row, answer, release; no model) without budgets and with three (user, workspace,
+  shared), on an empty ledger and on one of ``LEDGER_ROWS`` requests this month: the check and
+  reservation inside the claim transaction, read from running totals (issue 35: at most 1.2x
+  without, whatever the ledger). ``python -m bench.costs.observability [URL|- [ROWS]]`` runs
+  it alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -41,6 +45,7 @@ from core.usage.totals import RequestUsage
 PAYER = Payer("slack:T1:U1", "T1")
 HISTORY = 20  # the most messages a measured turn's session holds before it
 BUDGETS = "user:day:1000000000tokens,workspace:month:1000000usd,all:month:1000000usd"
+LEDGER_ROWS = 100_000  # the ledger a budget check must not slow down with (issue 35)
 
 
 def _tracer(endpoint: str) -> Tracer:
@@ -71,7 +76,6 @@ def _ratio(times: dict[str, Any], name: str) -> float:
 
 async def bench_observability(database_url: str | None, *, quick: bool = False) -> dict[str, Any]:
     samples, warmup = (60, 10) if quick else (300, 30)
-    ledger_rows = 2_000 if quick else 20_000
     async with database(database_url) as (db, _temporary):
         await upgrade(db)
         store = SessionStore(db)
@@ -80,13 +84,35 @@ async def bench_observability(database_url: str | None, *, quick: bool = False) 
         result: dict[str, Any] = {"database": db.dialect}
         try:
             result["tracing"] = await _tracing(store, ledger, cache, samples, warmup)
-            result["budget_check"] = await _budget_check(db, store, ledger, samples, warmup)
-            result["budget_check"]["ledger_rows"] = await _seed(ledger, ledger_rows)
-            result["budget_check"].update(
-                await _budget_check(db, store, ledger, samples, warmup, seeded=True)
-            )
         finally:
             await cache.aclose()
+    result["budget_check"] = await bench_budget_check(
+        database_url, samples=samples, warmup=warmup, ledger_rows=2_000 if quick else LEDGER_ROWS
+    )
+    return result
+
+
+async def bench_budget_check(
+    database_url: str | None,
+    *,
+    samples: int = 300,
+    warmup: int = 30,
+    ledger_rows: int = LEDGER_ROWS,
+) -> dict[str, Any]:
+    """A turn's bookkeeping with three budgets against without, on an empty ledger and then
+    with ``ledger_rows`` requests of this month in it (``budget_check`` in the result)."""
+    async with database(database_url) as (db, _temporary):
+        await upgrade(db)
+        store = SessionStore(db)
+        ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
+        result: dict[str, Any] = {"database": db.dialect}
+        result.update(await _budget_check(db, store, ledger, samples, warmup))
+        result["ledger_rows"] = await _seed(ledger, ledger_rows)
+        result.update(await _budget_check(db, store, ledger, samples, warmup, seeded=True))
+        for suffix in ("", "_seeded"):
+            with_, without = result[f"with_budgets{suffix}"], result[f"without_budgets{suffix}"]
+            result[f"ratio_p50{suffix}"] = round(with_["p50"] / without["p50"], 3)
+            result[f"ratio_p95{suffix}"] = round(with_["p95"] / without["p95"], 3)
     return result
 
 
@@ -146,10 +172,17 @@ def _agent_turn(agent: Agent, name: str) -> Callable[[], Awaitable[object]]:
 
 
 async def _seed(ledger: UsageLedger, rows: int) -> int:
-    """``rows`` requests this month, spread over 50 people of 5 workspaces."""
-    request = RequestUsage("openai", "gpt-4.1-mini", Usage(1200, 80, 1000), None)
+    """``rows`` requests this month, spread over 50 people of 5 workspaces and the measured
+    payer (whose accounts the check reads)."""
+    request = RequestUsage(
+        "openai",
+        "gpt-4.1-mini",
+        Usage(1200, 80, 1000),
+        None,
+    )
+    payers = [PAYER, *(Payer(f"slack:T{i % 5}:U{i}", f"T{i % 5}") for i in range(50))]
     batch = [
-        LedgerEntry(request, "answer", 1280, False, payer=Payer(f"slack:T{i % 5}:U{i % 50}"))
+        LedgerEntry(request, "answer", 1280, False, payer=payers[i % len(payers)])
         for i in range(rows)
     ]
     for start in range(0, rows, 1000):
@@ -166,14 +199,15 @@ async def _budget_check(
     *,
     seeded: bool = False,
 ) -> dict[str, Any]:
-    accounting = Accounting(ledger, Budgets(db, parse_budgets(BUDGETS)))
     user_id = await store.get_or_create_user("slack:T1:U1")
+    request = RequestUsage("openai", "gpt-4.1-mini", Usage(1200, 80, 1000), None)
 
     def bookkeeping(name: str, with_budgets: bool) -> Callable[[], Awaitable[object]]:
+        # Both read the budgets in force, as every claim does; without, none are set.
+        accounting = Accounting(ledger, Budgets(db, parse_budgets(BUDGETS if with_budgets else "")))
+
         async def one() -> None:
-            reservation = None
-            if with_budgets:
-                reservation = ledger.reservation(await accounting.in_force(), PAYER)
+            reservation = ledger.reservation(await accounting.in_force(), PAYER)
             session, _ = await store.get_or_create_session("bench", name, user_id=user_id)
             tail = await store.tail(session.id)
             async with run_turn(
@@ -183,6 +217,9 @@ async def _budget_check(
                 last_message_id=tail.message_id if tail else None,
                 reservation=reservation,
             ) as turn:
+                # The answer's one model request, as every turn records it (its totals too).
+                entry = LedgerEntry(request, "answer", 1280, False, session.id, payer=PAYER)
+                await ledger.record(entry)
                 await turn.finish([assistant_message("hi")])
 
         return one
@@ -220,4 +257,15 @@ def format_observability(result: dict[str, Any]) -> list[str]:
     for name, timing in budget.items():
         if isinstance(timing, dict):
             lines.append(f"  {name:<28} {row(timing)}")
+    lines.append(
+        f"  with vs without: p50 {budget['ratio_p50']:.3f}x, "
+        f"seeded {budget['ratio_p50_seeded']:.3f}x"
+    )
     return lines
+
+
+if __name__ == "__main__":
+    # uv run python -m bench.costs.observability [DATABASE_URL [LEDGER_ROWS]]
+    url = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "-" else None
+    rows = int(sys.argv[2]) if len(sys.argv) > 2 else LEDGER_ROWS
+    print(json.dumps(asyncio.run(bench_budget_check(url, ledger_rows=rows))))

@@ -2,7 +2,7 @@
 
 Real parts: the runtime built from settings, the offline model (a deterministic stand-in, so no
 model time is measured), the notes MCP server of ``core.testing.mcp_notes`` over stdio, the
-conversation API as Slack and the terminal call it. Three figures, in ms:
+conversation door as every surface calls it. Three figures, in ms:
 
 - ``turn_without_tool``: a turn whose model answers in words (the baseline);
 - ``mcp_call_overhead``: a turn whose model calls a read-only MCP tool, minus the tool's own round
@@ -22,13 +22,22 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.common import summarize
-from core.agent.loop import McpCallFinished
-from core.conversation import Answered, Conversations, Decided, TurnRequest
+from core.conversation import (
+    Answered,
+    Arrival,
+    Choice,
+    Conversations,
+    Payer,
+    QuietRenderer,
+    ToolEnded,
+    TurnEnd,
+    TurnEvent,
+)
 from core.records import Actor
 from core.runtime import Runtime
 from core.settings import Settings
@@ -37,6 +46,7 @@ from core.testing.mcp_notes import stdio_entry
 READ = 'mcp__notes__read_note {"title": "plan"}'
 ADD = 'mcp__notes__add_note {"title": "plan", "text": "ship on friday"}'
 CONNECT_SECONDS = 120.0
+PERSON = "bench:tools"
 
 
 @contextlib.asynccontextmanager
@@ -61,34 +71,36 @@ async def _runtime(database_url: str | None) -> AsyncIterator[Runtime]:
             await runtime.close()
 
 
-class _ToolTime:
-    """The tool's own round trips during one turn."""
+class _ToolTime(QuietRenderer):
+    """A turn rendered nowhere; what it keeps is the tool's own round trips and the ending."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.end: TurnEnd | None = None
 
-    async def __call__(self, event: object) -> None:
-        if isinstance(event, McpCallFinished):
+    async def event(self, event: TurnEvent) -> None:
+        if isinstance(event, ToolEnded):
             self.seconds += event.seconds
+
+    async def finish(self, end: TurnEnd) -> Sequence[str]:
+        self.end = end
+        return ()
 
 
 async def _turn(conversations: Conversations, key: str, text: str) -> tuple[float, float, Any]:
-    person = await conversations.person("bench:tools")
-    conversation = await conversations.open(key, owner=person)
+    """One answer through the door, as a surface asks for it: elapsed, tool time, the result."""
     tool = _ToolTime()
     started = time.perf_counter()
-    outcome = await conversation.take_turn(TurnRequest(text), tool)
+    end = await conversations.answer(Arrival(PERSON, text, key=key, payer=Payer(PERSON)), tool)
     elapsed = time.perf_counter() - started
-    assert isinstance(outcome, Answered), outcome
-    return elapsed, tool.seconds, outcome.result
+    assert isinstance(end, Answered), end
+    return elapsed, tool.seconds, end.result
 
 
 async def bench_tools(database_url: str | None, *, quick: bool = False) -> dict[str, Any]:
     n = 20 if quick else 100
     async with _runtime(database_url) as runtime:
         conversations = runtime.conversations(f"bench-tools-{os.getpid()}")
-        desk = conversations.approvals
-        assert desk is not None
         baseline: list[float] = []
         with_call: list[float] = []
         round_trip: list[float] = []
@@ -104,15 +116,11 @@ async def bench_tools(database_url: str | None, *, quick: bool = False) -> dict[
             started = time.perf_counter()
             elapsed, _, result = await _turn(conversations, key, ADD)
             assert result.approval is not None
-            person = await conversations.person("bench:tools")
-            decided = await desk.decide(
-                result.approval.id, person, approver_id=None, approve=True, by="bench:tools"
-            )
-            assert isinstance(decided, Decided)
-            conversation = await conversations.open(key, owner=person)
+            # The decision and its carrying out: one call, as the terminal and the API make it.
             tool = _ToolTime()
-            outcome = await conversation.carry_out(result.approval.id, tool)
-            assert isinstance(outcome, Answered)
+            choice = Choice(result.approval.id, PERSON, approve=True, by=PERSON)
+            outcome = await conversations.decide(choice, tool, payer=Payer(PERSON))
+            assert isinstance(outcome, Answered), outcome
             round_trip.append(time.perf_counter() - started - tool.seconds)
         # The database may be a real one: the bench's sessions go (their requests with them).
         admin = Actor(None, admin=True)

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    Connection,
+    EventConnection,
     percentiles,
     request_bytes,
     rss_bytes,
@@ -47,7 +46,7 @@ async def _measure(
             base = int(time.time())
             # Warm connections (as many as the measured wave uses) and the authorisation
             # cache; then a wave of turns running while the measured wave arrives.
-            connections = [await Connection.open(port) for _ in range(events)]
+            connections = [await EventConnection.open(port) for _ in range(events)]
             try:
                 await asyncio.gather(
                     *(
@@ -91,5 +90,6 @@ async def bench_slack(database_url: str | None = None, *, events: int = 100) -> 
     return await _measure(database_url, events=events, settle_seconds=2.0)
 
 
-if __name__ == "__main__":
-    print(json.dumps(asyncio.run(bench_slack(sys.argv[1] if len(sys.argv) > 1 else None))))
+def run_part(argv: list[str]) -> None:
+    """``slack-agent bench ack [DATABASE_URL]``."""
+    print(json.dumps(asyncio.run(bench_slack(argv[0] if argv else None))))

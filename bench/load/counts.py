@@ -21,7 +21,7 @@ to the second (the wave alone, no start-up, no warm-up turn), and its statistics
 (read them with ``python -m pstats FILE``; a deterministic profile inflates small calls, so
 read shares and call counts, not milliseconds)::
 
-    BENCH_CPROFILE=turns.prof uv run python -m bench.load.turns turns "" 10 --counts
+    BENCH_CPROFILE=turns.prof uv run slack-agent bench turns "" 10 --counts
 
 CPU by thread is read by the benchmark from ``/proc`` (it needs no help from inside). Counting
 costs a counter increment per loop pass and per callback, a little CPU the benchmark's

@@ -1,7 +1,7 @@
 """The floor under a turn's CPU on this stack: ``concurrent_turns`` against a server that does
 only the turn's I/O, with the same libraries and none of the product.
 
-``uv run python -m bench.load.turns turns "" 10 --floor`` starts this module in place of
+``uv run slack-agent bench turns "" 10 --floor`` starts this module in place of
 ``slack-agent serve`` (the same environment, port and workload) and measures it the same way.
 For each mention it:
 

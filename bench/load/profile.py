@@ -5,16 +5,16 @@ Record (py-spy samples every process of the benchmark from outside; only the rep
 summed here)::
 
     uv run py-spy record --subprocesses --rate 250 --format raw -o turns.raw -- \\
-        .venv/bin/python -m bench.load.turns turns "" 500
-    uv run python -m bench.load.profile turns.raw
+        .venv/bin/slack-agent bench turns "" 500
+    uv run slack-agent bench turns-profile turns.raw
 
 Or the wave alone, without start-up and the warm-up turn: py-spy attached to the replica once
 its first turn is done (the benchmark's warm-up takes a few seconds; the wave about 25 s)::
 
-    uv run python -m bench.load.turns turns "" 10 &
+    uv run slack-agent bench turns "" 10 &
     sleep 12; uv run py-spy record --rate 250 --format raw -o wave.raw --duration 24 \\
         --pid "$(pgrep -f 'bot serve' | head -1)"
-    uv run python -m bench.load.profile wave.raw
+    uv run slack-agent bench turns-profile wave.raw
 
 A sample goes to the first part whose frames it contains, in the order of ``PARTS``; the
 shares are of the replica's samples, start-up included (the benchmark's own CPU figure starts
@@ -24,7 +24,6 @@ the replica too: take the shares from a profile and the milliseconds from an unp
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Final
@@ -62,10 +61,7 @@ def summarise(path: Path) -> list[tuple[str, float]]:
     return [(part, n / busy) for part, n in parts.most_common()]
 
 
-def main() -> None:
-    for part, share in summarise(Path(sys.argv[1])):
+def run_part(argv: list[str]) -> None:
+    """``slack-agent bench turns-profile FILE``: the shares of a ``py-spy --raw`` profile."""
+    for part, share in summarise(Path(argv[0])):
         print(f"{share * 100:5.1f}%  {part}")
-
-
-if __name__ == "__main__":
-    main()

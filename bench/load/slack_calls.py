@@ -1,5 +1,5 @@
 """The CPU one Slack Web API call costs this process: the replica's own client (slack_sdk's
-``AsyncWebClient`` with the retry handlers, ``bot.web``) against a bare aiohttp POST of the
+``AsyncWebClient`` with the retry handlers, ``bot.slack_api``) against a bare aiohttp POST of the
 same request, on one warm connection to the Slack stand-in in a process of its own.
 
 A turn makes about nine such calls (``chat.startStream``, an ``appendStream`` for each paced
@@ -8,7 +8,7 @@ turn's Slack side costs, and the bare POST is the floor under it of any client o
 Reported: CPU per call (``time.process_time``), ``ROUNDS`` rounds of ``CALLS`` calls each,
 the two alternating::
 
-    uv run python -m bench.load.slack_calls
+    uv run slack-agent bench slack-calls
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Final
 import aiohttp
 
 from bench.common import standin_process, stop_process
-from bot.web import web_client
+from bot.slack_api import web_client
 from core.settings import Settings
 
 CALLS: Final = 400
@@ -73,5 +73,6 @@ async def bench_slack_calls(calls: int = CALLS, rounds_of: int = ROUNDS) -> dict
     }
 
 
-if __name__ == "__main__":
+def run_part(_argv: list[str]) -> None:
+    """``slack-agent bench slack-calls``."""
     print(json.dumps(asyncio.run(bench_slack_calls())))

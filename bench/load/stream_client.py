@@ -6,7 +6,7 @@ model sends tokens), to ``STREAMS`` requests at once; this process reads every l
 answer and reports its own CPU (``time.process_time``) per answer, for each client twice,
 alternating::
 
-    uv run python -m bench.load.stream_client
+    uv run slack-agent bench stream-client
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ async def _wait_for(port: int) -> None:
     raise RuntimeError("the stand-in server did not start")
 
 
-def main() -> None:
+def run_part(_argv: list[str]) -> None:
     port = free_port()
     server = multiprocessing.get_context("spawn").Process(target=_serve, args=(port,))
     server.start()
@@ -100,7 +100,3 @@ def main() -> None:
     finally:
         server.terminate()
         server.join()
-
-
-if __name__ == "__main__":
-    main()

@@ -43,7 +43,6 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import tempfile
 import time
 import uuid
@@ -57,7 +56,7 @@ from sqlalchemy import func, insert, select
 
 from bench.common import (
     SECRET,
-    Connection,
+    EventConnection,
     cpu_times,
     percentiles,
     request_bytes,
@@ -155,13 +154,15 @@ class _Clock:
         return f"{self.base}.{self.n:06d}"
 
 
-async def _send_all(port: int, connections: list[Connection], raws: list[bytes]) -> list[float]:
+async def _send_all(
+    port: int, connections: list[EventConnection], raws: list[bytes]
+) -> list[float]:
     """Every request, spread over the connections (each sends its share one after another)."""
     shares: list[list[bytes]] = [[] for _ in connections]
     for i, raw in enumerate(raws):
         shares[i % len(connections)].append(raw)
 
-    async def one(c: Connection, mine: list[bytes]) -> list[float]:
+    async def one(c: EventConnection, mine: list[bytes]) -> list[float]:
         return [await c.send(raw) for raw in mine]
 
     results = await asyncio.gather(*(one(c, s) for c, s in zip(connections, shares, strict=True)))
@@ -169,11 +170,11 @@ async def _send_all(port: int, connections: list[Connection], raws: list[bytes])
 
 
 async def _probe(
-    connections: list[Connection], raws: list[bytes], spacing: float = PROBE_SPACING
+    connections: list[EventConnection], raws: list[bytes], spacing: float = PROBE_SPACING
 ) -> list[float]:
     """One request every ``spacing`` seconds, each on its own warm connection, each timed."""
 
-    async def at(i: int, c: Connection, raw: bytes) -> float:
+    async def at(i: int, c: EventConnection, raw: bytes) -> float:
         await asyncio.sleep(i * spacing)
         return await c.send(raw)
 
@@ -227,14 +228,14 @@ async def _concurrent(
             proc, port = await serve_process(url, api_url, tmp, env, command)
             clock = _Clock()
             async with aiohttp.ClientSession() as http:
-                warm = await Connection.open(port)  # one turn first: imports, caches, pools
+                warm = await EventConnection.open(port)  # one turn first: imports, caches, pools
                 await warm.send(request_bytes(port, clock.next()))
                 await _wait_for(lambda s: s["finished"] >= 1, http, model_url, 60)
                 await asyncio.sleep(1.0)
                 idle_rss = rss_bytes(proc.pid)
                 base = await _stats(http, model_url)
-                wave = [await Connection.open(port) for _ in range(min(n, 100))]
-                probe = [await Connection.open(port) for _ in range(probes)]
+                wave = [await EventConnection.open(port) for _ in range(min(n, 100))]
+                probe = [await EventConnection.open(port) for _ in range(probes)]
                 if counts:
                     counted.append(await _counted(proc, out, 1))
                 cpu_start = _cpu_now(proc.pid)
@@ -475,7 +476,7 @@ async def bench_ack_during_fork_and_sweep(
         try:
             proc, port = await serve_process(url, api_url, tmp, env)
             clock = _Clock()
-            connections = [await Connection.open(port) for _ in range(probes)]
+            connections = [await EventConnection.open(port) for _ in range(probes)]
             await _send_all(port, connections[:20], [request_bytes(port, clock.next())] * 1)
             await asyncio.sleep(2.0)
             baseline = await _probe(
@@ -483,7 +484,7 @@ async def bench_ack_during_fork_and_sweep(
             )
             await asyncio.sleep(2.0)
             await _expire(url, sweep_sessions, in_seconds=3.0)
-            shortcut = await Connection.open(port)
+            shortcut = await EventConnection.open(port)
 
             async def fork_after(delay: float) -> float:
                 await asyncio.sleep(delay)
@@ -567,14 +568,14 @@ def format_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":
-    # turns [DATABASE_URL [SIZES]] [--counts | --floor] [--stream-seconds=S]
-    # | fork [DATABASE_URL]
-    counting = "--counts" in sys.argv
-    flooring = "--floor" in sys.argv
-    streamed = [a for a in sys.argv if a.startswith("--stream-seconds=")]
+def run_part(argv: list[str]) -> None:
+    """``slack-agent bench turns [DATABASE_URL [SIZES]] [--counts | --floor]
+    [--stream-seconds=S]`` | ``slack-agent bench fork [DATABASE_URL]``."""
+    counting = "--counts" in argv
+    flooring = "--floor" in argv
+    streamed = [a for a in argv if a.startswith("--stream-seconds=")]
     stream_seconds = float(streamed[-1].partition("=")[2]) if streamed else 20.0
-    args = [a for a in sys.argv if a not in ("--counts", "--floor") and a not in streamed]
+    args = ["", *(a for a in argv if a not in ("--counts", "--floor") and a not in streamed)]
     what = args[1] if len(args) > 1 else "turns"
     target = args[2] if len(args) > 2 else None
     if what == "fork":

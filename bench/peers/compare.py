@@ -43,12 +43,12 @@ from sqlalchemy.engine import make_url
 
 from bench.common import ASSISTANT_TEXT, USER_TEXT, BenchError, summarize
 from bench.peers import libraries as peers
-from bench.peers.conversation import Conversation, Item, ours
+from bench.peers.conversation import Item, PeerConversation, ours
 
 QUADRATIC_LIMIT: Final = 2_000_000  # message copies a quadratic contender may store in one run
 INSTALL_HINT: Final = "uv sync --extra compare"
 
-Opener = Callable[[str, str], AbstractAsyncContextManager[Conversation]]
+Opener = Callable[[str, str], AbstractAsyncContextManager[PeerConversation]]
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def contenders(*, include_peers: bool = True) -> list[Contender]:
 # -- places: a fresh database per measurement -----------------------------------------------------
 
 
-class Place(Protocol):
+class Site(Protocol):
     def locator(self, kind: str) -> str: ...
     async def size(self) -> int: ...
 
@@ -144,7 +144,7 @@ async def _admin(server_url: str, statement: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _place(database: str, server_url: str | None) -> AsyncIterator[Place]:
+async def _place(database: str, server_url: str | None) -> AsyncIterator[Site]:
     if database == "sqlite":
         directory = Path(tempfile.mkdtemp(prefix="slack-agent-compare-"))
         try:
@@ -182,7 +182,7 @@ class _Appends:
 
 
 async def _conversation(
-    contender: Contender, place: Place, n: int, load_every: int, into: _Appends
+    contender: Contender, place: Site, n: int, load_every: int, into: _Appends
 ) -> None:
     name = f"conversation-{uuid.uuid4().hex[:8]}"
     locator = place.locator(contender.locator)
@@ -206,9 +206,7 @@ async def _conversation(
     into.bytes_per_message.append((await place.size() - before) / n)
 
 
-async def _writers(
-    contender: Contender, place: Place, writers: int, think: float
-) -> dict[str, Any]:
+async def _writers(contender: Contender, place: Site, writers: int, think: float) -> dict[str, Any]:
     inside = most = 0
 
     async def thinking() -> None:

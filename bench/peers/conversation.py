@@ -34,7 +34,7 @@ class Item:
     text: str
 
 
-class Conversation(abc.ABC):
+class PeerConversation(abc.ABC):
     """One conversation in one contender's storage."""
 
     @abc.abstractmethod
@@ -54,7 +54,7 @@ class Conversation(abc.ABC):
         await self.append(answer)
 
 
-class Ours(Conversation):
+class Ours(PeerConversation):
     def __init__(self, store: SessionStore, session_id: int) -> None:
         self.store = store
         self.session_id = session_id
@@ -111,7 +111,7 @@ class Ours(Conversation):
 
 
 @contextlib.asynccontextmanager
-async def ours(url: str, conversation: str) -> AsyncIterator[Conversation]:
+async def ours(url: str, conversation: str) -> AsyncIterator[PeerConversation]:
     storage = Storage.open(Settings(database_url=url))
     try:
         await storage.migrate()

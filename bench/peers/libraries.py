@@ -22,7 +22,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from bench.peers.conversation import Conversation, Item
+from bench.peers.conversation import Item, PeerConversation
 
 MODULES = {
     "agents": "openai-agents",
@@ -44,7 +44,7 @@ def missing() -> list[str]:
     return absent
 
 
-class _AgentsSession(Conversation):
+class _AgentsSession(PeerConversation):
     def __init__(self, session: Any) -> None:
         self.session = session
 
@@ -56,7 +56,7 @@ class _AgentsSession(Conversation):
 
 
 @contextlib.asynccontextmanager
-async def agents_sqlite(path: str, conversation: str) -> AsyncIterator[Conversation]:
+async def agents_sqlite(path: str, conversation: str) -> AsyncIterator[PeerConversation]:
     from agents import SQLiteSession
 
     session = SQLiteSession(conversation, db_path=path)
@@ -67,7 +67,7 @@ async def agents_sqlite(path: str, conversation: str) -> AsyncIterator[Conversat
 
 
 @contextlib.asynccontextmanager
-async def agents_sqlalchemy(url: str, conversation: str) -> AsyncIterator[Conversation]:
+async def agents_sqlalchemy(url: str, conversation: str) -> AsyncIterator[PeerConversation]:
     from agents.extensions.memory.sqlalchemy_session import SQLAlchemySession
 
     session = SQLAlchemySession.from_url(conversation, url=url, create_tables=True)
@@ -77,7 +77,7 @@ async def agents_sqlalchemy(url: str, conversation: str) -> AsyncIterator[Conver
         await session.engine.dispose()
 
 
-class _Saver(Conversation):
+class _Saver(PeerConversation):
     def __init__(self, saver: Any, conversation: str) -> None:
         self.saver = saver
         self.thread = {"configurable": {"thread_id": conversation, "checkpoint_ns": ""}}
@@ -118,7 +118,7 @@ def _uuid6() -> uuid.UUID:
 
 
 @contextlib.asynccontextmanager
-async def langgraph_sqlite(path: str, conversation: str) -> AsyncIterator[Conversation]:
+async def langgraph_sqlite(path: str, conversation: str) -> AsyncIterator[PeerConversation]:
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
     async with AsyncSqliteSaver.from_conn_string(path) as saver:
@@ -127,7 +127,7 @@ async def langgraph_sqlite(path: str, conversation: str) -> AsyncIterator[Conver
 
 
 @contextlib.asynccontextmanager
-async def langgraph_postgres(dsn: str, conversation: str) -> AsyncIterator[Conversation]:
+async def langgraph_postgres(dsn: str, conversation: str) -> AsyncIterator[PeerConversation]:
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
     async with AsyncPostgresSaver.from_conn_string(dsn) as saver:

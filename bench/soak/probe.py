@@ -133,7 +133,7 @@ def _awaiting(coro: Any) -> list[str]:
     return chain
 
 
-class Probe:
+class SoakProbe:
     """The recorders of one process; ``install`` before its loop runs, ``write`` at any time."""
 
     def __init__(self, out: Path) -> None:
@@ -342,7 +342,7 @@ def timed(owner: Any, name: str, record: Callable[[float], None]) -> None:
     setattr(owner, name, timed_method)
 
 
-def time_the_intake(probe: Probe) -> None:
+def time_the_intake(probe: SoakProbe) -> None:
     """The acknowledgement's path, each part timed: the handler, Bolt's dispatch (middleware,
     authorization, the listener), the listener's database reads and the record's commit."""
     from slack_bolt.async_app import AsyncApp
@@ -371,7 +371,7 @@ def time_the_intake(probe: Probe) -> None:
         timed(owner, name, functools.partial(probe.part, part))
 
 
-def time_the_database(probe: Probe) -> None:
+def time_the_database(probe: SoakProbe) -> None:
     """PostgreSQL's round trips through asyncpg, pool checkouts by pool size, and the write
     transactions, urgent (the records acknowledgements wait for) or not: from asking for one to
     its first statement (checkout, BEGIN), and its commit."""
@@ -427,7 +427,7 @@ def main(argv: list[str]) -> int:
     from core.logs import configure_logging
     from core.settings import load_settings
 
-    probe = Probe(Path(argv[0]))
+    probe = SoakProbe(Path(argv[0]))
     probe.install()
     time_the_intake(probe)
     time_the_database(probe)

@@ -14,7 +14,7 @@ What it records, beside the soak's own report:
   its processes: the server is shared) and the whole machine, with the load average;
 - every answer the load generator got (``answers.json``: when, from which replica, status, ms).
 
-``python -m bench.soak.profile DIR`` prints the summary again from those files.
+``slack-agent bench soak-profile DIR`` prints the summary again from those files.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 from bench.common import cpu_times
 from bench.soak.load import Answer
-from bench.soak.probe import BUCKETS_MS, Probe
+from bench.soak.probe import BUCKETS_MS, SoakProbe
 
 PYSPY_RATE = 100  # samples a second
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -128,14 +128,14 @@ class SoakProfile:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        self.probe = Probe(folder / "soak.json")
+        self.probe = SoakProbe(folder / "soak.json")
         self._tasks: list[asyncio.Task[None]] = []
         self._spies: list[asyncio.subprocess.Process] = []
         self.cpu: list[dict[str, Any]] = []
         self.began_load = ""
 
     async def start(self, pids: Callable[[], dict[str, int]], seconds: float) -> None:
-        """Probe this process, py-spy replica 1 and this process for ``seconds``, count CPU.
+        """SoakProbe this process, py-spy replica 1 and this process for ``seconds``, count CPU.
         ``pids``: each replica's process now (a killed one is started again as a new one)."""
         self.probe.install()
         self.began_load = _load_average()
@@ -331,7 +331,10 @@ WORK = (
         ),
     ),
     ("replies streamed on a timer (ReplyStream)", ("ReplyStream",)),
-    ("the probe itself", ("Probe.tick", "Probe.keep_writing", "Probe.write", "timed_method")),
+    (
+        "the probe itself",
+        ("SoakProbe.tick", "SoakProbe.keep_writing", "SoakProbe.write", "timed_method"),
+    ),
 )
 
 
@@ -497,5 +500,6 @@ def summary(folder: Path) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    print(summary(Path(sys.argv[1])))
+def run_part(argv: list[str]) -> None:
+    """``slack-agent bench soak-profile DIR``: a soak's profile summarised again."""
+    print(summary(Path(argv[0])))

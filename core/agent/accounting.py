@@ -22,15 +22,23 @@ ledger row per request.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import logging
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from core import metrics
-from core.errors import AgentSessionBudgetExceeded
+from core.agent.charges import LedgerWriter
+from core.errors import (
+    AgentSessionBudgetExceeded,
+    ModelProviderRateLimited,
+    ModelProviderRejected,
+    ModelProviderUnavailable,
+)
+from core.messages import Message
 from core.providers.base import (
     AssistantMessage,
     ChatMessage,
@@ -41,18 +49,20 @@ from core.providers.base import (
     ToolSpec,
     Usage,
 )
-from core.providers.estimate import estimate_usage
+from core.providers.estimate import CHARS_PER_TOKEN, estimate_usage
 from core.storage.budgets import Budgets
 from core.storage.usage import Kind, LedgerEntry, Reservation, UsageLedger
 from core.tracing.spans import CompactionSpan, ToolSpan, Tracer, TurnSpan
-from core.usage.budgets import Budget, Payer, decide, refusal
+from core.usage.budgets import Budget, Payer
 from core.usage.prices import PriceSource
 from core.usage.totals import MessageUsage, RequestUsage
 
 log = logging.getLogger(__name__)
 
-# How long a process keeps the budgets in force before reading them again (``budget set``).
-BUDGETS_TTL_SECONDS = 5.0
+# Errors of a request the provider refused before it did any work (a bad key, a rate limit, an
+# overloaded or unreachable server): nothing is billed when nothing was answered. Time-outs
+# and broken streams are billed: the provider was working when they happened.
+UNBILLED: Final = (ModelProviderRejected, ModelProviderRateLimited, ModelProviderUnavailable)
 
 
 @dataclass(frozen=True)
@@ -72,27 +82,23 @@ class Accounting:
         ledger: UsageLedger,
         budgets: Budgets | None = None,
         tracer: Tracer | None = None,
-        *,
-        budgets_ttl_seconds: float = BUDGETS_TTL_SECONDS,
     ) -> None:
         self.ledger = ledger
+        self.writer = LedgerWriter(ledger)  # ledger rows, retried when a write fails
         self.budgets = budgets
         self.tracer = tracer or Tracer.off()
-        self._ttl = budgets_ttl_seconds
-        self._in_force: tuple[float, tuple[Budget, ...]] | None = None
+        self._charging: set[asyncio.Task[RequestUsage]] = set()  # outliving a cancelled turn
 
     def turn(self, session_id: int, attribution: Attribution | None = None) -> TurnAccount:
         return TurnAccount(self, session_id, attribution or Attribution())
 
     async def in_force(self) -> tuple[Budget, ...]:
-        """The budgets in force, read at most once per ``budgets_ttl_seconds``: a change
-        made with ``budget set`` reaches every replica's turns within that time."""
+        """The budgets in force, read for every claim (one prepared statement): a change made
+        with ``budget set`` holds for the next claim on every replica, with no cache to wait
+        out."""
         if self.budgets is None:
             return ()
-        now = time.monotonic()
-        if self._in_force is None or now - self._in_force[0] >= self._ttl:
-            self._in_force = (now, await self.budgets.in_force())
-        return self._in_force[1]
+        return await self.budgets.in_force()
 
 
 class TurnAccount:
@@ -110,15 +116,22 @@ class TurnAccount:
         self._parent: TurnSpan | CompactionSpan = self.span
         self._kind: Kind = "answer"
         self._made = 0  # model requests made so far
+        self._reservation: Reservation | None = None  # taken at the claim
 
     # -- before the claim ---------------------------------------------------------------------
 
-    async def reservation(self) -> Reservation | None:
-        """The budget check the claim runs (``None``: no budget applies to this payer)."""
+    async def reservation(self, message: Message | None = None) -> Reservation | None:
+        """The budget check the claim runs (``None``: no budget applies to this payer);
+        ``message``: the user message the turn adds, part of what its first request sends."""
         self.budgets = await self._accounting.in_force()
         if not self.budgets:
             return None
-        return self._accounting.ledger.reservation(self.budgets, self.attribution.payer)
+        reservation = self._accounting.ledger.reservation(self.budgets, self.attribution.payer)
+        if reservation is not None and message is not None:
+            chars = len(json.dumps(message, ensure_ascii=False))
+            reservation.text_tokens = -(-chars // CHARS_PER_TOKEN)
+        self._reservation = reservation
+        return reservation
 
     # -- the trace ------------------------------------------------------------------------------
 
@@ -182,16 +195,13 @@ class TurnAccount:
         return {} if total is None else {"usage": total.to_json()}
 
     async def before_request(self) -> None:
-        """Before a model request: the first was admitted by the claim; a later one only while
-        the payer's budgets have room (``AgentSessionBudgetExceeded`` with ``during_turn``)."""
-        if not self._made or not self.budgets:
+        """Before a model request: the first was admitted (and reserved) by the claim; a later
+        one takes the claim's step again, so it runs only while its expected cost fits in what
+        the payer's budgets have left, or as the one request allowed past their end
+        (``AgentSessionBudgetExceeded`` with ``during_turn``)."""
+        if not self._made or self._reservation is None:
             return
-        accounts = await self._accounting.ledger.accounts(
-            self.budgets, self.attribution.payer, exclude_session=self.session_id
-        )
-        refused = decide(accounts)
-        if refused is not None:
-            raise refusal(refused, during_turn=True)
+        await self._accounting.ledger.extend(self._reservation)
 
     def provider(self, inner: ModelProvider, prices: PriceSource) -> ModelProvider:
         """``inner`` as this turn's requests go through it, priced from ``prices``."""
@@ -225,11 +235,43 @@ class TurnAccount:
             payer=self.attribution.payer,
             surface=self.attribution.surface,
         )
-        try:
-            await self._accounting.ledger.record(entry)
-        except Exception:  # the answer must not be lost to its bookkeeping
-            log.exception("session %s: a model request's usage was not recorded", self.session_id)
+        await self._accounting.writer.write(entry)
         return request
+
+    async def _charge_unfinished(
+        self,
+        provider: str,
+        model: str,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        reply: AssistantMessage,
+        source: PriceSource,
+    ) -> RequestUsage:
+        """A request that ended before its provider reported usage (a stop, a time-out, an
+        error mid-stream, a lost lock, a shutdown): the provider bills what was sent, so it is
+        charged as estimated (what it sent in, what streamed out). The write is its own task,
+        shielded like every charge."""
+        usage = estimate_usage(messages, tools, reply)
+        return await self._charge(provider, model, usage, messages, tools, reply, source)
+
+    async def _charge(
+        self,
+        provider: str,
+        model: str,
+        usage: Usage,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        reply: AssistantMessage,
+        source: PriceSource,
+    ) -> RequestUsage:
+        """``_record`` as a task of its own, shielded: a turn cancelled (a stop, a shutdown)
+        while its request's row is written does not lose the row."""
+        charging = asyncio.ensure_future(
+            self._record(provider, model, usage, messages, tools, reply, source)
+        )
+        self._accounting._charging.add(charging)
+        charging.add_done_callback(self._accounting._charging.discard)
+        return await asyncio.shield(charging)
 
 
 class _AccountedProvider:
@@ -255,6 +297,7 @@ class _AccountedProvider:
         account._made += 1
         text: list[str] = []
         calls: list[ToolCall] = []
+        charged = False  # the provider's usage arrived (or the request was refused unbilled)
         with account._parent.llm(
             provider=self.name, model=name, messages=messages, tools=tools
         ) as span:
@@ -266,14 +309,25 @@ class _AccountedProvider:
                     elif isinstance(event, ToolCall):
                         calls.append(event)
                     elif isinstance(event, Usage):
+                        charged = True
                         reply = AssistantMessage("".join(text), tuple(calls))
-                        request = await account._record(
+                        request = await account._charge(
                             self.name, name, event, messages, tools, reply, self._source
                         )
                         span.record_usage(event, request.cost_usd)
                     yield event
+            except UNBILLED:
+                charged = charged or not (text or calls)  # refused before it answered
+                raise
             finally:
-                await source.aclose()
+                try:
+                    await source.aclose()
+                finally:
+                    if not charged:
+                        reply = AssistantMessage("".join(text), tuple(calls))
+                        await account._charge_unfinished(
+                            self.name, name, messages, tools, reply, self._source
+                        )
             span.record_output(AssistantMessage("".join(text), tuple(calls)))
 
     async def aclose(self) -> None:

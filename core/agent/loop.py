@@ -40,6 +40,7 @@ from core.errors import (
     ModelProviderError,
     SlackAgentError,
 )
+from core.leases import before_side_effect
 from core.messages import Message, message_text, new_message_id
 from core.providers.base import TextDelta, ToolCall, ToolSpec
 from core.providers.uimessages import (
@@ -332,7 +333,7 @@ class Agent:
             last_message_id=last_message_id,
             model=model.choice,
             heartbeat_seconds=self.config.heartbeat_seconds,
-            reservation=await account.reservation(),
+            reservation=await account.reservation(user_message),
         ) as turn:
             tail = turn.lease.tail
             account.started(message_text(tail.message) if tail is not None else None)
@@ -560,6 +561,7 @@ class Agent:
             text_index: int | None = None
             # Closed here, not when the event loop finalizes it: a turn stopped while its
             # surface shows a chunk (``emit``) ends its model request at once.
+            before_side_effect()  # the lease is still safely this turn's (core.leases)
             stream = model.provider.stream(conversation, tools, model=model.choice.name)
             async with contextlib.aclosing(stream) as events:
                 async for event in events:
@@ -608,6 +610,7 @@ class Agent:
             return
         answer.parts.append(tool_call_part(call))
         await emit(ToolStarted(command, call.id))
+        before_side_effect()
         result = await sandbox.run(command)
         answer.parts[-1] = tool_output_part(
             call,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from core.checkpoint import SECTIONS, Checkpoint, Summariser, render_checkpoint
+from core.checkpoint import SECTIONS, Checkpoint, Summariser, checkpoint_request
 from core.errors import ModelProviderBadResponse
 from core.providers.base import ModelProvider, ToolCall, ToolSpec, UserMessage
 from core.providers.uimessages import ui_to_chat
@@ -58,12 +58,7 @@ def model_summariser(provider: ModelProvider, *, model: str | None = None) -> Su
         history: Sequence[StoredMessage], previous: Checkpoint | None, focus: str | None
     ) -> Checkpoint:
         conversation = ui_to_chat([m.message for m in history], system=_INSTRUCTIONS)
-        ask = "Write the checkpoint now."
-        if focus:
-            ask += f" Focus on: {focus}"
-        if previous is not None:
-            ask += "\nThe earlier checkpoint to update:\n" + render_checkpoint(previous)
-        conversation.append(UserMessage(ask))
+        conversation.append(UserMessage(checkpoint_request(focus, previous)))
         call: ToolCall | None = None
         async for event in provider.stream(
             conversation, [WRITE_CHECKPOINT_TOOL], tool_choice=CHECKPOINT_TOOL, model=model

@@ -18,13 +18,18 @@ it, so the model stream and any running command stop at once wherever they are:
   ``TurnInterrupted`` after keeping the partial output;
 - the database has not confirmed a heartbeat for ``TURN_SAFE_SHARE`` of the staleness window
   (a network partition, a failover, a half-open connection, a process that was paused), by
-  this process's monotonic clock: ``Turn.interrupt("database_unreachable")``, and
+  this process's lease clock (``core.leases``: it counts a suspended machine's sleep):
+  ``Turn.interrupt("database_unreachable")``, and
   ``run_turn`` raises ``DatabaseUnreachable`` (§6.12). Another replica may claim the lock
   only once the whole window has passed since the database stamped the last heartbeat, which
   it did after this process sent it; so the turn stops streaming, calling tools and calling
   the model before anyone else can start. What it wrote is kept if the database answers
   while the turn ends (fenced: never over a new owner's turn); otherwise whoever resumes the
-  message answers it again from the user message, which the claim stored.
+  message answers it again from the user message, which the claim stored. The heartbeat task
+  may wake after the turn's own task following a stall, so the turn also checks the age
+  itself right before every side effect (``Turn.check_lease``, through
+  ``core.leases.before_side_effect``): a model request, an MCP call or a shell command is never
+  sent past that share.
 
 A turn that ends without the database confirming its release (the database went away
 mid-turn) leaves its lock to this process: ``SessionStore.abandon``, so this process's own
@@ -46,6 +51,7 @@ from collections.abc import AsyncIterator, Sequence
 from core import metrics
 from core.agent.stops import stops_for
 from core.errors import AgentSessionLockLost, DatabaseError, DatabaseUnreachable, TurnInterrupted
+from core.leases import guarding, lease_clock
 from core.messages import Message, said_anything
 from core.records import AnyTail, ModelChoice, StoredMessage, TurnLease
 from core.settings import TURN_SAFE_SHARE
@@ -71,9 +77,12 @@ class Turn:
         self.finished = False
         self.outcome = "answered"  # what the metrics call a turn that returns normally
         self.interrupted_by: str | None = None
-        # When (monotonic) this process sent the last statement the database confirmed the
-        # lock with: the database stamped the heartbeat no earlier than that.
-        self.confirmed = time.monotonic()
+        # When (``lease_clock``) this process sent the last statement the database confirmed
+        # the lock with: the database stamped the heartbeat no earlier than that.
+        self.confirmed = lease_clock()
+        # How long after ``confirmed`` the turn may still act (``run_turn`` sets it).
+        self.trusted = TURN_SAFE_SHARE * store.staleness_seconds
+        self._checked_out = False  # check_lease stopped the turn (no cancel requested)
         self._task = task
 
     @property
@@ -85,6 +94,19 @@ class Turn:
         if self.interrupted_by is None and not self.finished:
             self.interrupted_by = reason
             self._task.cancel(reason)
+
+    def check_lease(self) -> None:
+        """Right before a side effect: stop the turn, without sending it, if the lease's last
+        confirmation is ``trusted`` seconds old or more (whatever the heartbeat task has
+        managed to do). Raises the cancellation the heartbeat would have delivered, so the turn
+        ends the same way (``DatabaseUnreachable`` from ``run_turn``)."""
+        if self._checked_out:
+            raise asyncio.CancelledError(UNREACHABLE)
+        if self.interrupted_by is not None or lease_clock() - self.confirmed < self.trusted:
+            return  # still its own, or a cancellation is already on its way to this task
+        self._checked_out = True
+        self._unreachable(self.trusted, cancel=False)
+        raise asyncio.CancelledError(UNREACHABLE)
 
     async def history(self) -> list[StoredMessage]:
         return await self.store.history(self.session_id)
@@ -106,13 +128,13 @@ class Turn:
         when no heartbeat was confirmed for ``trusted`` seconds (a heartbeat that hangs is
         given up at that moment, not when the database call would time out)."""
         while True:
-            left = self.confirmed + trusted - time.monotonic()
+            left = self.confirmed + trusted - lease_clock()
             await asyncio.sleep(max(0.0, min(every, left)))
-            left = self.confirmed + trusted - time.monotonic()
+            left = self.confirmed + trusted - lease_clock()
             if left <= 0:
                 self._unreachable(trusted)
                 return
-            sent = time.monotonic()
+            sent = lease_clock()
             try:
                 async with asyncio.timeout(left):
                     await self.store.heartbeat(self.lease)
@@ -129,15 +151,21 @@ class Turn:
             except Exception as exc:  # a passing database error: the next beat may land
                 log.warning("session %s: heartbeat failed (%s); will retry", self.session_id, exc)
 
-    def _unreachable(self, trusted: float) -> None:
+    def _unreachable(self, trusted: float, *, cancel: bool = True) -> None:
+        """``cancel``: cancel the turn's task (the heartbeat's way); else only mark the turn,
+        for a check that raises in the task itself (a cancel requested too would be delivered
+        again at the turn's next wait, while it keeps what it wrote)."""
         log.error(
             "session %s: no heartbeat confirmed for %.1fs (the database does not answer); "
             "the turn stops before another replica may take it over",
             self.session_id,
-            time.monotonic() - self.confirmed,
+            lease_clock() - self.confirmed,
         )
         metrics.TURNS_SELF_STOPPED.inc()
-        self.interrupt(UNREACHABLE)
+        if cancel:
+            self.interrupt(UNREACHABLE)
+        else:
+            self.interrupted_by = UNREACHABLE
 
     async def _keep_partial(self, reason: str) -> None:
         """Persist what the turn wrote so far, marked interrupted, with its sandbox state.
@@ -181,6 +209,7 @@ async def run_turn(
     task = asyncio.current_task()
     assert task is not None, "run_turn runs inside a task"
     started = time.monotonic()
+    claimed = lease_clock()
     lease = await store.start_turn(
         session_id,
         user_message=user_message,
@@ -190,10 +219,10 @@ async def run_turn(
     )
     metrics.TURNS_STARTED.inc()
     turn = Turn(store, lease, task)
-    turn.confirmed = started  # the claim stamped the lock after this
-    beat = asyncio.create_task(
-        turn._beat(heartbeat_seconds, TURN_SAFE_SHARE * store.staleness_seconds)
-    )
+    turn.confirmed = claimed  # the claim stamped the lock after this
+    beat = asyncio.create_task(turn._beat(heartbeat_seconds, turn.trusted))
+    guard = guarding(turn.check_lease)
+    guard.__enter__()
     stops = stops_for(store)
     stops.watch(lease, lambda: turn.interrupt(STOPPED))
     outcome = "failed"
@@ -226,6 +255,7 @@ async def run_turn(
         await turn._keep_partial(FAILED)
         raise
     finally:
+        guard.__exit__(None, None, None)
         stops.forget(lease)
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -12,7 +12,7 @@ from core.agent.accounting import Payer
 from core.agent.loop import ApprovalRequest
 from core.checkpoint import SECTIONS, parse_checkpoint
 from core.conversation.approvals import ApprovalDesk, Decided, Decision
-from core.conversation.conversations import Conversation, Conversations, Forked
+from core.conversation.conversations import Conversation, Conversations, Forked, Summary
 from core.conversation.door import (
     Arrival,
     Attachments,
@@ -49,8 +49,10 @@ from core.conversation.outcomes import (
     TurnOutcome,
     TurnRequest,
 )
+from core.conversation.places import SLACK_PROJECT, TERMINAL_PROJECT, WEB_PROJECT, Place
 from core.conversation.shown import argument_lines, folded, pages, visible
 from core.conversation.views import REFRESH_LAST, MemoryView, ThreadView, Unseen, View
+from core.conversation.visibility import Viewer, may_see, place
 from core.messages import Message, message_text, slack_message_id
 from core.records import Actor, SessionInfo, StoredMessage
 from core.storage.approvals import ApprovalRecord
@@ -60,6 +62,9 @@ from core.usage.budgets import refused_budget, resets_text
 __all__ = [
     "REFRESH_LAST",
     "SECTIONS",
+    "SLACK_PROJECT",
+    "TERMINAL_PROJECT",
+    "WEB_PROJECT",
     "Actor",
     "AlreadyAnswered",
     "Answered",
@@ -91,6 +96,7 @@ __all__ = [
     "OverBudget",
     "Payer",
     "PickingUp",
+    "Place",
     "QuietRenderer",
     "Refreshed",
     "Renderer",
@@ -100,6 +106,7 @@ __all__ = [
     "SessionInfo",
     "Stale",
     "StoredMessage",
+    "Summary",
     "ThreadView",
     "Told",
     "ToolBegan",
@@ -110,11 +117,14 @@ __all__ = [
     "TurnRequest",
     "Unseen",
     "View",
+    "Viewer",
     "argument_lines",
     "folded",
+    "may_see",
     "message_text",
     "pages",
     "parse_checkpoint",
+    "place",
     "refused_budget",
     "resets_text",
     "slack_message_id",

@@ -48,8 +48,12 @@ class Decided:
 
 @dataclass(frozen=True)
 class DecisionRefused:
+    """Nothing was decided. ``key``: the request's conversation, when the door read it (a
+    surface that names its places asked with ``Choice.within``)."""
+
     reason: RefusalReason
     record: ApprovalRecord | None = None
+    key: str | None = None
 
 
 Decision = Decided | DecisionRefused
@@ -120,6 +124,18 @@ class ApprovalDesk:
         closed = await self.approvals.close(record.id, "superseded", MOVED_ON)
         return DecisionRefused("moved_on", closed or record)
 
+    async def set_card(self, approval_id: str, card_ref: str) -> None:
+        """Where a surface showed the request, to show its outcome there later."""
+        await self.approvals.set_card(approval_id, card_ref)
+
+    async def cards_behind(self) -> list[ApprovalRecord]:
+        """Shown requests whose state moved on since (overdue ones expired first)."""
+        return await self.approvals.cards_behind()
+
+    async def card_shown(self, approval_id: str, shown: str, now: str) -> bool:
+        """The card moves from showing ``shown`` to ``now``: True for one caller."""
+        return await self.approvals.card_shown(approval_id, shown, now)
+
     async def left_behind(
         self, older_than_seconds: float, *, session_id: int | None = None
     ) -> list[ApprovalRecord]:
@@ -131,6 +147,14 @@ class ApprovalDesk:
             return []
         busy = await self.store.active_among({r.session_id for r in found})
         return [r for r in found if r.session_id not in busy]
+
+    async def waiting_among(self, tails: Mapping[int, str]) -> dict[int, ApprovalRecord]:
+        """``waiting_in`` for many sessions at once, given each one's last message id."""
+        waiting: dict[int, ApprovalRecord] = {}
+        for record in await self.approvals.pending_among(sorted(tails)):
+            if not record.overdue and tails.get(record.session_id) == record.message_id:
+                waiting[record.session_id] = record  # oldest first: the newest one stays
+        return waiting
 
     async def waiting_in(self, session_id: int) -> ApprovalRecord | None:
         """The request the session waits on now: pending, not overdue, and asked by the

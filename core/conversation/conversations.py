@@ -22,6 +22,7 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from core.agent.accounting import Attribution, Payer
@@ -53,9 +54,11 @@ from core.conversation.outcomes import (
     TurnRequest,
 )
 from core.conversation.views import MemoryView, ThreadView, Unseen, View, unseen
+from core.conversation.visibility import Viewer, may_see
 from core.errors import (
     AgentSessionBudgetExceeded,
     AgentSessionBusy,
+    AgentSessionNotFound,
     AgentSessionStale,
     DuplicateMessage,
     MessageNotFound,
@@ -66,6 +69,18 @@ from core.storage import Approvals, Feedback, SessionStore, SurfaceState
 from core.storage.approvals import ENDED, MOVED_ON, ApprovalRecord
 from core.storage.approvals import OVER_BUDGET as OVER
 from core.tools.names import PREFIX as MCP_PREFIX
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A session as a list shows it: its owner (external id and name), its last message and
+    the tool call it waits on a person for."""
+
+    session: SessionInfo
+    owner: str | None
+    owner_name: str | None
+    last_message_id: str | None
+    waiting: ApprovalRecord | None
 
 
 @dataclass(frozen=True)
@@ -199,6 +214,57 @@ class Conversations:
         """The owner's sessions whose keys start with ``key_prefix``, most recent first."""
         sessions = await self.store.list_sessions(user_id=owner.user_id, project_name=self.project)
         return [s for s in sessions if s.project_session_id.startswith(key_prefix)]
+
+    # -- what a person sees of every surface's sessions ------------------------------------------
+
+    async def visible(
+        self,
+        viewer: Viewer,
+        *,
+        everything: bool = False,
+        before: tuple[datetime, int] | None = None,
+        words: str | None = None,
+        limit: int = 50,
+    ) -> list[SessionInfo]:
+        """A page of the sessions ``viewer`` sees (``places.may_see``), most recently updated
+        first; ``everything`` (an admin's): every session, terminal ones included."""
+        return await self.store.visible(
+            user_id=viewer.actor.user_id,
+            shared=viewer.shared,
+            everything=everything and viewer.admin,
+            before=before,
+            words=words,
+            limit=limit,
+        )
+
+    async def seen_by(
+        self, session_id: int, viewer: Viewer, *, view: View | None = None
+    ) -> Conversation:
+        """The conversation ``session_id`` as ``viewer`` may see it; ``AgentSessionNotFound``
+        when there is none or it is not theirs to see (the same answer: ids are not probed)."""
+        session = await self.store.get_session(session_id)
+        if not may_see(session, viewer):
+            raise AgentSessionNotFound(f"session {session_id} does not exist")
+        key = session.project_session_id if session.project_name == self.project else None
+        return self._conversation(session, key, view)
+
+    async def summaries(self, sessions: Sequence[SessionInfo]) -> list[Summary]:
+        """Each session's ``Summary``, in three queries whatever their number."""
+        ids = [s.id for s in sessions]
+        people = await self.store.people([s.user_id for s in sessions if s.user_id is not None])
+        tails = await self.store.tails(ids)
+        waiting = {} if self.approvals is None else await self.approvals.waiting_among(tails)
+        shown = []
+        for session in sessions:
+            owner, name = people.get(session.user_id or -1, (None, None))
+            shown.append(
+                Summary(session, owner, name, tails.get(session.id), waiting.get(session.id))
+            )
+        return shown
+
+    async def stop_session(self, session_id: int) -> bool:
+        """``stop`` by the session's id: False when no turn runs on it."""
+        return await self.store.request_stop(session_id)
 
     def _conversation(
         self, session: SessionInfo, key: str | None, view: View | None = None
@@ -339,6 +405,24 @@ class Conversation:
         """The whole transcript, and which of its messages carry a sandbox snapshot."""
         messages = await self.store.messages(self.id)
         return messages, await self.store.snapshots.messages_with_snapshots(self.id)
+
+    async def page(self, *, after_position: int = -1, limit: int = 100) -> list[StoredMessage]:
+        """Up to ``limit`` messages after ``after_position``, oldest first (a client's page of
+        the whole transcript; nothing is marked shown)."""
+        return await self.store.messages(self.id, after_position=after_position, limit=limit)
+
+    async def last(self) -> StoredMessage | None:
+        """The transcript's last message (what a client's stale guard names)."""
+        return await self.store.tail(self.id)
+
+    async def rename(self, title: str, actor: Actor) -> None:
+        """A new title (owner or admin: ``AgentSessionForbidden`` otherwise)."""
+        await self.store.set_title(self.id, title, actor)
+
+    async def delete(self, actor: Actor) -> None:
+        """The session and its transcript go (owner or admin; ``AgentSessionBusy`` while a
+        turn runs)."""
+        await self.store.delete_session(self.id, actor)
 
     async def at_position(self, position: int) -> StoredMessage:
         found = await self.store.messages(self.id, after_position=position - 1)
@@ -654,4 +738,4 @@ def answers_nothing(answer: StoredMessage) -> bool:
     )
 
 
-__all__ = ["Conversation", "Conversations", "Forked", "answers_nothing"]
+__all__ = ["Conversation", "Conversations", "Forked", "Summary", "answers_nothing"]

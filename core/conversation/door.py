@@ -20,6 +20,7 @@ runs the call. Slack carries its decisions out from a durable delivery record in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -112,6 +113,12 @@ class Choice:
     admin: bool = False
     approver_id: str | None = None
     by: str | None = None
+    # A surface that names its places: the request must be in a conversation whose key starts
+    # with ``within`` (a Slack workspace's ``T…/``), else it is refused as unknown (a tampered
+    # id, another workspace's); ``shown_at`` is where the person saw it (a card), kept as its
+    # place when none is stored yet and the person may decide.
+    within: str | None = None
+    shown_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,9 @@ class ToolBegan:
 
 @dataclass(frozen=True)
 class ToolEnded:
+    """A tool call came back. ``seconds``: the tool's own time (an MCP server's round trip;
+    0 for the shell, which runs in-process), so a turn's own work can be told apart from it."""
+
     call_id: str
     name: str
     kind: ToolKind
@@ -178,6 +188,7 @@ class ToolEnded:
     output: str
     error: str
     structured: Any = None
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -239,9 +250,11 @@ TurnEnd = (
 
 @dataclass(frozen=True)
 class DecisionRecorded:
-    """The decision is recorded; the surface carries it out its own way (Slack: a delivery)."""
+    """The decision is recorded; the surface carries it out its own way (Slack: a delivery).
+    ``key``: its conversation's, when the choice named a place (``Choice.within``)."""
 
     record: ApprovalRecord
+    key: str | None = None
 
 
 class Renderer(Protocol):
@@ -318,6 +331,13 @@ async def decide(
     desk = conversations.approvals
     if desk is None:
         return DecisionRefused("unknown")
+    key = None
+    if choice.within is not None:
+        asked = await desk.get(choice.approval_id)
+        key = None if asked is None else await conversations.key_of(asked.session_id)
+        if key is None or not key.startswith(choice.within):
+            return DecisionRefused("unknown")
+    # Who decides, looked up without making them a user: a refused decision writes nothing.
     actor = await conversations.known_person(choice.person, admin=choice.admin)
     decision = await desk.decide(
         choice.approval_id,
@@ -326,11 +346,16 @@ async def decide(
         approve=choice.approve,
         by=choice.by or choice.person,
     )
+    shown = decision.record
+    if choice.shown_at and shown is not None and shown.card_ref is None:
+        allowed = not (isinstance(decision, DecisionRefused) and decision.reason == "not_allowed")
+        if allowed:  # the surface that showed it died before keeping where: now it is known
+            await desk.set_card(shown.id, choice.shown_at)
     if isinstance(decision, DecisionRefused):
-        return decision
+        return dataclasses.replace(decision, key=key)
     assert isinstance(decision, Decided)
     if renderer is None:
-        return DecisionRecorded(decision.record)
+        return DecisionRecorded(decision.record, key)
     conversation = await conversations.get(decision.session.id, view=view)
     request = TurnRequest("")
     return await _run(
@@ -476,6 +501,7 @@ def _shape(
             done.text,
             "" if done.ok else done.text,
             done.structured if done.structured is not None else done.text,
+            event.seconds,
         )
     if isinstance(event, Notice):
         return Told(event.text)

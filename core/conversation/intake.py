@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core import metrics
-from core.conversation.conversations import Conversations
+from core.storage import Storage
 from core.storage.deliveries import Deliveries, DeliveryRecord
 
 log = logging.getLogger(__name__)
@@ -69,14 +69,14 @@ class Intake:
     def __init__(
         self,
         deliveries: Deliveries,
-        conversations: Conversations,
+        find_thread: Callable[[str], Awaitable[object | None]],
         hand_off: Callable[[DeliveryRecord], None],
         *,
         closing: Callable[[], bool] = lambda: False,
         has_room: Callable[[], bool] = lambda: True,
     ) -> None:
         self.deliveries = deliveries
-        self.conversations = conversations
+        self.find_thread = find_thread  # a thread's session (or its surface row), or None
         self.hand_off = hand_off
         self.closing = closing
         self.has_room = has_room
@@ -92,12 +92,35 @@ class Intake:
         seen = self._known.get(thread)
         if seen is not None and time.monotonic() - seen < KNOWN_SECONDS:
             return True
-        known = await self.conversations.find(thread) is not None or (
+        known = await self.find_thread(thread) is not None or (
             await self.deliveries.thread_known(thread)
         )
         if known:
             self._remember(thread)
         return known
+
+    @classmethod
+    def apart(
+        cls,
+        storage: Storage,
+        surface: str,
+        *,
+        owner: str,
+        hand_off: Callable[[DeliveryRecord], None],
+        closing: Callable[[], bool],
+        has_room: Callable[[], bool],
+    ) -> Intake:
+        """An intake on storage of its own (an engine for another thread's loop): what it
+        records is written as ``owner``, the replica's delivery worker, which renews and moves
+        it; a thread is known by the surface's own table. Nothing more is built: recording a
+        message needs no agent, model providers or tracer."""
+        return cls(
+            storage.deliveries(surface, owner=owner),
+            storage.surface(surface).get_thread,
+            hand_off,
+            closing=closing,
+            has_room=has_room,
+        )
 
     def _remember(self, thread: str) -> None:
         known = self._known

@@ -129,7 +129,7 @@ class DeliveryWorker(Generic[C]):
         self._releasing: set[asyncio.Task[int]] = set()
         self.intake = Intake(
             deliveries,
-            conversations,
+            conversations.find,
             self.accept,
             closing=lambda: self.closing,
             has_room=self.has_room,

@@ -24,7 +24,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from core.checkpoint import SECTIONS, parse_checkpoint_text
+from core.checkpoint import SECTIONS, is_checkpoint_request, parse_checkpoint_text
 from core.errors import ModelProviderRejected
 from core.messages import shorten
 from core.providers.base import (
@@ -139,8 +139,13 @@ def checkpoint_arguments(messages: Sequence[ChatMessage]) -> dict[str, list[str]
     objectives: the first request; constraints: requests saying must/never/always/only/do not;
     completed_work and blockers: each shell result; active_work: an unanswered last request;
     next_steps: continue from the last request; important_details: the other requests verbatim.
+    The message asking for the checkpoint (``core.checkpoint.checkpoint_request``) is an
+    instruction, not part of the conversation: it is left out, so it is never the work.
     """
     sections: dict[str, list[str]] = {name: [] for name in CHECKPOINT_SECTIONS}
+    messages = [
+        m for m in messages if not (isinstance(m, UserMessage) and is_checkpoint_request(m.text))
+    ]
     calls = _calls_by_id(messages)
     requests: list[str] = []
     for message in messages:

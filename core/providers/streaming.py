@@ -42,6 +42,7 @@ from core.errors import (
     ModelProviderTimeout,
     ModelProviderUnavailable,
 )
+from core.leases import before_side_effect
 from core.providers.base import EventStream, JsonObject, TextDelta
 from core.providers.sse import ServerSentEvent, iter_sse
 
@@ -274,6 +275,7 @@ class SseStreamer:
         answered = False
         try:
             proxy = await self._proxy(url)
+            before_side_effect()  # a turn past its lease's safe age sends no request
             async with self._session().post(
                 url,
                 headers=dict(headers),

@@ -9,7 +9,8 @@ only module that makes engines, ``dialect`` holds what differs between SQLite an
 module per concern holds that concern's statements (``sessions``, ``transcript``,
 ``snapshots``, ``deliveries``, ``approvals``, ``surface_state``, ``feedback``, ``retention``,
 ``custom_providers``, ``sweeper``, ``migrate``, ``usage`` (the ledger of model requests and
-budget reservations), ``budgets`` (the limits set at run time)).
+budget reservations), ``budgets`` (the limits set at run time), ``people`` (one person's
+data, exported or erased)).
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ from core.storage.migrate import (
     this_builds_head,
     upgrade,
 )
+from core.storage.people import Erased, People, Person
 from core.storage.retention import Retention, RetentionPolicy
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import Snapshots
 from core.storage.surface_state import SURFACE_SWEEPS, SurfaceState
 from core.storage.sweeper import SweepReport, sweep
-from core.storage.tokens import WebAccess
+from core.storage.tokens import WebAccess, sweep_sign_ins
 from core.storage.usage import UsageLedger
 
 
@@ -57,6 +59,7 @@ class Storage:
         self.budgets = Budgets(db, settings.budgets)
         self.approvals = Approvals(db, timeout_seconds=settings.approval_timeout_seconds)
         self.web_access = WebAccess(db)
+        self.people = People(db, staleness_seconds=settings.turn_lock_staleness_seconds)
 
     @classmethod
     def open(cls, settings: Settings, *, pool_size: int = 10) -> Storage:
@@ -80,10 +83,14 @@ class Storage:
         """What the surface ``name`` keeps beside the sessions (threads, message refs, …)."""
         return SurfaceState(self._db, name)
 
-    def deliveries(self, surface: str) -> Deliveries:
-        """This process's view of the surface's delivery records (a new owner each call)."""
+    def deliveries(self, surface: str, *, owner: str | None = None) -> Deliveries:
+        """This process's view of the surface's delivery records, as ``owner`` (a new one
+        unless given)."""
         return Deliveries(
-            self._db, surface, staleness_seconds=self._settings.turn_lock_staleness_seconds
+            self._db,
+            surface,
+            staleness_seconds=self._settings.turn_lock_staleness_seconds,
+            owner=owner,
         )
 
     async def migrate(self) -> tuple[str | None, str | None]:
@@ -107,7 +114,7 @@ class Storage:
             await self.retention.policy(),
             staleness_seconds=self._settings.turn_lock_staleness_seconds,
             batch_size=self._settings.sweeper_batch_size,
-            extra_passes=SURFACE_SWEEPS,
+            extra_passes=(*SURFACE_SWEEPS, ("sign_ins", sweep_sign_ins)),
         )
 
     async def answers(self) -> bool:
@@ -148,7 +155,10 @@ __all__ = [
     "Budgets",
     "CustomProviders",
     "Deliveries",
+    "Erased",
     "Feedback",
+    "People",
+    "Person",
     "Retention",
     "RetentionPolicy",
     "SessionStore",

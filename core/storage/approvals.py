@@ -161,6 +161,18 @@ class Approvals:
             )
             return [_record(r) for r in rows]
 
+    async def pending_among(self, session_ids: list[int]) -> list[ApprovalRecord]:
+        """The pending requests of these sessions, oldest first (``of_session`` for many)."""
+        if not session_ids:
+            return []
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                select(*self._columns())
+                .where(A.session_id.in_(session_ids), A.state == "pending")
+                .order_by(A.requested_at, A.id)
+            )
+            return [_record(r) for r in rows]
+
     async def of_message(self, message_id: str) -> list[ApprovalRecord]:
         async with self.db.read() as conn:
             rows = await conn.execute(select(*self._columns()).where(A.message_id == message_id))

@@ -19,11 +19,15 @@ from core.errors import ConfigError
 from core.storage.dialect import db_now
 from core.storage.engine import Database
 from core.storage.models import SystemSetting
+from core.storage.prepared import Prepared
 from core.usage.budgets import PERIODS, SCOPES, Budget, parse_budgets
 
 BUDGETS_KEY: Final = "budgets"
 SETTINGS: Final = cast(Table, SystemSetting.__table__)
 UNITS: Final = ("tokens", "usd")
+# Read before every claim that may have a budget (``Accounting.in_force``): one prepared
+# statement, on SQLite in place on the process's reader, on PostgreSQL one round trip.
+_STORED: Final = Prepared(select(SETTINGS.c.value).where(SETTINGS.c.key == BUDGETS_KEY))
 
 
 def identity(budget: Budget) -> str:
@@ -50,8 +54,8 @@ class Budgets:
         self.defaults = tuple(defaults)
 
     async def _stored(self) -> dict[str, Any]:
-        async with self._db.read() as conn:
-            value = await conn.scalar(select(SETTINGS.c.value).where(SETTINGS.c.key == BUDGETS_KEY))
+        rows = await _STORED.fetch(self._db, {})
+        value = rows[0][0] if rows else None
         return dict(value) if isinstance(value, dict) else {}
 
     async def in_force(self) -> tuple[Budget, ...]:

@@ -393,11 +393,20 @@ class _GroupCommit:
 class Deliveries:
     """One process's view of the delivery records of one surface; ``owner`` names the process."""
 
-    def __init__(self, db: Database, surface: str, *, staleness_seconds: float = 60.0) -> None:
+    def __init__(
+        self,
+        db: Database,
+        surface: str,
+        *,
+        staleness_seconds: float = 60.0,
+        owner: str | None = None,
+    ) -> None:
         self.db = db
         self.surface = surface
         self.staleness_seconds = float(staleness_seconds)
-        self.owner = uuid.uuid4().hex
+        # Who this process is to the records' leases: new unless given (an intake on an engine
+        # of its own records as its replica's worker, which renews and moves what it records).
+        self.owner = owner or uuid.uuid4().hex
         self._intake = _GroupCommit(db)
 
     def _mine(self, record_id: int) -> ColumnElement[bool]:

@@ -487,6 +487,9 @@ class UsageRequest(Base):
         Index(None, "created_at"),
         Index(None, "user_key", "created_at"),
         Index(None, "workspace", "created_at"),
+        # A claim projects its turn's input from the session's last request, and counts what
+        # running turns have spent since they reserved (budgets).
+        Index(None, "session_id", "created_at"),
     )
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
@@ -509,16 +512,47 @@ class UsageRequest(Base):
     created_at: Mapped[datetime] = _created()
 
 
+class UsageTotal(Base):
+    """What one account spent in one budget window, kept by the transaction that writes each
+    ledger row, so a claim reads a few rows instead of summing the window's requests.
+
+    ``account`` is ``user:…``, ``workspace:…`` or ``all``; ``period`` ``day`` or ``month``;
+    ``window_start`` the window's first instant (UTC). ``tokens`` sums the requests'
+    ``counted_tokens``, ``nanousd`` their known costs (``priced_requests`` of the
+    ``requests``), ``output_tokens`` their reported output (a claim's expected output is the
+    window's average).
+    """
+
+    __tablename__ = "usage_totals"
+
+    account: Mapped[str] = mapped_column(String(300), primary_key=True)
+    period: Mapped[str] = mapped_column(String(10), primary_key=True)
+    window_start: Mapped[datetime] = mapped_column(UtcDateTime(), primary_key=True)
+    tokens: Mapped[int] = mapped_column(Id, nullable=False)
+    nanousd: Mapped[int] = mapped_column(Id, nullable=False)
+    output_tokens: Mapped[int] = mapped_column(Id, nullable=False)
+    requests: Mapped[int] = mapped_column(Id, nullable=False)
+    priced_requests: Mapped[int] = mapped_column(Id, nullable=False)
+
+
 class UsageReservation(Base):
     """What a running turn holds against one budget account, taken in its claim transaction.
 
     It counts only while its turn holds the session's lock (same ``lock_token``, live
-    heartbeat): a turn that ends, dies or loses its lock stops holding it without a write.
+    heartbeat): a turn that ends, dies or loses its lock stops holding it without a write, and
+    the statement that releases or takes over the lock deletes it (a trigger on
+    ``agent_sessions``, migration 0007). One row per session and account, replaced in place by
+    the session's next claim (``created_at``: when it was taken, by the claiming process's clock;
+    what the turn's requests spent since is no longer held).
     ``amount`` is in the budget's unit (tokens, or billionths of a dollar).
     """
 
     __tablename__ = "usage_reservations"
-    __table_args__ = (Index(None, "account", "unit"),)
+    __table_args__ = (
+        Index(None, "account", "unit"),
+        # One row per turn's session and account: a claim replaces its session's row in place.
+        Index(None, "session_id", "account", "unit", unique=True),
+    )
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     session_id: Mapped[int] = mapped_column(

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import asyncpg
-from sqlalchemy import ColumnElement, Connection, Engine, Insert, Select, Update, literal
+from sqlalchemy import ColumnElement, Connection, Delete, Engine, Insert, Select, Update, literal
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -88,7 +88,7 @@ class Prepared:
     tuple, which SQLAlchemy would expand at execution. Result columns must be of types whose
     result processing does not depend on the driver's column type (all but ``Numeric``)."""
 
-    def __init__(self, statement: Insert | Update | Select[Any]) -> None:
+    def __init__(self, statement: Insert | Update | Delete | Select[Any]) -> None:
         self.statement = statement
         self._compiled: dict[str, _Compiled] = {}  # per dialect name
 

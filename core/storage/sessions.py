@@ -22,9 +22,22 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
 from typing import Any, Final, NoReturn, cast
 
-from sqlalchemy import Boolean, Float, String, bindparam, delete, select, type_coerce, update
+from sqlalchemy import (
+    Boolean,
+    Float,
+    String,
+    and_,
+    bindparam,
+    delete,
+    func,
+    or_,
+    select,
+    type_coerce,
+    update,
+)
 
 from core import metrics
 from core.errors import (
@@ -172,6 +185,18 @@ class SessionStore(TranscriptOperations):
         known = await _USER_ID.fetch(self.db, {"external_id": external_id})
         return int(known[0][0]) if known else None
 
+    async def people(self, user_ids: list[int]) -> dict[int, tuple[str, str | None]]:
+        """Who these users are: external id and display name, in one query."""
+        if not user_ids:
+            return {}
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                select(USERS.c.id, USERS.c.external_id, USERS.c.display_name).where(
+                    USERS.c.id.in_(sorted(set(user_ids)))
+                )
+            )
+            return {int(r.id): (str(r.external_id), r.display_name) for r in rows}
+
     async def user_external_id(self, user_id: int) -> str | None:
         """Who a user is (``slack:T…:U…``, ``cli:<login>``), for surfaces that name an owner."""
         async with self.db.read() as conn:
@@ -239,6 +264,52 @@ class SessionStore(TranscriptOperations):
             stmt = stmt.where(SESSIONS.c.user_id == user_id)
         if project_name is not None:
             stmt = stmt.where(SESSIONS.c.project_name == project_name)
+        stmt = stmt.order_by(SESSIONS.c.updated_at.desc(), SESSIONS.c.id.desc()).limit(limit)
+        async with self.db.read() as conn:
+            return [q.session_info(row) for row in await conn.execute(stmt)]
+
+    async def visible(
+        self,
+        *,
+        user_id: int | None,
+        shared: Sequence[tuple[str, str]] = (),
+        everything: bool = False,
+        before: tuple[datetime, int] | None = None,
+        words: str | None = None,
+        limit: int = 50,
+    ) -> list[SessionInfo]:
+        """A page of the sessions a person sees, most recently updated first: those
+        ``user_id`` owns, those of a project whose key starts with a prefix of ``shared``
+        (``(project_name, key_prefix)``: a Slack channel's threads), or all (``everything``).
+        ``before``: the ``(updated_at, id)`` of the previous page's last session. ``words``:
+        only titles containing them (case-insensitive)."""
+        stmt = q.session_select(self.staleness_seconds)
+        if not everything:
+            seen = [SESSIONS.c.user_id == user_id] if user_id is not None else []
+            for project, prefix in shared:
+                seen.append(
+                    and_(
+                        SESSIONS.c.project_name == project,
+                        SESSIONS.c.project_session_id.startswith(prefix, autoescape=True),
+                    )
+                )
+            if not seen:
+                return []
+            stmt = stmt.where(or_(*seen))
+        if before is not None:
+            at, last_id = before
+            stmt = stmt.where(
+                or_(
+                    SESSIONS.c.updated_at < at,
+                    and_(SESSIONS.c.updated_at == at, SESSIONS.c.id < last_id),
+                )
+            )
+        if words:
+            stmt = stmt.where(
+                func.lower(func.coalesce(SESSIONS.c.title, "")).contains(
+                    words.lower(), autoescape=True
+                )
+            )
         stmt = stmt.order_by(SESSIONS.c.updated_at.desc(), SESSIONS.c.id.desc()).limit(limit)
         async with self.db.read() as conn:
             return [q.session_info(row) for row in await conn.execute(stmt)]

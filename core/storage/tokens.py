@@ -16,6 +16,7 @@ from typing import Final, cast
 
 from sqlalchemy import Table, delete, insert, or_, select, update
 
+from core.storage.batched import delete_in_batches
 from core.storage.dialect import db_now, hence
 from core.storage.engine import Database
 from core.storage.models import ApiToken, User, WebSession
@@ -146,3 +147,16 @@ class WebAccess:
         if row is None:
             return None
         return Bearer(int(row.id), str(row.external_id), row.display_name)
+
+
+async def sweep_sign_ins(db: Database, batch_size: int) -> int:
+    """Sweeper pass: sign-ins past their expiry (they open nothing; the table keeps live ones)."""
+    expired = SIGN_INS.c.expires_at <= db_now()
+    return await delete_in_batches(
+        db,
+        SIGN_INS,
+        select(SIGN_INS.c.id).where(expired).order_by(SIGN_INS.c.id),
+        expired,
+        batch_size,
+        name="sign_ins",
+    )

@@ -36,19 +36,48 @@ class TranscriptOperations:
         return await q.read_tail(self.db, session_id)
 
     async def messages(
-        self, session_id: int, *, after_position: int = -1, containing: str | None = None
+        self,
+        session_id: int,
+        *,
+        after_position: int = -1,
+        containing: str | None = None,
+        limit: int | None = None,
     ) -> list[StoredMessage]:
         """The persisted transcript after a position (what a client has not shown yet);
         ``containing``: only the messages whose JSON has that text (found by the database, so
-        a rewind's confirmation reads just the few messages that called an MCP tool)."""
+        a rewind's confirmation reads just the few messages that called an MCP tool);
+        ``limit``: at most that many (a page of the HTTP API's transcript)."""
         where = [MESSAGES.c.session_id == session_id, MESSAGES.c.position > after_position]
         if containing is not None:
             where.append(cast(MESSAGES.c.message, Text).contains(containing, autoescape=True))
         async with self.db.read(large=True) as conn:
-            rows = await conn.execute(
-                select(*q.MESSAGE_COLUMNS).where(*where).order_by(MESSAGES.c.position)
-            )
+            stmt = select(*q.MESSAGE_COLUMNS).where(*where).order_by(MESSAGES.c.position)
+            if limit is not None:
+                stmt = stmt.limit(limit)
+            rows = await conn.execute(stmt)
             return [q.stored(row) for row in rows]
+
+    async def tails(self, session_ids: Iterable[int]) -> dict[int, str]:
+        """The last message id of each of these sessions that has one, in one query (a list of
+        sessions shows each one's ``lastMessageId``)."""
+        ids = sorted(set(session_ids))
+        if not ids:
+            return {}
+        last = (
+            select(MESSAGES.c.session_id, func.max(MESSAGES.c.position).label("position"))
+            .where(MESSAGES.c.session_id.in_(ids))
+            .group_by(MESSAGES.c.session_id)
+            .subquery()
+        )
+        async with self.db.read() as conn:
+            rows = await conn.execute(
+                select(MESSAGES.c.session_id, MESSAGES.c.message_id).join(
+                    last,
+                    (MESSAGES.c.session_id == last.c.session_id)
+                    & (MESSAGES.c.position == last.c.position),
+                )
+            )
+            return {int(r.session_id): str(r.message_id) for r in rows}
 
     async def count_after(self, session_id: int, position: int) -> int:
         """How many messages come after ``position``, counted by the database (a rewind's

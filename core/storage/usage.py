@@ -1,76 +1,58 @@
-"""The usage ledger: one row per model request, the budget accounts summed from it, and the
-reservations running turns take at their claim.
+"""The usage ledger: one row per model request, the running totals per budget account and
+window kept with it, and the budget accounts read from those totals.
 
-Every replica writes and reads the same rows, so they share one account per budget. What the
-statements guarantee:
+Every replica writes and reads the same rows, so they share one account per budget:
 
-- ``record``: one model request, in its own short transaction, as soon as its provider reported
-  what it used (before the answer is stored: a turn that dies later has still paid).
-- ``accounts``: for each budget that applies to a payer, what its window spent (tokens counted,
-  or dollars of priced requests) and what *other* running turns hold reserved.
-- ``Reservation.take``: inside a turn's claim transaction (``SessionStore.start_turn``), the
-  decision and the reservation are one atomic step per account: on PostgreSQL under a
-  transaction-level advisory lock per account (claims on different accounts never wait for
-  each other), on SQLite under the write lock every write transaction already holds. A turn
-  whose payer is over a limit is refused there, so its user message is rolled back with the
-  claim and no model request is made. A reservation counts only while its turn holds the
-  session's lock (same token, live heartbeat), so a turn that finishes, dies or loses its lock
-  stops holding it without any further write.
+- ``record``: one model request, in its own short transaction (one statement on PostgreSQL), as
+  soon as it ended: its row and the totals of its payer's accounts (``usage_totals``: the user,
+  the workspace and everyone's, today's and this month's windows). A turn that dies later has
+  still paid. A running turn's reservation counts what it has yet to spend: the claim's read
+  subtracts the turn's rows written since it reserved, in the same statement that reads the
+  totals, so a row is never seen both as spent and as still reserved, nor as neither.
+- ``accounts``: for each budget that applies to a payer, what its window spent and what *other*
+  running turns hold, from a few rows whatever the ledger's size.
+- ``Reservation`` (``core.storage.reservations``): the check and reservation a claim runs; and
+  ``extend``, the same step before each later request of a turn.
 
-How far concurrent turns can overshoot a budget (also in docs/design.md): a turn is admitted
-only while spent + reserved < limit, and it holds ``min(RESERVATION_SHARE x limit, what is
-left)`` until it ends; a turn makes each later request only while spent + the others'
-reservations < limit. So the last bit of a budget admits exactly one turn (the first to claim
-reserves all of it), and the most a budget can be overshot is one model request per turn
-running when it ran out, with at most ``1 / RESERVATION_SHARE`` + 1 turns admitted at once
-against one account near its end.
-
+Windows are UTC days and months, cut by this process's clock (``clock``), which also stamps the
+ledger row, so a request's row and the totals it was added to always agree on its window.
 Dollar amounts are kept in billionths of a dollar (``NANO``): integers add exactly on both
 databases, and a request's cost is rounded to that once.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any, Final, Literal, cast
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     ColumnElement,
     Table,
-    and_,
     bindparam,
     case,
-    delete,
     func,
     insert,
     literal,
     select,
-    text,
-    true,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 
-from core.storage.dialect import ago
-from core.storage.engine import Conn, Database
-from core.storage.models import AgentSession, UsageRequest, UsageReservation
+from core.storage.engine import Database
+from core.storage.models import UsageRequest, UsageTotal
 from core.storage.prepared import Prepared
-from core.usage.budgets import Account, Budget, Payer, account_key, decide, refusal, window
+from core.storage.reservations import MOST_ACCOUNTS, NANO, Reservation, applicable, read_accounts
+from core.usage.budgets import Account, Budget, Payer, window
 from core.usage.totals import RequestUsage
 
 REQUESTS: Final = cast(Table, UsageRequest.__table__)
-RESERVATIONS: Final = cast(Table, UsageReservation.__table__)
-SESSIONS: Final = cast(Table, AgentSession.__table__)
-
-NANO: Final = Decimal(1_000_000_000)
-# What a turn reserves of each budget at its claim, as a share of the limit (capped at what is
-# left): small enough that a shared budget admits about a hundred turns at once, large enough
-# that the last bit of a budget admits one.
-RESERVATION_SHARE: Final = Decimal("0.01")
+TOTALS: Final = cast(Table, UsageTotal.__table__)
+PERIODS: Final = ("day", "month")
+Clock = Callable[[], datetime]
 
 Kind = Literal["answer", "compaction"]
 GroupBy = Literal["user", "workspace", "model", "day"]
@@ -154,187 +136,163 @@ class UsageLine:
         }
 
 
-def _applicable(budgets: Sequence[Budget], payer: Payer | None) -> list[tuple[Budget, str]]:
-    """Each budget with the payer's account it limits (a payer of ``None`` meets only ``all``)."""
-    found: list[tuple[Budget, str]] = []
-    for budget in budgets:
-        if payer is None:
-            key = "all" if budget.scope == "all" else None
-        else:
-            key = account_key(budget, payer)
-        if key is not None:
-            found.append((budget, key))
-    return found
-
-
-def _condition(key: str) -> ColumnElement[bool]:
-    scope, _, name = key.partition(":")
-    if scope == "user":
-        return REQUESTS.c.user_key == name
-    if scope == "workspace":
-        return REQUESTS.c.workspace == name
-    return true()
-
-
-def _lock_key(account: str) -> int:
-    """A stable signed 64-bit advisory-lock key for an account (every replica agrees)."""
-    digest = hashlib.blake2b(f"usage:{account}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
-
-
-async def _accounts(
-    conn: Conn,
-    pairs: Sequence[tuple[Budget, str]],
-    *,
-    staleness_seconds: float,
-    now: datetime,
-    exclude_session: int | None,
-) -> list[Account]:
-    if not pairs:
-        return []
-    windows = [window(budget.period, now) for budget, _ in pairs]
-    columns = []
-    for index, ((budget, key), span) in enumerate(zip(pairs, windows, strict=True)):
-        amount = REQUESTS.c.counted_tokens if budget.unit == "tokens" else REQUESTS.c.cost_nanousd
-        inside = and_(
-            REQUESTS.c.created_at >= span.start,
-            REQUESTS.c.created_at < span.end,
-            _condition(key),
-        )
-        columns.append(func.coalesce(func.sum(case((inside, amount))), 0).label(f"b{index}"))
-    earliest = min(span.start for span in windows)
-    spent_row = (
-        await conn.execute(select(*columns).where(REQUESTS.c.created_at >= earliest))
-    ).one()
-
-    keys = sorted({key for _, key in pairs})
-    held = select(RESERVATIONS.c.account, RESERVATIONS.c.unit, func.sum(RESERVATIONS.c.amount))
-    held = held.join(
-        SESSIONS,
-        and_(
-            SESSIONS.c.id == RESERVATIONS.c.session_id,
-            SESSIONS.c.lock_token == RESERVATIONS.c.lock_token,
-        ),
-    ).where(
-        RESERVATIONS.c.account.in_(keys),
-        SESSIONS.c.heartbeat_at >= ago(staleness_seconds),
-    )
-    if exclude_session is not None:
-        held = held.where(RESERVATIONS.c.session_id != exclude_session)
-    held = held.group_by(RESERVATIONS.c.account, RESERVATIONS.c.unit)
-    held_rows: Sequence[Any] = (await conn.execute(held)).all()
-    reserved = {(row[0], row[1]): int(row[2] or 0) for row in held_rows}
-
-    accounts = []
-    for index, ((budget, key), span) in enumerate(zip(pairs, windows, strict=True)):
-        spent = int(spent_row[index] or 0)
-        hold = reserved.get((key, budget.unit), 0)
-        if budget.unit == "usd":
-            accounts.append(Account(budget, span, Decimal(spent) / NANO, Decimal(hold) / NANO))
-        else:
-            accounts.append(Account(budget, span, Decimal(spent), Decimal(hold)))
-    return accounts
-
-
-class Reservation:
-    """The budget check and reservation a turn's claim transaction runs (see the module)."""
-
-    def __init__(
-        self, budgets: Sequence[Budget], payer: Payer | None, *, staleness_seconds: float
-    ) -> None:
-        self.pairs = _applicable(budgets, payer)
-        self.staleness_seconds = staleness_seconds
-
-    async def take(self, conn: Conn, session_id: int, token: str) -> None:
-        """Refuse (``AgentSessionBudgetExceeded``, rolling the claim back) or reserve."""
-        if not self.pairs:
-            return
-        if conn.dialect.name == "postgresql":
-            for key in sorted({key for _, key in self.pairs}):
-                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key(key)})
-        await conn.execute(delete(RESERVATIONS).where(RESERVATIONS.c.session_id == session_id))
-        accounts = await _accounts(
-            conn,
-            self.pairs,
-            staleness_seconds=self.staleness_seconds,
-            now=datetime.now(UTC),
-            exclude_session=session_id,
-        )
-        refused = decide(accounts)
-        if refused is not None:
-            raise refusal(refused)
-        rows = []
-        for (_, key), account in zip(self.pairs, accounts, strict=True):
-            budget = account.budget
-            left = budget.amount - account.used
-            share = Decimal(math.ceil(budget.amount * RESERVATION_SHARE))
-            if budget.unit == "usd":
-                share = budget.amount * RESERVATION_SHARE
-            amount = min(share, left)
-            units = nano_usd(amount) if budget.unit == "usd" else math.ceil(amount)
-            rows.append(
-                {
-                    "session_id": session_id,
-                    "lock_token": token,
-                    "account": key,
-                    "unit": budget.unit,
-                    "amount": max(units, 1),
-                }
-            )
-        await conn.execute(insert(RESERVATIONS), rows)
-
-
-# A model request's row, built once with bind parameters (``core.storage.prepared``): every turn
-# writes at least one.
-_RECORD_REQUEST: Final = Prepared(
-    insert(REQUESTS).values(
-        {
-            column: bindparam(column, type_=REQUESTS.c[column].type)
-            for column in (
-                "session_id",
-                "message_id",
-                "user_key",
-                "workspace",
-                "surface",
-                "kind",
-                "provider",
-                "model",
-                "input_tokens",
-                "output_tokens",
-                "cached_tokens",
-                "cache_write_tokens",
-                "counted_tokens",
-                "estimated",
-                "counts_estimated",
-                "cost_nanousd",
-            )
-        }
-    )
+_LEDGER_COLUMNS: Final = (
+    "session_id",
+    "message_id",
+    "user_key",
+    "workspace",
+    "surface",
+    "kind",
+    "provider",
+    "model",
+    "input_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "cache_write_tokens",
+    "counted_tokens",
+    "estimated",
+    "counts_estimated",
+    "cost_nanousd",
+    "created_at",
 )
+_AMOUNTS: Final = ("tokens", "nanousd", "output_tokens", "requests", "priced_requests")
+
+
+def _row_insert() -> Any:
+    return insert(REQUESTS).values(
+        {column: bindparam(column, type_=REQUESTS.c[column].type) for column in _LEDGER_COLUMNS}
+    )
+
+
+def _totals_upsert(dialect: Any, accounts: int) -> Any:
+    """``usage_totals`` rows of ``accounts`` accounts (``a0``…) in both periods, each raised by
+    the request's amounts, in a fixed order (accounts sorted, day before month): concurrent
+    writers lock the rows in one order and never deadlock."""
+    start = TOTALS.c.window_start.type
+    rows = [
+        {
+            "account": bindparam(f"a{i}", type_=TOTALS.c.account.type),
+            "period": literal(period),
+            "window_start": bindparam(period, type_=start),
+            **{amount: bindparam(amount, type_=BigInteger) for amount in _AMOUNTS},
+        }
+        for i in range(accounts)
+        for period in PERIODS
+    ]
+    upsert = dialect.insert(TOTALS).values(rows)
+    return upsert.on_conflict_do_update(
+        index_elements=["account", "period", "window_start"],
+        set_={amount: TOTALS.c[amount] + upsert.excluded[amount] for amount in _AMOUNTS},
+    )
+
+
+# A request's bookkeeping, built once with bind parameters (``core.storage.prepared``): every
+# turn writes at least one. On PostgreSQL the row and the totals are one statement (a
+# data-modifying CTE: one round trip, atomic); on SQLite two in one transaction.
+_RECORD_PG: Final = {
+    n: Prepared(_totals_upsert(postgresql, n).add_cte(_row_insert().cte("recorded")))
+    for n in range(1, MOST_ACCOUNTS + 1)
+}
+_RECORD_ROW: Final = Prepared(_row_insert())
+_RECORD_TOTALS: Final = {
+    n: Prepared(_totals_upsert(sqlite, n)) for n in range(1, MOST_ACCOUNTS + 1)
+}
+
+
+def accounts_of(payer: Payer | None) -> list[str]:
+    """Every account a payer's request adds to (sorted: the order rows are locked in)."""
+    found = ["all"]
+    if payer is not None:
+        found.append(f"user:{payer.user}")
+        if payer.workspace is not None:
+            found.append(f"workspace:{payer.workspace}")
+    return sorted(found)
+
+
+def _amounts(entry: LedgerEntry) -> dict[str, int]:
+    cost = entry.request.cost_usd
+    return {
+        "tokens": entry.counted_tokens,
+        "nanousd": 0 if cost is None else nano_usd(cost),
+        "output_tokens": entry.request.usage.output_tokens or 0,
+        "requests": 1,
+        "priced_requests": 0 if cost is None else 1,
+    }
 
 
 class UsageLedger:
     """The ledger's statements (see the module)."""
 
-    def __init__(self, db: Database, *, staleness_seconds: float) -> None:
+    def __init__(
+        self, db: Database, *, staleness_seconds: float, clock: Clock | None = None
+    ) -> None:
         self._db = db
         self.staleness_seconds = staleness_seconds
+        self.clock: Clock = clock or (lambda: datetime.now(UTC))
 
     async def record(self, entry: LedgerEntry) -> None:
-        row = entry.row()
+        """One request: its row and its payer's totals, in one transaction."""
+        now = self.clock()
+        accounts = accounts_of(entry.payer)
+        params: dict[str, Any] = {**entry.row(), "created_at": now, **_amounts(entry)}
+        params.update({f"a{i}": account for i, account in enumerate(accounts)})
+        params.update(day=window("day", now).start, month=window("month", now).start)
         async with self._db.autocommit() as conn:
-            await _RECORD_REQUEST.run(conn, row)
+            if conn.dialect.name == "postgresql":
+                await _RECORD_PG[len(accounts)].run(conn, params)
+                return
+            await _RECORD_ROW.run(conn, params)
+            await _RECORD_TOTALS[len(accounts)].run(conn, params)
 
     async def record_many(self, entries: Sequence[LedgerEntry]) -> None:
-        """Several requests in one transaction (an import, the benchmark's set-up)."""
-        if entries:
-            async with self._db.write() as conn:
-                await conn.execute(insert(REQUESTS), [entry.row() for entry in entries])
+        """Several requests in one transaction, totals included (an import, the benchmark's
+        set-up)."""
+        if not entries:
+            return
+        now = self.clock()
+        starts = {period: window(period, now).start for period in PERIODS}
+        totals: dict[tuple[str, str], dict[str, int]] = {}
+        for entry in entries:
+            for account in accounts_of(entry.payer):
+                for period in PERIODS:
+                    total = totals.setdefault((account, period), dict.fromkeys(_AMOUNTS, 0))
+                    for name, amount in _amounts(entry).items():
+                        total[name] += amount
+        async with self._db.write() as conn:
+            await conn.execute(
+                insert(REQUESTS), [{**entry.row(), "created_at": now} for entry in entries]
+            )
+            upsert = self._db.upsert(TOTALS)
+            upsert = upsert.values(
+                [
+                    {"account": account, "period": period, "window_start": starts[period], **t}
+                    for (account, period), t in sorted(totals.items())
+                ]
+            )
+            await conn.execute(
+                upsert.on_conflict_do_update(
+                    index_elements=["account", "period", "window_start"],
+                    set_={a: TOTALS.c[a] + upsert.excluded[a] for a in _AMOUNTS},
+                )
+            )
 
     def reservation(self, budgets: Sequence[Budget], payer: Payer | None) -> Reservation | None:
         """What a claim runs for ``payer`` under ``budgets`` (``None``: no budget applies)."""
-        reservation = Reservation(budgets, payer, staleness_seconds=self.staleness_seconds)
+        reservation = Reservation(
+            budgets, payer, staleness_seconds=self.staleness_seconds, clock=self.clock
+        )
         return reservation if reservation.pairs else None
+
+    async def extend(self, reservation: Reservation) -> None:
+        """Before a running turn's next request: the claim's step again, in a write transaction
+        of its own (``AgentSessionBudgetExceeded`` with ``during_turn`` when the request's
+        expected cost no longer fits, or nothing is left)."""
+        if reservation.session_id is None or reservation.token is None:
+            return
+        async with self._db.write() as conn:
+            await reservation.take(
+                conn, reservation.session_id, reservation.token, during_turn=True
+            )
 
     async def accounts(
         self,
@@ -345,21 +303,24 @@ class UsageLedger:
         now: datetime | None = None,
     ) -> list[Account]:
         """The payer's accounts now; ``exclude_session``: leave out that running turn's own
-        reservation (a turn checking whether it may make its next request)."""
-        pairs = _applicable(budgets, payer)
+        reservation."""
+        pairs = applicable(budgets, payer)
         if not pairs:
             return []
         async with self._db.read() as conn:
-            return await _accounts(
+            return await read_accounts(
                 conn,
                 pairs,
+                now=now or self.clock(),
                 staleness_seconds=self.staleness_seconds,
-                now=now or datetime.now(UTC),
                 exclude_session=exclude_session,
             )
 
-    async def report(self, by: GroupBy, *, since: date | None = None) -> list[UsageLine]:
-        """Requests grouped ``by`` user, workspace, model or day (UTC), since a day (UTC)."""
+    async def report(
+        self, by: GroupBy, *, since: date | None = None, user_key: str | None = None
+    ) -> list[UsageLine]:
+        """Requests grouped ``by`` user, workspace, model or day (UTC), since a day (UTC);
+        ``user_key``: only that payer's (a person reading their own usage)."""
         async with self._db.read(large=True) as conn:
             key: ColumnElement[Any]
             if by == "user":
@@ -392,6 +353,8 @@ class UsageLedger:
             if since is not None:
                 start = datetime(since.year, since.month, since.day, tzinfo=UTC)
                 query = query.where(REQUESTS.c.created_at >= start)
+            if user_key is not None:
+                query = query.where(REQUESTS.c.user_key == user_key)
             query = query.group_by(key).order_by(key)
             rows: Sequence[Any] = (await conn.execute(query)).all()
         return [
@@ -412,12 +375,12 @@ class UsageLedger:
 
 
 __all__ = [
-    "RESERVATION_SHARE",
     "GroupBy",
     "LedgerEntry",
     "Reservation",
     "UsageLedger",
     "UsageLine",
+    "accounts_of",
     "nano_usd",
     "usd",
 ]

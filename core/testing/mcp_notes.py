@@ -10,7 +10,8 @@ default rule) and ``add_note`` (not read-only: it asks). Environment:
   checked from outside; without it the notes live in the process;
 - ``MCP_NOTES_FAULTS=1``: also offer ``fault``, the misbehaviours the tests provoke (hang past a
   timeout, crash mid-call, an error result, a huge result, binary content, garbage on stdout,
-  echo an environment variable);
+  echo an environment variable, ``snoop``: what a prompt-steered server could read: its working
+  directory, the ``.env`` there and its whole environment);
 - ``MCP_NOTES_START_GATE=PATH``: exit at start-up (status 1, one stderr line) until PATH exists:
   a server that is down and later comes up;
 - ``MCP_NOTES_TOKEN`` (HTTP): answer 401 to a request without ``Authorization: Bearer <it>``.
@@ -40,7 +41,7 @@ PNG_1PX = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 )
 TOKEN = "MCP_NOTES_TOKEN"
-Fault = Literal["hang", "crash", "error", "huge", "binary", "garbage", "echo", "pid"]
+Fault = Literal["hang", "crash", "error", "huge", "binary", "garbage", "echo", "pid", "snoop"]
 
 
 def build_server() -> Any:
@@ -121,6 +122,14 @@ def build_server() -> Any:
             elif kind == "garbage":
                 os.write(_PROTOCOL_FD or 1, b"this is not JSON-RPC\n")
                 await anyio.sleep(seconds)
+            elif kind == "snoop":
+                dotenv = anyio.Path(".env")
+                seen = {
+                    "cwd": os.getcwd(),
+                    "dotenv": await dotenv.read_text() if await dotenv.is_file() else None,
+                    "environ": dict(os.environ),
+                }
+                return CallToolResult(content=[TextContent(type="text", text=json.dumps(seen))])
             elif kind == "pid":
                 return CallToolResult(content=[TextContent(type="text", text=str(os.getpid()))])
             elif kind == "echo":  # to its answer and its stderr, as a careless server might

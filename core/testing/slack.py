@@ -231,15 +231,48 @@ class SlackStandIn(LocalServer):
         self.socket_acks: list[dict[str, Any]] = []
         self.changed = asyncio.Event()  # set on every call recorded
         self._ts = itertools.count(1)
+        # Sign in with Slack: the authorize page (``authorize_url``) signs this person in at
+        # once and sends the browser back with a code; ``openid.connect.token`` and
+        # ``openid.connect.userInfo`` answer for it. ``members``: users.conversations, by user.
+        self.sign_in_as = "U1"
+        self.names: dict[str, str] = {}
+        self.members: dict[str, list[str]] = {}
+        self._codes: dict[str, str] = {}  # code -> user
 
     @property
     def api_url(self) -> str:
         return self.url + "/api/"
 
+    @property
+    def authorize_url(self) -> str:
+        """Sign in with Slack's authorize page (``SLACK_OPENID_AUTHORIZE_URL``)."""
+        return self.url + "/openid/connect/authorize"
+
+    async def _authorize(self, request: web.Request) -> web.Response:
+        """The person ``sign_in_as`` agrees at once: back to ``redirect_uri`` with a code and
+        the state, as Slack sends them."""
+        query = request.query
+        redirect = query.get("redirect_uri", "")
+        if (
+            query.get("response_type") != "code"
+            or not redirect
+            or "openid" not in query.get("scope", "")
+        ):
+            return web.Response(status=400, text="invalid authorize request")
+        code = f"code-{next(self._ts)}"
+        self._codes[code] = self.sign_in_as
+        back = (
+            redirect
+            + ("&" if "?" in redirect else "?")
+            + urllib.parse.urlencode({"code": code, "state": query.get("state", "")})
+        )
+        raise web.HTTPFound(back)
+
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/api/{method}", self._handle)
         app.router.add_get("/api/{method}", self._handle)  # slack_sdk reads some with GET
         app.router.add_get("/socket", self._socket)
+        app.router.add_get("/openid/connect/authorize", self._authorize)
         app.router.add_get("/files/{name}", self._file)
         app.router.add_post("/response/{key}", self._response)
 
@@ -318,6 +351,9 @@ class SlackStandIn(LocalServer):
         for key in ("blocks", "metadata", "view", "chunks"):
             if isinstance(args.get(key), str):
                 args[key] = json.loads(args[key])
+        if method == "openid.connect.userInfo":
+            bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            args["token"] = args.get("token") or bearer
         if self.intercept is not None:
             await self.intercept(method, args)
         fault = self._schedule.next()
@@ -413,6 +449,31 @@ class SlackStandIn(LocalServer):
             return {"ok": True, "view": {"id": args.get("view_id")}}
         if method == "conversations.replies":
             return self._replies(args)
+        if method == "openid.connect.token":
+            user = self._codes.pop(str(args.get("code")), None)
+            if user is None:
+                return {"ok": False, "error": "invalid_code"}
+            return {
+                "ok": True,
+                "access_token": f"xoxp-signin-{user}",
+                "token_type": "Bearer",
+                "id_token": "unsigned",
+            }
+        if method == "openid.connect.userInfo":
+            user = str(args.get("token", "")).removeprefix("xoxp-signin-")
+            if not user or user == args.get("token"):
+                return {"ok": False, "error": "invalid_auth"}
+            return {
+                "ok": True,
+                "sub": user,
+                "https://slack.com/user_id": user,
+                "https://slack.com/team_id": self.team,
+                "name": self.names.get(user, f"Person {user}"),
+            }
+        if method == "users.conversations":
+            user = str(args.get("user", ""))
+            channels = [{"id": c} for c in self.members.get(user, [])]
+            return {"ok": True, "channels": channels, "response_metadata": {"next_cursor": ""}}
         if method == "chat.delete":
             self.messages.pop(str(args.get("ts")), None)
         return {"ok": True}

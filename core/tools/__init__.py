@@ -7,7 +7,13 @@ so a command that never connects pays nothing for it.
 """
 
 from core.tools.calls import call_digest, canonical_json
-from core.tools.config import McpConfig, ServerConfig, load_mcp_config, mcp_environment
+from core.tools.config import (
+    McpConfig,
+    ServerConfig,
+    load_mcp_config,
+    mcp_environment,
+    with_known_secrets,
+)
 from core.tools.names import is_mcp_tool_name
 from core.tools.outcome import RESULT_CAP, OutcomeKind, ToolOutcome
 from core.tools.server import Backoff, ServerState, ServerStatus
@@ -30,4 +36,5 @@ __all__ = [
     "is_mcp_tool_name",
     "load_mcp_config",
     "mcp_environment",
+    "with_known_secrets",
 ]

@@ -26,7 +26,9 @@ Per server, besides ``command``/``args``/``env``/``cwd`` (a subprocess speaking 
 Every string value may name environment variables as ``${VAR}`` or ``${VAR:-default}``, read
 from the environment and then ``.env`` (as settings are). The expanded values stay inside
 ``Launch``, whose repr hides them; everything else keeps the text as written. A stdio server gets
-only the SDK's safe default environment (``PATH``, ``HOME``, ...) plus its ``env``.
+only the SDK's safe default environment (``PATH``, ``HOME``, ...) plus its ``env``, and runs in
+a fresh directory of its own (removed when it stops) unless ``cwd`` names one: never the app's,
+where ``.env`` is.
 
 Any problem is a ``ConfigError`` of one line naming the file, the server and the problem, so a
 broken file stops start-up before anything connects.
@@ -38,8 +40,8 @@ import json
 import os
 import re
 import shlex
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -140,6 +142,13 @@ def mcp_environment(env_file: Path = Path(".env")) -> dict[str, str]:
 
     values = {k: v for k, v in dotenv_values(env_file).items() if v is not None}
     return {**values, **os.environ} if env_file.is_file() else dict(os.environ)
+
+
+def with_known_secrets(config: McpConfig, pairs: Iterable[tuple[str, str]]) -> McpConfig:
+    """``config`` whose redactor also replaces ``pairs`` (``Settings.secret_values``): a server
+    can read or be handed a secret the file never named (a token in its own config, a file it
+    can reach), and what it answers reaches the model, the thread and the traces."""
+    return replace(config, redactor=config.redactor.merged(pairs))
 
 
 def load_mcp_config(

@@ -15,6 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
+import sys
+import tempfile
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
@@ -24,8 +27,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
+from core.redaction import Redactor
 from core.tools.config import ServerConfig
-from core.tools.secrets import Redactor
+from core.tools.stdio import MAX_MESSAGE_BYTES, MessageTooLarge, bounded_stdio_client
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -35,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("slack-agent.mcp")
 
 STDERR_LINES_KEPT = 20
+PR_SET_DUMPABLE = 4  # linux/prctl.h
 # The handshake and tool listing may take this long even under a short call timeout: a server
 # started through a package runner (npx, uvx) may install itself first.
 MIN_STARTUP_SECONDS = 30.0
@@ -89,32 +94,46 @@ class Connection:
 
     @asynccontextmanager
     async def _stdio(self) -> AsyncIterator[TransportStreams]:
-        from mcp.client.stdio import StdioServerParameters, stdio_client
+        from mcp.client.stdio import StdioServerParameters
 
         launch = self.config.launch
+        hide_from_children()
+        # A directory of its own unless the file names one: the app's directory holds .env.
+        own = None if launch.cwd else tempfile.mkdtemp(prefix="slack-agent-mcp-")
+        # Only its declared environment over the SDK's safe defaults (PATH, HOME, USER, ...):
+        # never the app's, which holds the Slack token and the database URL.
         params = StdioServerParameters(
-            command=launch.command, args=list(launch.args), env=launch.env or None, cwd=launch.cwd
+            command=launch.command, args=list(launch.args), env=launch.env, cwd=launch.cwd or own
         )
         tail = self._stderr = StderrTail(self.config.name, self.redactor)
         try:
             await tail.start()
-            async with stdio_client(params, errlog=tail.writer) as (read, write):
+            async with bounded_stdio_client(params, tail.writer) as (read, write):
                 tail.writer.close()  # the server holds its own copy; EOF comes when it exits
                 yield _WatchedRead(read, self, "exited"), write
         finally:
             await tail.aclose()
+            if own is not None:
+                shutil.rmtree(own, ignore_errors=True)
 
     @asynccontextmanager
     async def _http(self) -> AsyncIterator[TransportStreams]:
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
 
+        from core.tools.bounded_http import bound_responses
+
         launch, timeout = self.config.launch, self.config.timeout_seconds
         # A call's SSE answer may be silent for the whole of the server's timeout.
         limits = httpx2.Timeout(min(30.0, timeout), read=max(300.0, timeout + 5))
+        # What one answer may weigh, as over stdio: an SSE event (the SDK's own bound, set to
+        # ours) or a JSON body (``bound_responses``), before anything parses it.
+        hooks = {"response": [bound_responses(MAX_MESSAGE_BYTES)]}
         async with (
-            httpx2.AsyncClient(headers=launch.headers, timeout=limits) as http,
-            streamable_http_client(launch.url, http_client=http) as (read, write),
+            httpx2.AsyncClient(headers=launch.headers, timeout=limits, event_hooks=hooks) as http,
+            streamable_http_client(
+                launch.url, http_client=http, max_sse_event_size=MAX_MESSAGE_BYTES
+            ) as (read, write),
         ):
             yield _WatchedRead(read, self, "closed the connection"), write
 
@@ -175,7 +194,9 @@ class _WatchedRead:
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._conn.end(self._eof)
             raise
-        if isinstance(item, Exception):
+        if isinstance(item, MessageTooLarge):
+            self._conn.end(str(item))
+        elif isinstance(item, Exception):
             where = "to stdout" if self._conn.config.transport == "stdio" else "in its answer"
             self._conn.end(f"sent something that is not MCP (JSON-RPC) {where}")
         return item
@@ -281,3 +302,26 @@ def root_cause(exc: BaseException) -> BaseException:
 def _one_line(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= MAX_REASON_CHARS else line[: MAX_REASON_CHARS - 1] + "…"
+
+
+_HIDDEN = False
+
+
+def hide_from_children() -> None:
+    """Linux: make this process non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``) before it starts a
+    server, once. A child runs as the same user, and could otherwise read this process's
+    ``/proc/<pid>/environ`` (the Slack token and the database URL when they come from the
+    environment), follow ``/proc/<pid>/cwd`` to ``.env`` or read its memory; non-dumpable,
+    those belong to root. Its other cost: no core dump of this process. Children are not
+    affected (``exec`` makes them dumpable again)."""
+    global _HIDDEN
+    if _HIDDEN or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        log.warning(
+            "could not hide this process from its MCP servers (prctl: errno %d)", ctypes.get_errno()
+        )
+    _HIDDEN = True

@@ -11,7 +11,7 @@ import asyncio
 from contextlib import suppress
 
 from core.settings import Settings
-from core.tools.config import McpConfig, load_mcp_config
+from core.tools.config import McpConfig, load_mcp_config, with_known_secrets
 from core.tools.connection import startup_seconds
 from core.tools.server import ServerStatus
 from core.tools.toolbox import McpTools
@@ -21,7 +21,7 @@ READY_MARGIN_SECONDS = 5.0
 
 
 async def tools_report(settings: Settings) -> str:
-    config = load_mcp_config(settings.mcp_config)
+    config = with_known_secrets(load_mcp_config(settings.mcp_config), settings.secret_values())
     if config.path is None:
         where = (
             "MCP_CONFIG is empty"

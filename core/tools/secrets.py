@@ -6,17 +6,17 @@ value lives only in the environment and in the connection that needs it. Everyth
 ``Redactor`` replaces any expanded value that still finds its way into a text (a library's error
 message quoting a URL, a server echoing its token) by its ``${VAR}`` name.
 
-Values shorter than ``MIN_SECRET_LENGTH`` are not redacted: no credential is that short, and
-replacing every ``1`` or ``true`` in a tool's output would mangle ordinary text.
+The ``Redactor`` itself lives in ``core.redaction`` (the log set-up uses it too).
 """
 
 from __future__ import annotations
 
-import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
-MIN_SECRET_LENGTH = 8
+from core.redaction import MIN_SECRET_LENGTH, RedactingFilter, Redactor
+
+__all__ = ["MIN_SECRET_LENGTH", "WATCHED_LOGGERS", "RedactingFilter", "Redactor", "expand"]
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -49,56 +49,6 @@ def expand(value: str, environ: Mapping[str, str]) -> tuple[str, list[tuple[str,
         rest = rest[end + 1 :]
     out.append(rest)
     return "".join(out), used
-
-
-class Redactor:
-    """Replaces secret values by the ``${VAR}`` that named them, longest value first (so a value
-    containing another is replaced whole)."""
-
-    __slots__ = ("_pairs",)
-
-    def __init__(self, pairs: Iterable[tuple[str, str]] = ()) -> None:
-        unique = {value: name for value, name in pairs if len(value) >= MIN_SECRET_LENGTH}
-        self._pairs = sorted(unique.items(), key=lambda pair: -len(pair[0]))
-
-    def __bool__(self) -> bool:
-        return bool(self._pairs)
-
-    def __repr__(self) -> str:
-        return f"Redactor({len(self._pairs)} values, not shown)"
-
-    def redact(self, text: str) -> str:
-        for value, name in self._pairs:
-            if value in text:
-                text = text.replace(value, name)
-        return text
-
-    def contains_secret(self, text: str) -> bool:
-        return any(value in text for value, _ in self._pairs)
-
-
-class RedactingFilter(logging.Filter):
-    """Rewrites a log record whose message or traceback would show a secret.
-
-    Attached to the loggers of the MCP SDK and its HTTP client while servers run: they log
-    endpoint URLs and request lines at debug level, and a URL may carry a key.
-    """
-
-    def __init__(self, redactor: Redactor) -> None:
-        super().__init__()
-        self.redactor = redactor
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if self.redactor.contains_secret(message):
-            record.msg, record.args = self.redactor.redact(message), None
-        if record.exc_info:
-            text = logging.Formatter().formatException(record.exc_info)
-            if self.redactor.contains_secret(text):
-                # Formatters print ``exc_text`` when set; dropping ``exc_info`` keeps a formatter
-                # that formats the exception itself from printing the unredacted one.
-                record.exc_text, record.exc_info = self.redactor.redact(text), None
-        return True
 
 
 # Loggers that may quote a URL, a header line or a server's output (see RedactingFilter): the

@@ -24,12 +24,14 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from core.leases import before_side_effect
 from core.metrics import MCP_TOOL_SECONDS
+from core.redaction import Redactor
 from core.tools.calls import canonical_json
 from core.tools.config import Approval, ServerConfig, Transport
 from core.tools.connection import Connection, root_cause, startup_seconds
 from core.tools.outcome import OutcomeKind, ToolOutcome, render_content
-from core.tools.secrets import Redactor
+from core.tools.stdio import MAX_MESSAGE_BYTES, TOO_LARGE_MARK
 from core.tools.tool import McpTool, from_listing
 
 if TYPE_CHECKING:
@@ -280,6 +282,7 @@ class McpServer:
         client = conn.client if conn is not None else None
         if self.state != "connected" or conn is None or client is None or conn.ended.is_set():
             return self._outcome(tool, "unavailable", self.unavailable())
+        before_side_effect()  # a turn whose lease is no longer safely its own sends nothing
         started = time.monotonic()
         try:
             result = await client.call_tool(
@@ -316,6 +319,14 @@ class McpServer:
         timeout = self.config.timeout_seconds
         if self._stop.is_set():
             return "unavailable", f"MCP server {self.name!r} was shut down during the call"
+        if isinstance(leaf, MCPError) and _too_large(leaf.message):
+            # The answer was dropped unparsed (core.tools.stdio, bounded_http); the server is
+            # still connected and the model may ask for less.
+            return "protocol_error", (
+                f"MCP server {self.name!r} answered {tool.tool} with more than "
+                f"{MAX_MESSAGE_BYTES:,} bytes, the most one answer may be; it was dropped "
+                "unread (ask for less: a page, a filter, a summary)"
+            )
         if isinstance(leaf, MCPError) and leaf.code == REQUEST_TIMEOUT:
             conn.end(f"did not answer a call within {timeout:g} s")
             return "timeout", (
@@ -347,3 +358,9 @@ class McpServer:
         if structured is not None and self.redactor.contains_secret(canonical_json(structured)):
             structured = None  # the text (redacted) still carries the result
         return ToolOutcome(tool.name, self.name, kind, redact(text), structured, truncated)
+
+
+def _too_large(message: str) -> bool:
+    """An error the transports made in place of an answer past the bound: ours, or the SDK's
+    for an SSE event past ``max_sse_event_size`` (which we set to the same bound)."""
+    return TOO_LARGE_MARK in message or ("Server-sent event exceeded the" in message)

@@ -243,3 +243,66 @@ def refused_budget(error: AgentSessionBudgetExceeded) -> Budget:
 def resets_text(error: AgentSessionBudgetExceeded) -> str:
     """When the refusing limit resets, as every surface writes it: ``2026-12-03 00:00 UTC``."""
     return error.resets_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+# What a claim expects a request to cost when its account has no history to go by: a short
+# conversation's input (system prompt, tools, a few messages) and a short answer.
+DEFAULT_INPUT_TOKENS: Final = 1_000
+DEFAULT_OUTPUT_TOKENS: Final = 1_000
+
+
+@dataclass(frozen=True)
+class WindowTotals:
+    """What one account spent in one window, as ``usage_totals`` keeps it (dollars in
+    billionths)."""
+
+    tokens: int = 0
+    nanousd: int = 0
+    output_tokens: int = 0
+    requests: int = 0
+    priced_requests: int = 0
+
+
+@dataclass(frozen=True)
+class LastRequest:
+    """A session's latest model request: what its next request re-reads (its input and its
+    output are the next one's input) and what it cost (``None``: unpriced)."""
+
+    counted_tokens: int
+    nanousd: int | None
+
+
+def expected_tokens(last: LastRequest | None, totals: WindowTotals, text_tokens: int) -> int:
+    """What a turn's next model request is expected to count: the session's conversation as
+    its last request left it (or, for a new session, the account's average input), the new
+    text, and the account's average output in the window."""
+    requests = totals.requests
+    output = totals.output_tokens // requests if requests else DEFAULT_OUTPUT_TOKENS
+    if last is not None:
+        sent = last.counted_tokens
+    elif requests:
+        sent = max(totals.tokens - totals.output_tokens, 0) // requests
+    else:
+        sent = DEFAULT_INPUT_TOKENS
+    return sent + text_tokens + output
+
+
+def expected_nanousd(tokens: int, last: LastRequest | None, totals: WindowTotals) -> int:
+    """The expected request's cost in billionths of a dollar: ``tokens`` at the session's last
+    request's price per token, else the account's average priced request, else nothing known
+    (0: a dollar budget cannot expect a cost it has never seen)."""
+    if last is not None and last.nanousd is not None and last.counted_tokens > 0:
+        return -(-last.nanousd * tokens // last.counted_tokens)
+    if totals.priced_requests:
+        return totals.nanousd // totals.priced_requests
+    return 0
+
+
+def admits(left: int, expected: int, others_hold: int) -> bool:
+    """The claim's rule, per budget, in the budget's stored unit: a turn is admitted while
+    ``left`` (the limit less what the window spent and what *other* live turns hold) is
+    positive and its expected cost fits in it, or, when nothing else is held, into the last
+    bit of the budget (so one turn at a time may run past it, by at most one request)."""
+    if left <= 0:
+        return False
+    return expected <= left or others_hold == 0

@@ -1,0 +1,386 @@
+"""The budget check a claim runs, in O(1): the payer's running totals (``usage_totals``), the
+other live turns' reservations and the session's last request, read in one prepared statement;
+the decision (``core.usage.budgets.admits``); the turn's reservation written.
+
+What it guarantees (docs/design.md, *Budgets across replicas*):
+
+- A turn reserves what its next model request is expected to cost (``expected_tokens``: the
+  session's conversation as its last request left it, the new text, the account's average
+  output in the window; ``expected_nanousd`` for a dollar budget), capped by what is left.
+- It is admitted while what is left (the limit less the window's spending and what *other* live
+  turns hold) is positive and its expected cost fits, or, when no other turn holds anything on
+  that account, into the last bit. So of turns racing at a budget's end, those whose expected
+  costs fit run, and at most one more: concurrent turns overshoot a budget by at most one model
+  request in total (plus what requests cost beyond what was expected of them), not one per turn.
+- Each later request of a running turn takes the same step again (``UsageLedger.extend``), and
+  what a turn holds is what it has yet to spend: its reservation less its session's ledger rows
+  written since it reserved (both stamped by the writing process's clock).
+- The step is atomic per account: on PostgreSQL under transaction-level advisory locks (one per
+  account, taken in one statement, in a fixed order: claims on different accounts never wait
+  for each other), on SQLite under the write lock every write transaction holds. The read is one
+  statement, so it sees the totals, the reservations and the rows that use them up of one
+  moment.
+- A reservation counts only while its turn holds the session's lock (same token, live
+  heartbeat): a turn that ends, dies or loses its lock stops holding it without another write,
+  and the statement that releases or takes over the lock deletes its rows (a trigger of
+  migration 0007), so a claim scans only the reservations of live turns (and of dead turns
+  whose session nobody has claimed since).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Final, cast
+
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    Table,
+    and_,
+    bindparam,
+    case,
+    func,
+    literal,
+    or_,
+    select,
+    union_all,
+)
+from sqlalchemy import cast as sa_cast
+from sqlalchemy.dialects import postgresql, sqlite
+
+from core.storage.dialect import db_now
+from core.storage.engine import Conn
+from core.storage.models import AgentSession, UsageRequest, UsageReservation, UsageTotal
+from core.storage.prepared import Prepared
+from core.usage.budgets import (
+    Account,
+    Budget,
+    LastRequest,
+    Payer,
+    WindowTotals,
+    account_key,
+    admits,
+    expected_nanousd,
+    expected_tokens,
+    refusal,
+    window,
+)
+
+REQUESTS: Final = cast(Table, UsageRequest.__table__)
+RESERVATIONS: Final = cast(Table, UsageReservation.__table__)
+SESSIONS: Final = cast(Table, AgentSession.__table__)
+TOTALS: Final = cast(Table, UsageTotal.__table__)
+
+NANO: Final = Decimal(1_000_000_000)
+MOST_ACCOUNTS: Final = 3  # a payer's: its user, its workspace, everyone's
+
+
+def applicable(budgets: Sequence[Budget], payer: Payer | None) -> list[tuple[Budget, str]]:
+    """Each budget with the payer's account it limits (a payer of ``None`` meets only ``all``)."""
+    found: list[tuple[Budget, str]] = []
+    for budget in budgets:
+        if payer is None:
+            key = "all" if budget.scope == "all" else None
+        else:
+            key = account_key(budget, payer)
+        if key is not None:
+            found.append((budget, key))
+    return found
+
+
+def lock_key(account: str) -> int:
+    """A stable signed 64-bit advisory-lock key for an account (every replica agrees)."""
+    digest = hashlib.blake2b(f"usage:{account}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+# -- the statements, one shape per number of accounts (built once, prepared) ---------------------
+
+
+def _read(accounts: int) -> Prepared:
+    """The totals of ``accounts`` accounts (``a0``…) in today's and this month's windows, the
+    other live turns' reservations on them, and the session's last request: one statement, so
+    one moment's view, whatever commits meanwhile."""
+    names = [bindparam(f"a{i}", type_=TOTALS.c.account.type) for i in range(accounts)]
+    spent = select(
+        literal("spent").label("kind"),
+        TOTALS.c.account.label("account"),
+        TOTALS.c.period.label("label"),
+        TOTALS.c.tokens.label("n1"),
+        TOTALS.c.nanousd.label("n2"),
+        TOTALS.c.output_tokens.label("n3"),
+        TOTALS.c.requests.label("n4"),
+        TOTALS.c.priced_requests.label("n5"),
+    ).where(
+        # Every row by its whole key, so each is one lookup of the primary key however many
+        # windows an account has behind it.
+        or_(
+            *(
+                and_(
+                    TOTALS.c.account == name,
+                    TOTALS.c.period == period,
+                    TOTALS.c.window_start == bindparam(period, type_=TOTALS.c.window_start.type),
+                )
+                for name in names
+                for period in ("day", "month")
+            )
+        ),
+    )
+    # What each reserving turn has spent since it reserved: its session's rows written since
+    # (a session runs one turn at a time; both times are the writing process's clock).
+    since_reserved = (
+        select(
+            func.coalesce(
+                func.sum(
+                    case(
+                        (RESERVATIONS.c.unit == "tokens", REQUESTS.c.counted_tokens),
+                        else_=func.coalesce(REQUESTS.c.cost_nanousd, 0),
+                    )
+                ),
+                0,
+            )
+        )
+        .where(
+            REQUESTS.c.session_id == RESERVATIONS.c.session_id,
+            REQUESTS.c.created_at >= RESERVATIONS.c.created_at,
+        )
+        .scalar_subquery()
+    )
+    unspent = case(
+        (RESERVATIONS.c.amount > since_reserved, RESERVATIONS.c.amount - since_reserved),
+        else_=0,
+    )
+    held = (
+        select(
+            literal("held"),
+            RESERVATIONS.c.account,
+            RESERVATIONS.c.unit,
+            sa_cast(func.sum(unspent), BigInteger),
+            literal(0, BigInteger),
+            literal(0, BigInteger),
+            literal(0, BigInteger),
+            literal(0, BigInteger),
+        )
+        .join(
+            SESSIONS,
+            and_(
+                SESSIONS.c.id == RESERVATIONS.c.session_id,
+                SESSIONS.c.lock_token == RESERVATIONS.c.lock_token,
+            ),
+        )
+        .where(
+            RESERVATIONS.c.account.in_(names),
+            RESERVATIONS.c.session_id != bindparam("sid", type_=BigInteger),
+            SESSIONS.c.heartbeat_at >= db_now(bindparam("since", type_=Float)),
+        )
+        .group_by(RESERVATIONS.c.account, RESERVATIONS.c.unit)
+    )
+    newest = (
+        select(REQUESTS.c.counted_tokens, REQUESTS.c.cost_nanousd)
+        .where(REQUESTS.c.session_id == bindparam("sid", type_=BigInteger))
+        .order_by(REQUESTS.c.created_at.desc(), REQUESTS.c.id.desc())
+        .limit(1)
+        .subquery()
+    )
+    last = select(
+        literal("last"),
+        literal(""),
+        literal(""),
+        newest.c.counted_tokens,
+        func.coalesce(newest.c.cost_nanousd, -1),
+        literal(0, BigInteger),
+        literal(0, BigInteger),
+        literal(0, BigInteger),
+    )
+    united = union_all(spent, held, last).subquery()
+    return Prepared(select(*united.c))
+
+
+def _locks(accounts: int) -> Prepared:
+    return Prepared(
+        select(
+            *(
+                func.pg_advisory_xact_lock(bindparam(f"k{i}", type_=BigInteger))
+                for i in range(accounts)
+            )
+        )
+    )
+
+
+def _hold(dialect: Any, rows: int) -> Prepared:
+    """The turn's reservation rows, replacing its session's earlier ones in place (an earlier
+    turn's, or this turn's own before a later request): no delete first."""
+    upsert = dialect.insert(RESERVATIONS).values(
+        [
+            {
+                "session_id": bindparam("sid", type_=BigInteger),
+                "lock_token": bindparam("token", type_=RESERVATIONS.c.lock_token.type),
+                "account": bindparam(f"r{i}", type_=RESERVATIONS.c.account.type),
+                "unit": bindparam(f"u{i}", type_=RESERVATIONS.c.unit.type),
+                "amount": bindparam(f"n{i}", type_=BigInteger),
+                "created_at": bindparam("at", type_=RESERVATIONS.c.created_at.type),
+            }
+            for i in range(rows)
+        ]
+    )
+    return Prepared(
+        upsert.on_conflict_do_update(
+            index_elements=["session_id", "account", "unit"],
+            set_={
+                "lock_token": upsert.excluded.lock_token,
+                "amount": upsert.excluded.amount,
+                "created_at": upsert.excluded.created_at,
+            },
+        )
+    )
+
+
+_READ: Final = {n: _read(n) for n in range(1, MOST_ACCOUNTS + 1)}
+_LOCKS: Final = {n: _locks(n) for n in range(1, MOST_ACCOUNTS + 1)}
+_HOLD: Final = {
+    name: {n: _hold(dialect, n) for n in range(1, 2 * MOST_ACCOUNTS + 1)}
+    for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
+}
+
+
+@dataclass(frozen=True)
+class _View:
+    totals: dict[tuple[str, str], WindowTotals]  # (account, period)
+    held: dict[tuple[str, str], int]  # (account, unit): what other live turns hold
+    last: LastRequest | None
+
+
+async def _view(
+    conn: Conn, keys: Sequence[str], now: datetime, session_id: int | None, staleness: float
+) -> _View:
+    params: dict[str, Any] = {f"a{i}": key for i, key in enumerate(keys)}
+    params.update(
+        day=window("day", now).start,
+        month=window("month", now).start,
+        sid=-1 if session_id is None else session_id,
+        since=-float(staleness),
+    )
+    rows = await _READ[len(keys)].all(conn, params)
+    totals: dict[tuple[str, str], WindowTotals] = {}
+    held: dict[tuple[str, str], int] = {}
+    last: LastRequest | None = None
+    for kind, account, label, n1, n2, n3, n4, n5 in rows:
+        if kind == "spent":
+            totals[(account, label)] = WindowTotals(int(n1), int(n2), int(n3), int(n4), int(n5))
+        elif kind == "held":
+            held[(account, label)] = int(n1 or 0)
+        elif n1 is not None:
+            last = LastRequest(int(n1), None if int(n2) < 0 else int(n2))
+    return _View(totals, held, last)
+
+
+def _in_unit(budget: Budget, amount: int) -> Decimal:
+    return Decimal(amount) / NANO if budget.unit == "usd" else Decimal(amount)
+
+
+def _limit(budget: Budget) -> int:
+    """The limit in the stored unit (tokens, or billionths of a dollar)."""
+    return int(budget.amount * NANO) if budget.unit == "usd" else int(budget.amount)
+
+
+def _spent(budget: Budget, totals: WindowTotals) -> int:
+    return totals.nanousd if budget.unit == "usd" else totals.tokens
+
+
+async def read_accounts(
+    conn: Conn,
+    pairs: Sequence[tuple[Budget, str]],
+    *,
+    now: datetime,
+    staleness_seconds: float,
+    exclude_session: int | None = None,
+) -> list[Account]:
+    """Each budget's account now: what its window spent and what other live turns hold."""
+    if not pairs:
+        return []
+    keys = sorted({key for _, key in pairs})
+    view = await _view(conn, keys, now, exclude_session, staleness_seconds)
+    accounts = []
+    for budget, key in pairs:
+        totals = view.totals.get((key, budget.period), WindowTotals())
+        held = view.held.get((key, budget.unit), 0)
+        accounts.append(
+            Account(
+                budget,
+                window(budget.period, now),
+                _in_unit(budget, _spent(budget, totals)),
+                _in_unit(budget, held),
+            )
+        )
+    return accounts
+
+
+class Reservation:
+    """The budget check and reservation a turn's claim transaction runs (see the module), and
+    again before each of the turn's later requests (``UsageLedger.extend``).
+
+    ``text_tokens``: the new text the turn's first request adds to the conversation (an
+    estimate, known at the claim). Once taken, ``session_id`` and ``token`` name the turn whose
+    ledger rows lower it.
+    """
+
+    def __init__(
+        self,
+        budgets: Sequence[Budget],
+        payer: Payer | None,
+        *,
+        staleness_seconds: float,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.pairs = applicable(budgets, payer)
+        self.staleness_seconds = staleness_seconds
+        self.clock = clock
+        self.text_tokens = 0
+        self.session_id: int | None = None
+        self.token: str | None = None
+
+    async def take(
+        self, conn: Conn, session_id: int, token: str, *, during_turn: bool = False
+    ) -> None:
+        """Refuse (``AgentSessionBudgetExceeded``, rolling the claim back) or reserve."""
+        if not self.pairs:
+            return
+        keys = sorted({key for _, key in self.pairs})
+        if conn.dialect.name == "postgresql":
+            locks = {f"k{i}": lock_key(key) for i, key in enumerate(keys)}
+            await _LOCKS[len(keys)].all(conn, locks)
+        now = self.clock()
+        view = await _view(conn, keys, now, session_id, self.staleness_seconds)
+        text = 0 if during_turn else self.text_tokens
+        holds: dict[tuple[str, str], int] = {}
+        for budget, key in self.pairs:
+            totals = view.totals.get((key, budget.period), WindowTotals())
+            others = view.held.get((key, budget.unit), 0)
+            tokens = expected_tokens(view.last, totals, text)
+            expected = (
+                expected_nanousd(tokens, view.last, totals) if budget.unit == "usd" else tokens
+            )
+            left = _limit(budget) - _spent(budget, totals) - others
+            if not admits(left, expected, others):
+                account = Account(
+                    budget,
+                    window(budget.period, now),
+                    _in_unit(budget, _spent(budget, totals)),
+                    _in_unit(budget, others),
+                )
+                raise refusal(account, during_turn=during_turn)
+            amount = max(min(expected, left), 1)
+            slot = (key, budget.unit)
+            holds[slot] = min(holds.get(slot, amount), amount)
+        params: dict[str, Any] = {"sid": session_id, "token": token, "at": now}
+        for i, ((key, unit), amount) in enumerate(sorted(holds.items())):
+            params.update({f"r{i}": key, f"u{i}": unit, f"n{i}": amount})
+        await _HOLD[conn.dialect.name][len(holds)].run(conn, params)
+        self.session_id, self.token = session_id, token
+
+
+__all__ = ["NANO", "Reservation", "applicable", "lock_key", "read_accounts"]

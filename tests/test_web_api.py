@@ -1,0 +1,159 @@
+"""The HTTP API over real HTTP on both databases: sessions, transcripts, chat, who sees what."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from core.testing.slack import SlackStandIn
+from tests.slack_harness import RunningBot, running_bot
+from tests.ui_stream import parse_ui_stream
+from tests.web_harness import ApiClient, api_as, person_token
+
+
+@pytest.fixture
+async def running(database_url: str, slack: SlackStandIn) -> AsyncIterator[RunningBot]:
+    async with running_bot(database_url, slack, admin_user_ids="T1:UADMIN") as bot:
+        yield bot
+
+
+async def test_a_session_is_made_listed_chatted_in_renamed_and_deleted(
+    running: RunningBot,
+) -> None:
+    api = await api_as(running, "slack:T1:U1")
+    me = await api.get("/v1/me")
+    assert me.status == 200
+    assert me.body["person"] == "slack:T1:U1"
+    assert me.body["admin"] is False
+    assert me.body["csrfToken"] is None
+
+    made = await api.post("/v1/agent_sessions", {"title": "first"})
+    assert made.status == 201, made.body
+    session = made.body
+    assert session["title"] == "first"
+    assert session["place"]["kind"] == "web"
+    assert session["isActive"] is False
+    assert session["lastMessageId"] is None
+    path = f"/v1/agent_sessions/{session['id']}"
+
+    listed = await api.get("/v1/agent_sessions")
+    assert [s["id"] for s in listed.body["data"]] == [session["id"]]
+
+    for major in (6, 7):
+        last = (await api.get(path)).body["lastMessageId"]
+        chat = await api.post(path + "/chat", {"message": f"hello {major}", "lastMessageId": last})
+        assert chat.status == 200, chat.raw
+        assert chat.headers["x-vercel-ai-ui-message-stream"] == "v1"
+        message = parse_ui_stream(chat.raw, ai_major=major)
+        assert message["role"] == "assistant"
+        assert any(p["type"] == "text" and p["text"] for p in message["parts"])
+        assert (await api.get(path)).body["lastMessageId"] == message["id"]
+
+    page = await api.get(path + "/messages?limit=3")
+    assert page.status == 200
+    assert [m["role"] for m in page.body["data"]] == ["user", "assistant", "user"]
+    assert page.body["data"][0]["metadata"]["author"] == "slack:T1:U1"
+    rest = await api.get(path + f"/messages?cursor={page.body['nextCursor']}")
+    assert [m["role"] for m in rest.body["data"]] == ["assistant"]
+    assert rest.body["nextCursor"] is None
+
+    renamed = await api.call("PATCH", path, {"title": "renamed"})
+    assert renamed.status == 200
+    assert renamed.body["title"] == "renamed"
+    gone = await api.call("DELETE", path)
+    assert gone.status == 204
+    assert (await api.get(path)).status == 404
+
+
+async def test_chat_refusals_are_409s_that_write_nothing(running: RunningBot) -> None:
+    api = await api_as(running, "slack:T1:U1")
+    session = (await api.post("/v1/agent_sessions", {})).body
+    path = f"/v1/agent_sessions/{session['id']}"
+    first = await api.post(path + "/chat", {"message": "one", "lastMessageId": None})
+    assert first.status == 200
+    # The client has not seen the answer: stale, with how many it missed.
+    stale = await api.post(path + "/chat", {"message": "two", "lastMessageId": None})
+    assert stale.status == 409
+    assert stale.body["code"] == "agent_session_messages_stale"
+    assert stale.body["unseen"] == 2
+    messages = (await api.get(path + "/messages")).body["data"]
+    assert len(messages) == 2
+
+
+async def test_who_sees_what(running: RunningBot) -> None:
+    owner = await api_as(running, "slack:T1:U1")
+    other = await api_as(running, "slack:T1:U2")
+    stranger = await api_as(running, "slack:T2:U1")
+    admin = await api_as(running, "slack:T1:UADMIN")
+    session = (await owner.post("/v1/agent_sessions", {"title": "mine"})).body
+    path = f"/v1/agent_sessions/{session['id']}"
+    for someone in (other, stranger):
+        assert (await someone.get(path)).status == 404
+        assert (await someone.get(path + "/messages")).status == 404
+        chat = await someone.post(path + "/chat", {"message": "x", "lastMessageId": None})
+        assert chat.status == 404
+        assert (await someone.call("DELETE", path)).status == 404
+        assert (await someone.get("/v1/agent_sessions")).body["data"] == []
+    assert (await admin.get(path)).status == 200
+    assert (await other.get("/v1/agent_sessions?scope=all")).status == 403
+    everything = await admin.get("/v1/agent_sessions?scope=all")
+    assert [s["id"] for s in everything.body["data"]] == [session["id"]]
+    assert (await owner.get(path + "/messages")).body["data"] == []
+
+
+async def test_keys_that_open_nothing(running: RunningBot) -> None:
+    storage = running.bot.runtime.storage
+    assert (await ApiClient(running.url).get("/v1/me")).status == 401
+    assert (await ApiClient(running.url, "sat_nothing").get("/v1/me")).status == 401
+    _, expired = await person_token(running, "slack:T1:U1", expires_days=-1)
+    assert (await ApiClient(running.url, expired).get("/v1/me")).body["code"] == "unauthenticated"
+    _, revoked = await person_token(running, "slack:T1:U1")
+    token_id = max(t.id for t in await storage.web_access.tokens())
+    await storage.web_access.revoke_token(token_id)
+    assert (await ApiClient(running.url, revoked).get("/v1/me")).status == 401
+
+
+async def test_a_cookie_changes_nothing_without_its_csrf_token(running: RunningBot) -> None:
+    storage = running.bot.runtime.storage
+    user_id = await storage.sessions.get_or_create_user("slack:T1:U1")
+    cookie = await storage.web_access.sign_in(user_id, lifetime_seconds=600)
+    browser = ApiClient(running.url, cookie=cookie)
+    me = await browser.get("/v1/me")
+    assert me.status == 200
+    assert me.body["csrfToken"]
+    refused = await browser.post("/v1/agent_sessions", {})
+    assert refused.status == 403
+    assert refused.body["code"] == "csrf_failed"
+    wrong = ApiClient(running.url, cookie=cookie, csrf="nope")
+    assert (await wrong.post("/v1/agent_sessions", {})).status == 403
+    right = ApiClient(running.url, cookie=cookie, csrf=me.body["csrfToken"])
+    assert (await right.post("/v1/agent_sessions", {})).status == 201
+    assert len((await browser.get("/v1/agent_sessions")).body["data"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("data", "status", "code"),
+    [
+        (b"{not json", 400, "bad_request"),
+        (b"[1, 2]", 400, "bad_request"),
+        (b'{"message": 5, "lastMessageId": null}', 400, "bad_request"),
+        (b'{"message": "hi"}', 400, "bad_request"),
+        (b'{"message": "hi", "lastMessageId": 7}', 400, "bad_request"),
+        (b'{"message": "' + b"x" * (1 << 20) + b'", "lastMessageId": null}', 413, "too_large"),
+    ],
+    ids=["not-json", "not-object", "message-type", "no-last", "last-type", "oversized"],
+)
+async def test_bad_bodies_are_one_line_4xx(
+    running: RunningBot, data: bytes, status: int, code: str
+) -> None:
+    api = await api_as(running, "slack:T1:U1")
+    session = (await api.post("/v1/agent_sessions", {})).body
+    path = f"/v1/agent_sessions/{session['id']}"
+    answer = await api.call(
+        "POST", path + "/chat", data=data, headers={"Content-Type": "application/json"}
+    )
+    assert answer.status == status, answer.raw[:200]
+    assert answer.body["code"] == code
+    assert "\n" not in answer.body["message"]
+    assert (await api.get(path + "/messages")).body["data"] == []

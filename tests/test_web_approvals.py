@@ -1,0 +1,93 @@
+"""Tool calls waiting for a person, decided through the HTTP API: the stream asks, the API
+decides and carries the call out, and a Slack card follows a decision made on the web (and the
+web one made in Slack). A real notes MCP server (stdio), the offline model, both databases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.testing.slack import SlackClient, SlackStandIn
+from tests.mcp_support import notes
+from tests.slack_harness import running_bot
+from tests.test_slack_approvals import ADD, card_updates, cards, click, connected, mcp
+from tests.ui_stream import parse_ui_stream
+from tests.web_harness import api_as
+
+pytestmark = pytest.mark.slow
+
+
+async def test_a_web_session_asks_in_its_stream_and_the_api_decides(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    async with running_bot(database_url, slack, **mcp(tmp_path)) as bot:
+        await connected(bot)
+        web = await api_as(bot, "slack:T1:U1")
+        session = (await web.post("/v1/agent_sessions", {})).body
+        path = f"/v1/agent_sessions/{session['id']}"
+        asked = await web.post(path + "/chat", {"message": ADD, "lastMessageId": None})
+        assert asked.status == 200
+        message = parse_ui_stream(asked.raw, ai_major=6)
+        (waiting,) = [p for p in message["parts"] if p.get("state") == "approval-requested"]
+        pending = (await web.get(path)).body["pendingApproval"]
+        assert pending["approvalId"] == waiting["approval"]["id"]
+        assert pending["toolCallId"] == waiting["toolCallId"]
+        other = await api_as(bot, "slack:T1:U2")
+        decision = {"approvalId": pending["approvalId"], "approved": True}
+        assert (await other.post(path + "/tool_approvals", decision)).status == 404
+        assert notes(tmp_path) == {}
+
+        ran = await web.post(path + "/tool_approvals", decision)
+        assert ran.status == 200, ran.body
+        parse_ui_stream(ran.raw, ai_major=7)
+        assert notes(tmp_path) == {"plan": "ship <on> friday"}
+        assert (await web.get(path)).body["pendingApproval"] is None
+        again = await web.post(path + "/tool_approvals", decision)
+        assert again.status == 409
+        assert again.body["code"] == "tool_approval_already_decided"
+        assert again.body["decision"] in ("ran", "approved", "running")
+        assert again.body["decidedBy"] == "slack:T1:U1"
+        unknown = await web.post(path + "/tool_approvals", {"approvalId": "x", "approved": True})
+        assert unknown.status == 404
+
+
+async def test_a_decision_on_the_web_clears_the_slack_card_and_the_reverse(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    async with (
+        running_bot(database_url, slack, session_poll_seconds=0.2, **mcp(tmp_path)) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        await connected(bot)
+        web = await api_as(bot, "slack:T1:U1")
+        # Decided in Slack: the web sees nothing pending, and deciding there is refused.
+        root = await client.message(ADD, mention=True)
+        (first,) = await slack.wait_for(lambda: cards(slack))
+        (session,) = (await web.get("/v1/agent_sessions")).body["data"]
+        path = f"/v1/agent_sessions/{session['id']}"
+        waiting = session["pendingApproval"]
+        assert waiting is not None
+        assert await click(client, slack, first) == 200
+        await slack.wait_for(lambda: notes(tmp_path))
+        await slack.wait_for(lambda: "answered" in slack.shown(root))
+        late = await web.post(
+            path + "/tool_approvals", {"approvalId": waiting["approvalId"], "approved": False}
+        )
+        assert late.status == 409
+        assert late.body["code"] == "tool_approval_already_decided"
+        assert (await web.get(path)).body["pendingApproval"] is None
+        # Decided on the web: the card in the thread shows it.
+        again = ADD.replace("plan", "later")
+        await client.message(again, mention=True, thread_ts=root)
+        (_, second) = await slack.wait_for(lambda: cards(slack)[1:] and cards(slack))
+        pending = (await web.get(path)).body["pendingApproval"]
+        assert pending is not None
+        assert pending["approvalId"] != waiting["approvalId"]
+        decided = await web.post(
+            path + "/tool_approvals", {"approvalId": pending["approvalId"], "approved": False}
+        )
+        assert decided.status == 200, decided.body
+        parse_ui_stream(decided.raw)
+        await slack.wait_for(lambda: any("Denied" in t for t in card_updates(slack, second)))
+        assert set(notes(tmp_path)) == {"plan"}
