@@ -40,9 +40,10 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Final, cast
 
-from sqlalchemy import ColumnElement, Table, and_, case, insert, or_, select, update
+from sqlalchemy import ColumnElement, Table, and_, bindparam, case, insert, or_, select, update
 
 from core.storage.dialect import ago, db_now, update_returning
 from core.storage.engine import Database
@@ -112,8 +113,18 @@ class Approvals:
         self.timeout_seconds = float(timeout_seconds)
 
     def _columns(self) -> list[Any]:
+        """A request's columns and whether it is overdue (built once: building the expression
+        and its cache key on every read was most of a read's cost)."""
+        return self._built
+
+    @cached_property
+    def _built(self) -> list[Any]:
         overdue = and_(A.state == "pending", A.requested_at < ago(self.timeout_seconds))
         return [*APPROVALS.c, overdue.label("overdue")]
+
+    @cached_property
+    def _by_id(self) -> Any:
+        return select(*self._columns()).where(A.id == bindparam("approval_id"))
 
     async def request(
         self,
@@ -148,7 +159,7 @@ class Approvals:
 
     async def get(self, approval_id: str) -> ApprovalRecord | None:
         async with self.db.read() as conn:
-            row = (await conn.execute(select(*self._columns()).where(A.id == approval_id))).first()
+            row = (await conn.execute(self._by_id, {"approval_id": approval_id})).first()
         return None if row is None else _record(row)
 
     async def of_session(self, session_id: int, *, states: tuple[str, ...]) -> list[ApprovalRecord]:
