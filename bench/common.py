@@ -26,8 +26,8 @@ from typing import Any, Final
 
 from core.messages import Message, assistant_message, user_message
 from core.storage.engine import Database, create_database
-from core.testing.processes import child_environment, free_port, spawn, until_healthy
-from core.testing.slack import BOT_USER, TEAM, signed_headers
+from standins.processes import child_environment, free_port, spawn, until_healthy
+from standins.slack import BOT_USER, TEAM, signed_headers
 
 
 class BenchError(RuntimeError):
@@ -158,7 +158,7 @@ def event_body(ts: str) -> str:
 
 async def standin_process() -> tuple[Process, str]:
     """The Slack stand-in in a process of its own, and its Web API URL."""
-    proc, url = await spawn("core.testing.slack")
+    proc, url = await spawn("standins.slack")
     return proc, url + "/api/"
 
 

@@ -22,11 +22,28 @@ PARTS: Final[dict[str, tuple[str, str]]] = {
     "turns-profile": ("bench.load.profile", "the shares of a replica's py-spy profile: FILE"),
     "slack-calls": ("bench.load.slack_calls", "what one Slack Web API call costs"),
     "stream-client": ("bench.load.stream_client", "CPU to read a streamed answer: httpx, aiohttp"),
+    "web-first-byte": (
+        "bench.load.web",
+        "a chat's first byte over the HTTP API beside the terminal's: [RUNS]",
+    ),
+    "web-pollers": ("bench.load.web", "idle pollers of the HTTP API, a replica's CPU: [N [S]]"),
+    "web-cpu": ("bench.load.web", "serve's CPU per turn, the HTTP API beside Slack: [TURNS]"),
+    "web-page": ("bench.load.page", "the web page's weight and first paint in Chromium: [LOADS]"),
+    "budget-check": (
+        "bench.costs.observability",
+        "a turn's bookkeeping with three budgets and without: [URL|- [LEDGER_ROWS]]",
+    ),
     "bookkeeping": ("bench.costs.bookkeeping", "a message's bookkeeping statements: [URL]"),
     "history-load": ("bench.costs.history_load", "loading a long history: [URL [PEER_URL]]"),
     "soak-profile": ("bench.soak.profile", "a soak's profile summarised again: DIR"),
 }
 
+
+_WEB: Final = (
+    "web-first-byte",
+    "web-pollers",
+    "web-cpu",
+)  # two modes of one module, like turns/fork
 
 # parts that cannot run without an argument (a file or directory to read)
 NEEDS_ONE: Final = frozenset({"turns-profile", "soak-profile"})
@@ -37,4 +54,4 @@ def run(part: str, argv: list[str]) -> None:
         raise UsageError(f"bench {part}: {PARTS[part][1]}")
     module = importlib.import_module(PARTS[part][0])
     # "fork" is a mode of the turns module: its first argument says which.
-    module.run_part([part, *argv] if part in ("turns", "fork") else argv)
+    module.run_part([part, *argv] if part in ("turns", "fork", *_WEB) else argv)

@@ -29,6 +29,7 @@ from core.conversation import Conversations
 from core.operator import Operator, operator_external_id
 from core.settings import Settings
 from core.storage import Deliveries, Storage
+from core.storage.tokens import Bearer
 from core.sweeping import SweeperThread
 from core.tools import McpTools, load_mcp_config, with_known_secrets
 from core.tracing.spans import Tracer
@@ -117,6 +118,7 @@ class Runtime:
         if self.tracer.enabled:  # flushes what is queued, within a bounded time, off the loop
             await asyncio.to_thread(self.tracer.shutdown)
         await self.providers.aclose()
+        await self.agent.accounting.close()  # ledger rows still being written or retried
         await self.storage.dispose()
 
 
@@ -147,6 +149,7 @@ def _prices_from_the_table(settings: Settings) -> bool:
 # errors: the settings, the process's storage and delivery records, the sweeper it runs, the
 # metrics it serves, and the local operator's name.
 __all__ = [
+    "Bearer",
     "Deliveries",
     "Operator",
     "Runtime",

@@ -6,7 +6,7 @@ way Slack sends them, replies go to a local stand-in of the Slack Web API, the m
 database is a fresh SQLite file. The script plays a short conversation and prints each thread as
 a Slack user would see it: a threaded reply, a second replica meeting a busy session, a fork, a
 rewind, a compaction, a tool of an MCP server (the small notes server shipped in
-``core.testing.mcp_notes``) run only once a person approved it, and a restart that loses nothing.
+``standins.mcp_notes``) run only once a person approved it, and a restart that loses nothing.
 
 ``demo --web`` then keeps the stand-in Slack, the offline model, the database and a replica up,
 serving the web page and its API on ``http://127.0.0.1:8000`` until Ctrl-C: the page's "Sign in
@@ -35,9 +35,9 @@ from core.providers import UserMessage
 from core.providers.offline import respond
 from core.records import TurnLease
 from core.settings import load_settings
-from core.testing.mcp_notes import stdio_entry
-from core.testing.server import serve_app
-from core.testing.slack import TEAM, Message, SlackClient, SlackStandIn
+from standins.mcp_notes import stdio_entry
+from standins.server import serve_app
+from standins.slack import TEAM, Message, SlackClient, SlackStandIn
 
 SECRET = "demo-signing-secret"
 WEB_HOST, WEB_PORT = "127.0.0.1", 8000

@@ -26,8 +26,8 @@ import pytest
 from core.storage.engine import Database, create_database
 from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
-from core.testing.openai import GatedModel
-from core.testing.slack import SlackStandIn
+from standins.openai import GatedModel
+from standins.slack import SlackStandIn
 
 PG_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", "postgresql"]

@@ -12,8 +12,8 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from core.testing.mcp_notes import stdio_entry
 from core.tools import Backoff, McpTools, load_mcp_config
+from standins.mcp_notes import stdio_entry
 
 # Fast enough that a test waiting for a restart does not wait long; still exponential.
 FAST = Backoff(initial=0.05, maximum=0.5)

@@ -1,5 +1,5 @@
-"""What provider tests share besides the model stand-ins (``core.testing.openai`` and
-``core.testing.anthropic``): a sleep that records the retry policy's waits, and the events of one
+"""What provider tests share besides the model stand-ins (``standins.openai`` and
+``standins.anthropic``): a sleep that records the retry policy's waits, and the events of one
 streamed answer."""
 
 from __future__ import annotations

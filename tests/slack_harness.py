@@ -18,9 +18,9 @@ import aiohttp
 from bot.intake import IntakeThread
 from bot.service import Bot
 from core.settings import load_settings
-from core.testing.processes import child_environment, free_port, until_healthy
-from core.testing.server import serve_app
-from core.testing.slack import SIGNING_SECRET, SlackClient, SlackStandIn
+from standins.processes import child_environment, free_port, until_healthy
+from standins.server import serve_app
+from standins.slack import SIGNING_SECRET, SlackClient, SlackStandIn
 from tests.helpers import ROOT
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pexpect
 import pyte
 
-from core.testing.processes import child_environment
+from standins.processes import child_environment
 from tests.helpers import ROOT
 
 ROWS, COLUMNS = 50, 160

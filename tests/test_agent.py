@@ -21,10 +21,10 @@ from core.storage.custom_providers import (
     delete_custom_provider,
 )
 from core.storage.sessions import SessionStore
-from core.testing import anthropic, openai
-from core.testing.anthropic import AnthropicStandIn
-from core.testing.openai import OpenAIStandIn
-from core.testing.scripted import SseReply
+from standins import anthropic, openai
+from standins.anthropic import AnthropicStandIn
+from standins.openai import OpenAIStandIn
+from standins.scripted import SseReply
 from tests.helpers import new_session
 from tests.providers_fixtures import RecordingSleep
 

@@ -10,7 +10,7 @@ from core.providers import AnthropicProvider, OfflineProvider, OpenAIProvider, U
 from core.providers.anthropic import DEFAULT_MODEL as ANTHROPIC_DEFAULT
 from core.settings import load_settings
 from core.storage.custom_providers import CustomProviderSpec
-from core.testing import anthropic, openai
+from standins import anthropic, openai
 from tests.providers_fixtures import collect, text_of
 
 

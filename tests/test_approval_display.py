@@ -11,7 +11,7 @@ import pytest
 
 from bot import texts as slack
 from core.conversation import argument_lines, pages
-from core.testing.slack import block_limits
+from standins.slack import block_limits
 from terminal import texts as terminal
 
 # A call whose argument that matters sorts after a long one: a cut at any fixed length hid it.

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from core.testing.slack import Call, SlackClient, SlackStandIn
+from standins.slack import Call, SlackClient, SlackStandIn
 from tests.mcp_support import notes, notes_entry, write_config
 from tests.slack_harness import ServeProcess
 from tests.terminal_harness import ChatProcess

@@ -159,7 +159,7 @@ def test_turn_profile__sums_the_replicas_samples_recorded_either_way(tmp_path: P
     slack = "main (slack_agent/cli.py:1);AsyncBaseClient.api_call (slack_sdk/x.py:9)"
     idle = "main (slack_agent/cli.py:1);EpollSelector.select (selectors.py:468)"
     replica = 'process 1:"python -m bench.load.turns";process 2:"python -m bot serve"'
-    other = 'process 1:"python -m bench.load.turns";process 3:"python -m core.testing.slack"'
+    other = 'process 1:"python -m bench.load.turns";process 3:"python -m standins.slack"'
     everything = tmp_path / "all.raw"
     everything.write_text(
         f"{replica};{turn} 3\n{replica};{slack} 1\n{replica};{idle} 50\n{other};{turn} 40\n"

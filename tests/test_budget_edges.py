@@ -30,11 +30,18 @@ from core.storage.engine import Database, create_database
 from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
 from core.storage.usage import LedgerEntry, UsageLedger, UsageLine
-from core.testing import openai as fake_openai
-from core.testing.openai import OpenAIStandIn
-from core.testing.scripted import JsonReply, SseReply
-from core.usage.budgets import WindowTotals, expected_tokens, parse_budgets
+from core.usage.budgets import (
+    LastRequest,
+    WindowTotals,
+    admits,
+    expected_nanousd,
+    expected_tokens,
+    parse_budgets,
+)
 from core.usage.totals import RequestUsage
+from standins import openai as fake_openai
+from standins.openai import OpenAIStandIn
+from standins.scripted import JsonReply, SseReply
 from tests.helpers import new_session, read_json_line, start_worker, stop_workers, take_over
 from tests.providers_fixtures import RecordingSleep
 from tests.test_processes import release_together
@@ -491,3 +498,27 @@ async def test_migration_0007__fills_this_months_totals_from_the_ledger(
         assert (user.spent, workspace.spent, shared.spent) == (40, 42, Decimal("7e-9"))
     finally:
         await db.dispose()
+
+
+def test_rule__the_issues_example_admits_one_turn_into_the_last_bit() -> None:
+    """2,000 tokens a day, 1,640 spent by two requests of 800 in and 20 out: a new turn is
+    expected to cost about one of them; it does not fit in the 360 left, so it is admitted
+    only while no other turn holds anything, and the second is refused."""
+    totals = WindowTotals(tokens=1_640, output_tokens=40, requests=2)
+    expected = expected_tokens(None, totals, 5)
+    assert expected == 800 + 5 + 20
+    left = 2_000 - totals.tokens
+    assert admits(left, expected, others_hold=0)  # the first: into the last bit
+    assert not admits(left - left, expected, others_hold=left)  # the second: nothing left
+    assert not admits(left, expected, others_hold=1)  # nor beside any other holder
+    assert admits(2 * expected, expected, others_hold=expected)  # what fits always does
+    assert not admits(0, 1, others_hold=0)  # a spent budget admits nothing
+
+
+def test_rule__a_session_expects_its_conversation_again_and_its_price() -> None:
+    last = LastRequest(counted_tokens=5_000, nanousd=10_000)
+    totals = WindowTotals(tokens=900, output_tokens=300, requests=3, nanousd=9, priced_requests=3)
+    assert expected_tokens(last, totals, 10) == 5_000 + 10 + 100
+    assert expected_nanousd(5_110, last, totals) == 10_220  # the session's price per token
+    assert expected_nanousd(5_110, None, totals) == 3  # else the account's average request
+    assert expected_nanousd(5_110, None, WindowTotals()) == 0  # nothing known

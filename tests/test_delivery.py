@@ -20,8 +20,8 @@ from core.storage.deliveries import DELIVERIES
 from core.storage.dialect import ago, db_now
 from core.storage.models import Delivery
 from core.storage.sessions import SessionStore
-from core.testing.openai import GatedModel
-from core.testing.slack import BOT_ID, BOT_USER, SlackClient, SlackStandIn
+from standins.openai import GatedModel
+from standins.slack import BOT_ID, BOT_USER, SlackClient, SlackStandIn
 from tests.helpers import read_json_line, start_worker, stop_workers
 from tests.slack_harness import ServeProcess
 

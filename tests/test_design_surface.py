@@ -18,7 +18,7 @@ import pytest
 
 from core.storage.engine import create_database
 from core.storage.sessions import SessionStore
-from core.testing.processes import child_environment
+from standins.processes import child_environment
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow  # a real process

@@ -32,7 +32,7 @@ from sqlalchemy import func, select
 
 from core.storage.engine import create_database
 from core.storage.models import Base
-from core.testing.slack import BOT_USER, SIGNING_SECRET, SlackStandIn, signed_headers
+from standins.slack import BOT_USER, SIGNING_SECRET, SlackStandIn, signed_headers
 from tests.conftest import run_isolated
 from tests.slack_harness import running_bot
 

@@ -8,7 +8,7 @@ import pytest
 
 from core.messages import message_text
 from core.storage.sessions import SessionStore
-from core.testing.slack import SlackClient, SlackStandIn
+from standins.slack import SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
 
 MARKUP = "<!channel> <!here> <@U999> <#C999|secret> <https://evil.example|click me> &amp; &lt;b&gt;"

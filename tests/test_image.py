@@ -40,9 +40,9 @@ import yaml
 from core.records import StoredMessage
 from core.storage.engine import create_database
 from core.storage.sessions import SessionStore
-from core.testing.openai import GatedModel
-from core.testing.processes import free_port
-from core.testing.slack import BOT_USER, SIGNING_SECRET, SlackClient, SlackStandIn
+from standins.openai import GatedModel
+from standins.processes import free_port
+from standins.slack import BOT_USER, SIGNING_SECRET, SlackClient, SlackStandIn
 from tests.conftest import fresh_database_url
 from tests.helpers import ROOT
 from tests.test_delivery import transcript

@@ -15,9 +15,9 @@ from sqlalchemy import select
 from core import metrics
 from core.storage.deliveries import DELIVERIES
 from core.storage.engine import create_database
-from core.testing.metrics import scrape, value
-from core.testing.openai import GatedModel
-from core.testing.slack import SlackClient, SlackStandIn
+from standins.metrics import scrape, value
+from standins.openai import GatedModel
+from standins.slack import SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
 
 # Lease upkeep (renewals, take-overs) every quarter second, so a replica with room takes a shed

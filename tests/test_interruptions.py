@@ -30,7 +30,7 @@ from core.storage.engine import Database
 from core.storage.feedback import Feedback
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import load_state
-from core.testing.openai import GatedModel
+from standins.openai import GatedModel
 from tests.helpers import age_lock, new_session, take_over
 from tests.providers_fixtures import RecordingSleep
 

@@ -12,8 +12,10 @@ arrow that runs the wrong way fails here before a reviewer has to spot it:
         │                 routes on its listener)
     core         (knows nothing of Slack or a terminal; SQL only in core/storage)
 
-``core.testing`` (the stand-ins) ships in the package for the tests, the demo and the benchmark;
-the product itself (the rest of ``core``, ``bot``, ``terminal``, ``web``) never imports it.
+``standins`` (the stand-in servers for Slack, the model providers, MCP, OTLP and the network)
+ships in the package for the tests, the demo and the benchmark, beside ``core`` and not in it:
+the product itself (``core``, ``bot``, ``terminal``, ``web``) never imports it, and it imports
+nothing of ours.
 """
 
 from __future__ import annotations
@@ -26,15 +28,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "bot", "terminal", "web", "bench", "slack_agent")
+PACKAGES = ("core", "bot", "terminal", "web", "bench", "slack_agent", "standins")
 # What each package may import of ours.
 ALLOWED = {
     "core": {"core"},
     "bot": {"core", "bot", "web"},
     "terminal": {"core", "terminal"},
     "web": {"core", "web"},
-    "bench": {"core", "bot", "terminal", "web", "bench"},
-    "slack_agent": {"core", "bot", "terminal", "web", "bench", "slack_agent"},
+    "bench": {"core", "bot", "terminal", "web", "bench", "standins"},
+    "slack_agent": {"core", "bot", "terminal", "web", "bench", "slack_agent", "standins"},
+    "standins": {"standins"},
 }
 # ``python -m bot`` (the command's other name, fixed by the product's contract) is the one
 # module that runs the entry point from inside a package below it: a ``__main__`` is an entry
@@ -118,20 +121,13 @@ def test_layers__core_knows_nothing_of_slack() -> None:
 
 
 PRODUCT = ("core", "bot", "terminal", "web")
-STAND_INS = "core.testing"
+STAND_INS = "standins"
 
 
-@pytest.mark.parametrize(
-    "name",
-    sorted(
-        n
-        for n in MODULES
-        if n.split(".")[0] in PRODUCT and not (n == STAND_INS or n.startswith(STAND_INS + "."))
-    ),
-)
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.split(".")[0] in PRODUCT))
 def test_layers__the_product_never_imports_the_stand_ins(name: str) -> None:
     """A stand-in reached from product code would run in production (or hide a missing real
-    part in a test): only the tests, the demo and the benchmark use ``core.testing``."""
+    part in a test): only the tests, the demo and the benchmark use ``standins``."""
     found = sorted(m for m in EXTERNAL[name] if m == STAND_INS or m.startswith(STAND_INS + "."))
     assert not found, f"{name} imports {found}"
 
@@ -179,7 +175,6 @@ CORE_LEVELS: tuple[tuple[str, ...], ...] = (
     ("core.conversation",),
     ("core.sweeping", "core.operator"),
     ("core.runtime",),
-    ("core.testing",),  # the stand-ins: beside the product, which never imports them
 )
 LEVEL = {folder: level for level, folders in enumerate(CORE_LEVELS) for folder in folders}
 

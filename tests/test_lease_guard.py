@@ -17,8 +17,8 @@ from core.messages import user_message
 from core.settings import Settings
 from core.storage.engine import Database
 from core.storage.sessions import SessionStore
-from core.testing import openai
-from core.testing.openai import OpenAIStandIn
+from standins import openai
+from standins.openai import OpenAIStandIn
 from tests.helpers import new_session
 from tests.mcp_support import calls_timed, notes, notes_entry, running
 

@@ -18,8 +18,8 @@ from core.providers.uimessages import ui_to_chat
 from core.runtime import Runtime
 from core.settings import Settings
 from core.storage.sessions import SessionStore
-from core.testing.otlp import OtlpReceiver
 from core.tools import McpTools
+from standins.otlp import OtlpReceiver
 from tests.helpers import new_session
 from tests.mcp_support import notes, notes_entry, running, write_config
 

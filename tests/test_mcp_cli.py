@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from core.testing.processes import free_port
+from standins.processes import free_port
 from tests.mcp_support import notes_entry
 from tests.test_cli import cli, one_line_error
 

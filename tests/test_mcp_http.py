@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from core.testing.mcp_notes import NotesHttpServer
-from core.testing.processes import free_port
+from standins.mcp_notes import NotesHttpServer
+from standins.processes import free_port
 from tests.mcp_support import notes, running
 
 # Real processes or long runs: outside the developer's quick subset (README, *The tests*).

@@ -16,8 +16,8 @@ from core.messages import user_message
 from core.settings import Settings
 from core.storage.engine import Database
 from core.storage.sessions import SessionStore
-from core.testing.mcp_notes import NotesHttpServer
 from core.tools.stdio import MAX_MESSAGE_BYTES
+from standins.mcp_notes import NotesHttpServer
 from tests.helpers import new_session
 from tests.mcp_support import notes_entry, running
 

@@ -16,7 +16,6 @@ import pytest
 from mcp.client.stdio import get_default_environment
 
 from core.settings import Settings
-from core.testing.mcp_notes import PNG_1PX
 from core.tools import (
     RESULT_CAP,
     McpTools,
@@ -24,6 +23,7 @@ from core.tools import (
     load_mcp_config,
     with_known_secrets,
 )
+from standins.mcp_notes import PNG_1PX
 from tests.mcp_support import (
     alive,
     calls_counted,

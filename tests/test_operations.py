@@ -25,12 +25,12 @@ from core.messages import message_text
 from core.storage.engine import Database, create_database
 from core.storage.migrate import known_revisions, this_builds_head
 from core.storage.sessions import SessionStore
-from core.testing import metrics
-from core.testing.http_proxy import HttpProxy
-from core.testing.metrics import value
-from core.testing.openai import GatedModel
-from core.testing.slack import SlackClient, SlackStandIn
-from core.testing.tcp_proxy import TcpProxy
+from standins import metrics
+from standins.http_proxy import HttpProxy
+from standins.metrics import value
+from standins.openai import GatedModel
+from standins.slack import SlackClient, SlackStandIn
+from standins.tcp_proxy import TcpProxy
 from tests.helpers import ROOT, statements
 from tests.slack_harness import ServeProcess, running_bot
 from tests.test_delivery import TerminalTurn, model_env, transcript
@@ -350,7 +350,7 @@ async def test_slack_answering_a_page_not_json__is_a_slack_error_the_callers_han
 
     from bot.slack_api import web_client
     from core.settings import Settings
-    from core.testing.server import serve_app
+    from standins.server import serve_app
 
     async def not_json(_: web.Request) -> web.Response:
         return web.Response(status=405, text="405: Method Not Allowed")

@@ -23,11 +23,11 @@ from sqlalchemy import select
 from core.messages import message_text
 from core.storage.models import Delivery
 from core.storage.sessions import SessionStore
-from core.testing.openai import DONE, GatedModel, text_frames, usage_chunk
-from core.testing.scripted import sse_frame
-from core.testing.server import LocalServer
-from core.testing.slack import SlackClient, SlackStandIn
-from core.testing.tcp_proxy import TcpProxy
+from standins.openai import DONE, GatedModel, text_frames, usage_chunk
+from standins.scripted import sse_frame
+from standins.server import LocalServer
+from standins.slack import SlackClient, SlackStandIn
+from standins.tcp_proxy import TcpProxy
 from tests.slack_harness import ServeProcess
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from core.providers import (
     Usage,
     UserMessage,
 )
-from core.testing.anthropic import (
+from standins.anthropic import (
     AnthropicStandIn,
     event,
     message_end,
@@ -31,7 +31,7 @@ from core.testing.anthropic import (
     tool_block,
     tool_use_reply,
 )
-from core.testing.scripted import SseReply
+from standins.scripted import SseReply
 from tests.providers_fixtures import RecordingSleep, collect, text_of
 
 SHELL = ToolSpec(

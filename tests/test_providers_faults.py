@@ -32,8 +32,8 @@ from core.providers import (
     UserMessage,
 )
 from core.providers.streaming import parse_retry_after
-from core.testing import anthropic, openai
-from core.testing.scripted import JsonReply, ScriptedServer, Silence, SseReply, sse_frame
+from standins import anthropic, openai
+from standins.scripted import JsonReply, ScriptedServer, Silence, SseReply, sse_frame
 from tests.providers_fixtures import RecordingSleep, collect, text_of
 
 HELLO = [UserMessage("hello")]

@@ -22,8 +22,8 @@ from core.providers import (
     Usage,
     UserMessage,
 )
-from core.testing.http_proxy import HttpProxy
-from core.testing.openai import (
+from standins.http_proxy import HttpProxy
+from standins.openai import (
     DONE,
     OpenAIStandIn,
     chunk,
@@ -32,7 +32,7 @@ from core.testing.openai import (
     tool_call_reply,
     usage_chunk,
 )
-from core.testing.scripted import SseReply, sse_frame
+from standins.scripted import SseReply, sse_frame
 from tests.providers_fixtures import RecordingSleep, collect, text_of
 
 SHELL = ToolSpec(

@@ -9,7 +9,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.render import ZWJ, open_fence
 from bot.reply import SMALL_PIECE, SMALL_PIECE_WAITS, ReplyStream, StreamPacer
 from bot.slack_api import retry_handlers
-from core.testing.slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, SlackFaults, SlackStandIn
+from standins.slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, SlackFaults, SlackStandIn
 
 THREAD = "1700000000.000001"
 

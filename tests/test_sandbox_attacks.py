@@ -46,8 +46,8 @@ from core.settings import Settings
 from core.storage import snapshots
 from core.storage.engine import Database
 from core.storage.sessions import SessionStore
-from core.testing import openai
-from core.testing.openai import OpenAIStandIn
+from standins import openai
+from standins.openai import OpenAIStandIn
 from tests.helpers import ROOT, new_session
 from tests.providers_fixtures import RecordingSleep
 

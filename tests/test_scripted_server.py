@@ -7,7 +7,7 @@ import asyncio
 
 import aiohttp
 
-from core.testing.scripted import ScriptedServer, SseReply, sse_frame
+from standins.scripted import ScriptedServer, SseReply, sse_frame
 
 FRAMES = [sse_frame({"n": 1}), sse_frame({"n": 2})]
 

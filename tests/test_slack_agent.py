@@ -17,8 +17,8 @@ from core.messages import message_text, slack_message_id
 from core.storage.deliveries import DELIVERIES, Deliveries
 from core.storage.feedback import votes
 from core.storage.sessions import SessionStore
-from core.testing.openai import GatedModel
-from core.testing.slack import BOT_ID, BOT_USER, SlackClient, SlackStandIn, signed_headers
+from standins.openai import GatedModel
+from standins.slack import BOT_ID, BOT_USER, SlackClient, SlackStandIn, signed_headers
 from tests.slack_harness import OAUTH, oauth_install, running_bot
 
 

@@ -16,7 +16,7 @@ from bot import texts as text
 from core.conversation import Answered, Decided, TurnRequest
 from core.storage.models import ToolApproval, User
 from core.storage.sessions import SessionStore
-from core.testing.slack import Call, SlackClient, SlackStandIn
+from standins.slack import Call, SlackClient, SlackStandIn
 from tests.helpers import read_json_line, start_worker
 from tests.mcp_support import READY_SECONDS, calls_counted, notes, notes_entry, write_config
 from tests.slack_harness import RunningBot, running_bot

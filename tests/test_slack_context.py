@@ -19,7 +19,7 @@ from core.providers.uimessages import ui_to_chat
 from core.sandbox.shell import BASHKIT_MAX_FILE_BYTES, Sandbox, SandboxLimits
 from core.settings import SANDBOX_MAX_FILE_BYTES, load_settings
 from core.storage.sessions import SessionStore
-from core.testing.slack import SlackClient, SlackStandIn
+from standins.slack import SlackClient, SlackStandIn
 from tests.slack_harness import rewind, running_bot
 
 

@@ -16,8 +16,8 @@ from core.messages import assistant_message, message_text, slack_message_id, use
 from core.records import ANY_TAIL, Actor, StoredMessage, TurnLease
 from core.storage.deliveries import DELIVERIES
 from core.storage.sessions import SessionStore
-from core.testing.openai import GatedModel
-from core.testing.slack import BOT_USER, Call, SlackClient, SlackStandIn
+from standins.openai import GatedModel
+from standins.slack import BOT_USER, Call, SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
 
 

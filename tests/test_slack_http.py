@@ -11,7 +11,7 @@ import pytest
 from core.messages import slack_message_id
 from core.storage.engine import create_database
 from core.storage.sessions import SessionStore
-from core.testing.slack import BOT_USER, SlackClient, SlackStandIn, signed_headers
+from standins.slack import BOT_USER, SlackClient, SlackStandIn, signed_headers
 from tests.slack_harness import OAUTH, RunningBot, oauth_install, running_bot
 
 

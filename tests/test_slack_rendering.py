@@ -16,8 +16,8 @@ from bot.render import ZWJ, open_fence
 from core.messages import assistant_message, user_message
 from core.storage.feedback import votes
 from core.storage.sessions import SessionStore
-from core.testing.openai import GatedModel
-from core.testing.slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, SlackClient, SlackStandIn
+from standins.openai import GatedModel
+from standins.slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
 from tests.test_slack_agent import feedback_click
 

@@ -17,8 +17,8 @@ from core.records import StoredMessage
 from core.storage.dialect import ago
 from core.storage.models import Delivery
 from core.storage.sessions import SessionStore
-from core.testing.openai import GatedModel
-from core.testing.slack import SlackClient, SlackStandIn
+from standins.openai import GatedModel
+from standins.slack import SlackClient, SlackStandIn
 from tests.helpers import ROOT
 from tests.slack_harness import ServeProcess
 

@@ -12,8 +12,8 @@ from sqlalchemy import event
 from bot import texts as text
 from core.messages import message_text
 from core.storage.sessions import SessionStore
-from core.testing.openai import OpenAIStandIn, text_reply
-from core.testing.slack import SlackClient, SlackStandIn
+from standins.openai import OpenAIStandIn, text_reply
+from standins.slack import SlackClient, SlackStandIn
 from tests.slack_harness import RunningBot, rewind, running_bot
 
 

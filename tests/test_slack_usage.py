@@ -4,8 +4,8 @@ Slack stand-in, the offline model, both databases."""
 from __future__ import annotations
 
 from core.storage.sessions import SessionStore
-from core.testing.otlp import OtlpReceiver
-from core.testing.slack import SlackClient, SlackStandIn
+from standins.otlp import OtlpReceiver
+from standins.slack import SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
 
 

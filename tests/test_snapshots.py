@@ -24,7 +24,7 @@ from core.storage.engine import Database
 from core.storage.retention import RetentionPolicy
 from core.storage.sessions import SessionStore
 from core.storage.sweeper import sweep
-from core.testing.processes import child_environment
+from standins.processes import child_environment
 from tests.helpers import ROOT, add_exchange, new_session
 
 OFF = RetentionPolicy(max_idle_days=0, max_per_user=0)

@@ -17,7 +17,7 @@ from bench.soak.profile import summary
 from bench.soak.run import FAULTS, SoakConfig, database_sessions, parse_faults, run_soak
 from core.storage.engine import Database
 from core.storage.sessions import SessionStore
-from core.testing.faults import FaultSchedule
+from standins.faults import FaultSchedule
 from tests.test_cli import cli, one_line_error
 
 # Real processes or long runs: outside the developer's quick subset (README, *The tests*).

@@ -23,8 +23,8 @@ from core.messages import assistant_message, message_text, user_message
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import load_state, messages_with_snapshots
 from core.storage.surface_state import SurfaceState
-from core.testing.openai import GatedModel
-from core.testing.slack import SlackClient, SlackStandIn
+from standins.openai import GatedModel
+from standins.slack import SlackClient, SlackStandIn
 from tests.helpers import add_exchange, new_session
 from tests.slack_harness import ServeProcess
 from tests.terminal_harness import OPERATOR, ChatProcess, chat_env

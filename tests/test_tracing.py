@@ -27,10 +27,10 @@ from core.providers import (
     UserMessage,
 )
 from core.settings import load_settings
-from core.testing import metrics
-from core.testing.otlp import OtlpReceiver, ReceivedSpan
 from core.tracing.config import DEFAULT_MAX_ATTRIBUTE_CHARS, TraceConfig
 from core.tracing.spans import Tracer
+from standins import metrics
+from standins.otlp import OtlpReceiver, ReceivedSpan
 
 SHELL = ToolSpec("shell", "Run a command in the sandbox.")
 CALL = ToolCall("call_1", "shell", {"command": "ls /work"})

@@ -23,10 +23,10 @@ from core.storage import Storage
 from core.storage.engine import Database
 from core.storage.sessions import SessionStore
 from core.storage.usage import UsageLedger
-from core.testing import openai as fake_openai
-from core.testing.openai import OpenAIStandIn
-from core.testing.otlp import OtlpReceiver, ReceivedSpan
 from core.tracing.spans import Tracer
+from standins import openai as fake_openai
+from standins.openai import OpenAIStandIn
+from standins.otlp import OtlpReceiver, ReceivedSpan
 from tests.helpers import add_exchange, new_session
 from tests.providers_fixtures import RecordingSleep
 from tests.test_tracing import dropped

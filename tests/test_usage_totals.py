@@ -22,12 +22,12 @@ from core.providers import (
     Usage,
     UserMessage,
 )
-from core.testing import anthropic, openai
-from core.testing.anthropic import AnthropicStandIn
-from core.testing.openai import DONE, OpenAIStandIn, text_frames, tool_call_frames, usage_chunk
-from core.testing.scripted import SseReply, sse_frame
 from core.usage.prices import OwnPrices, PriceSource, request_cost
 from core.usage.totals import MessageUsage, RequestUsage
+from standins import anthropic, openai
+from standins.anthropic import AnthropicStandIn
+from standins.openai import DONE, OpenAIStandIn, text_frames, tool_call_frames, usage_chunk
+from standins.scripted import SseReply, sse_frame
 
 SHELL = ToolSpec("shell", "Run a command.")
 OWN = OwnPrices(Decimal("1"), Decimal("4"), cached_per_million=Decimal("0.25"))

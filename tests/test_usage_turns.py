@@ -27,14 +27,14 @@ from core.storage.engine import Database, create_database
 from core.storage.feedback import Feedback
 from core.storage.sessions import SessionStore
 from core.storage.usage import LedgerEntry, UsageLedger
-from core.testing import anthropic as fake_anthropic
-from core.testing import openai as fake_openai
-from core.testing.anthropic import AnthropicStandIn
-from core.testing.openai import OpenAIStandIn
-from core.testing.scripted import SseReply, sse_frame
 from core.usage.budgets import parse_budgets, refused_budget, resets_text
 from core.usage.prices import OwnPrices
 from core.usage.totals import RequestUsage
+from standins import anthropic as fake_anthropic
+from standins import openai as fake_openai
+from standins.anthropic import AnthropicStandIn
+from standins.openai import OpenAIStandIn
+from standins.scripted import SseReply, sse_frame
 from tests.helpers import new_session, read_json_line, start_worker, stop_workers
 from tests.providers_fixtures import RecordingSleep
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from core.testing.slack import SlackStandIn
+from standins.slack import SlackStandIn
 from tests.slack_harness import RunningBot, running_bot
 from tests.ui_stream import parse_ui_stream
 from tests.web_harness import ApiClient, api_as, person_token
@@ -54,6 +54,10 @@ async def test_a_session_is_made_listed_chatted_in_renamed_and_deleted(
     assert page.status == 200
     assert [m["role"] for m in page.body["data"]] == ["user", "assistant", "user"]
     assert page.body["data"][0]["metadata"]["author"] == "slack:T1:U1"
+    assert page.body["data"][0]["metadata"]["createdAt"].endswith("Z")
+    usage = page.body["data"][1]["metadata"]["usage"]
+    assert usage["inputTokens"] > 0
+    assert "costUsd" in usage
     rest = await api.get(path + f"/messages?cursor={page.body['nextCursor']}")
     assert [m["role"] for m in rest.body["data"]] == ["assistant"]
     assert rest.body["nextCursor"] is None
@@ -132,28 +136,70 @@ async def test_a_cookie_changes_nothing_without_its_csrf_token(running: RunningB
     assert len((await browser.get("/v1/agent_sessions")).body["data"]) == 1
 
 
-@pytest.mark.parametrize(
-    ("data", "status", "code"),
-    [
-        (b"{not json", 400, "bad_request"),
-        (b"[1, 2]", 400, "bad_request"),
-        (b'{"message": 5, "lastMessageId": null}', 400, "bad_request"),
-        (b'{"message": "hi"}', 400, "bad_request"),
-        (b'{"message": "hi", "lastMessageId": 7}', 400, "bad_request"),
-        (b'{"message": "' + b"x" * (1 << 20) + b'", "lastMessageId": null}', 413, "too_large"),
-    ],
-    ids=["not-json", "not-object", "message-type", "no-last", "last-type", "oversized"],
-)
-async def test_bad_bodies_are_one_line_4xx(
-    running: RunningBot, data: bytes, status: int, code: str
-) -> None:
+BAD_BODIES = [
+    (b"{not json", 400, "bad_request"),
+    (b"[1, 2]", 400, "bad_request"),
+    (b'{"message": 5, "lastMessageId": null}', 400, "bad_request"),
+    (b'{"message": "hi"}', 400, "bad_request"),
+    (b'{"message": "hi", "lastMessageId": 7}', 400, "bad_request"),
+    (b'{"messages": [], "trigger": "submit-message"}', 400, "bad_request"),
+    (b'{"message": "' + b"x" * (1 << 20) + b'", "lastMessageId": null}', 413, "too_large"),
+]
+
+
+async def test_bad_bodies_are_one_line_4xx_that_write_nothing(running: RunningBot) -> None:
     api = await api_as(running, "slack:T1:U1")
     session = (await api.post("/v1/agent_sessions", {})).body
     path = f"/v1/agent_sessions/{session['id']}"
-    answer = await api.call(
-        "POST", path + "/chat", data=data, headers={"Content-Type": "application/json"}
-    )
-    assert answer.status == status, answer.raw[:200]
-    assert answer.body["code"] == code
-    assert "\n" not in answer.body["message"]
+    for data, status, code in BAD_BODIES:
+        answer = await api.call(
+            "POST", path + "/chat", data=data, headers={"Content-Type": "application/json"}
+        )
+        assert answer.status == status, (data[:40], answer.raw[:200])
+        assert answer.body["code"] == code
+        assert "\n" not in answer.body["message"]
     assert (await api.get(path + "/messages")).body["data"] == []
+    assert (await api.get("/v1/agent_sessions/99999999")).status == 404
+    assert (await api.get("/v1/agent_sessions/abc")).status == 404
+    assert (await api.get("/v1/agent_sessions?limit=0")).status == 400
+    assert (await api.get("/v1/agent_sessions?cursor=%%%")).status == 400
+    assert (await api.get("/v1/nothing")).body["code"] == "not_found"
+
+
+async def test_a_message_id_sent_twice_is_stored_once(running: RunningBot) -> None:
+    api = await api_as(running, "slack:T1:U1")
+    session = (await api.post("/v1/agent_sessions", {})).body
+    path = f"/v1/agent_sessions/{session['id']}"
+    mine = {
+        "id": "0190e0c8-7a51-7cc2-9d1e-5b2f6f0a1b2c",
+        "role": "user",
+        "parts": [{"type": "text", "text": "once"}],
+    }
+    first = await api.post(path + "/chat", {"message": mine, "lastMessageId": None})
+    assert first.status == 200
+    stored = (await api.get(path + "/messages")).body["data"]
+    assert stored[0]["id"] == mine["id"]
+    last = stored[-1]["id"]
+    again = await api.post(path + "/chat", {"message": mine, "lastMessageId": last})
+    assert again.status == 409
+    assert again.body["code"] == "agent_session_message_duplicate"
+    assert len((await api.get(path + "/messages")).body["data"]) == 2
+
+
+async def test_the_list_pages_newest_first_and_finds_words(running: RunningBot) -> None:
+    api = await api_as(running, "slack:T1:U1")
+    made = [(await api.post("/v1/agent_sessions", {"title": f"plan {n}"})).body for n in range(3)]
+    await api.call("PATCH", f"/v1/agent_sessions/{made[0]['id']}", {"title": "Plan zero"})
+    seen: list[int] = []
+    cursor = ""
+    for _ in range(4):
+        page = (await api.get(f"/v1/agent_sessions?limit=1{cursor}")).body
+        seen += [s["id"] for s in page["data"]]
+        if page["nextCursor"] is None:
+            break
+        cursor = f"&cursor={page['nextCursor']}"
+    assert seen == [made[0]["id"], made[2]["id"], made[1]["id"]]  # the renamed one is newest
+    found = (await api.get("/v1/agent_sessions?q=ZERO")).body["data"]
+    assert [s["id"] for s in found] == [made[0]["id"]]
+    own = (await api.get("/v1/agent_sessions?scope=own")).body["data"]
+    assert len(own) == 3

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from core.testing.slack import SlackClient, SlackStandIn
+from standins.slack import SlackClient, SlackStandIn
 from tests.mcp_support import notes
 from tests.slack_harness import running_bot
 from tests.test_slack_approvals import ADD, card_updates, cards, click, connected, mcp

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
 
-from core.testing.openai import GatedModel
-from core.testing.slack import SlackClient, SlackStandIn
+from standins.openai import GatedModel
+from standins.slack import SlackClient, SlackStandIn
 from tests.mcp_support import notes, notes_entry, write_config
 from tests.slack_harness import RunningBot, running_bot
 from tests.test_slack_approvals import cards, click, connected
@@ -454,7 +454,13 @@ async def test_web__admin_sets_retention_and_budgets_and_sees_the_mcp_servers(
         browser,
     ):
         await connected(bot)
+        _, theirs = await signed_in(browser, bot, slack, user="U2")
+        their_session = await web_session(theirs)
         _, page = await signed_in(browser, bot, slack)
+        row = page.locator(f'[data-session-id="{their_session}"]')
+        await expect(row).to_have_count(0)  # Mine
+        await page.get_by_role("radio", name="All").check()
+        await expect(row).to_be_visible(timeout=SECONDS)
         await page.get_by_role("link", name="Admin").click()
         servers = page.get_by_role("region", name="MCP servers")
         await expect(servers).to_contain_text("notes", timeout=SECONDS)
@@ -474,6 +480,22 @@ async def test_web__admin_sets_retention_and_budgets_and_sees_the_mcp_servers(
         )
         await page.get_by_role("link", name="Usage").click()
         await expect(page.locator(".budget")).to_contain_text("5000tokens", timeout=SECONDS)
+        # A person's data: their export downloads, and erasing them asks first.
+        await page.get_by_role("link", name="Admin").click()
+        data = page.get_by_role("form", name="A person's data")
+        await data.get_by_label("Slack member").fill("T1:U2")
+        async with page.expect_download() as downloading:
+            await data.get_by_role("link", name="Export (JSON lines)").click()
+        saved = await (await downloading.value).path()
+        records = [
+            json.loads(line) for line in (await asyncio.to_thread(saved.read_text)).splitlines()
+        ]
+        assert "session" in {r["record"] for r in records}
+        await data.get_by_role("button", name="Erase…").click()
+        await page.get_by_role("dialog").get_by_role("button", name="Erase").click()
+        await expect(data.get_by_role("status")).to_contain_text("Erased T1:U2", timeout=SECONDS)
+        await page.goto(f"/sessions/{their_session}")
+        await expect(page.get_by_text("not found", exact=False)).to_be_visible(timeout=SECONDS)
 
 
 async def test_web__usage_charts_the_spend_beside_the_budgets(
@@ -548,3 +570,20 @@ async def test_web__another_persons_cookie_and_session_url_show_not_found(
         assert forged["status"] == 403
         listed = await api(theirs, "GET", "/v1/agent_sessions", None, csrf=None)
         assert json.loads(listed["body"])["data"] == []
+
+
+async def test_web__the_csrf_header_is_matched_whatever_its_case(
+    database_url: str, slack: SlackStandIn
+) -> None:
+    async with web(database_url, slack) as (bot, browser):
+        _, page = await signed_in(browser, bot, slack)
+        status = await page.evaluate(
+            """async () => {
+                const token = (await (await fetch("/v1/me")).json()).csrfToken;
+                const headers = new Headers({"Content-Type": "application/json"});
+                headers.set("X-CSRF-Token", token);  // sent as x-csrf-token
+                const r = await fetch("/v1/agent_sessions", {method: "POST", headers, body: "{}"});
+                return r.status;
+            }"""
+        )
+        assert status == 201

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from core.testing.openai import GatedModel
-from core.testing.slack import SlackClient, SlackStandIn
+from standins.openai import GatedModel
+from standins.slack import SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
 from tests.ui_stream import parse_ui_stream
 from tests.web_harness import api_as
@@ -162,3 +162,25 @@ async def test_the_chat_crosses_from_the_intakes_loop_to_the_turns(
         assert again.status == 200, again.body
         parse_ui_stream(again.raw, ai_major=7)
         assert len((await web.get(path + "/messages")).body["data"]) == 4
+
+
+async def test_web_turns_past_the_replicas_cap_are_503s(
+    database_url: str, slack: SlackStandIn, model: GatedModel
+) -> None:
+    async with running_bot(database_url, slack, max_concurrent_turns=1, **gated(model)) as bot:
+        web = await api_as(bot, "slack:T1:U1")
+        first = (await web.post("/v1/agent_sessions", {})).body
+        second = (await web.post("/v1/agent_sessions", {})).body
+        held = asyncio.create_task(
+            web.post(
+                f"/v1/agent_sessions/{first['id']}/chat", {"message": "a", "lastMessageId": None}
+            )
+        )
+        await asyncio.wait_for(model.arrived.wait(), 20)
+        path = f"/v1/agent_sessions/{second['id']}"
+        refused = await web.post(path + "/chat", {"message": "b", "lastMessageId": None})
+        assert refused.status == 503
+        assert refused.headers["Retry-After"] == "1"
+        assert (await web.get(path + "/messages")).body["data"] == []
+        model.release()
+        assert (await asyncio.wait_for(held, 20)).status == 200

@@ -11,9 +11,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from core.testing.processes import free_port
-from core.testing.slack import TEAM, SlackStandIn
 from slack_agent.demo import keep_the_page_up
+from standins.processes import free_port
+from standins.slack import TEAM, SlackStandIn
 
 # It starts the demo's notes MCP server as a process.
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("backend", ["sqlite"])]

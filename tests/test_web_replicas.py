@@ -12,8 +12,8 @@ import pytest
 
 from core.settings import load_settings
 from core.storage import Storage
-from core.testing.openai import GatedModel
-from core.testing.slack import SlackClient, SlackStandIn
+from standins.openai import GatedModel
+from standins.slack import SlackClient, SlackStandIn
 from tests.conftest import fresh_database_url
 from tests.mcp_support import notes
 from tests.slack_harness import ServeProcess

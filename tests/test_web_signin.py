@@ -8,7 +8,7 @@ from urllib.parse import parse_qs, urlsplit
 import aiohttp
 import pytest
 
-from core.testing.slack import SlackStandIn
+from standins.slack import SlackStandIn
 from tests.slack_harness import RunningBot, running_bot
 from tests.web_harness import ApiClient
 
@@ -66,13 +66,12 @@ async def test_a_browser_signs_in_with_slack_and_out(
     assert cookie.value not in repr(await running.bot.runtime.storage.web_access.tokens())
 
 
-@pytest.mark.parametrize(
-    "target", ["https://evil.example/", "//evil.example/x", "/\\evil.example", "javascript:x"]
-)
-async def test_next_never_leaves_the_origin(running: RunningBot, target: str) -> None:
-    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
-        done = await sign_in(running, browser, target)
-        assert done.headers["Location"] == "/"
+async def test_next_never_leaves_the_origin(running: RunningBot) -> None:
+    targets = ["https://evil.example/", "//evil.example/x", "/\\evil.example", "javascript:x"]
+    for target in targets:
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+            done = await sign_in(running, browser, target)
+            assert done.headers["Location"] == "/", target
 
 
 async def test_a_callback_without_its_state_signs_nobody_in(running: RunningBot) -> None:

@@ -3,11 +3,13 @@ databases, with the rules the Slack shortcuts keep."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import pytest
 
-from core.testing.slack import SlackStandIn
+from core.records import ANY_TAIL
+from standins.slack import SlackStandIn
 from tests.slack_harness import RunningBot, running_bot
 from tests.web_harness import ApiClient, api_as
 
@@ -127,3 +129,35 @@ async def test_admin_settings_for_admins_only(running: RunningBot) -> None:
     assert (await admin.get("/v1/admin/tools")).body == {"servers": []}
     everyone = await admin.get("/v1/usage?scope=all&by=user")
     assert everyone.status == 200
+
+
+async def test_admin_exports_and_erases_a_person_from_the_api(running: RunningBot) -> None:
+    """``user export`` and ``user erase`` as the admin page offers them: admins only, the export
+    as JSON lines naming each record, the erase saying what it removed, a malformed person a
+    400, and an erase refused (nothing removed) while a turn of theirs holds a session."""
+    api = await api_as(running, "slack:T1:U1")
+    admin = await api_as(running, "slack:T1:UADMIN")
+    path = await chatted(api, "remember the plan")
+    people = "/v1/admin/people/T1:U1"
+    assert (await api.get(people + "/export")).status == 403
+    assert (await api.post(people + "/erase")).status == 403
+    assert (await admin.get("/v1/admin/people/nobody/export")).status == 400
+    exported = await admin.get(people + "/export")
+    assert exported.status == 200
+    assert exported.headers["Content-Type"].startswith("application/x-ndjson")
+    kinds = {json.loads(line)["record"] for line in exported.raw.decode().splitlines()}
+    assert {"person", "session", "message"} <= kinds
+    session_id = int(path.rsplit("/", 1)[1])
+    sessions = running.bot.runtime.storage.sessions
+    lease = await sessions.start_turn(session_id, user_message=None, last_message_id=ANY_TAIL)
+    busy = await admin.post(people + "/erase")
+    assert busy.status == 409
+    assert busy.body["code"] == "agent_session_busy"
+    assert (await api.get(path)).status == 200  # nothing removed
+    await sessions.release(lease)
+    erased = await admin.post(people + "/erase")
+    assert erased.status == 200
+    assert erased.body["erased"]["sessions"] == 1
+    assert erased.body["erased"]["tokens"] == 1  # the token the test used
+    assert (await api.get(path)).status == 401  # its token went with them
+    assert (await admin.get(path)).status == 404

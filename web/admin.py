@@ -7,11 +7,14 @@ and sets retention and budgets (``/v1/admin/…``, a 403 for anyone else).
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import date
 from typing import TYPE_CHECKING, Any, Literal
 
+import orjson
 from aiohttp import web
 
+from core.conversation.places import slack_person
 from core.runtime import Operator
 from web.auth import Caller
 from web.errors import ApiError, bad_request
@@ -43,6 +46,8 @@ class Admin:
         app.router.add_get("/v1/admin/budgets", guard(self.admin_budgets))
         app.router.add_put("/v1/admin/budgets", guard(self.set_budgets))
         app.router.add_get("/v1/admin/tools", guard(self.tools))
+        app.router.add_get("/v1/admin/people/{person}/export", guard(self.export_person))
+        app.router.add_post("/v1/admin/people/{person}/erase", guard(self.erase_person))
 
     async def usage(self, request: web.Request) -> web.StreamResponse:
         by = request.query.get("by", "day")
@@ -151,6 +156,41 @@ class Admin:
             _admin(caller)
             made = await self.operator.set_budgets(entries)
             return {"entries": ",".join(str(b) for b in made)}
+
+        return json_response(await self.api.on_turns(request, work))
+
+    async def export_person(self, request: web.Request) -> web.StreamResponse:
+        """``slack-agent user export TEAM:USER`` for an admin's browser: JSON lines, as a file."""
+        person = request.match_info["person"]
+
+        async def work(caller: Caller) -> bytes:
+            _admin(caller)
+            lines = [
+                orjson.dumps(record, default=str) + b"\n"
+                async for record in self.operator.export_person(person)
+            ]
+            return b"".join(lines)
+
+        body = await self.api.on_turns(request, work)
+        name = person.replace(":", "-")
+        return web.Response(
+            body=body,
+            content_type="application/x-ndjson",
+            headers={"Content-Disposition": f'attachment; filename="{name}.jsonl"'},
+        )
+
+    async def erase_person(self, request: web.Request) -> web.StreamResponse:
+        """``slack-agent user erase TEAM:USER`` from the admin page: what it removed, or 409
+        ``agent_session_busy`` (nothing removed) while a turn or a message of theirs runs."""
+        person = request.match_info["person"]
+
+        async def work(caller: Caller) -> dict[str, Any]:
+            _admin(caller)
+            erased = await self.operator.erase_person(person)
+            # Their keys stop here at once (other replicas within BEARER_SECONDS).
+            gone = slack_person(*person.strip().split(":", 1))  # parsed by the erase
+            self.api.bearers.drop_values(lambda b: b is not None and b.person == gone)
+            return {"person": person, "erased": dataclasses.asdict(erased)}
 
         return json_response(await self.api.on_turns(request, work))
 

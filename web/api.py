@@ -27,7 +27,7 @@ from core.conversation import (
     place,
 )
 from core.conversation.worker import SHUTDOWN
-from core.runtime import Runtime, Settings
+from core.runtime import Bearer, Runtime, Settings
 from web.admin import Admin
 from web.auth import (
     COOKIE,
@@ -43,6 +43,7 @@ from web.chat import Chat
 from web.errors import ApiError, bad_request, guarded
 from web.limits import RateLimit
 from web.loops import TurnsLoop
+from web.recent import Recent
 from web.requests import json_response, read_json, read_title, session_id_of, unknown
 from web.shapes import (
     cursor,
@@ -59,6 +60,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SESSIONS_PAGE, SESSIONS_MOST = 50, 100
+# How long who a key acts as is answered from memory (a revoked token, an expired or signed-out
+# sign-in elsewhere is refused within this), and the longest a session's summary is reused
+# while its row is unchanged (a decision on a waiting call leaves the row as it is).
+BEARER_SECONDS = 5.0
+SUMMARY_SECONDS = 2.0
 MESSAGES_PAGE, MESSAGES_MOST = 100, 500
 
 Work = Callable[[Caller], Awaitable[T]]
@@ -76,6 +82,9 @@ class WebApi:
         self.channels = CachedChannels(channels or NoChannels())
         self.chats = RateLimit(self.settings.web_chats_per_minute)
         self.running: set[concurrent.futures.Future[Any]] = set()  # web turns, for a stop
+        # Who a key acts as, and sessions' summaries, for a moment (web.recent).
+        self.bearers: Recent[tuple[str, str], Bearer | None] = Recent(BEARER_SECONDS)
+        self.summaries: Recent[int, tuple[SessionInfo, dict[str, Any]]] = Recent(SUMMARY_SECONDS)
         self.closing = False
 
     # -- the routes -----------------------------------------------------------------------------
@@ -121,7 +130,8 @@ class WebApi:
         otherwise; 403 for a cookie request that changes something without its CSRF token)."""
         token = bearer_token(request.headers)
         secret = None if token is not None else request.cookies.get(COOKIE)
-        method, headers = request.method, dict(request.headers)
+        method, headers = request.method, request.headers.copy()  # names in any case
+        changed = request.match_info.get("id") if method != "GET" else None
 
         async def there() -> T:
             caller = await self.caller(token, secret)
@@ -129,17 +139,26 @@ class WebApi:
                 raise ApiError(401, "unauthenticated", "sign in, or send a valid bearer token")
             if not csrf_ok(method, headers, caller):
                 raise ApiError(403, "csrf_failed", "X-CSRF-Token is missing or wrong")
-            return await work(caller)
+            try:
+                return await work(caller)
+            finally:
+                if changed is not None and changed.isdigit():
+                    self.summaries.drop(int(changed))
 
         return await self.turns.run(there)
 
     async def caller(self, token: str | None, cookie: str | None) -> Caller | None:
-        if token is not None:
-            bearer = await self.access.bearer_of_token(token)
-        elif cookie:
-            bearer = await self.access.bearer_of_cookie(cookie)
-        else:
+        if token is None and not cookie:
             return None
+        key = ("token", token) if token is not None else ("cookie", cookie or "")
+        bearer = self.bearers.get(key)
+        if bearer is None:
+            if token is not None:
+                bearer = await self.access.bearer_of_token(token)
+            else:
+                bearer = await self.access.bearer_of_cookie(key[1])
+            if bearer is not None:  # an unknown key is asked again: it may be new elsewhere
+                self.bearers.put(key, bearer)
         if bearer is None:
             return None
         team, user = slack_ids(bearer.person)
@@ -256,10 +275,20 @@ class WebApi:
         return json_response(await self.on_turns(request, work), status=201)
 
     async def _get(self, request: web.Request) -> web.StreamResponse:
+        """The probe clients poll: one read of the session's row, and the rest of its summary
+        (last message, waiting call, owner) reused while that row is unchanged (every message,
+        claim, release and rename changes it) and younger than ``SUMMARY_SECONDS``."""
         session_id = session_id_of(request)
 
         async def work(caller: Caller) -> dict[str, Any]:
-            return await self.session_json(await self.conversation(caller, session_id))
+            mark = self.summaries.mark
+            conversation = await self.conversation(caller, session_id)
+            kept = self.summaries.get(session_id)
+            if kept is not None and kept[0] == conversation.session:
+                return kept[1]
+            shown = await self.session_json(conversation)
+            self.summaries.put(session_id, (conversation.session, shown), mark)
+            return shown
 
         return json_response(await self.on_turns(request, work))
 
@@ -302,9 +331,9 @@ class WebApi:
             page = await conversation.page(after_position=position, limit=limit)
             thread = place(conversation.session).thread
             team = thread.team if thread is not None else None
-            next_cursor = cursor({"p": page[-1].position}) if len(page) == limit else None
+            next_cursor = cursor({"p": page[-1][0].position}) if len(page) == limit else None
             return {
-                "data": [ui_message(m, team=team) for m in page],
+                "data": [ui_message(m, team=team, created_at=at) for m, at in page],
                 "nextCursor": next_cursor,
             }
 

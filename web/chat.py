@@ -57,8 +57,10 @@ def refusal(end: TurnEnd | DecisionRefused | DecisionRecorded) -> ApiError | Non
         )
     if isinstance(end, OverBudget):
         return over_budget(end.refusal)
-    if isinstance(end, AlreadyAnswered):
-        return ApiError(409, "agent_session_messages_stale", "this was answered already")
+    if isinstance(end, AlreadyAnswered):  # a retry of a message stored and answered already
+        return ApiError(
+            409, "agent_session_message_duplicate", "a message with this id was answered already"
+        )
     if isinstance(end, DecisionRefused):
         record = end.record
         if end.reason == "unknown":
@@ -102,7 +104,7 @@ class Chat:
             )
             return refusal(end)
 
-        return await self._streamed(request, turn, limited=True)
+        return await self._streamed(request, session_id, turn, limited=True)
 
     async def tool_approvals(self, request: web.Request) -> web.StreamResponse:
         session_id = session_id_of(request)
@@ -137,7 +139,7 @@ class Chat:
             )
             return refusal(end)
 
-        return await self._streamed(request, turn, limited=False)
+        return await self._streamed(request, session_id, turn, limited=False)
 
     async def stop(self, request: web.Request) -> web.StreamResponse:
         session_id = session_id_of(request)
@@ -153,6 +155,7 @@ class Chat:
     async def _streamed(
         self,
         request: web.Request,
+        session_id: int,
         turn: Callable[[Caller, UIMessageStream], Awaitable[ApiError | None]],
         *,
         limited: bool,
@@ -164,6 +167,13 @@ class Chat:
         renderer = UIMessageStream(pipe)
 
         async def work(caller: Caller) -> concurrent.futures.Future[ApiError | None]:
+            if len(api.running) >= api.settings.max_concurrent_turns:
+                raise ApiError(
+                    503,
+                    "unavailable",
+                    "this replica runs as many web turns as it may; send it again",
+                    headers={"Retry-After": "1"},
+                )
             if limited:
                 wait = api.chats.take(caller.person)
                 if wait is not None:
@@ -181,6 +191,8 @@ class Chat:
             future = api.turns.start(run)
             api.running.add(future)
             future.add_done_callback(api.running.discard)
+            # (On the turns' loop, which owns the summaries: the polls see the turn's end.)
+            future.add_done_callback(lambda _: api.summaries.drop(session_id))
             future.add_done_callback(lambda _: pipe.end())
             return future
 

@@ -21,6 +21,7 @@ from core.errors import (
     AgentSessionForbidden,
     AgentSessionNotFound,
     DatabaseError,
+    DuplicateMessage,
     InvalidMessage,
     InvalidRequest,
     MessageNotFound,
@@ -75,6 +76,8 @@ def from_core(exc: SlackAgentError) -> ApiError:
         return ApiError(403, "forbidden", exc.message)
     if isinstance(exc, AgentSessionBusy):
         return ApiError(409, "agent_session_busy", "a turn is running on this session")
+    if isinstance(exc, DuplicateMessage):
+        return ApiError(409, exc.code, "a message with this id is stored already")
     if isinstance(exc, AgentSessionAlreadyCompact):
         return ApiError(409, exc.code, exc.message)
     if isinstance(exc, AgentSessionBudgetExceeded):

@@ -72,13 +72,37 @@ def approval_json(
     }
 
 
+_USAGE_NAMES = {
+    "input_tokens": "inputTokens",
+    "output_tokens": "outputTokens",
+    "cached_tokens": "cachedTokens",
+    "cost_usd": "costUsd",
+}
+
+
+def metadata_json(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored message's metadata as the API names it: ``usage`` in the contract's words
+    (``inputTokens``, ``outputTokens``, ``costUsd``, …)."""
+    metadata = dict(stored)
+    usage = metadata.get("usage")
+    if isinstance(usage, Mapping):
+        metadata["usage"] = {_USAGE_NAMES.get(k, k): v for k, v in usage.items()}
+    return metadata
+
+
 def ui_message(
-    stored: StoredMessage, *, team: str | None, trace_url: str | None = None
+    stored: StoredMessage,
+    *,
+    team: str | None,
+    created_at: datetime | None = None,
+    trace_url: str | None = None,
 ) -> dict[str, Any]:
     """A stored message as the API shows it (``team``: the Slack workspace of the session, to
     name a Slack author as a person)."""
     message = stored.message
-    metadata: dict[str, Any] = dict(message.get("metadata") or {})
+    metadata = metadata_json(message.get("metadata") or {})
+    if created_at is not None:
+        metadata["createdAt"] = when(created_at)
     author = metadata.get("author")
     slack_user = metadata.get("slack_user")
     if not isinstance(author, str) and isinstance(slack_user, str) and team is not None:

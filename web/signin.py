@@ -168,6 +168,7 @@ class SignIn:
         if secret:
 
             async def forget() -> None:
+                self.api.bearers.drop(("cookie", secret))
                 await self.api.access.sign_out(secret)
 
             await self.api.turns.run(forget)

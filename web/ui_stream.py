@@ -38,6 +38,7 @@ from core.conversation import (
     TurnEnd,
     TurnEvent,
 )
+from web.shapes import metadata_json
 
 HEADERS = {
     "Content-Type": "text/event-stream",
@@ -117,7 +118,7 @@ class UIMessageStream(QuietRenderer):
             if answer is not None:
                 stored = answer.message.get("metadata")
                 if isinstance(stored, Mapping):
-                    metadata.update(stored)
+                    metadata.update(metadata_json(stored))
             if result.trace_url is not None:
                 metadata["traceUrl"] = result.trace_url
         if isinstance(end, Failed):

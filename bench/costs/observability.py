@@ -11,7 +11,7 @@
   ledger row, answer, release; no model) without budgets and with three (user, workspace,
   shared), on an empty ledger and on one of ``LEDGER_ROWS`` requests this month: the check and
   reservation inside the claim transaction, read from running totals (issue 35: at most 1.2x
-  without, whatever the ledger). ``python -m bench.costs.observability [URL|- [ROWS]]`` runs
+  without, whatever the ledger). ``slack-agent bench budget-check [URL|- [ROWS]]`` runs
   it alone.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -36,11 +35,11 @@ from core.storage.engine import Database
 from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
 from core.storage.usage import LedgerEntry, UsageLedger
-from core.testing.otlp import OtlpReceiver
-from core.testing.processes import free_port
 from core.tracing.spans import Tracer
 from core.usage.budgets import parse_budgets
 from core.usage.totals import RequestUsage
+from standins.otlp import OtlpReceiver
+from standins.processes import free_port
 
 PAYER = Payer("slack:T1:U1", "T1")
 HISTORY = 20  # the most messages a measured turn's session holds before it
@@ -264,8 +263,8 @@ def format_observability(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":
-    # uv run python -m bench.costs.observability [DATABASE_URL [LEDGER_ROWS]]
-    url = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "-" else None
-    rows = int(sys.argv[2]) if len(sys.argv) > 2 else LEDGER_ROWS
+def run_part(argv: list[str]) -> None:
+    """``slack-agent bench budget-check [DATABASE_URL|- [LEDGER_ROWS]]``."""
+    url = argv[0] if argv and argv[0] != "-" else None
+    rows = int(argv[1]) if len(argv) > 1 else LEDGER_ROWS
     print(json.dumps(asyncio.run(bench_budget_check(url, ledger_rows=rows))))

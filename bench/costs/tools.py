@@ -1,7 +1,7 @@
 """What an MCP tool call and an approval cost us, beside the tool's own time.
 
 Real parts: the runtime built from settings, the offline model (a deterministic stand-in, so no
-model time is measured), the notes MCP server of ``core.testing.mcp_notes`` over stdio, the
+model time is measured), the notes MCP server of ``standins.mcp_notes`` over stdio, the
 conversation door as every surface calls it. Three figures, in ms:
 
 - ``turn_without_tool``: a turn whose model answers in words (the baseline);
@@ -41,7 +41,7 @@ from core.conversation import (
 from core.records import Actor
 from core.runtime import Runtime
 from core.settings import Settings
-from core.testing.mcp_notes import stdio_entry
+from standins.mcp_notes import stdio_entry
 
 READ = 'mcp__notes__read_note {"title": "plan"}'
 ADD = 'mcp__notes__add_note {"title": "plan", "text": "ship on friday"}'

@@ -21,7 +21,7 @@ import aiohttp
 import httpx
 from aiohttp import web
 
-from core.testing.processes import free_port
+from standins.processes import free_port
 
 CHUNKS: Final = 24
 STREAMS: Final = 200

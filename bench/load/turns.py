@@ -2,7 +2,7 @@
 child process, the Slack stand-in in another, and the load and the clock in this one.
 
 ``concurrent_turns`` (N = 10, 100, 500): N mentions, each a new thread, against a stand-in model
-that streams every answer for ``stream_seconds`` (``core.testing.openai.SlowModel``, in its own
+that streams every answer for ``stream_seconds`` (``standins.openai.SlowModel``, in its own
 process), with ``MAX_CONCURRENT_TURNS`` = N + the probe events. Once the model sees N calls in
 flight:
 
@@ -73,9 +73,9 @@ from core.settings import Settings
 from core.storage import Storage
 from core.storage.dialect import hence
 from core.storage.engine import create_database
-from core.testing import metrics
-from core.testing.processes import spawn
-from core.testing.slack import TEAM, signed_headers
+from standins import metrics
+from standins.processes import spawn
+from standins.slack import TEAM, signed_headers
 
 SIZES: Final = (10, 100, 500)
 PROBE_SPACING: Final = 0.1
@@ -115,7 +115,7 @@ def _per_turn(before: dict[str, int], after: dict[str, int], turns: int) -> dict
 
 
 async def _model_process(seconds: float) -> tuple[Process, str]:
-    return await spawn("core.testing.openai", str(seconds))
+    return await spawn("standins.openai", str(seconds))
 
 
 async def _stats(http: aiohttp.ClientSession, model_url: str) -> dict[str, int]:

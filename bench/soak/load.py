@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from core.testing.slack import BOT_USER, TEAM, signed_headers
+from standins.slack import BOT_USER, TEAM, signed_headers
 
 CHANNEL = "C0SOAK"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import aiohttp
 
-from core.testing import metrics
-from core.testing.processes import child_environment, free_port, until_healthy
+from standins import metrics
+from standins.processes import child_environment, free_port, until_healthy
 
 
 class Replica:

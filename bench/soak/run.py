@@ -56,10 +56,10 @@ from core.storage.deliveries import Deliveries
 from core.storage.engine import create_database
 from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
-from core.testing.openai import ModelFaults, SoakModel
-from core.testing.scripted import Span
-from core.testing.slack import TEAM, SlackFaults, SlackStandIn
-from core.testing.tcp_proxy import TcpProxy
+from standins.openai import ModelFaults, SoakModel
+from standins.scripted import Span
+from standins.slack import TEAM, SlackFaults, SlackStandIn
+from standins.tcp_proxy import TcpProxy
 
 SECRET = "soak-signing-secret"
 
@@ -713,7 +713,7 @@ def _transcript(messages: list[Any]) -> list[str]:
     return lines
 
 
-# What the stand-in model answers (``core.testing.openai.SoakModel``): one per finished answer.
+# What the stand-in model answers (``standins.openai.SoakModel``): one per finished answer.
 _ANSWERED = re.compile(r"\(t\d+\) answered after \d+ messages\.")
 
 

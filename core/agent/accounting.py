@@ -59,6 +59,8 @@ from core.usage.totals import MessageUsage, RequestUsage
 
 log = logging.getLogger(__name__)
 
+CLOSE_SECONDS: Final = 5.0  # the most a shutdown waits for the ledger's last rows
+
 # Errors of a request the provider refused before it did any work (a bad key, a rate limit, an
 # overloaded or unreachable server): nothing is billed when nothing was answered. Time-outs
 # and broken streams are billed: the provider was working when they happened.
@@ -88,6 +90,16 @@ class Accounting:
         self.budgets = budgets
         self.tracer = tracer or Tracer.off()
         self._charging: set[asyncio.Task[RequestUsage]] = set()  # outliving a cancelled turn
+
+    async def close(self) -> None:
+        """At shutdown: the charges still being written finish, and rows waiting to be written
+        again get one last try, within ``CLOSE_SECONDS``; what is left is said in the log."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CLOSE_SECONDS):
+                if self._charging:
+                    await asyncio.gather(*self._charging, return_exceptions=True)
+                await self.writer.flush()
+        await self.writer.close()
 
     def turn(self, session_id: int, attribution: Attribution | None = None) -> TurnAccount:
         return TurnAccount(self, session_id, attribution or Attribution())

@@ -406,10 +406,12 @@ class Conversation:
         messages = await self.store.messages(self.id)
         return messages, await self.store.snapshots.messages_with_snapshots(self.id)
 
-    async def page(self, *, after_position: int = -1, limit: int = 100) -> list[StoredMessage]:
-        """Up to ``limit`` messages after ``after_position``, oldest first (a client's page of
-        the whole transcript; nothing is marked shown)."""
-        return await self.store.messages(self.id, after_position=after_position, limit=limit)
+    async def page(
+        self, *, after_position: int = -1, limit: int = 100
+    ) -> list[tuple[StoredMessage, datetime]]:
+        """Up to ``limit`` messages after ``after_position``, oldest first, each with when it
+        was stored (a client's page of the whole transcript; nothing is marked shown)."""
+        return await self.store.page(self.id, after_position=after_position, limit=limit)
 
     async def last(self) -> StoredMessage | None:
         """The transcript's last message (what a client's stale guard names)."""

@@ -70,6 +70,8 @@ class Budgets:
         ]
 
     def _apply(self, stored: dict[str, Any]) -> tuple[Budget, ...]:
+        if not stored:  # no change at run time (read before every claim): nothing to merge
+            return self.defaults
         found = {identity(budget): budget for budget in self.defaults}
         for key, amount in stored.items():
             if amount is None:

@@ -550,13 +550,14 @@ class UsageReservation(Base):
     __tablename__ = "usage_reservations"
     __table_args__ = (
         Index(None, "account", "unit"),
-        # One row per turn's session and account: a claim replaces its session's row in place.
+        # One row per turn's session and account: a claim replaces its session's row in place
+        # (and the index serves the session's cascade and the lock's trigger too).
         Index(None, "session_id", "account", "unit", unique=True),
     )
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     session_id: Mapped[int] = mapped_column(
-        Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False, index=True
+        Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False
     )
     lock_token: Mapped[str] = mapped_column(String(36), nullable=False)
     account: Mapped[str] = mapped_column(String(300), nullable=False)

@@ -59,8 +59,24 @@ class _Compiled(NamedTuple):
     # The rows ``Prepared.rows`` gives: named by the statement's result columns.
     row: type[tuple[Any, ...]]
 
+    # Whether a given parameter appears more than once (a multi-row VALUES naming one value
+    # in every row): then each is processed once per run, not once per appearance.
+    repeats: bool = False
+
     def values(self, params: dict[str, Any]) -> list[Any]:
         values = []
+        if self.repeats:
+            done: dict[str, Any] = {}
+            for name, given, constant, process in self.params:
+                if not given:
+                    values.append(constant if process is None else process(constant))
+                elif name in done:
+                    values.append(done[name])
+                else:
+                    value = params[name]
+                    done[name] = value if process is None else process(value)
+                    values.append(done[name])
+            return values
         for name, given, constant, process in self.params:
             value = params[name] if given else constant
             values.append(value if process is None else process(value))
@@ -241,7 +257,8 @@ class Prepared:
         row = collections.namedtuple(  # type: ignore[misc]
             "PreparedRow", [column.keyname for column in columns], rename=True
         )
-        found = _Compiled(str(compiled), tuple(params), results, row)
+        given = [name for name, required, _, process in params if required and process]
+        found = _Compiled(str(compiled), tuple(params), results, row, len(given) != len(set(given)))
         self._compiled[dialect.name] = found
         return found
 

@@ -29,6 +29,7 @@ What it guarantees (docs/design.md, *Budgets across replicas*):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,8 +52,9 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sa_cast
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Dialect
 
-from core.storage.dialect import db_now
+from core.storage.dialect import UtcDateTime, db_now
 from core.storage.engine import Conn
 from core.storage.models import AgentSession, UsageRequest, UsageReservation, UsageTotal
 from core.storage.prepared import Prepared
@@ -77,6 +79,22 @@ TOTALS: Final = cast(Table, UsageTotal.__table__)
 
 NANO: Final = Decimal(1_000_000_000)
 MOST_ACCOUNTS: Final = 3  # a payer's: its user, its workspace, everyone's
+
+
+class WindowStart(UtcDateTime):
+    """A window's first instant as a statement's parameter: ``UtcDateTime`` with its bound form
+    kept per value. A claim's read names today's and this month's start three times each, a
+    ledger row's totals six; on SQLite each is formatted to text in Python, which cost more
+    than the read itself (a window start changes once a day)."""
+
+    cache_ok = True
+
+    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any] | None:
+        process = super().bind_processor(dialect)
+        return None if process is None else functools.lru_cache(maxsize=8)(process)
+
+
+WINDOW_START: Final = WindowStart()
 
 
 def applicable(budgets: Sequence[Budget], payer: Payer | None) -> list[tuple[Budget, str]]:
@@ -123,7 +141,7 @@ def _read(accounts: int) -> Prepared:
                 and_(
                     TOTALS.c.account == name,
                     TOTALS.c.period == period,
-                    TOTALS.c.window_start == bindparam(period, type_=TOTALS.c.window_start.type),
+                    TOTALS.c.window_start == bindparam(period, type_=WINDOW_START),
                 )
                 for name in names
                 for period in ("day", "month")
@@ -278,6 +296,9 @@ async def _view(
     return _View(totals, held, last)
 
 
+_NOTHING: Final = WindowTotals()
+
+
 def _in_unit(budget: Budget, amount: int) -> Decimal:
     return Decimal(amount) / NANO if budget.unit == "usd" else Decimal(amount)
 
@@ -319,6 +340,31 @@ async def read_accounts(
     return accounts
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What a claim under some budgets for one payer works out before any statement: the
+    budgets that apply with their accounts, the accounts sorted (the order locks are taken in),
+    their advisory-lock keys, and each budget's limit in its stored unit."""
+
+    pairs: list[tuple[Budget, str]]
+    keys: list[str]
+    locks: dict[str, int]
+    limits: list[tuple[Budget, str, int]]
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(budgets: tuple[Budget, ...], payer: Payer | None) -> _Plan:
+    """Per budgets and payer, once (a person's turns reuse it)."""
+    pairs = applicable(budgets, payer)
+    keys = sorted({key for _, key in pairs})
+    return _Plan(
+        pairs,
+        keys,
+        {f"k{i}": lock_key(key) for i, key in enumerate(keys)},
+        [(budget, key, _limit(budget)) for budget, key in pairs],
+    )
+
+
 class Reservation:
     """The budget check and reservation a turn's claim transaction runs (see the module), and
     again before each of the turn's later requests (``UsageLedger.extend``).
@@ -336,7 +382,11 @@ class Reservation:
         staleness_seconds: float,
         clock: Callable[[], datetime],
     ) -> None:
-        self.pairs = applicable(budgets, payer)
+        plan = _plan(tuple(budgets), payer)
+        self.pairs = plan.pairs
+        self.keys = plan.keys
+        self._locks = plan.locks
+        self._limits = plan.limits
         self.staleness_seconds = staleness_seconds
         self.clock = clock
         self.text_tokens = 0
@@ -349,22 +399,21 @@ class Reservation:
         """Refuse (``AgentSessionBudgetExceeded``, rolling the claim back) or reserve."""
         if not self.pairs:
             return
-        keys = sorted({key for _, key in self.pairs})
+        keys = self.keys
         if conn.dialect.name == "postgresql":
-            locks = {f"k{i}": lock_key(key) for i, key in enumerate(keys)}
-            await _LOCKS[len(keys)].all(conn, locks)
+            await _LOCKS[len(keys)].all(conn, self._locks)
         now = self.clock()
         view = await _view(conn, keys, now, session_id, self.staleness_seconds)
         text = 0 if during_turn else self.text_tokens
         holds: dict[tuple[str, str], int] = {}
-        for budget, key in self.pairs:
-            totals = view.totals.get((key, budget.period), WindowTotals())
+        for budget, key, limit in self._limits:
+            totals = view.totals.get((key, budget.period), _NOTHING)
             others = view.held.get((key, budget.unit), 0)
             tokens = expected_tokens(view.last, totals, text)
             expected = (
                 expected_nanousd(tokens, view.last, totals) if budget.unit == "usd" else tokens
             )
-            left = _limit(budget) - _spent(budget, totals) - others
+            left = limit - _spent(budget, totals) - others
             if not admits(left, expected, others):
                 account = Account(
                     budget,
@@ -383,4 +432,4 @@ class Reservation:
         self.session_id, self.token = session_id, token
 
 
-__all__ = ["NANO", "Reservation", "applicable", "lock_key", "read_accounts"]
+__all__ = ["NANO", "WINDOW_START", "Reservation", "applicable", "lock_key", "read_accounts"]

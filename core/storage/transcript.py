@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable
+from datetime import datetime
 
 from sqlalchemy import BigInteger, Insert, Text, cast, delete, func, insert, literal, select, update
 
@@ -56,6 +57,20 @@ class TranscriptOperations:
                 stmt = stmt.limit(limit)
             rows = await conn.execute(stmt)
             return [q.stored(row) for row in rows]
+
+    async def page(
+        self, session_id: int, *, after_position: int, limit: int
+    ) -> list[tuple[StoredMessage, datetime]]:
+        """Up to ``limit`` messages after a position, oldest first, each with when it was
+        stored (a client's page of the transcript shows it)."""
+        async with self.db.read(large=True) as conn:
+            rows = await conn.execute(
+                select(*q.MESSAGE_COLUMNS, MESSAGES.c.created_at)
+                .where(MESSAGES.c.session_id == session_id, MESSAGES.c.position > after_position)
+                .order_by(MESSAGES.c.position)
+                .limit(limit)
+            )
+            return [(q.stored(row), row.created_at) for row in rows]
 
     async def tails(self, session_ids: Iterable[int]) -> dict[int, str]:
         """The last message id of each of these sessions that has one, in one query (a list of

@@ -45,7 +45,14 @@ from sqlalchemy.dialects import postgresql, sqlite
 from core.storage.engine import Database
 from core.storage.models import UsageRequest, UsageTotal
 from core.storage.prepared import Prepared
-from core.storage.reservations import MOST_ACCOUNTS, NANO, Reservation, applicable, read_accounts
+from core.storage.reservations import (
+    MOST_ACCOUNTS,
+    NANO,
+    WINDOW_START,
+    Reservation,
+    applicable,
+    read_accounts,
+)
 from core.usage.budgets import Account, Budget, Payer, window
 from core.usage.totals import RequestUsage
 
@@ -168,7 +175,7 @@ def _totals_upsert(dialect: Any, accounts: int) -> Any:
     """``usage_totals`` rows of ``accounts`` accounts (``a0``…) in both periods, each raised by
     the request's amounts, in a fixed order (accounts sorted, day before month): concurrent
     writers lock the rows in one order and never deadlock."""
-    start = TOTALS.c.window_start.type
+    start = WINDOW_START
     rows = [
         {
             "account": bindparam(f"a{i}", type_=TOTALS.c.account.type),

@@ -4,7 +4,7 @@ The file is the ``mcpServers`` format MCP clients share, so one written for anot
 works here::
 
     {"mcpServers": {
-        "notes":  {"command": "python", "args": ["-m", "core.testing.mcp_notes"],
+        "notes":  {"command": "python", "args": ["-m", "standins.mcp_notes"],
                    "env": {"MCP_NOTES_FILE": "/var/lib/notes.json"}},
         "github": {"url": "https://api.example.com/mcp",
                    "headers": {"Authorization": "Bearer ${GITHUB_TOKEN}"},

@@ -16,10 +16,13 @@ is no limit anyway, while one past 64 bits would break every turn of its payer. 
 entry raises ``ConfigError`` with one line naming it, so ``BUDGETS`` stops start-up and
 ``budget set`` refuses before changing anything.
 
-``decide`` is the whole rule, given what the storage layer summed: a turn may start (or make
-its next model request) while, for every budget that applies to it, what the window has spent
-plus what other running turns have reserved is below the limit. "Already over" refuses; the
-last bit of a budget is not refused because a request *might* need more than what is left.
+``admits`` is the whole rule, given what the storage layer read: a turn may start (or make
+its next model request) while, for every budget that applies to it, what is left (the limit
+less what the window has spent and what other running turns hold) is positive and the
+request's expected cost (``expected_tokens``, ``expected_nanousd``) fits in it, or, when no
+other turn holds anything, into the last bit: so the last bit of a budget is used, by one
+request at a time, and concurrent turns overshoot a budget by at most one request in total.
+``decide`` names the exhausted account of a set (a report's view: spent and held at the limit).
 A dollar budget counts only requests whose price is known (an unpriced request has no dollar
 amount to count): an operator whose provider has no price in the table should use a token
 budget, or state the custom provider's own prices. A token budget counts estimated tokens for
@@ -28,10 +31,11 @@ requests whose provider reported none.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Final, Literal, cast
 
@@ -144,11 +148,17 @@ def window(period: Period, now: datetime) -> Window:
     """The calendar day or month (UTC) that contains ``now`` (an aware datetime)."""
     if now.tzinfo is None:
         raise ValueError("window() needs an aware datetime; budgets are kept in UTC")
-    moment = now.astimezone(UTC)
+    return _window(period, now.astimezone(UTC).date())
+
+
+@functools.lru_cache(maxsize=64)
+def _window(period: Period, day: date) -> Window:
+    """``window`` by the UTC date (a claim and a ledger row each ask for two: cached)."""
+    moment = datetime(day.year, day.month, day.day, tzinfo=UTC)
     if period == "day":
-        start = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+        start = moment
         return Window(start, start + timedelta(days=1))
-    start = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    start = moment.replace(day=1)
     end = (
         start.replace(year=start.year + 1, month=1)
         if start.month == 12

@@ -1,7 +1,9 @@
 // Admin: retention (what the sweeper keeps), budgets (what `budget set` takes), the MCP servers
-// and their state (what `slack-agent tools` prints), and every session.
+// and their state (what `slack-agent tools` prints), a person's data (`user export`/`erase`),
+// and every session.
 import { type FormEvent, useEffect, useState } from "react";
 import { describe, getJson, sendJson } from "./api";
+import { Confirm, type ConfirmRequest } from "./Confirm";
 import { Link } from "./router";
 
 type Retention = { maxIdleDays: number | null; maxPerUser: number | null };
@@ -19,6 +21,7 @@ export function Admin() {
       <RetentionForm />
       <BudgetsForm />
       <Tools />
+      <PersonData />
     </section>
   );
 }
@@ -192,5 +195,73 @@ function Tools() {
         </ul>
       )}
     </section>
+  );
+}
+
+type Erased = { person: string; erased: Record<string, number | Record<string, number>> };
+
+const PERSON = /^[TE][A-Z0-9]+:[UW][A-Z0-9]+$/;
+
+/** One person's data: everything kept about them as a JSON-lines file, or erased (their usage
+ *  kept, anonymised, for the accounts); the same as `slack-agent user export|erase TEAM:USER`. */
+function PersonData() {
+  const [person, setPerson] = useState("");
+  const [status, setStatus] = useState<string | null>(null);
+  const [confirm, setConfirm] = useState<ConfirmRequest | null>(null);
+  const valid = PERSON.test(person.trim());
+  const path = `/v1/admin/people/${encodeURIComponent(person.trim())}`;
+  const erase = (event: FormEvent) => {
+    event.preventDefault();
+    const who = person.trim();
+    setConfirm({
+      title: `Erase ${who}?`,
+      body: (
+        <p>
+          Their sessions and messages, votes, API tokens and web sign-ins are removed for good; their
+          model requests stay, anonymised, in the usage and the budgets.
+        </p>
+      ),
+      confirm: "Erase",
+      run: async () => {
+        try {
+          const answer = await sendJson<Erased>(`${path}/erase`, "POST");
+          const counts = Object.entries(answer.erased)
+            .filter(([, n]) => typeof n === "number" && n > 0)
+            .map(([kind, n]) => `${String(n)} ${kind}`);
+          setStatus(counts.length > 0 ? `Erased ${who}: ${counts.join(", ")}.` : `Nothing kept about ${who}.`);
+        } catch (e) {
+          setStatus(describe(e));
+        }
+      },
+    });
+  };
+  return (
+    <form className="panel" onSubmit={erase} aria-labelledby="person-data">
+      <h2 id="person-data">A person&apos;s data</h2>
+      <label>
+        Slack member, as <code>TEAM:USER</code>
+        <input
+          type="text"
+          value={person}
+          onChange={(e) => setPerson(e.target.value)}
+          placeholder="T0123:U0456"
+          spellCheck={false}
+        />
+      </label>
+      <p>
+        {valid ? (
+          <a href={`${path}/export`} download>
+            Export (JSON lines)
+          </a>
+        ) : (
+          <span className="meta">Export (JSON lines)</span>
+        )}
+      </p>
+      <button type="submit" disabled={!valid}>
+        Erase…
+      </button>
+      {status !== null && <p role="status">{status}</p>}
+      {confirm !== null && <Confirm request={confirm} onClose={() => setConfirm(null)} />}
+    </form>
   );
 }

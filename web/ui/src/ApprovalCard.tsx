@@ -6,6 +6,7 @@ import { when } from "./time";
 
 export function ApprovalCard(props: {
   approval: PendingApproval;
+  me: string;
   deciding: boolean;
   onDecide: (approved: boolean) => void;
 }) {
@@ -19,7 +20,8 @@ export function ApprovalCard(props: {
       </p>
       <pre>{JSON.stringify(approval.input, null, 2)}</pre>
       <p className="meta">
-        Asked by {approval.requestedBy}; expires {when(approval.expiresAt)}.
+        Asked by {approval.requestedBy === props.me ? "you" : approval.requestedBy}; expires{" "}
+        {when(approval.expiresAt)}.
       </p>
       <div className="decide">
         <button type="button" className="primary" disabled={props.deciding} onClick={() => props.onDecide(true)}>

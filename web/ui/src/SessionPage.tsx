@@ -88,6 +88,10 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
   const lastSeen = useRef<string | null>(props.initialSession.lastMessageId);
   const beforeSend = useRef<{ messages: Message[]; text: string } | null>(null);
   const composer = useRef<HTMLTextAreaElement>(null);
+  const end = useRef<HTMLDivElement>(null);
+  // Follow the conversation (new messages, a card waiting) while the person reads its end;
+  // leave the page where it is while they read further up.
+  const following = useRef(true);
 
   const transport = useMemo(
     () =>
@@ -142,6 +146,11 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
     if (!(e instanceof ApiError)) {
       setError(`The answer broke off: ${describe(e)}`);
       await refresh().catch(() => undefined);
+      return;
+    }
+    if (e.code === "agent_session_message_duplicate") {
+      // The message was stored already (a retry): show the session as it is.
+      await refresh().catch((x: unknown) => setError(describe(x)));
       return;
     }
     withdraw();
@@ -202,6 +211,20 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
     }, seconds * 1000);
     return () => window.clearInterval(timer);
   }, [busyElsewhere, waiting, id, me.busyPollSeconds, me.sessionPollSeconds, refresh]);
+
+  useEffect(() => {
+    const onScroll = () => {
+      const bottom = window.innerHeight + window.scrollY;
+      following.current = bottom >= document.documentElement.scrollHeight - 200;
+    };
+    window.addEventListener("scroll", onScroll, { passive: true });
+    return () => window.removeEventListener("scroll", onScroll);
+  }, []);
+
+  const approvalShown = session.pendingApproval?.approvalId;
+  useEffect(() => {
+    if (following.current) end.current?.scrollIntoView({ block: "end" });
+  }, [messages, approvalShown, busyElsewhere]);
 
   useEffect(() => {
     document.title = `${session.title || `Session ${id}`} · slack-agent`;
@@ -406,6 +429,7 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
         <ApprovalCard
           key={session.pendingApproval.approvalId}
           approval={session.pendingApproval}
+          me={me.person}
           deciding={working === "Approving" || working === "Denying"}
           onDecide={(approved) => void decide(session.pendingApproval!.approvalId, approved)}
         />
@@ -429,6 +453,7 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
           Send
         </button>
       </form>
+      <div ref={end} />
       {confirm !== null && <Confirm request={confirm} onClose={() => setConfirm(null)} />}
     </section>
   );

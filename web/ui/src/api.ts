@@ -122,6 +122,11 @@ export async function apiFetch(input: string, init: RequestInit = {}): Promise<R
     } catch {
       // Not JSON (a proxy's page): the status alone says it.
     }
+    // A sign-in that expired (or was signed out in another tab) mid-use: sign in again and
+    // come back here. `/v1/me` itself answers 401 to show the sign-in screen.
+    if (response.status === 401 && input !== "/v1/me") {
+      window.location.assign(signInUrl(window.location.pathname + window.location.search));
+    }
     throw new ApiError(response.status, body);
   }
   return response;

@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from core.testing.server import LocalServer
+from standins.server import LocalServer
 
 Mode = Literal["accept", "refuse", "hang"]
 KIND = "openinference.span.kind"

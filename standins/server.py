@@ -4,7 +4,7 @@ A stand-in is a real HTTP server so the product talks to it exactly as it talks 
 service (its own HTTP client, its own timeouts, its own connection pool); ``LocalServer`` is
 the one place that starts, stops and names such a server. ``serve_app`` serves any app the same
 way (the product's own web app, in tests and in the demo). ``run_forever`` runs a stand-in in a
-process of its own and prints its URL (``core.testing.processes.spawn`` starts one): the
+process of its own and prints its URL (``standins.processes.spawn`` starts one): the
 benchmark's load generator must not share an event loop with the servers the app calls back.
 """
 
@@ -88,6 +88,6 @@ async def serve_forever(server: LocalServer) -> None:
 
 
 def run_forever(server: LocalServer) -> None:
-    """``python -m core.testing.X``: ``serve_forever`` until interrupted."""
+    """``python -m standins.X``: ``serve_forever`` until interrupted."""
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_forever(server))

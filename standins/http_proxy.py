@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from urllib.parse import urlsplit
 
-from core.testing.listener import ProxyListener
+from standins.listener import ProxyListener
 
 # Headers for this hop only (RFC 9110, 7.6.1), not sent on to the server.
 _HOP: frozenset[str] = frozenset(

@@ -1,6 +1,6 @@
 """A model stand-in's server: requests recorded, each answered by a reply object.
 
-The wire formats (``core.testing.openai``, ``core.testing.anthropic``) build the replies; the
+The wire formats (``standins.openai``, ``standins.anthropic``) build the replies; the
 server only knows how to send them, with the hooks a test or a benchmark needs around a real
 model: a queue of scripted replies (``push``) or a function choosing each reply (``respond``);
 requests in flight counted overall and per conversation (``key``), so "never two model calls at
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from core.testing.server import LocalServer
+from standins.server import LocalServer
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A small, real MCP server of notes, for the demo and the tests (stdio and Streamable HTTP).
 
-    python -m core.testing.mcp_notes                  # stdio
-    python -m core.testing.mcp_notes --http [--port N]  # prints its URL once it listens
+    python -m standins.mcp_notes                  # stdio
+    python -m standins.mcp_notes --http [--port N]  # prints its URL once it listens
 
 Tools: ``list_notes`` and ``read_note`` (annotated read-only: they run without asking under the
 default rule) and ``add_note`` (not read-only: it asks). Environment:
@@ -202,7 +202,7 @@ def _guarded(app: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m core.testing.mcp_notes")
+    parser = argparse.ArgumentParser(prog="python -m standins.mcp_notes")
     parser.add_argument("--http", action="store_true", help="serve Streamable HTTP, not stdio")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: any free port")
@@ -223,7 +223,7 @@ def stdio_entry(env: Mapping[str, str] | None = None, **extra: Any) -> dict[str,
     """An ``mcpServers`` entry that runs this server over stdio with this interpreter."""
     entry: dict[str, Any] = {
         "command": sys.executable,
-        "args": ["-m", "core.testing.mcp_notes"],
+        "args": ["-m", "standins.mcp_notes"],
         "env": dict(env or {}),
     }
     return {**entry, **extra}
@@ -240,7 +240,7 @@ class NotesHttpServer:
         self._process: subprocess.Popen[str] | None = None
 
     def start(self, timeout: float = 60.0) -> str:
-        command = [sys.executable, "-m", "core.testing.mcp_notes", "--http"]
+        command = [sys.executable, "-m", "standins.mcp_notes", "--http"]
         process = self._process = subprocess.Popen(
             [*command, "--port", str(self.port)],
             stdout=subprocess.PIPE,

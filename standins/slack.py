@@ -25,7 +25,7 @@ event) and ``intercept`` (awaited before each call is answered).
 
 ``signed_headers`` is the one place that signs a request as Slack does (v0 HMAC-SHA256 over
 ``v0:timestamp:body``); ``SlackClient`` sends events, interactions and commands with it.
-``python -m core.testing.slack`` runs the stand-in in a process of its own and prints its URL.
+``python -m standins.slack`` runs the stand-in in a process of its own and prints its URL.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from core.testing.faults import FaultSchedule
-from core.testing.server import LocalServer, run_forever
+from standins.faults import FaultSchedule
+from standins.server import LocalServer, run_forever
 
 MARKDOWN_LIMIT = 12_000
 MESSAGE_LIMIT = 40_000

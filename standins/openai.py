@@ -5,11 +5,11 @@ The builders make what a real server streams: ``chat.completion.chunk`` objects 
 ``stream_options.include_usage`` asks for (``choices: []``), then ``data: [DONE]``.
 
 ``OpenAIStandIn`` answers ``/v1/chat/completions`` from a script or a function (see
-``core.testing.scripted``). Three configurations of it are used often enough to live here:
+``standins.scripted``). Three configurations of it are used often enough to live here:
 ``GatedModel`` (tests hold a turn open until they open a gate), ``SoakModel`` (the soak's:
 random latencies, shell tool calls, timeouts and cut streams at exact shares) and
 ``SlowModel`` (the benchmark's: every answer streams for a fixed time, ``GET /stats`` says how
-many are in flight). ``python -m core.testing.openai SECONDS`` runs the slow one in a
+many are in flight). ``python -m standins.openai SECONDS`` runs the slow one in a
 process of its own and prints its URL.
 """
 
@@ -27,8 +27,8 @@ from typing import Any
 
 from aiohttp import web
 
-from core.testing.faults import FaultSchedule
-from core.testing.scripted import (
+from standins.faults import FaultSchedule
+from standins.scripted import (
     JsonReply,
     RecordedRequest,
     Reply,
@@ -36,7 +36,7 @@ from core.testing.scripted import (
     SseReply,
     sse_frame,
 )
-from core.testing.server import run_forever
+from standins.server import run_forever
 
 DONE = "data: [DONE]\n\n"
 Calls = Sequence[tuple[str, str, dict[str, Any]]]  # (call id, tool name, arguments)
@@ -303,5 +303,5 @@ class SlowModel(OpenAIStandIn):
         return SseReply(frames, split=False, pauses=pauses)
 
 
-if __name__ == "__main__":  # python -m core.testing.openai SECONDS: the slow model
+if __name__ == "__main__":  # python -m standins.openai SECONDS: the slow model
     run_forever(SlowModel(float(sys.argv[1]) if len(sys.argv) > 1 else 5.0))

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import time
 
-from core.testing.listener import ProxyListener
+from standins.listener import ProxyListener
 
 
 class TcpProxy(ProxyListener):

@@ -1,6 +1,6 @@
 """A stand-in model speaking the Anthropic Messages API streaming wire format.
 
-``AnthropicStandIn`` is a ``ScriptedServer`` (see ``core.testing.scripted``); the builders make
+``AnthropicStandIn`` is a ``ScriptedServer`` (see ``standins.scripted``); the builders make
 what the API streams: ``message_start`` (with the message's usage), ``content_block_start/
 delta/stop`` (``text_delta``, ``input_json_delta``), ``ping``, ``message_delta`` with the stop
 reason and usage, ``message_stop``, and ``error``.
@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from core.testing.scripted import JsonReply, ScriptedServer, SseReply, sse_frame
+from standins.scripted import JsonReply, ScriptedServer, SseReply, sse_frame
 
 
 class AnthropicStandIn(ScriptedServer):
