@@ -53,7 +53,7 @@ from core.providers.uimessages import (
 )
 from core.records import Actor, AnyTail, StoredMessage
 from core.sandbox.shell import Sandbox, SandboxLimits, ShellResult
-from core.storage.approvals import COMPACTED, Approvals
+from core.storage.approvals import COMPACTED, ApprovalRecord, Approvals
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import SnapshotRef
 from core.storage.usage import UsageLedger
@@ -397,24 +397,34 @@ class Agent:
         *,
         on_event: OnEvent | None = None,
         attribution: Attribution | None = None,
+        record: ApprovalRecord | None = None,
     ) -> TurnResult:
         """The turn after a person's decision: the approved call runs (once; a call a dead
         turn already sent is reported as such, never sent again), or the model is told it was
         declined; then the model continues. The usual claim with the stale guard at the
         message that asked (``AgentSessionStale`` if the conversation moved on), fencing and
         release; the decided part is rewritten in place, the continuation appended. It is a
-        turn like any other for usage, budgets and traces (``attribution``: who decided)."""
+        turn like any other for usage, budgets and traces (``attribution``: who decided).
+        ``record``: the request as the caller just read it (not read again; what it says is
+        checked again after the claim by ``start_running``'s condition and the stale guard)."""
         assert self.approvals is not None, "carrying out a decision needs the approvals store"
         account = self.accounting.turn(session_id, attribution)
         return await self._accounted(
-            account, self._carry_out(account, session_id, approval_id, on_event or _ignore)
+            account,
+            self._carry_out(account, session_id, approval_id, on_event or _ignore, record),
         )
 
     async def _carry_out(
-        self, account: TurnAccount, session_id: int, approval_id: str, emit: OnEvent
+        self,
+        account: TurnAccount,
+        session_id: int,
+        approval_id: str,
+        emit: OnEvent,
+        record: ApprovalRecord | None,
     ) -> TurnResult:
         assert self.approvals is not None
-        record = await self.approvals.get(approval_id)
+        if record is None or record.id != approval_id:
+            record = await self.approvals.get(approval_id)
         if record is None:
             raise MessageNotFound(f"no approval request {approval_id}")
         session = await self.store.get_session(session_id)

@@ -624,6 +624,7 @@ class Conversation:
                 approval_id,
                 on_event=emit,
                 attribution=Attribution(self._all.project, payer),
+                record=record,
             )
         except AgentSessionBusy:
             return Busy()

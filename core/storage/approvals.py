@@ -40,9 +40,10 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Final, cast
 
-from sqlalchemy import ColumnElement, Table, and_, insert, or_, select, update
+from sqlalchemy import ColumnElement, Table, and_, bindparam, case, insert, or_, select, update
 
 from core.storage.dialect import ago, db_now, update_returning
 from core.storage.engine import Database
@@ -112,8 +113,18 @@ class Approvals:
         self.timeout_seconds = float(timeout_seconds)
 
     def _columns(self) -> list[Any]:
+        """A request's columns and whether it is overdue (built once: building the expression
+        and its cache key on every read was most of a read's cost)."""
+        return self._built
+
+    @cached_property
+    def _built(self) -> list[Any]:
         overdue = and_(A.state == "pending", A.requested_at < ago(self.timeout_seconds))
         return [*APPROVALS.c, overdue.label("overdue")]
+
+    @cached_property
+    def _by_id(self) -> Any:
+        return select(*self._columns()).where(A.id == bindparam("approval_id"))
 
     async def request(
         self,
@@ -148,7 +159,7 @@ class Approvals:
 
     async def get(self, approval_id: str) -> ApprovalRecord | None:
         async with self.db.read() as conn:
-            row = (await conn.execute(select(*self._columns()).where(A.id == approval_id))).first()
+            row = (await conn.execute(self._by_id, {"approval_id": approval_id})).first()
         return None if row is None else _record(row)
 
     async def of_session(self, session_id: int, *, states: tuple[str, ...]) -> list[ApprovalRecord]:
@@ -251,13 +262,11 @@ class Approvals:
 
     async def carried_out(self, approval_id: str) -> ApprovalRecord | None:
         """The turn that carried the decision out finished: ``ran`` or ``declined``."""
-        for before, after in (("running", "ran"), ("denied", "declined")):
-            moved = await self._move(
-                and_(A.id == approval_id, A.state == before), {"state": after, "reason": None}
-            )
-            if moved is not None:
-                return moved
-        return None
+        after = case((A.state == "running", "ran"), else_="declined")
+        return await self._move(
+            and_(A.id == approval_id, A.state.in_(("running", "denied"))),
+            {"state": after, "reason": None},
+        )
 
     async def set_card(self, approval_id: str, card_ref: str) -> None:
         """Where a surface showed the request (to show its outcome there later)."""
@@ -334,17 +343,14 @@ class Approvals:
                 .values(state="expired", reason=DECISION_EXPIRED, updated_at=db_now())
             )
             rows = await update_returning(
-                conn, APPROVALS, and_(condition, A.id.in_(oldest)), {"updated_at": db_now()}, [A.id]
+                conn,
+                APPROVALS,
+                and_(condition, A.id.in_(oldest)),
+                {"updated_at": db_now()},
+                self._columns(),
             )
-        if not rows:
-            return []
-        async with self.db.read() as conn:
-            found = await conn.execute(
-                select(*self._columns())
-                .where(A.id.in_([r.id for r in rows]))
-                .order_by(A.decided_at, A.id)
-            )
-            return [_record(r) for r in found]
+        found = [_record(r) for r in rows]
+        return sorted(found, key=lambda r: (r.decided_at or r.requested_at, r.id))
 
     async def overdue(self, limit: int = 100) -> list[ApprovalRecord]:
         """Pending requests past the timeout, oldest first (to expire and say so)."""
@@ -361,11 +367,9 @@ class Approvals:
         self, condition: ColumnElement[bool], values: dict[str, Any]
     ) -> ApprovalRecord | None:
         values = {**values, "updated_at": db_now()}
-        async with self.db.write() as conn:
-            rows = await update_returning(conn, APPROVALS, condition, values, [A.id])
-        if not rows:
-            return None
-        return await self.get(str(rows[0].id))
+        async with self.db.write() as conn:  # the row as moved, in the same statement
+            rows = await update_returning(conn, APPROVALS, condition, values, self._columns())
+        return _record(rows[0]) if rows else None
 
 
 def _record(row: Any) -> ApprovalRecord:
