@@ -11,7 +11,16 @@ import pytest
 from standins.slack import SlackClient, SlackStandIn
 from tests.mcp_support import notes
 from tests.slack_harness import running_bot
-from tests.test_slack_approvals import ADD, card_updates, cards, click, connected, mcp
+from tests.test_slack_approvals import (
+    ADD,
+    ADD_LONG,
+    LONG,
+    card_updates,
+    cards,
+    click,
+    connected,
+    mcp,
+)
 from tests.ui_stream import parse_ui_stream
 from tests.web_harness import api_as
 
@@ -91,3 +100,25 @@ async def test_a_decision_on_the_web_clears_the_slack_card_and_the_reverse(
         parse_ui_stream(decided.raw)
         await slack.wait_for(lambda: any("Denied" in t for t in card_updates(slack, second)))
         assert set(notes(tmp_path)) == {"plan"}
+
+
+async def test_the_api_shows_every_argument_as_a_person_must_read_it(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    """``pendingApproval.shown`` is what the page prints: every character of every argument
+    (nothing cut at any length) and a right-to-left override written as its escape, so what a
+    person approves on the web reads as the call the digest binds, as on Slack's card."""
+    async with running_bot(database_url, slack, **mcp(tmp_path)) as bot:
+        await connected(bot)
+        web = await api_as(bot, "slack:T1:U1")
+        session = (await web.post("/v1/agent_sessions", {})).body
+        path = f"/v1/agent_sessions/{session['id']}"
+        asked = await web.post(path + "/chat", {"message": ADD_LONG, "lastMessageId": None})
+        assert asked.status == 200
+        pending = (await web.get(path)).body["pendingApproval"]
+        shown = "\n".join(pending["shown"])
+        assert "END" in shown
+        assert len(shown) > len(LONG)
+        assert "\u202e" not in shown
+        assert "\\u202e" in shown
+        assert pending["input"]["title"] == "plan\u202e"  # the call itself, exactly

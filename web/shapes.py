@@ -16,7 +16,14 @@ from typing import Any
 
 import orjson
 
-from core.conversation import ApprovalRecord, Place, SessionInfo, StoredMessage, place
+from core.conversation import (
+    ApprovalRecord,
+    Place,
+    SessionInfo,
+    StoredMessage,
+    argument_lines,
+    place,
+)
 from web.errors import bad_request
 
 
@@ -67,6 +74,9 @@ def approval_json(
         "toolName": record.tool_name,
         "server": record.server,
         "input": record.arguments,
+        # What a person reads before approving: every argument, nothing cut, characters that
+        # would hide or reorder text written as escapes (as Slack's card and the terminal show).
+        "shown": argument_lines(record.arguments),
         "requestedBy": requested_by,
         "expiresAt": when(record.requested_at + timedelta(seconds=timeout_seconds)),
     }

@@ -18,7 +18,7 @@ export function ApprovalCard(props: {
         The agent wants to run <code>{approval.toolName}</code> on <strong>{approval.server}</strong>{" "}
         with:
       </p>
-      <pre>{JSON.stringify(approval.input, null, 2)}</pre>
+      <pre>{approval.shown !== undefined ? approval.shown.join("\n") : JSON.stringify(approval.input, null, 2)}</pre>
       <p className="meta">
         Asked by {approval.requestedBy === props.me ? "you" : approval.requestedBy}; expires{" "}
         {when(approval.expiresAt)}.

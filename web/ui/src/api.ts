@@ -13,6 +13,8 @@ export type PendingApproval = {
   toolName: string;
   server: string;
   input: unknown;
+  /** Every argument as a person reads it: nothing cut, hidden or reordering characters escaped. */
+  shown?: string[];
   requestedBy: string;
   expiresAt: string;
 };
