@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from core.conversation.places import Place, SlackThread, place_of
+from core.conversation.places import (
+    Place,
+    SlackThread,
+    place_of,
+    workspace_keys,
+    workspace_of,
+)
 from core.errors import AgentSessionNotFound, UsageError
 from core.storage.sessions import SessionStore
 from core.storage.surface_state import SurfaceState
@@ -98,3 +104,12 @@ def test_places__a_thread_key_reads_back_and_links_to_what_the_terminal_follows(
     assert place_of("cli", "me/123").kind == "terminal"
     assert place_of("web", "slack:T1:U1/123").kind == "web"
     assert place_of("elsewhere", "x").kind == "other"
+
+
+def test_places__the_workspace_a_session_belongs_to() -> None:
+    assert workspace_of("slack", "T1/C1/1.2") == "T1"
+    assert workspace_of("web", "slack:T2:U9/8f0c") == "T2"
+    assert workspace_of("cli", "root/1") is None  # the operator's: no workspace
+    assert workspace_of("slack", "broken") == ""  # names none: no admin's
+    assert workspace_of("web", "someone/1") == ""
+    assert workspace_keys("T1") == [("slack", "T1/"), ("web", "slack:T1:")]

@@ -161,3 +161,24 @@ async def test_admin_exports_and_erases_a_person_from_the_api(running: RunningBo
     assert erased.body["erased"]["tokens"] == 1  # the token the test used
     assert (await api.get(path)).status == 401  # its token went with them
     assert (await admin.get(path)).status == 404
+
+
+async def test_an_admin_sees_their_workspace_and_the_terminal_never_another_workspace(
+    running: RunningBot,
+) -> None:
+    """``ADMIN_USER_IDS`` names an admin of one workspace (``T1:UADMIN``): over the API they see
+    every session of T1 and the terminal's, and another workspace's are a 404 to them, as to
+    anyone (a deployment serving several workspaces keeps them apart)."""
+    admin = await api_as(running, "slack:T1:UADMIN")
+    ours = await chatted(await api_as(running, "slack:T1:U1"), "ours")
+    theirs = await chatted(await api_as(running, "slack:T2:U9"), "theirs")
+    terminal = running.bot.runtime.conversations("cli")
+    operator = await terminal.person("cli:root", admin=True)
+    console = await terminal.open("root/1", owner=operator, title="from the terminal")
+    listed = {s["id"] for s in (await admin.get("/v1/agent_sessions?scope=all")).body["data"]}
+    assert int(ours.rsplit("/", 1)[1]) in listed
+    assert console.id in listed
+    assert int(theirs.rsplit("/", 1)[1]) not in listed
+    assert (await admin.get(ours)).status == 200
+    assert (await admin.get(theirs)).status == 404
+    assert (await admin.call("DELETE", theirs)).status == 404

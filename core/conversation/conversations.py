@@ -227,11 +227,12 @@ class Conversations:
         limit: int = 50,
     ) -> list[SessionInfo]:
         """A page of the sessions ``viewer`` sees (``places.may_see``), most recently updated
-        first; ``everything`` (an admin's): every session, terminal ones included."""
+        first; ``everything`` (an admin's): every session of their workspace, and the terminal's."""
         return await self.store.visible(
             user_id=viewer.actor.user_id,
             shared=viewer.shared,
             everything=everything and viewer.admin,
+            workspace=viewer.workspace,
             before=before,
             words=words,
             limit=limit,

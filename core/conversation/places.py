@@ -94,6 +94,24 @@ class Place:
     thread: SlackThread | None = None
 
 
+def workspace_keys(team: str) -> list[tuple[str, str]]:
+    """The ``(project, key prefix)`` of every session that belongs to Slack workspace ``team``:
+    its threads, and the web sessions of its people (``{person}/{uuid}``)."""
+    return [(SLACK_PROJECT, SlackThread.in_workspace(team)), (WEB_PROJECT, slack_person(team, ""))]
+
+
+def workspace_of(project: str, key: str) -> str | None:
+    """The Slack workspace a session belongs to: None for one that belongs to none (the
+    terminal's, the operator's), ``""`` for a key that names none it should (never a team)."""
+    if project == SLACK_PROJECT:
+        thread = SlackThread.parse(key)
+        return "" if thread is None else thread.team
+    if project == WEB_PROJECT:
+        person = key.split("/", 1)[0].split(":")
+        return person[1] if len(person) == 3 and person[0] == "slack" else ""
+    return None
+
+
 def place_of(project: str, key: str) -> Place:
     kind = _KINDS.get(project)
     if kind == "slack":

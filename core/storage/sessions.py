@@ -274,13 +274,16 @@ class SessionStore(TranscriptOperations):
         user_id: int | None,
         shared: Sequence[tuple[str, str]] = (),
         everything: bool = False,
+        workspace: Sequence[tuple[str, str]] = (),
         before: tuple[datetime, int] | None = None,
         words: str | None = None,
         limit: int = 50,
     ) -> list[SessionInfo]:
         """A page of the sessions a person sees, most recently updated first: those
         ``user_id`` owns, those of a project whose key starts with a prefix of ``shared``
-        (``(project_name, key_prefix)``: a Slack channel's threads), or all (``everything``).
+        (``(project_name, key_prefix)``: a Slack channel's threads), or all (``everything``): of
+        the projects ``workspace`` names, those whose key starts with its prefix (one Slack
+        workspace's), and every session of the other projects (the terminal's).
         ``before``: the ``(updated_at, id)`` of the previous page's last session. ``words``:
         only titles containing them (case-insensitive)."""
         stmt = q.session_select(self.staleness_seconds)
@@ -296,6 +299,19 @@ class SessionStore(TranscriptOperations):
             if not seen:
                 return []
             stmt = stmt.where(or_(*seen))
+        elif workspace:
+            stmt = stmt.where(
+                or_(
+                    SESSIONS.c.project_name.not_in(sorted({p for p, _ in workspace})),
+                    *(
+                        and_(
+                            SESSIONS.c.project_name == project,
+                            SESSIONS.c.project_session_id.startswith(prefix, autoescape=True),
+                        )
+                        for project, prefix in workspace
+                    ),
+                )
+            )
         if before is not None:
             at, last_id = before
             stmt = stmt.where(
