@@ -510,6 +510,9 @@ async def test_approval_rounds__a_replica_with_no_surface_carries_out_what_was_l
     assert tail.role == "assistant"
     await asyncio.gather(*(r.round() for r in rounds))  # nothing left: nothing runs again
     assert calls_counted("notes", "add_note", "ok") == before + 1
+    # The decider pays for the continuation, in their workspace (its budgets apply).
+    charged = await runtime.storage.usage.report("workspace")
+    assert "T1" in {line.key for line in charged}
 
 
 # -- every request reaches an end state with a reason (issue 35, items 3 and 6) ------------------

@@ -168,7 +168,8 @@ async def test_an_admin_sees_their_workspace_and_the_terminal_never_another_work
 ) -> None:
     """``ADMIN_USER_IDS`` names an admin of one workspace (``T1:UADMIN``): over the API they see
     every session of T1 and the terminal's, and another workspace's are a 404 to them, as to
-    anyone (a deployment serving several workspaces keeps them apart)."""
+    anyone (a deployment serving several workspaces keeps them apart); everyone's usage is
+    everyone's of T1."""
     admin = await api_as(running, "slack:T1:UADMIN")
     ours = await chatted(await api_as(running, "slack:T1:U1"), "ours")
     theirs = await chatted(await api_as(running, "slack:T2:U9"), "theirs")
@@ -182,3 +183,9 @@ async def test_an_admin_sees_their_workspace_and_the_terminal_never_another_work
     assert (await admin.get(ours)).status == 200
     assert (await admin.get(theirs)).status == 404
     assert (await admin.call("DELETE", theirs)).status == 404
+    # Their usage too: everyone of T1 (the web turns charged to T1), nobody of T2.
+    users = {r["key"] for r in (await admin.get("/v1/usage?scope=all&by=user")).body["rows"]}
+    assert "slack:T1:U1" in users
+    assert "slack:T2:U9" not in users
+    spaces = {r["key"] for r in (await admin.get("/v1/usage?scope=all&by=workspace")).body["rows"]}
+    assert spaces == {"T1"}

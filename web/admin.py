@@ -67,8 +67,13 @@ class Admin:
             if scope == "all":
                 _admin(caller)
             ledger = self.api.runtime.storage.usage
+            everyone = scope == "all"
             lines = await ledger.report(
-                by, since=since, user_key=None if scope == "all" else caller.person
+                by,
+                since=since,
+                user_key=None if everyone else caller.person,
+                # An admin is one workspace's: everyone there, never another workspace's.
+                workspace=caller.team if everyone else None,
             )
             return {
                 "rows": [

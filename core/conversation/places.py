@@ -35,6 +35,12 @@ def slack_person(team: str, user: str) -> str:
     return f"slack:{team}:{user}"
 
 
+def team_of_person(person: str) -> str | None:
+    """The Slack workspace of a person (``slack:T…:U…``); None for anyone else (an operator)."""
+    parts = person.split(":")
+    return parts[1] if len(parts) == 3 and parts[0] == "slack" and parts[1] else None
+
+
 def slack_user_in(person: str, team: str) -> str | None:
     """The Slack user id of ``person`` in workspace ``team``; None for anyone else."""
     prefix = slack_person(team, "")

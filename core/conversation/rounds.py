@@ -25,6 +25,7 @@ from typing import Literal, Protocol
 
 from core.agent.accounting import Payer
 from core.conversation.conversations import Conversations
+from core.conversation.places import team_of_person
 from core.settings import Settings
 from core.storage.approvals import ApprovalRecord
 
@@ -125,7 +126,12 @@ class ApprovalRounds:
     async def _carry_out(self, record: ApprovalRecord) -> None:
         try:
             await self.conversations.carry_out_left_behind(
-                record, payer=Payer(record.decided_by) if record.decided_by else None
+                record,
+                payer=(
+                    Payer(record.decided_by, team_of_person(record.decided_by))
+                    if record.decided_by
+                    else None
+                ),
             )
         except asyncio.CancelledError:
             raise

@@ -326,10 +326,16 @@ class UsageLedger:
             )
 
     async def report(
-        self, by: GroupBy, *, since: date | None = None, user_key: str | None = None
+        self,
+        by: GroupBy,
+        *,
+        since: date | None = None,
+        user_key: str | None = None,
+        workspace: str | None = None,
     ) -> list[UsageLine]:
         """Requests grouped ``by`` user, workspace, model or day (UTC), since a day (UTC);
-        ``user_key``: only that payer's (a person reading their own usage)."""
+        ``user_key``: only that payer's (a person reading their own usage); ``workspace``: only
+        those made in that Slack workspace (its admin reading everyone's there)."""
         async with self._db.read(large=True) as conn:
             key: ColumnElement[Any]
             if by == "user":
@@ -364,6 +370,8 @@ class UsageLedger:
                 query = query.where(REQUESTS.c.created_at >= start)
             if user_key is not None:
                 query = query.where(REQUESTS.c.user_key == user_key)
+            if workspace is not None:
+                query = query.where(REQUESTS.c.workspace == workspace)
             query = query.group_by(key).order_by(key)
             rows: Sequence[Any] = (await conn.execute(query)).all()
         return [
