@@ -121,7 +121,9 @@ function BudgetsForm() {
         </ul>
       )}
       <label>
-        Entries to add or replace, as <code>budget set</code> takes them
+        <span>
+          Entries to add or replace, as <code>budget set</code> takes them
+        </span>
         <input
           type="text"
           value={entries}
@@ -239,7 +241,9 @@ function PersonData() {
     <form className="panel" onSubmit={erase} aria-labelledby="person-data">
       <h2 id="person-data">A person&apos;s data</h2>
       <label>
-        Slack member, as <code>TEAM:USER</code>
+        <span>
+          Slack member, as <code>TEAM:USER</code>
+        </span>
         <input
           type="text"
           value={person}

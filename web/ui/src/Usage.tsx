@@ -136,7 +136,8 @@ function Chart(props: {
   metric: Metric;
 }) {
   const { rows, value, format } = props;
-  const most = Math.max(...rows.map(value), 0) || 1;
+  const highest = Math.max(...rows.map(value), 0);
+  const most = highest || 1; // the bars' scale: an empty chart still has one
   const label = `${props.metric === "cost" ? "Spend" : "Tokens"} by ${props.columns ? "day" : "key"}`;
   if (props.columns) {
     const width = 640;
@@ -166,7 +167,7 @@ function Chart(props: {
           })}
         </svg>
         <figcaption>
-          {label}; the most in a day: {format(most)}
+          {label}; the highest: {format(highest)}
         </figcaption>
       </figure>
     );
