@@ -26,6 +26,7 @@ from core.conversation import (
     Viewer,
     place,
 )
+from core.conversation.places import slack_ids
 from core.conversation.worker import SHUTDOWN
 from core.runtime import Bearer, Runtime, Settings
 from web.admin import Admin
@@ -37,7 +38,6 @@ from web.auth import (
     NoChannels,
     bearer_token,
     csrf_ok,
-    slack_ids,
 )
 from web.chat import Chat
 from web.errors import ApiError, bad_request, guarded
@@ -161,7 +161,7 @@ class WebApi:
                 self.bearers.put(key, bearer)
         if bearer is None:
             return None
-        team, user = slack_ids(bearer.person)
+        team, user = slack_ids(bearer.person) or (None, None)
         admin = team is not None and user is not None and self.settings.is_admin(team, user)
         return Caller(
             bearer.user_id,

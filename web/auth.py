@@ -64,14 +64,6 @@ def csrf_token(secret: str) -> str:
     return hmac.new(secret.encode(), b"slack-agent csrf", hashlib.sha256).hexdigest()
 
 
-def slack_ids(person: str) -> tuple[str | None, str | None]:
-    """The workspace and user of ``slack:T…:U…`` (None, None for anyone else)."""
-    parts = person.split(":")
-    if len(parts) == 3 and parts[0] == "slack" and parts[1] and parts[2]:
-        return parts[1], parts[2]
-    return None, None
-
-
 def bearer_token(headers: Mapping[str, str]) -> str | None:
     value = headers.get("Authorization", "")
     scheme, _, token = value.partition(" ")

@@ -35,10 +35,18 @@ def slack_person(team: str, user: str) -> str:
     return f"slack:{team}:{user}"
 
 
-def team_of_person(person: str) -> str | None:
-    """The Slack workspace of a person (``slack:T…:U…``); None for anyone else (an operator)."""
+def slack_ids(person: str) -> tuple[str, str] | None:
+    """The workspace and user of ``slack:T…:U…``; None for anyone else (an operator)."""
     parts = person.split(":")
-    return parts[1] if len(parts) == 3 and parts[0] == "slack" and parts[1] else None
+    if len(parts) == 3 and parts[0] == "slack" and parts[1] and parts[2]:
+        return parts[1], parts[2]
+    return None
+
+
+def team_of_person(person: str) -> str | None:
+    """The Slack workspace of a person; None for anyone else (an operator)."""
+    ids = slack_ids(person)
+    return None if ids is None else ids[0]
 
 
 def slack_user_in(person: str, team: str) -> str | None:
@@ -112,9 +120,8 @@ def workspace_of(project: str, key: str) -> str | None:
     if project == SLACK_PROJECT:
         thread = SlackThread.parse(key)
         return "" if thread is None else thread.team
-    if project == WEB_PROJECT:
-        person = key.split("/", 1)[0].split(":")
-        return person[1] if len(person) == 3 and person[0] == "slack" else ""
+    if project == WEB_PROJECT:  # ``{person}/{uuid}``
+        return team_of_person(key.split("/", 1)[0]) or ""
     return None
 
 
