@@ -37,6 +37,7 @@ from core.conversation.worker import DeliveryWorker
 from core.errors import ConfigError, DatabaseError
 from core.runtime import Deliveries, Settings, Storage, metrics
 from web.api import WebApi
+from web.loops import TurnsLoop
 from web.page import add_page_routes
 
 log = logging.getLogger(__name__)
@@ -72,11 +73,7 @@ class Elsewhere:
 
     async def run(self, make: Callable[[], Awaitable[T]]) -> T:
         """``make()`` awaited on the turns' loop, its result here."""
-
-        async def there() -> T:
-            return await make()
-
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(there(), self.loop))
+        return await TurnsLoop(self.loop).run(make)
 
 
 def for_the_intake(body: Any) -> bool:
