@@ -72,11 +72,22 @@ class ApprovalDesk:
         return await self.approvals.get(approval_id)
 
     async def decide(
-        self, approval_id: str, actor: Actor, *, approver_id: str | None, approve: bool, by: str
+        self,
+        approval_id: str,
+        actor: Actor,
+        *,
+        approver_id: str | None,
+        approve: bool,
+        by: str,
+        read: ApprovalRecord | None = None,
     ) -> Decision:
         """``approver_id``: the person as a server's ``approvers`` name them (``T…:U…``);
-        ``by``: how the outcome names them."""
-        record = await self.get(approval_id)
+        ``by``: how the outcome names them; ``read``: the request as the caller just read it
+        (not read again; the decision itself is conditional on its state, so nothing older
+        can win)."""
+        record = (
+            read if read is not None and read.id == approval_id else await self.get(approval_id)
+        )
         if record is None:
             return DecisionRefused("unknown")
         session = await self.store.get_session(record.session_id)

@@ -331,7 +331,7 @@ async def decide(
     desk = conversations.approvals
     if desk is None:
         return DecisionRefused("unknown")
-    key = None
+    key = asked = None
     if choice.within is not None:
         asked = await desk.get(choice.approval_id)
         key = None if asked is None else await conversations.key_of(asked.session_id)
@@ -345,6 +345,7 @@ async def decide(
         approver_id=choice.approver_id,
         approve=choice.approve,
         by=choice.by or choice.person,
+        read=asked,
     )
     shown = decision.record
     if choice.shown_at and shown is not None and shown.card_ref is None:
