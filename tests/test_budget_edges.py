@@ -18,6 +18,7 @@ from core.agent.model_choice import ProviderCache
 from core.errors import (
     AgentSessionBudgetExceeded,
     AgentSessionLockLost,
+    AgentSessionStale,
     ModelProviderError,
     TurnInterrupted,
 )
@@ -102,6 +103,49 @@ async def test_budget_set__holds_for_the_next_claim_on_another_replica(
         assert len(await store.messages(session.id)) == 4
     finally:
         await other.dispose()
+
+
+async def test_claim__stale_and_over_budget_is_refused_as_stale_with_nothing_written(
+    db: Database,
+) -> None:
+    """On PostgreSQL the budget check rides on the claim's statements (the locks on the claim,
+    the reservation on the user message's insert), which reads the budget before the stale
+    guard's insert: a client whose view is out of date is still told that first (its
+    refusal carries the tail to catch up to), and a stale claim within its budget leaves no
+    reservation behind."""
+    store = SessionStore(db)
+    ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
+    _, session = await new_session(store)
+    lease = await store.start_turn(session.id, user_message=user_message("a"), last_message_id=None)
+    await store.release(lease)
+    tail = await store.tail(session.id)
+    assert tail is not None
+    await spend(db, 500)
+    for budgets in ("user:day:100tokens", "user:day:1000000tokens"):
+        with pytest.raises(AgentSessionStale) as stale:
+            await store.start_turn(
+                session.id,
+                user_message=user_message("b"),
+                last_message_id=None,  # the client has not seen "a"
+                reservation=ledger.reservation(parse_budgets(budgets), PAYER),
+            )
+        assert stale.value.actual_last_message_id == tail.message_id
+    assert [m.message_id for m in await store.messages(session.id)] == [tail.message_id]
+    async with db.read() as conn:
+        held = (await conn.execute(text("SELECT count(*) FROM usage_reservations"))).scalar()
+    assert held == 0
+    assert not (await store.get_session(session.id)).is_turn_active
+    # Within the budget and up to date, the same claim holds a reservation until released.
+    lease = await store.start_turn(
+        session.id,
+        user_message=user_message("b"),
+        last_message_id=tail.message_id,
+        reservation=ledger.reservation(parse_budgets("user:day:1000000tokens"), PAYER),
+    )
+    async with db.read() as conn:
+        held = (await conn.execute(text("SELECT count(*) FROM usage_reservations"))).scalar()
+    assert held == 1
+    await store.release(lease)
 
 
 # -- periods roll over at UTC midnight and at month start exactly ----------------------------

@@ -301,7 +301,7 @@ TURN_ACTIVE_BOUND: Final = and_(
 )
 
 
-def _claim(*, stamp: bool) -> Update:
+def claim_statement(*, stamp: bool) -> Update:
     values: dict[str, Any] = {
         "heartbeat_at": db_now(),
         # The token says whether the lock was free or taken over from a turn that stopped
@@ -341,7 +341,9 @@ def _claim(*, stamp: bool) -> Update:
 # back in the same write transaction, which no other writer can interleave with.
 _CLAIMS: Final = {
     (stamp, returning): Prepared(
-        _claim(stamp=stamp).returning(SESSIONS.c.lock_token) if returning else _claim(stamp=stamp)
+        claim_statement(stamp=stamp).returning(SESSIONS.c.lock_token)
+        if returning
+        else claim_statement(stamp=stamp)
     )
     for stamp in (False, True)
     for returning in (False, True)
@@ -371,7 +373,7 @@ _TAIL: Final = Prepared(
 )
 
 
-def _insert_if_tail_is() -> Insert:
+def insert_if_tail_is_statement() -> Insert:
     """The user message at the next position, only if the session's tail is ``last`` (NULL:
     empty). Runs after the claim in the same transaction, so it reads the tail as it is now."""
     sid = bindparam("sid", type_=Id)
@@ -402,8 +404,8 @@ def _insert_if_tail_is() -> Insert:
 
 
 INSERT_IF_TAIL_IS: Final = {
-    True: Prepared(_insert_if_tail_is().returning(MESSAGES.c.position)),
-    False: Prepared(_insert_if_tail_is()),  # SQLite before 3.35: no RETURNING
+    True: Prepared(insert_if_tail_is_statement().returning(MESSAGES.c.position)),
+    False: Prepared(insert_if_tail_is_statement()),  # SQLite before 3.35: no RETURNING
 }
 _POSITION_OF: Final = Prepared(
     select(MESSAGES.c.position).where(
@@ -412,17 +414,22 @@ _POSITION_OF: Final = Prepared(
 )
 
 
-async def insert_if_tail_is(
-    conn: Conn, row: dict[str, Any], last_message_id: str | None
-) -> int | None:
-    """Insert ``row`` (its position is chosen here) if the tail is ``last_message_id``; return
-    the position it got, or None when the tail is something else."""
-    params = {
+def tail_guarded(row: dict[str, Any], last_message_id: str | None) -> dict[str, Any]:
+    """The parameters of the stale-guarded insert (``insert_if_tail_is_statement``)."""
+    return {
         "sid": row["session_id"],
         "p_message": row["message"],
         "p_message_id": row["message_id"],
         "last": last_message_id,
     }
+
+
+async def insert_if_tail_is(
+    conn: Conn, row: dict[str, Any], last_message_id: str | None
+) -> int | None:
+    """Insert ``row`` (its position is chosen here) if the tail is ``last_message_id``; return
+    the position it got, or None when the tail is something else."""
+    params = tail_guarded(row, last_message_id)
     try:
         if conn.dialect.insert_returning:
             position = (await INSERT_IF_TAIL_IS[True].run(conn, params)).row

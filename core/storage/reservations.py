@@ -17,7 +17,9 @@ What it guarantees (docs/design.md, *Budgets across replicas*):
   written since it reserved (both stamped by the writing process's clock).
 - The step is atomic per account: on PostgreSQL under transaction-level advisory locks (one per
   account, taken in one statement, in a fixed order: claims on different accounts never wait
-  for each other), on SQLite under the write lock every write transaction holds. The read is one
+  for each other; at a claim the claim's own UPDATE takes them, and the user message's insert
+  writes the reservation, so the check costs a claim one round trip, its read), on SQLite
+  under the write lock every write transaction holds. The read is one
   statement, so it sees the totals, the reservations and the rows that use them up of one
   moment.
 - A reservation counts only while its turn holds the session's lock (same token, live
@@ -39,7 +41,9 @@ from typing import Any, Final, cast
 
 from sqlalchemy import (
     BigInteger,
+    ColumnElement,
     Float,
+    Insert,
     Table,
     and_,
     bindparam,
@@ -56,8 +60,15 @@ from sqlalchemy.engine import Dialect
 
 from core.storage.dialect import UtcDateTime, db_now
 from core.storage.engine import Conn
-from core.storage.models import AgentSession, UsageRequest, UsageReservation, UsageTotal
+from core.storage.models import (
+    AgentSession,
+    AgentSessionMessage,
+    UsageRequest,
+    UsageReservation,
+    UsageTotal,
+)
 from core.storage.prepared import Prepared
+from core.storage.queries import claim_statement, insert_if_tail_is_statement
 from core.usage.budgets import (
     Account,
     Budget,
@@ -75,6 +86,7 @@ from core.usage.budgets import (
 REQUESTS: Final = cast(Table, UsageRequest.__table__)
 RESERVATIONS: Final = cast(Table, UsageReservation.__table__)
 SESSIONS: Final = cast(Table, AgentSession.__table__)
+MESSAGES: Final = cast(Table, AgentSessionMessage.__table__)
 TOTALS: Final = cast(Table, UsageTotal.__table__)
 
 NANO: Final = Decimal(1_000_000_000)
@@ -218,24 +230,13 @@ def _read(accounts: int) -> Prepared:
     return Prepared(select(*united.c))
 
 
-def _locks(accounts: int) -> Prepared:
-    return Prepared(
-        select(
-            *(
-                func.pg_advisory_xact_lock(bindparam(f"k{i}", type_=BigInteger))
-                for i in range(accounts)
-            )
-        )
-    )
-
-
-def _hold(dialect: Any, rows: int) -> Prepared:
+def _hold(dialect: Any, rows: int) -> Insert:
     """The turn's reservation rows, replacing its session's earlier ones in place (an earlier
     turn's, or this turn's own before a later request): no delete first."""
     upsert = dialect.insert(RESERVATIONS).values(
         [
             {
-                "session_id": bindparam("sid", type_=BigInteger),
+                "session_id": bindparam("h_sid", type_=BigInteger),
                 "lock_token": bindparam("token", type_=RESERVATIONS.c.lock_token.type),
                 "account": bindparam(f"r{i}", type_=RESERVATIONS.c.account.type),
                 "unit": bindparam(f"u{i}", type_=RESERVATIONS.c.unit.type),
@@ -245,7 +246,8 @@ def _hold(dialect: Any, rows: int) -> Prepared:
             for i in range(rows)
         ]
     )
-    return Prepared(
+    return cast(
+        Insert,
         upsert.on_conflict_do_update(
             index_elements=["session_id", "account", "unit"],
             set_={
@@ -253,16 +255,49 @@ def _hold(dialect: Any, rows: int) -> Prepared:
                 "amount": upsert.excluded.amount,
                 "created_at": upsert.excluded.created_at,
             },
-        )
+        ),
     )
+
+
+def _lock_columns(accounts: int) -> list[ColumnElement[Any]]:
+    """The accounts' advisory locks (``k0``…), in the accounts' sorted order: every claim takes
+    them in the same order, so claims never wait on each other in a cycle."""
+    return [
+        func.pg_advisory_xact_lock(bindparam(f"k{i}", type_=BigInteger)) for i in range(accounts)
+    ]
+
+
+def _locks(accounts: int) -> Prepared:
+    return Prepared(select(*_lock_columns(accounts)))
+
+
+def _claim_locking(stamp: bool, accounts: int) -> Prepared:
+    """The claim returning its token and, evaluated after it for the row it claimed, the
+    accounts' advisory locks (PostgreSQL; see ``Reservation.claim``)."""
+    claim = claim_statement(stamp=stamp).returning(SESSIONS.c.lock_token)
+    return Prepared(claim.returning(*_lock_columns(accounts)))
+
+
+def _insert_holding(rows: int) -> Prepared:
+    """The user message's stale-guarded insert with the reservation's upsert as a CTE of it
+    (PostgreSQL runs a data-modifying CTE whether or not the insert inserts: a stale claim
+    is rolled back by its caller, the reservation with it)."""
+    held = _hold(postgresql, rows).cte("held")
+    return Prepared(insert_if_tail_is_statement().add_cte(held).returning(MESSAGES.c.position))
 
 
 _READ: Final = {n: _read(n) for n in range(1, MOST_ACCOUNTS + 1)}
 _LOCKS: Final = {n: _locks(n) for n in range(1, MOST_ACCOUNTS + 1)}
 _HOLD: Final = {
-    name: {n: _hold(dialect, n) for n in range(1, 2 * MOST_ACCOUNTS + 1)}
+    name: {n: Prepared(_hold(dialect, n)) for n in range(1, 2 * MOST_ACCOUNTS + 1)}
     for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
 }
+_CLAIM_LOCKING: Final = {
+    (stamp, n): _claim_locking(stamp, n)
+    for stamp in (False, True)
+    for n in range(1, MOST_ACCOUNTS + 1)
+}
+_INSERT_HOLDING: Final = {n: _insert_holding(n) for n in range(1, 2 * MOST_ACCOUNTS + 1)}
 
 
 @dataclass(frozen=True)
@@ -393,14 +428,61 @@ class Reservation:
         self.session_id: int | None = None
         self.token: str | None = None
 
+    def rides(self, dialect: Dialect) -> bool:
+        """Whether a claim on ``dialect`` carries this check inside its own statements: on
+        PostgreSQL the claim takes the advisory locks (``claim``) and the user message's insert
+        writes the reservation (``take_inserting``), so the check adds one round trip to a
+        claim (its read), not three (docs/benchmarks.md, *The budget check at O(1)*)."""
+        return bool(self.pairs) and dialect.name == "postgresql"
+
+    async def claim(self, conn: Conn, params: dict[str, Any], *, stamp: bool) -> str | None:
+        """PostgreSQL: the claim (``core.storage.queries.claim``) taking the accounts' advisory
+        locks as it returns its token. The locks are taken only when the claim succeeds, in
+        the accounts' fixed order, after the session's row lock, as they were when they were a
+        statement of their own; the read comes in a later statement, whose snapshot (READ
+        COMMITTED) sees every reservation and ledger row the locks' earlier holders
+        committed."""
+        row = (await _CLAIM_LOCKING[stamp, len(self.keys)].run(conn, params | self._locks)).row
+        return None if row is None else str(row[0])
+
     async def take(
-        self, conn: Conn, session_id: int, token: str, *, during_turn: bool = False
+        self,
+        conn: Conn,
+        session_id: int,
+        token: str,
+        *,
+        during_turn: bool = False,
+        locked: bool = False,
     ) -> None:
-        """Refuse (``AgentSessionBudgetExceeded``, rolling the claim back) or reserve."""
+        """Refuse (``AgentSessionBudgetExceeded``, rolling the claim back) or reserve.
+        ``locked``: the transaction holds the accounts' advisory locks already (``claim``)."""
         if not self.pairs:
             return
+        params, rows = await self._decide(conn, session_id, token, during_turn, locked)
+        await _HOLD[conn.dialect.name][rows].run(conn, params)
+        self.session_id, self.token = session_id, token
+
+    async def take_inserting(
+        self, conn: Conn, session_id: int, token: str, message: dict[str, Any]
+    ) -> int | None:
+        """PostgreSQL, after ``claim``: the check, then the user message inserted if the
+        session's tail is still the one the client saw (``message``: the parameters of
+        ``core.storage.queries.insert_if_tail_is``) by the statement that writes the
+        reservation. Returns the message's position, or None when the tail has moved (the
+        caller refuses the turn as stale and the transaction, reservation and all, rolls
+        back). A refusal for the budget comes first, with nothing written."""
+        params, rows = await self._decide(conn, session_id, token, False, True)
+        row = (await _INSERT_HOLDING[rows].run(conn, message | params)).row
+        self.session_id, self.token = session_id, token
+        return None if row is None else int(row[0])
+
+    async def _decide(
+        self, conn: Conn, session_id: int, token: str, during_turn: bool, locked: bool
+    ) -> tuple[dict[str, Any], int]:
+        """The read and the decision: the hold's parameters and its number of rows, or the
+        refusal."""
         keys = self.keys
-        if conn.dialect.name == "postgresql":
+        if conn.dialect.name == "postgresql" and not locked:
             await _LOCKS[len(keys)].all(conn, self._locks)
         now = self.clock()
         view = await _view(conn, keys, now, session_id, self.staleness_seconds)
@@ -425,11 +507,10 @@ class Reservation:
             amount = max(min(expected, left), 1)
             slot = (key, budget.unit)
             holds[slot] = min(holds.get(slot, amount), amount)
-        params: dict[str, Any] = {"sid": session_id, "token": token, "at": now}
+        params: dict[str, Any] = {"h_sid": session_id, "token": token, "at": now}
         for i, ((key, unit), amount) in enumerate(sorted(holds.items())):
             params.update({f"r{i}": key, f"u{i}": unit, f"n{i}": amount})
-        await _HOLD[conn.dialect.name][len(holds)].run(conn, params)
-        self.session_id, self.token = session_id, token
+        return params, len(holds)
 
 
 __all__ = ["NANO", "WINDOW_START", "Reservation", "applicable", "lock_key", "read_accounts"]

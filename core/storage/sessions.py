@@ -38,6 +38,7 @@ from sqlalchemy import (
     type_coerce,
     update,
 )
+from sqlalchemy.exc import IntegrityError
 
 from core import metrics
 from core.errors import (
@@ -488,15 +489,21 @@ class SessionStore(TranscriptOperations):
                 custom_provider_id=model.custom_provider_id,
                 builtin_provider=model.builtin_provider,
             )
+        stamp = model is not None
         async with self.db.write() as conn:
-            claimed = await q.claim(conn, params, stamp=model is not None)
+            # The budget check rides on the claim's own statements where it can (PostgreSQL).
+            rides = reservation is not None and reservation.rides(conn.dialect)
+            if rides:
+                assert reservation is not None
+                claimed = await reservation.claim(conn, params, stamp=stamp)
+            else:
+                claimed = await q.claim(conn, params, stamp=stamp)
             if claimed is None:
                 await q.raise_missing_or_busy(conn, session_id)
             token = claimed
-            lease = await self._claimed(conn, session_id, token, user_message, last_message_id)
-            if reservation is not None:
-                await reservation.take(conn, session_id, token)
-        return lease
+            return await self._claimed(
+                conn, session_id, token, user_message, last_message_id, reservation, rides
+            )
 
     async def _claimed(
         self,
@@ -505,15 +512,33 @@ class SessionStore(TranscriptOperations):
         token: str,
         user_message: Message | None,
         last_message_id: str | AnyTail | None,
+        reservation: Reservation | None,
+        locked: bool,
     ) -> TurnLease:
-        """The rest of the claim transaction: the stale guard and the user message."""
+        """The rest of the claim transaction: the stale guard, the user message and the budget
+        check (``locked``: the claim took the budget's locks). A turn that is stale is refused
+        as stale even when it is over its budget too: the client's view is the first thing
+        to set right."""
         if user_message is not None and not isinstance(last_message_id, AnyTail):
             # The usual turn: the stale guard and the insert are one statement (a round
             # trip less); it inserts nothing when the tail is not what the client saw.
             row = q.message_row(session_id, 0, user_message)
-            inserted_at = await q.insert_if_tail_is(conn, row, last_message_id)
+            if reservation is not None and locked:
+                try:
+                    inserted_at = await reservation.take_inserting(
+                        conn, session_id, token, q.tail_guarded(row, last_message_id)
+                    )
+                except AgentSessionBudgetExceeded:
+                    await self._refuse_if_stale(conn, session_id, last_message_id)
+                    raise
+                except IntegrityError as exc:
+                    raise q.message_integrity_error(exc) from exc
+            else:
+                inserted_at = await q.insert_if_tail_is(conn, row, last_message_id)
             if inserted_at is None:
                 await self._raise_stale(conn, session_id, last_message_id)
+            if reservation is not None and not locked:
+                await reservation.take(conn, session_id, token)
             message = StoredMessage(row["message_id"], inserted_at, user_message, False)
             return TurnLease(session_id, token, message, next_position=inserted_at + 1)
         tail = await q.tail(conn, session_id)
@@ -525,7 +550,17 @@ class SessionStore(TranscriptOperations):
         if user_message is not None:
             (tail,) = await q.append_messages(conn, session_id, position, [(user_message, False)])
             position += 1
+        if reservation is not None:
+            await reservation.take(conn, session_id, token, locked=locked)
         return TurnLease(session_id=session_id, token=token, tail=tail, next_position=position)
+
+    @classmethod
+    async def _refuse_if_stale(
+        cls, conn: Conn, session_id: int, last_message_id: str | None
+    ) -> None:
+        tail = await q.tail(conn, session_id)
+        if (tail.message_id if tail else None) != last_message_id:
+            await cls._raise_stale(conn, session_id, last_message_id)
 
     @staticmethod
     async def _raise_stale(conn: Conn, session_id: int, last_message_id: str | None) -> NoReturn:
