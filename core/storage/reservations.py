@@ -74,6 +74,7 @@ from core.usage.budgets import (
     Budget,
     LastRequest,
     Payer,
+    Period,
     WindowTotals,
     account_key,
     admits,
@@ -131,10 +132,21 @@ def lock_key(account: str) -> int:
 # -- the statements, one shape per number of accounts (built once, prepared) ---------------------
 
 
-def _read(accounts: int) -> Prepared:
-    """The totals of ``accounts`` accounts (``a0``…) in today's and this month's windows, the
-    other live turns' reservations on them, and the session's last request: one statement, so
-    one moment's view, whatever commits meanwhile."""
+Wanted = tuple[tuple[int, Period], ...]  # (account's index in the sorted keys, period), sorted
+
+
+def _wanted(pairs: Sequence[tuple[Budget, str]], keys: Sequence[str]) -> Wanted:
+    """The (account, period) totals some budget of ``pairs`` reads: only those are read."""
+    return tuple(sorted({(keys.index(key), budget.period) for budget, key in pairs}))
+
+
+@functools.cache
+def _read(accounts: int, wanted: Wanted) -> Prepared:
+    """The totals of the ``wanted`` accounts (``a0``…) and windows (today's, ``day``; this
+    month's, ``month``), the other live turns' reservations on the ``accounts`` accounts, and
+    the session's last request: one statement, so one moment's view, whatever commits
+    meanwhile. One shape per number of accounts and windows wanted (a handful in any
+    deployment), built and prepared at its first use."""
     names = [bindparam(f"a{i}", type_=TOTALS.c.account.type) for i in range(accounts)]
     spent = select(
         literal("spent").label("kind"),
@@ -151,12 +163,11 @@ def _read(accounts: int) -> Prepared:
         or_(
             *(
                 and_(
-                    TOTALS.c.account == name,
+                    TOTALS.c.account == names[index],
                     TOTALS.c.period == period,
                     TOTALS.c.window_start == bindparam(period, type_=WINDOW_START),
                 )
-                for name in names
-                for period in ("day", "month")
+                for index, period in wanted
             )
         ),
     )
@@ -286,7 +297,6 @@ def _insert_holding(rows: int) -> Prepared:
     return Prepared(insert_if_tail_is_statement().add_cte(held).returning(MESSAGES.c.position))
 
 
-_READ: Final = {n: _read(n) for n in range(1, MOST_ACCOUNTS + 1)}
 _LOCKS: Final = {n: _locks(n) for n in range(1, MOST_ACCOUNTS + 1)}
 _HOLD: Final = {
     name: {n: Prepared(_hold(dialect, n)) for n in range(1, 2 * MOST_ACCOUNTS + 1)}
@@ -308,16 +318,20 @@ class _View:
 
 
 async def _view(
-    conn: Conn, keys: Sequence[str], now: datetime, session_id: int | None, staleness: float
+    conn: Conn,
+    keys: Sequence[str],
+    wanted: Wanted,
+    now: datetime,
+    session_id: int | None,
+    staleness: float,
 ) -> _View:
     params: dict[str, Any] = {f"a{i}": key for i, key in enumerate(keys)}
-    params.update(
-        day=window("day", now).start,
-        month=window("month", now).start,
-        sid=-1 if session_id is None else session_id,
-        since=-float(staleness),
-    )
-    rows = await _READ[len(keys)].all(conn, params)
+    for _, period in wanted:
+        if period not in params:
+            params[period] = window(period, now).start
+    params["sid"] = -1 if session_id is None else session_id
+    params["since"] = -float(staleness)
+    rows = await _read(len(keys), wanted).all(conn, params)
     totals: dict[tuple[str, str], WindowTotals] = {}
     held: dict[tuple[str, str], int] = {}
     last: LastRequest | None = None
@@ -359,7 +373,7 @@ async def read_accounts(
     if not pairs:
         return []
     keys = sorted({key for _, key in pairs})
-    view = await _view(conn, keys, now, exclude_session, staleness_seconds)
+    view = await _view(conn, keys, _wanted(pairs, keys), now, exclude_session, staleness_seconds)
     accounts = []
     for budget, key in pairs:
         totals = view.totals.get((key, budget.period), WindowTotals())
@@ -383,6 +397,7 @@ class _Plan:
 
     pairs: list[tuple[Budget, str]]
     keys: list[str]
+    wanted: Wanted
     locks: dict[str, int]
     limits: list[tuple[Budget, str, int]]
 
@@ -395,6 +410,7 @@ def _plan(budgets: tuple[Budget, ...], payer: Payer | None) -> _Plan:
     return _Plan(
         pairs,
         keys,
+        _wanted(pairs, keys),
         {f"k{i}": lock_key(key) for i, key in enumerate(keys)},
         [(budget, key, _limit(budget)) for budget, key in pairs],
     )
@@ -420,6 +436,7 @@ class Reservation:
         plan = _plan(tuple(budgets), payer)
         self.pairs = plan.pairs
         self.keys = plan.keys
+        self._wanted = plan.wanted
         self._locks = plan.locks
         self._limits = plan.limits
         self.staleness_seconds = staleness_seconds
@@ -485,7 +502,7 @@ class Reservation:
         if conn.dialect.name == "postgresql" and not locked:
             await _LOCKS[len(keys)].all(conn, self._locks)
         now = self.clock()
-        view = await _view(conn, keys, now, session_id, self.staleness_seconds)
+        view = await _view(conn, keys, self._wanted, now, session_id, self.staleness_seconds)
         text = 0 if during_turn else self.text_tokens
         holds: dict[tuple[str, str], int] = {}
         for budget, key, limit in self._limits:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import Final, Literal, cast
+from typing import Final, Literal, NamedTuple, cast
 
 from core.errors import AgentSessionBudgetExceeded, ConfigError
 
@@ -261,10 +261,10 @@ DEFAULT_INPUT_TOKENS: Final = 1_000
 DEFAULT_OUTPUT_TOKENS: Final = 1_000
 
 
-@dataclass(frozen=True)
-class WindowTotals:
+class WindowTotals(NamedTuple):
     """What one account spent in one window, as ``usage_totals`` keeps it (dollars in
-    billionths)."""
+    billionths). A tuple: a claim builds one per window it reads, and a frozen dataclass's
+    construction was a measurable part of the budget check's CPU."""
 
     tokens: int = 0
     nanousd: int = 0
