@@ -201,6 +201,14 @@ async def test_bench_tools__a_call_and_an_approval_round_trip_measured_through_t
     """The approval figure is the one a surface pays: a turn stopped at a call, then one
     ``decide`` that records and carries it out (the offline model and the stdio notes server)."""
     result = await bench_tools(database_url, quick=True)
-    for name in ("turn_without_tool", "mcp_call_overhead", "approval_round_trip"):
+    for name in (
+        "turn_without_tool",
+        "mcp_call_overhead",
+        "approval_round_trip",
+        "approval_click_to_call",
+    ):
         assert result[name]["n"] == 20, name
     assert result["approval_round_trip"]["p50"] > 0
+    # The click to the call is part of the round trip, which also holds the asking turn.
+    assert 0 < result["approval_click_to_call"]["p50"] < result["approval_round_trip"]["p50"]
+    assert result["approval_click_to_call_in_plain_turns"] > 0

@@ -11,7 +11,12 @@ conversation door as every surface calls it. Three figures, in ms:
   extra model step included, which the offline model makes nearly free);
 - ``approval_round_trip``: a turn that stops at a call needing approval (request recorded, lock
   released), the decision (one conditional write), and the turn that carries it out and
-  continues, minus the tool's own round trip: our own work through an approval and back.
+  continues, minus the tool's own round trip: our own work through an approval and back;
+- ``approval_click_to_call``: of that, what issue 35 names the round trip, from the click (the
+  decision handed to the door, as a surface hands it) to the approved call going out to its
+  server (the door's ``ToolBegan``, emitted as the request is sent): the decision's checks and
+  write, the claim, the request moved to running, the history loaded. Read against
+  ``turn_without_tool`` (``approval_click_to_call_in_plain_turns``: the two medians' ratio).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from core.conversation import (
     Conversations,
     Payer,
     QuietRenderer,
+    ToolBegan,
     ToolEnded,
     TurnEnd,
     TurnEvent,
@@ -72,13 +78,17 @@ async def _runtime(database_url: str | None) -> AsyncIterator[Runtime]:
 
 
 class _ToolTime(QuietRenderer):
-    """A turn rendered nowhere; what it keeps is the tool's own round trips and the ending."""
+    """A turn rendered nowhere; what it keeps is the tool's own round trips, when the first
+    call went out and the ending."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.first_call_at: float | None = None  # perf_counter
         self.end: TurnEnd | None = None
 
     async def event(self, event: TurnEvent) -> None:
+        if isinstance(event, ToolBegan) and self.first_call_at is None:
+            self.first_call_at = time.perf_counter()
         if isinstance(event, ToolEnded):
             self.seconds += event.seconds
 
@@ -104,6 +114,7 @@ async def bench_tools(database_url: str | None, *, quick: bool = False) -> dict[
         baseline: list[float] = []
         with_call: list[float] = []
         round_trip: list[float] = []
+        click_to_call: list[float] = []
         await _turn(conversations, "warm-0", READ)  # the first call pays imports and caches
         for i in range(n):
             elapsed, _, _ = await _turn(conversations, f"plain-{i}", "hello")
@@ -119,9 +130,12 @@ async def bench_tools(database_url: str | None, *, quick: bool = False) -> dict[
             # The decision and its carrying out: one call, as the terminal and the API make it.
             tool = _ToolTime()
             choice = Choice(result.approval.id, PERSON, approve=True, by=PERSON)
+            clicked = time.perf_counter()
             outcome = await conversations.decide(choice, tool, payer=Payer(PERSON))
             assert isinstance(outcome, Answered), outcome
+            assert tool.first_call_at is not None  # the approved call went out
             round_trip.append(time.perf_counter() - started - tool.seconds)
+            click_to_call.append(tool.first_call_at - clicked)
         # The database may be a real one: the bench's sessions go (their requests with them).
         admin = Actor(None, admin=True)
         for session in await runtime.storage.sessions.list_sessions(
@@ -134,4 +148,8 @@ async def bench_tools(database_url: str | None, *, quick: bool = False) -> dict[
         # Each turn with a call against the baseline's median (can be below 0: noise).
         "mcp_call_overhead": summarize([s - median for s in with_call]),
         "approval_round_trip": summarize(round_trip),
+        "approval_click_to_call": summarize(click_to_call),
+        "approval_click_to_call_in_plain_turns": round(
+            sorted(click_to_call)[len(click_to_call) // 2] / median, 2
+        ),
     }
