@@ -7,11 +7,17 @@ substituted, so a typo (``{traceid}``) stops start-up instead of making every li
 
 from __future__ import annotations
 
+import re
 import string
+from collections.abc import Mapping
+from typing import Any, Final
 
 from core.errors import ConfigError
 
 FIELD = "trace_id"
+# Where an answer keeps its turn's trace id (``metadata.trace_id``, 32 hex digits).
+TRACE_ID: Final = "trace_id"
+_HEX_ID: Final = re.compile(r"[0-9a-f]{32}")
 
 
 def check_url_template(template: str) -> None:
@@ -33,3 +39,13 @@ def trace_url(template: str | None, trace_id: int) -> str | None:
     if template is None:
         return None
     return template.format(trace_id=format(trace_id, "032x"))
+
+
+def stored_trace_url(template: str | None, metadata: Mapping[str, Any]) -> str | None:
+    """The link for a stored answer (``metadata``: its message's), or ``None`` without a
+    template or a recorded trace. The template is the one configured now, so a link follows
+    the tracing back end when it moves."""
+    trace_id = metadata.get(TRACE_ID)
+    if template is None or not isinstance(trace_id, str) or not _HEX_ID.fullmatch(trace_id):
+        return None
+    return template.format(trace_id=trace_id)

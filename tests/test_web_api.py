@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from standins.otlp import OtlpReceiver
 from standins.slack import SlackStandIn
 from tests.slack_harness import RunningBot, running_bot
 from tests.ui_stream import parse_ui_stream
@@ -203,3 +204,40 @@ async def test_the_list_pages_newest_first_and_finds_words(running: RunningBot) 
     assert [s["id"] for s in found] == [made[0]["id"]]
     own = (await api.get("/v1/agent_sessions?scope=own")).body["data"]
     assert len(own) == 3
+
+
+TRACES = "http://phoenix:6006/projects/p/traces/{trace_id}"
+
+
+async def test_an_answer_links_to_its_trace_when_streamed_and_when_read_back(
+    database_url: str, slack: SlackStandIn
+) -> None:
+    """The answer keeps its turn's trace id (``metadata.trace_id``), so the transcript read
+    later links to the same trace the stream's ``finish`` chunk did, with the template
+    configured when it is read; without tracing an answer has neither."""
+    async with OtlpReceiver() as collector:
+        async with running_bot(
+            database_url,
+            slack,
+            otel_exporter_otlp_traces_endpoint=collector.endpoint,
+            trace_url_template=TRACES,
+        ) as bot:
+            api = await api_as(bot, "slack:T1:U1")
+            path = f"/v1/agent_sessions/{(await api.post('/v1/agent_sessions', {})).body['id']}"
+            chat = await api.post(path + "/chat", {"message": "hello", "lastMessageId": None})
+            assert chat.status == 200, chat.raw
+            streamed = parse_ui_stream(chat.raw, ai_major=6)["metadata"]["traceUrl"]
+            user, answer = (await api.get(path + "/messages")).body["data"]
+        (trace_id,) = collector.traces()
+    assert streamed == answer["metadata"]["traceUrl"] == TRACES.format(trace_id=trace_id)
+    assert answer["metadata"]["trace_id"] == trace_id
+    assert "traceUrl" not in user["metadata"]
+    # A replica started without a template shows no link to the same stored answer.
+    async with running_bot(database_url, slack) as bot:
+        api = await api_as(bot, "slack:T1:U1")
+        (_, answer) = (await api.get(path + "/messages")).body["data"]
+        assert "traceUrl" not in answer["metadata"]
+        chat = await api.post(path + "/chat", {"message": "again", "lastMessageId": answer["id"]})
+        assert "traceUrl" not in (parse_ui_stream(chat.raw, ai_major=6)["metadata"] or {})
+        untraced = (await api.get(path + "/messages")).body["data"][-1]
+        assert "trace_id" not in untraced["metadata"]

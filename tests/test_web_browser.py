@@ -20,6 +20,7 @@ import pytest
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
 
 from standins.openai import GatedModel
+from standins.otlp import OtlpReceiver
 from standins.slack import SlackClient, SlackStandIn
 from tests.mcp_support import notes, notes_entry, write_config
 from tests.slack_harness import RunningBot, running_bot
@@ -169,6 +170,43 @@ async def test_web__send_and_see_the_streamed_answer_with_its_usage(
         await page.reload()
         await expect(transcript(page)).to_contain_text("hello from the page", timeout=SECONDS)
         await expect(transcript(page).locator('[data-role="assistant"]')).to_have_count(1)
+
+
+TRACES = "http://phoenix:6006/projects/p/traces/{trace_id}"
+
+
+async def test_web__view_trace_links_the_answer_to_the_trace_that_was_exported(
+    database_url: str, slack: SlackStandIn
+) -> None:
+    """With tracing on and ``TRACE_URL_TEMPLATE`` set, a streamed answer carries *View trace*,
+    and the link is the template filled with the id of the trace the collector received for
+    that turn; reloaded, the stored answer links to the same trace."""
+    async with OtlpReceiver() as collector:
+        async with web(
+            database_url,
+            slack,
+            otel_exporter_otlp_traces_endpoint=collector.endpoint,
+            trace_url_template=TRACES,
+        ) as (bot, browser):
+            _, page = await signed_in(browser, bot, slack)
+            await web_session(page)
+            await send(page, "hello, traced")
+            answer = transcript(page).locator('[data-role="assistant"]')
+            link = answer.get_by_role("link", name="View trace")
+            await expect(link).to_be_visible(timeout=SECONDS)
+            streamed = await link.get_attribute("href")
+            assert await link.get_attribute("target") == "_blank"
+            await page.reload()
+            link = (
+                transcript(page)
+                .locator('[data-role="assistant"]')
+                .get_by_role("link", name="View trace")
+            )
+            await expect(link).to_be_visible(timeout=SECONDS)
+            stored = await link.get_attribute("href")
+        # The bot flushed its spans when it closed: the turn's trace is the one linked.
+        (trace_id,) = collector.traces()
+    assert streamed == stored == TRACES.format(trace_id=trace_id)
 
 
 # -- busy elsewhere, stale, idle ---------------------------------------------------------------

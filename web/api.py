@@ -331,9 +331,13 @@ class WebApi:
             page = await conversation.page(after_position=position, limit=limit)
             thread = place(conversation.session).thread
             team = thread.team if thread is not None else None
+            template = self.settings.trace_url_template
             next_cursor = cursor({"p": page[-1][0].position}) if len(page) == limit else None
             return {
-                "data": [ui_message(m, team=team, created_at=at) for m, at in page],
+                "data": [
+                    ui_message(m, team=team, created_at=at, trace_template=template)
+                    for m, at in page
+                ],
                 "nextCursor": next_cursor,
             }
 

@@ -23,6 +23,7 @@ from core.conversation import (
     StoredMessage,
     argument_lines,
     place,
+    stored_trace_url,
 )
 from web.errors import bad_request
 
@@ -105,10 +106,11 @@ def ui_message(
     *,
     team: str | None,
     created_at: datetime | None = None,
-    trace_url: str | None = None,
+    trace_template: str | None = None,
 ) -> dict[str, Any]:
     """A stored message as the API shows it (``team``: the Slack workspace of the session, to
-    name a Slack author as a person)."""
+    name a Slack author as a person; ``trace_template``: ``TRACE_URL_TEMPLATE``, for an
+    answer's link to its trace)."""
     message = stored.message
     metadata = metadata_json(message.get("metadata") or {})
     if created_at is not None:
@@ -120,6 +122,7 @@ def ui_message(
     metadata["author"] = author if isinstance(author, str) else None
     metadata["checkpoint"] = stored.is_compaction_message
     metadata["interrupted"] = bool(metadata.get("interrupted"))
+    trace_url = stored_trace_url(trace_template, metadata)
     if trace_url is not None:
         metadata["traceUrl"] = trace_url
     return {

@@ -52,6 +52,7 @@ from core.providers.base import (
 from core.providers.estimate import CHARS_PER_TOKEN, estimate_usage
 from core.storage.budgets import Budgets
 from core.storage.usage import Kind, LedgerEntry, Reservation, UsageLedger
+from core.trace_links import TRACE_ID
 from core.tracing.spans import CompactionSpan, ToolSpan, Tracer, TurnSpan
 from core.usage.budgets import Budget, Payer
 from core.usage.prices import PriceSource
@@ -194,6 +195,13 @@ class TurnAccount:
     @property
     def trace_url(self) -> str | None:
         return self.span.url if isinstance(self.span, TurnSpan) else None
+
+    def trace(self) -> dict[str, Any]:
+        """The answer's ``metadata.trace_id`` (32 hex digits) when its turn's trace was recorded:
+        kept with the answer so a transcript read later links to the trace as the reply did
+        (``TRACE_URL_TEMPLATE`` is applied when it is read). Empty when tracing is off."""
+        trace_id = self.span.trace_id if isinstance(self.span, TurnSpan) else None
+        return {} if trace_id is None else {TRACE_ID: trace_id}
 
     # -- usage and budgets ----------------------------------------------------------------------
 

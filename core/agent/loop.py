@@ -504,7 +504,7 @@ class Agent:
             error = exc
             turn.outcome = "budget_exceeded"
         except asyncio.CancelledError:
-            turn.partial = answer.message(**account.usage())
+            turn.partial = answer.message(**account.usage(), **account.trace())
             with contextlib.suppress(DatabaseError):  # maybe what stopped the turn
                 turn.partial_snapshot = await self._snapshot(sandbox)
             raise
@@ -519,7 +519,8 @@ class Agent:
             turn.outcome = "awaiting_approval"
         snapshot = await self._snapshot(sandbox)
         (stored,) = await turn.finish(
-            [answer.message(**metadata, **account.usage())], snapshot=snapshot
+            [answer.message(**metadata, **account.usage(), **account.trace())],
+            snapshot=snapshot,
         )
         return stored, error, waiting
 

@@ -57,6 +57,7 @@ from core.messages import Message, message_text, slack_message_id
 from core.records import Actor, SessionInfo, StoredMessage
 from core.storage.approvals import ApprovalRecord
 from core.storage.deliveries import DeliveryRecord
+from core.trace_links import stored_trace_url
 from core.usage.budgets import refused_budget, resets_text
 
 __all__ = [
@@ -128,5 +129,6 @@ __all__ = [
     "refused_budget",
     "resets_text",
     "slack_message_id",
+    "stored_trace_url",
     "visible",
 ]
