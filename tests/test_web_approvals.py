@@ -122,3 +122,25 @@ async def test_the_api_shows_every_argument_as_a_person_must_read_it(
         assert "\u202e" not in shown
         assert "\\u202e" in shown
         assert pending["input"]["title"] == "plan\u202e"  # the call itself, exactly
+
+
+async def test_pending_approval_names_who_asked_not_the_owner(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    """In a shared thread anyone may write: U1 starts it (and owns the session), U2's message
+    makes the model ask for a call, and the card the API describes says U2 asked."""
+    async with (
+        running_bot(database_url, slack, **mcp(tmp_path)) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        await connected(bot)
+        root = await client.message("hello", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))  # answered
+        await client.message(ADD, mention=True, thread_ts=root, user="U2")
+        await slack.wait_for(lambda: cards(slack))
+        web = await api_as(bot, "slack:T1:U1")
+        (session,) = (await web.get("/v1/agent_sessions")).body["data"]
+        assert session["owner"]["person"] == "slack:T1:U1"
+        assert session["pendingApproval"]["requestedBy"] == "slack:T1:U2"
+        path = f"/v1/agent_sessions/{session['id']}"
+        assert (await web.get(path)).body["pendingApproval"]["requestedBy"] == "slack:T1:U2"

@@ -208,9 +208,11 @@ async def ask(
     message_id: str,
     needed: ApprovalNeeded,
     waiting: ApprovalRequest | None,
+    requested_by: str | None = None,
 ) -> tuple[Part, ApprovalRequest | None]:
     """Record the request for ``needed`` (the part that asks, and the request); a second call
-    needing approval in the same step is not run (one decision at a time)."""
+    needing approval in the same step is not run (one decision at a time). ``requested_by``:
+    whose message the model was answering, kept so a surface can say who asked."""
     call = needed.call
     if waiting is not None:
         return tool_error_part(call, ONE_AT_A_TIME), None
@@ -223,6 +225,7 @@ async def ask(
         arguments=call.arguments,
         digest=needed.digest,
         approvers=needed.approvers,
+        requested_by=requested_by,
     )
     request = ApprovalRequest(approval_id, call.name, needed.server, call.arguments)
     return requested_part(call, approval_id), request

@@ -315,6 +315,7 @@ async def answer(conversations: Conversations, arrival: Arrival, renderer: Rende
             files=prepared.files if prepared.files is not None else arrival.files,
             resume=arrival.resume,
             sent_anyway=arrival.sent_anyway,
+            author=arrival.person,
         )
     return await _run(conversation, arrival.approval, request, arrival.payer, renderer)
 

@@ -81,6 +81,9 @@ class ApprovalRecord:
     approvers: tuple[str, ...]
     state: str
     reason: str | None
+    # The person whose message the model was answering when it asked; None on rows written
+    # before it was kept (migration 0008) and for turns no person's message started.
+    requested_by: str | None
     decided_by: str | None
     decided_at: datetime | None
     card_ref: str | None
@@ -137,8 +140,11 @@ class Approvals:
         arguments: dict[str, Any],
         digest: str,
         approvers: tuple[str, ...],
+        requested_by: str | None = None,
     ) -> str:
-        """Record a pending request; its id is what a surface's buttons carry."""
+        """Record a pending request; its id is what a surface's buttons carry.
+        ``requested_by``: whose message made the model ask (in a shared thread, not always the
+        session's owner), so a surface can say who asked."""
         approval_id = uuid.uuid4().hex
         async with self.db.write() as conn:
             await conn.execute(
@@ -152,6 +158,7 @@ class Approvals:
                     arguments=arguments,
                     digest=digest,
                     approvers=list(approvers),
+                    requested_by=requested_by,
                     state="pending",
                 )
             )
@@ -385,6 +392,7 @@ def _record(row: Any) -> ApprovalRecord:
         approvers=tuple(row.approvers or ()),
         state=row.state,
         reason=row.reason,
+        requested_by=row.requested_by,
         decided_by=row.decided_by,
         decided_at=row.decided_at,
         card_ref=row.card_ref,
