@@ -600,6 +600,9 @@ class ToolApproval(Base):
     reason: Mapped[str | None] = mapped_column(String(40))
     requested_by: Mapped[str | None] = mapped_column(String(255))
     decided_by: Mapped[str | None] = mapped_column(String(255))
+    # What the decider said with the decision (the API's ``reason``; at most
+    # ``core.storage.approvals.DECISION_REASON_MOST`` characters); None when they said nothing.
+    decision_reason: Mapped[str | None] = mapped_column(String(500))
     decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     card_ref: Mapped[str | None] = mapped_column(String(255))
     # The state the card last showed: a card whose request moved on elsewhere (the terminal

@@ -15,7 +15,8 @@ A person is a Slack member of one workspace, ``slack:TEAM:USER`` (their ``users`
   by ``(erased)`` and the session and message taken out;
 - decisions they made on tool calls in others' sessions (``tool_approvals.decided_by``), and
   calls the model asked for in answer to their message there (``tool_approvals.requested_by``):
-  kept, their name replaced by ``(erased)``.
+  kept, their name replaced by ``(erased)`` (a reason they gave with a decision stays, as
+  what they wrote in someone else's thread does).
 
 What they wrote in a thread someone else owns stays in that thread's session: it is part of
 the other person's conversation (and of the Slack thread itself, which Slack keeps).
