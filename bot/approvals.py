@@ -126,7 +126,9 @@ class ApprovalCards:
             await client.chat_update(
                 channel=card.channel,
                 ts=card.ts,
-                text=text.approval_outcome(record.state, record.decided_by, record.reason),
+                text=text.approval_outcome(
+                    record.state, record.decided_by, record.reason, record.decision_reason
+                ),
                 blocks=text.approval_outcome_blocks(
                     record.id,
                     record.state,
@@ -135,6 +137,7 @@ class ApprovalCards:
                     record.server,
                     record.arguments,
                     record.reason,
+                    record.decision_reason,
                 ),
             )
         except SLACK_FAILURES as exc:

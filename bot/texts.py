@@ -576,9 +576,19 @@ def _who(external_id: str | None) -> str:
     )
 
 
-def approval_outcome(state: str, decided_by: str | None, reason: str | None = None) -> str:
+def approval_outcome(
+    state: str, decided_by: str | None, reason: str | None = None, said: str | None = None
+) -> str:
     """What the card says once the request left ``pending`` (in place of its buttons): every
-    end state with its reason (``core.storage.approvals``)."""
+    end state with its reason (``core.storage.approvals``), and what the decider said with the
+    decision (``said``, given on the web) quoted after it, so the thread sees why too."""
+    shown = _outcome(state, decided_by, reason)
+    if said and decided_by is not None:
+        return f"{shown} Their reason: “{_quote(said, 500)}”"
+    return shown
+
+
+def _outcome(state: str, decided_by: str | None, reason: str | None) -> str:
     who = _who(decided_by)
     ended = {
         ("ran", "may_have_run"): (
@@ -626,16 +636,13 @@ def approval_outcome_blocks(
     server: str,
     arguments: dict[str, Any],
     reason: str | None = None,
+    said: str | None = None,
 ) -> list[dict[str, Any]]:
     """The card once its request left ``pending``: the call as before (*Show all* kept when
-    anything is folded) and what became of it."""
+    anything is folded) and what became of it (``said``: the decider's reason)."""
     blocks, folded_ = _call_blocks(approval_id, tool, server, arguments)
-    blocks.append(
-        {
-            "type": "context",
-            "elements": [{"type": "mrkdwn", "text": approval_outcome(state, decided_by, reason)}],
-        }
-    )
+    outcome = approval_outcome(state, decided_by, reason, said)
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": outcome}]})
     if folded_:
         show = _button("Show all", SHOW_CALL, approval_id)
         blocks.append({"type": "actions", "elements": [show]})

@@ -227,7 +227,8 @@ async def _user(op: Operator, args: argparse.Namespace) -> None:
         f"{erased.deliveries} delivery records, {erased.feedback} votes, {erased.tokens} API "
         f"tokens, {erased.sign_ins} web sign-ins, {erased.person} person record; "
         f"kept anonymised: {erased.usage_anonymised} model requests (usage and budgets), "
-        f"{erased.decisions_anonymised} tool-call decisions"
+        f"{erased.decisions_anonymised} tool-call decisions, "
+        f"{erased.requests_anonymised} tool-call requests"
     )
 
 

@@ -685,3 +685,39 @@ async def test_approval__the_left_behind_pass_cannot_starve(
     assert isinstance(outcome, Answered)
     assert notes(tmp_path) == {"plan": "ship on friday"}
     assert real.id != busy.id
+
+
+async def test_approval__a_call_asked_while_carrying_out_a_decision_is_the_askers_request(
+    conversations: Conversations, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """U2 writes in U1's conversation; the model asks for a call (U2's request), U1 approves,
+    and the model, continuing, asks for another: that one is still U2's request (the message
+    being answered is theirs), not the decider's nor the owner's."""
+    from core.providers import offline
+    from core.providers.base import AssistantMessage, ToolCall, ToolResult
+
+    answer = offline.respond
+
+    def then_another(messages: Any, tools: Any, tool_choice: Any = None) -> Any:
+        results = [m for m in messages if isinstance(m, ToolResult)]
+        if len(results) == 1 and isinstance(messages[-1], ToolResult):
+            later = {"title": "later", "text": "x"}
+            return AssistantMessage(tool_calls=(ToolCall("second", "mcp__notes__add_note", later),))
+        return answer(messages, tools, tool_choice)
+
+    monkeypatch.setattr(offline, "respond", then_another)
+    conversation = await conversations.open("k1", owner=await owner(conversations))
+    outcome = await conversation.take_turn(TurnRequest(ADD, author="slack:T1:U2"))
+    assert isinstance(outcome, Answered)
+    assert outcome.result.approval is not None
+    first = await conversations.approvals.get(outcome.result.approval.id)  # type: ignore[union-attr]
+    assert first is not None
+    assert first.requested_by == "slack:T1:U2"
+    assert isinstance(await decide(conversations, first.id, await owner(conversations)), Decided)
+    carried = await conversation.carry_out(first.id)
+    assert isinstance(carried, Answered)
+    assert carried.result.approval is not None
+    second = await conversations.approvals.get(carried.result.approval.id)  # type: ignore[union-attr]
+    assert second is not None
+    assert second.arguments == {"title": "later", "text": "x"}
+    assert second.requested_by == "slack:T1:U2"

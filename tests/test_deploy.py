@@ -9,6 +9,7 @@ schemas of each release, bundled). A missing tool fails the test with its name, 
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 import subprocess
@@ -289,12 +290,46 @@ def test_chart__network_policy_allows_what_the_agent_reaches_and_not_the_metadat
     assert {(53, "UDP"), (53, "TCP")} in ports  # DNS
     assert {(5432, "TCP")} in ports  # PostgreSQL
     https = rules[ports.index({(443, "TCP")})]  # Slack, the model, MCP servers
-    (block,) = https["to"]
-    assert block["ipBlock"]["cidr"] == "0.0.0.0/0"
-    assert "169.254.169.254/32" in block["ipBlock"]["except"]
+    # Both address families, so a dual-stack cluster reaches the same places over IPv6 and is
+    # kept off the metadata address over it too.
+    blocks = {b["ipBlock"]["cidr"]: b["ipBlock"].get("except", []) for b in https["to"]}
+    assert blocks.keys() == {"0.0.0.0/0", "::/0"}
+    assert "169.254.169.254/32" in blocks["0.0.0.0/0"]
+    assert {"fd00:ec2::254/128", "fd20:ce::254/128"} <= set(blocks["::/0"])
+    _each_exception_inside_its_block(blocks)
     # No rule lets anything through to every address on every port.
     assert all(r.get("ports") for r in rules)
     assert {(4318, "TCP")} in ports  # extraEgress, as written
+
+
+def _each_exception_inside_its_block(blocks: dict[str, list[str]]) -> None:
+    """Every ``except`` range lies in its block's CIDR (Kubernetes refuses a policy whose
+    exception is outside it, e.g. an IPv6 range under ``0.0.0.0/0``)."""
+    for cidr, excepted in blocks.items():
+        network = ipaddress.ip_network(cidr)
+        for entry in excepted:
+            inner = ipaddress.ip_network(entry)
+            assert inner.version == network.version, (cidr, entry)
+            assert inner.subnet_of(network), (cidr, entry)  # type: ignore[arg-type]
+
+
+def test_chart__network_policy_sorts_added_exceptions_by_address_family() -> None:
+    """Ranges added to ``https.except`` (either family, one list) land under their own
+    family's block, and with none of one family its block has no ``except`` at all."""
+    values = {
+        **FULL_VALUES,
+        "networkPolicy": {"https": {"except": ["10.0.0.0/8", "fd00::/8", "169.254.0.0/16"]}},
+    }
+    https = of_kind(manifests(values), "NetworkPolicy")["spec"]["egress"][2]
+    blocks = {b["ipBlock"]["cidr"]: b["ipBlock"].get("except", []) for b in https["to"]}
+    assert blocks == {"0.0.0.0/0": ["10.0.0.0/8", "169.254.0.0/16"], "::/0": ["fd00::/8"]}
+    _each_exception_inside_its_block(blocks)
+    only_v4 = {**FULL_VALUES, "networkPolicy": {"https": {"except": ["169.254.169.254/32"]}}}
+    https = of_kind(manifests(only_v4), "NetworkPolicy")["spec"]["egress"][2]
+    assert [b["ipBlock"] for b in https["to"]] == [
+        {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]},
+        {"cidr": "::/0"},
+    ]
 
 
 def test_chart__resources_are_stated() -> None:

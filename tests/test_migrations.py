@@ -266,6 +266,7 @@ async def test_migration_0005__approval_arguments_keep_their_values_up_and_down(
         async with db.write() as conn:
             await conn.execute(insert, {**row, "id": "a" * 32, "arguments": '{"t": "x", "n": 2}'})
         assert (await upgrade(db, "0005_approval_ends"))[1] == "0005_approval_ends"
+        await upgrade(db)  # the statements below read the columns later revisions add
         await db.dispose()
         db = create_database(empty_database_url)
         approvals = Approvals(db, timeout_seconds=60)
@@ -295,5 +296,60 @@ async def test_migration_0005__approval_arguments_keep_their_values_up_and_down(
         documents = [json.loads(a) if isinstance(a, str) else a for _, a in rows]
         assert {"t": "x", "n": 2} in documents
         assert any(d.get("n") == 2**70 and d.get("t") in ("x\ufffdy", "x\x00y") for d in documents)
+    finally:
+        await db.dispose()
+
+
+async def test_migration_0008__old_requests_have_no_requester_and_new_ones_keep_theirs(
+    empty_database_url: str,
+) -> None:
+    """A request written before 0008 reads back with ``requested_by`` None (the API then shows
+    the owner, as before); one written after keeps who asked; down and up again keeps both
+    rows."""
+    db = create_database(empty_database_url)
+    try:
+        await upgrade(db, "0007_budget_totals")
+        store = SessionStore(db)
+        _owner, session = await new_session(store)
+        async with db.write() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO tool_approvals (id, session_id, message_id, tool_call_id,"
+                    " tool_name, server, arguments, digest, approvers, state) VALUES (:id,"
+                    " :session_id, :message_id, 'c', 'mcp__notes__add_note', 'notes', '{}',"
+                    " :digest, '[]', 'pending')"
+                ),
+                {
+                    "id": "a" * 32,
+                    "session_id": session.id,
+                    "message_id": "m" * 36,
+                    "digest": "0" * 64,
+                },
+            )
+        await upgrade(db)
+        await db.dispose()
+        db = create_database(empty_database_url)
+        approvals = Approvals(db, timeout_seconds=60)
+        old = await approvals.get("a" * 32)
+        assert old is not None
+        assert old.requested_by is None
+        new = await approvals.request(
+            session_id=session.id,
+            message_id="m" * 36,
+            tool_call_id="d",
+            tool_name="mcp__notes__add_note",
+            server="notes",
+            arguments={},
+            digest="0" * 64,
+            approvers=(),
+            requested_by="slack:T1:U2",
+        )
+        assert (await approvals.get(new)).requested_by == "slack:T1:U2"  # type: ignore[union-attr]
+        await _downgrade(db, "0007_budget_totals")
+        async with db.read() as conn:
+            count = await conn.scalar(text("SELECT count(*) FROM tool_approvals"))
+        assert count == 2
+        await upgrade(db)
+        assert (await approvals.get(new)).requested_by is None  # type: ignore[union-attr]
     finally:
         await db.dispose()

@@ -113,6 +113,7 @@ async def test_export_then_erase__only_anonymised_usage_left_and_nobody_else_tou
         arguments={"env": "prod"},
         digest="d" * 64,
         approvers=("slack:T1:U1",),
+        requested_by="slack:T1:U1",  # their message in the colleague's thread asked
     )
     await approvals.decide(approval, approve=True, by="slack:T1:U1")
     await operator.storage.feedback.record(theirs["messages"][3], "slack:T1:U1", "bad")
@@ -145,6 +146,7 @@ async def test_export_then_erase__only_anonymised_usage_left_and_nobody_else_tou
     assert (erased.sessions, erased.messages, erased.tokens, erased.sign_ins) == (1, 4, 1, 1)
     assert (erased.feedback, erased.deliveries, erased.viewing, erased.person) == (2, 1, 1, 1)
     assert (erased.usage_anonymised, erased.decisions_anonymised) == (1, 1)
+    assert erased.requests_anonymised == 1
 
     assert await _export(operator, ERASED_ONE) == []
     with pytest.raises(Exception, match="does not exist"):
@@ -159,7 +161,7 @@ async def test_export_then_erase__only_anonymised_usage_left_and_nobody_else_tou
     assert await _export(operator, NAMESAKE) == namesake_before
     for record in colleague_before:
         if record["record"] == "approval":
-            record["decided_by"] = "(erased)"
+            record["decided_by"] = record["requested_by"] = "(erased)"
     assert await _export(operator, COLLEAGUE) == colleague_before
     again = await operator.erase_person(ERASED_ONE)
     assert not again.anything

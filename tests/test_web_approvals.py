@@ -94,11 +94,17 @@ async def test_a_decision_on_the_web_clears_the_slack_card_and_the_reverse(
         assert pending is not None
         assert pending["approvalId"] != waiting["approvalId"]
         decided = await web.post(
-            path + "/tool_approvals", {"approvalId": pending["approvalId"], "approved": False}
+            path + "/tool_approvals",
+            {"approvalId": pending["approvalId"], "approved": False, "reason": "not on a friday"},
         )
         assert decided.status == 200, decided.body
         parse_ui_stream(decided.raw)
-        await slack.wait_for(lambda: any("Denied" in t for t in card_updates(slack, second)))
+        # The card says who denied it and the reason they gave on the web.
+        await slack.wait_for(
+            lambda: any(
+                "Denied" in t and "not on a friday" in t for t in card_updates(slack, second)
+            )
+        )
         assert set(notes(tmp_path)) == {"plan"}
 
 
@@ -122,3 +128,64 @@ async def test_the_api_shows_every_argument_as_a_person_must_read_it(
         assert "\u202e" not in shown
         assert "\\u202e" in shown
         assert pending["input"]["title"] == "plan\u202e"  # the call itself, exactly
+
+
+async def test_pending_approval_names_who_asked_not_the_owner(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    """In a shared thread anyone may write: U1 starts it (and owns the session), U2's message
+    makes the model ask for a call, and the card the API describes says U2 asked."""
+    async with (
+        running_bot(database_url, slack, **mcp(tmp_path)) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        await connected(bot)
+        root = await client.message("hello", mention=True)
+        await slack.wait_for(lambda: slack.named("chat.stopStream"))  # answered
+        await client.message(ADD, mention=True, thread_ts=root, user="U2")
+        await slack.wait_for(lambda: cards(slack))
+        web = await api_as(bot, "slack:T1:U1")
+        (session,) = (await web.get("/v1/agent_sessions")).body["data"]
+        assert session["owner"]["person"] == "slack:T1:U1"
+        assert session["pendingApproval"]["requestedBy"] == "slack:T1:U2"
+        path = f"/v1/agent_sessions/{session['id']}"
+        assert (await web.get(path)).body["pendingApproval"]["requestedBy"] == "slack:T1:U2"
+
+
+async def test_a_decisions_reason_is_kept_shown_and_told_to_the_model_and_bounded(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    """``reason`` is kept with the decision: the 409 of a second decision shows it, and the
+    declined call's part (what the model reads) says who declined and why. Over 500 characters
+    is a 400 naming the field, and the request still waits (nothing decided)."""
+    async with running_bot(database_url, slack, **mcp(tmp_path)) as bot:
+        await connected(bot)
+        web = await api_as(bot, "slack:T1:U1")
+        session = (await web.post("/v1/agent_sessions", {})).body
+        path = f"/v1/agent_sessions/{session['id']}"
+        asked = await web.post(path + "/chat", {"message": ADD, "lastMessageId": None})
+        assert asked.status == 200
+        pending = (await web.get(path)).body["pendingApproval"]
+        decision = {"approvalId": pending["approvalId"], "approved": False}
+
+        long = await web.post(path + "/tool_approvals", {**decision, "reason": "x" * 501})
+        assert long.status == 400, long.body
+        assert long.body["code"] == "bad_request"
+        assert long.body["message"] == "reason: at most 500 characters"
+        assert "\n" not in long.body["message"]
+        assert (await web.get(path)).body["pendingApproval"]["approvalId"] == pending["approvalId"]
+
+        denied = await web.post(path + "/tool_approvals", {**decision, "reason": " not today "})
+        assert denied.status == 200, denied.body
+        parse_ui_stream(denied.raw)
+        assert notes(tmp_path) == {}
+        again = await web.post(path + "/tool_approvals", {**decision, "reason": "changed"})
+        assert again.status == 409
+        assert again.body["decidedBy"] == "slack:T1:U1"
+        assert again.body["reason"] == "not today"
+        messages = (await web.get(path + "/messages")).body["data"]
+        (part,) = [
+            p for m in messages for p in m["parts"] if p.get("toolCallId") == pending["toolCallId"]
+        ]
+        assert part["state"] == "output-denied"
+        assert part["approval"]["reason"] == "slack:T1:U1 declined it: not today"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from core.conversation import (
+    DECISION_REASON_MOST,
     AlreadyAnswered,
     Arrival,
     Busy,
@@ -73,6 +74,7 @@ def refusal(end: TurnEnd | DecisionRefused | DecisionRecorded) -> ApiError | Non
             f"the call is {record.state if record else end.reason} already",
             decision=record.state if record else end.reason,
             decidedBy=record.decided_by if record else None,
+            reason=record.decision_reason if record else None,
         )
     return None
 
@@ -118,6 +120,11 @@ class Chat:
         reason = body.get("reason")
         if reason is not None and not isinstance(reason, str):
             raise bad_request("reason: a string")
+        # Kept with the decision and read by the model: bounded, refused whole (nothing
+        # decided) rather than cut, so what is kept is what the person wrote.
+        reason = reason.strip() if reason else None
+        if reason is not None and len(reason) > DECISION_REASON_MOST:
+            raise bad_request(f"reason: at most {DECISION_REASON_MOST} characters")
 
         async def turn(caller: Caller, renderer: UIMessageStream) -> ApiError | None:
             await self.api.conversation(caller, session_id)
@@ -133,6 +140,7 @@ class Chat:
                     admin=caller.admin,
                     approver_id=caller.approver_id,
                     by=caller.person,
+                    reason=reason or None,
                 ),
                 renderer,
                 payer=caller.payer,

@@ -62,7 +62,9 @@ def session_json(
         "lastMessageId": last_message_id,
         "pendingApproval": None
         if waiting is None
-        else approval_json(waiting, owner, approval_timeout_seconds),
+        # Who asked: the author of the message the model was answering; a request written
+        # before that was kept (migration 0008) is shown as the owner's, as it was then.
+        else approval_json(waiting, waiting.requested_by or owner, approval_timeout_seconds),
     }
 
 

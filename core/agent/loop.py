@@ -275,6 +275,7 @@ class Agent:
         on_event: OnEvent | None = None,
         files: Mapping[str, bytes] | None = None,
         attribution: Attribution | None = None,
+        author: str | None = None,
     ) -> TurnResult:
         """One turn.
 
@@ -286,13 +287,21 @@ class Agent:
         the sandbox before the model runs, so they are part of this turn's snapshot (a rewind
         to before it removes them). ``attribution``: who pays (budgets, the usage ledger) and
         the surface (traces); a payer over a budget is refused at the claim
-        (``AgentSessionBudgetExceeded``, nothing written, no model called).
+        (``AgentSessionBudgetExceeded``, nothing written, no model called). ``author``: the
+        person who wrote the message answered (not the payer, not the owner: in a shared thread
+        anyone may write); a call the model asks a person to approve records them as who asked.
         """
         account = self.accounting.turn(session_id, attribution)
         return await self._accounted(
             account,
             self._turn(
-                account, session_id, user_message, last_message_id, on_event or _ignore, files
+                account,
+                session_id,
+                user_message,
+                last_message_id,
+                on_event or _ignore,
+                files,
+                author,
             ),
         )
 
@@ -322,6 +331,7 @@ class Agent:
         last_message_id: str | AnyTail | None,
         emit: OnEvent,
         files: Mapping[str, bytes] | None,
+        author: str | None,
     ) -> TurnResult:
         session = await self.store.get_session(session_id)
         model = await resolve_model(self.store.custom_providers, self.providers, session)
@@ -375,6 +385,7 @@ class Agent:
                     account,
                     notes=notices[-len(refused) :] if refused else [],
                     stored=history,
+                    requested_by=author,
                 )
 
             stored, error, waiting = await self._answered(
@@ -468,7 +479,17 @@ class Agent:
                 answer,
                 account,
                 emit,
-                self._loop(turn, model, sandbox, answer, emit, account),
+                # The continuation still answers the message that asked: a further call it
+                # asks for is that message's author's request, not the decider's.
+                self._loop(
+                    turn,
+                    model,
+                    sandbox,
+                    answer,
+                    emit,
+                    account,
+                    requested_by=record.requested_by,
+                ),
                 {"after_approval": approval_id},
             )
         await self.approvals.carried_out(approval_id)
@@ -535,9 +556,10 @@ class Agent:
         *,
         notes: Sequence[str] = (),
         stored: Sequence[StoredMessage] | None = None,
+        requested_by: str | None = None,
     ) -> ApprovalRequest | None:
         """The model's rounds; ``stored``: the transcript as this turn already read it (read
-        here when not given)."""
+        here when not given); ``requested_by``: who a call waiting for approval was asked for."""
         if stored is None:
             stored = await turn.history()
         history = _told([m.message for m in stored], notes)
@@ -584,7 +606,12 @@ class Agent:
                         needed = mcp_calls.needs_approval(self.tools, call)
                         if needed is not None and self.approvals is not None:
                             part, request = await mcp_calls.ask(
-                                self.approvals, turn.session_id, answer.id, needed, waiting
+                                self.approvals,
+                                turn.session_id,
+                                answer.id,
+                                needed,
+                                waiting,
+                                requested_by,
                             )
                             waiting = waiting or request
                             span.record_approval("requested")

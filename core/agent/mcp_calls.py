@@ -208,9 +208,11 @@ async def ask(
     message_id: str,
     needed: ApprovalNeeded,
     waiting: ApprovalRequest | None,
+    requested_by: str | None = None,
 ) -> tuple[Part, ApprovalRequest | None]:
     """Record the request for ``needed`` (the part that asks, and the request); a second call
-    needing approval in the same step is not run (one decision at a time)."""
+    needing approval in the same step is not run (one decision at a time). ``requested_by``:
+    whose message the model was answering, kept so a surface can say who asked."""
     call = needed.call
     if waiting is not None:
         return tool_error_part(call, ONE_AT_A_TIME), None
@@ -223,6 +225,7 @@ async def ask(
         arguments=call.arguments,
         digest=needed.digest,
         approvers=needed.approvers,
+        requested_by=requested_by,
     )
     request = ApprovalRequest(approval_id, call.name, needed.server, call.arguments)
     return requested_part(call, approval_id), request
@@ -323,6 +326,8 @@ async def decided_message(
     call = ToolCall(record.tool_call_id, record.tool_name, record.arguments)
     part: Part = parts[index] if index is not None else requested_part(call, record.id)
     decision = {"id": record.id, "approved": record.approved, "by": record.decided_by}
+    if record.decision_reason:
+        decision["reason"] = record.decision_reason  # what the decider said, as the AI SDK has it
     if record.state == "approved":
         if await approvals.start_running(record.id):
             done, _ = await run(tools, call, emit, approval=record.digest)
@@ -340,7 +345,10 @@ async def decided_message(
             done = {**tool_call_part(call), "state": "output-error", "errorText": SENT_BEFORE}
         done = {**done, "approval": decision}
     elif record.declined:
-        done = denied_part(part, f"{record.decided_by or 'a person'} declined it.")
+        # The model reads this: who declined and, when they said, why (so it need not guess).
+        who = record.decided_by or "a person"
+        said = record.decision_reason
+        done = denied_part(part, f"{who} declined it: {said}" if said else f"{who} declined it.")
         done["approval"] = {**done["approval"], "by": record.decided_by}
     else:
         done = denied_part(part, ended_text(record), by=record.decided_by)

@@ -55,12 +55,13 @@ from core.conversation.views import REFRESH_LAST, MemoryView, ThreadView, Unseen
 from core.conversation.visibility import Viewer, may_see, place
 from core.messages import Message, message_text, slack_message_id
 from core.records import Actor, SessionInfo, StoredMessage
-from core.storage.approvals import ApprovalRecord
+from core.storage.approvals import DECISION_REASON_MOST, ApprovalRecord
 from core.storage.deliveries import DeliveryRecord
 from core.trace_links import stored_trace_url
 from core.usage.budgets import refused_budget, resets_text
 
 __all__ = [
+    "DECISION_REASON_MOST",
     "REFRESH_LAST",
     "SECTIONS",
     "SLACK_PROJECT",

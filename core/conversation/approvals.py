@@ -80,11 +80,13 @@ class ApprovalDesk:
         approve: bool,
         by: str,
         read: ApprovalRecord | None = None,
+        reason: str | None = None,
     ) -> Decision:
         """``approver_id``: the person as a server's ``approvers`` name them (``T…:U…``);
         ``by``: how the outcome names them; ``read``: the request as the caller just read it
         (not read again; the decision itself is conditional on its state, so nothing older
-        can win)."""
+        can win); ``reason``: what they said with it (kept with the decision, shown with it,
+        and read by the model when they declined)."""
         record = (
             read if read is not None and read.id == approval_id else await self.get(approval_id)
         )
@@ -101,7 +103,7 @@ class ApprovalDesk:
         settled = await self.settle(record)
         if settled is not None:
             return settled
-        decided = await self.approvals.decide(record.id, approve=approve, by=by)
+        decided = await self.approvals.decide(record.id, approve=approve, by=by, reason=reason)
         if decided is None:  # moved on between the read and the write: say how
             current = await self.approvals.get(record.id)
             return await self.settle(current) or DecisionRefused("decided", current)

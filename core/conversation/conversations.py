@@ -516,6 +516,7 @@ class Conversation:
                 on_event=noted,
                 files=request.files,
                 attribution=Attribution(self._all.project, request.payer),
+                author=request.author,
             )
         except AgentSessionBusy:
             return Busy()

@@ -119,6 +119,9 @@ class Choice:
     # place when none is stored yet and the person may decide.
     within: str | None = None
     shown_at: str | None = None
+    # What the person said with the decision (at most ``DECISION_REASON_MOST`` characters; a
+    # surface refuses a longer one before deciding).
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -315,6 +318,7 @@ async def answer(conversations: Conversations, arrival: Arrival, renderer: Rende
             files=prepared.files if prepared.files is not None else arrival.files,
             resume=arrival.resume,
             sent_anyway=arrival.sent_anyway,
+            author=arrival.person,
         )
     return await _run(conversation, arrival.approval, request, arrival.payer, renderer)
 
@@ -346,6 +350,7 @@ async def decide(
         approve=choice.approve,
         by=choice.by or choice.person,
         read=asked,
+        reason=choice.reason,
     )
     shown = decision.record
     if choice.shown_at and shown is not None and shown.card_ref is None:

@@ -32,7 +32,8 @@ class TurnRequest:
     session was in use elsewhere and chose to send, so a session that moved on meanwhile is
     shown to them (``Refreshed``) and the message goes, without a second question.
     ``payer``: whose budgets the turn draws on (the person and their workspace); ``None``
-    only a deployment-wide budget applies.
+    only a deployment-wide budget applies. ``author``: the person who wrote it (a call the
+    model asks approval for is recorded as theirs; None: shown as the owner's).
     """
 
     text: str
@@ -44,6 +45,7 @@ class TurnRequest:
     resume: bool = False
     sent_anyway: bool = False
     payer: Payer | None = None
+    author: str | None = None
 
 
 @dataclass(frozen=True)

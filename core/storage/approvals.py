@@ -66,6 +66,9 @@ MOVED_ON: Final = "moved_on"  # no longer the conversation's last message when d
 OVER_BUDGET: Final = "over_budget"  # the decider was over a budget when it was to run
 MAY_HAVE_RUN: Final = "may_have_run"  # sent to its server; the result was never recorded
 REWOUND: Final = "rewound"
+# The longest reason a person may give with a decision (characters): a sentence or two, shown
+# with the decision and read by the model, never a document.
+DECISION_REASON_MOST: Final = 500
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,11 @@ class ApprovalRecord:
     approvers: tuple[str, ...]
     state: str
     reason: str | None
+    # The person whose message the model was answering when it asked; None on rows written
+    # before it was kept (migration 0008) and for turns no person's message started.
+    requested_by: str | None
     decided_by: str | None
+    decision_reason: str | None  # what the decider said with it (None: nothing)
     decided_at: datetime | None
     card_ref: str | None
     card_state: str | None
@@ -137,8 +144,11 @@ class Approvals:
         arguments: dict[str, Any],
         digest: str,
         approvers: tuple[str, ...],
+        requested_by: str | None = None,
     ) -> str:
-        """Record a pending request; its id is what a surface's buttons carry."""
+        """Record a pending request; its id is what a surface's buttons carry.
+        ``requested_by``: whose message made the model ask (in a shared thread, not always the
+        session's owner), so a surface can say who asked."""
         approval_id = uuid.uuid4().hex
         async with self.db.write() as conn:
             await conn.execute(
@@ -152,6 +162,7 @@ class Approvals:
                     arguments=arguments,
                     digest=digest,
                     approvers=list(approvers),
+                    requested_by=requested_by,
                     state="pending",
                 )
             )
@@ -189,8 +200,15 @@ class Approvals:
             rows = await conn.execute(select(*self._columns()).where(A.message_id == message_id))
             return [_record(r) for r in rows]
 
-    async def decide(self, approval_id: str, *, approve: bool, by: str) -> ApprovalRecord | None:
-        """One person's decision on a pending request that is not overdue; None otherwise."""
+    async def decide(
+        self, approval_id: str, *, approve: bool, by: str, reason: str | None = None
+    ) -> ApprovalRecord | None:
+        """One person's decision on a pending request that is not overdue; None otherwise.
+        ``reason``: what they said with it, kept with the decision in the same write (so it
+        is never another decider's); longer than ``DECISION_REASON_MOST`` is a ValueError and
+        nothing is written (a surface refuses it before)."""
+        if reason is not None and len(reason) > DECISION_REASON_MOST:
+            raise ValueError(f"a decision's reason is at most {DECISION_REASON_MOST} characters")
         return await self._move(
             and_(
                 A.id == approval_id,
@@ -200,6 +218,7 @@ class Approvals:
             {
                 "state": "approved" if approve else "denied",
                 "decided_by": by,
+                "decision_reason": reason or None,
                 "decided_at": db_now(),
             },
         )
@@ -385,7 +404,9 @@ def _record(row: Any) -> ApprovalRecord:
         approvers=tuple(row.approvers or ()),
         state=row.state,
         reason=row.reason,
+        requested_by=row.requested_by,
         decided_by=row.decided_by,
+        decision_reason=row.decision_reason,
         decided_at=row.decided_at,
         card_ref=row.card_ref,
         card_state=row.card_state,

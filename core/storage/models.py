@@ -576,6 +576,9 @@ class ToolApproval(Base):
     ``expired`` | ``superseded`` (a new message) | ``rewound``; ``approved`` -> ``running`` (the
     call went to its server: it is never sent twice) -> ``done``; ``denied`` -> ``done``.
     ``card_ref`` is where a surface showed the request (a Slack message), to show the outcome.
+    ``requested_by`` is the person whose message the model was answering when it asked (in a
+    shared thread anyone may write, so not necessarily the session's owner); None on rows
+    written before it was kept, which are shown as the owner's.
     """
 
     __tablename__ = "tool_approvals"
@@ -595,7 +598,11 @@ class ToolApproval(Base):
     state: Mapped[str] = mapped_column(String(20), nullable=False)
     # Why a request ended where it did (``core.storage.approvals.Reason``); None while open.
     reason: Mapped[str | None] = mapped_column(String(40))
+    requested_by: Mapped[str | None] = mapped_column(String(255))
     decided_by: Mapped[str | None] = mapped_column(String(255))
+    # What the decider said with the decision (the API's ``reason``; at most
+    # ``core.storage.approvals.DECISION_REASON_MOST`` characters); None when they said nothing.
+    decision_reason: Mapped[str | None] = mapped_column(String(500))
     decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     card_ref: Mapped[str | None] = mapped_column(String(255))
     # The state the card last showed: a card whose request moved on elsewhere (the terminal

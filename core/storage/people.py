@@ -13,8 +13,10 @@ A person is a Slack member of one workspace, ``slack:TEAM:USER`` (their ``users`
 - the model requests their turns made (``usage_requests.user_key``): kept for the accounts
   (the workspace's and everyone's budgets and ``usage`` totals stay true), the person replaced
   by ``(erased)`` and the session and message taken out;
-- decisions they made on tool calls in others' sessions (``tool_approvals.decided_by``):
-  kept, their name replaced by ``(erased)``.
+- decisions they made on tool calls in others' sessions (``tool_approvals.decided_by``), and
+  calls the model asked for in answer to their message there (``tool_approvals.requested_by``):
+  kept, their name replaced by ``(erased)`` (a reason they gave with a decision stays, as
+  what they wrote in someone else's thread does).
 
 What they wrote in a thread someone else owns stays in that thread's session: it is part of
 the other person's conversation (and of the Slack thread itself, which Slack keeps).
@@ -106,6 +108,7 @@ class Erased:
     person: int = 0
     usage_anonymised: int = 0
     decisions_anonymised: int = 0
+    requests_anonymised: int = 0
     extra: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -122,6 +125,7 @@ class Erased:
                 self.person,
                 self.usage_anonymised,
                 self.decisions_anonymised,
+                self.requests_anonymised,
             )
         )
 
@@ -183,6 +187,7 @@ class People:
                         or_(
                             APPROVALS.c.session_id.in_(owned),
                             APPROVALS.c.decided_by == person.external_id,
+                            APPROVALS.c.requested_by == person.external_id,
                         )
                     )
                     .order_by(APPROVALS.c.requested_at, APPROVALS.c.id)
@@ -331,4 +336,10 @@ class People:
                 .values(decided_by=ERASED)
             )
             erased.decisions_anonymised = kept.rowcount
+            kept = await conn.execute(
+                update(APPROVALS)
+                .where(APPROVALS.c.requested_by == person.external_id)
+                .values(requested_by=ERASED)
+            )
+            erased.requests_anonymised = kept.rowcount
         return erased
