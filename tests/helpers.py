@@ -32,6 +32,18 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "worker.py"
 
 
+def shell_output(message: dict[str, Any] | None) -> str:
+    """What the shell calls of a stored answer printed (stdout then stderr of each tool part's
+    output, in order): where a command's output really is. The offline model's answer says
+    only how a call ended, never its output."""
+    out: list[str] = []
+    for part in (message or {}).get("parts") or []:
+        output = part.get("output") if isinstance(part, dict) else None
+        if str(part.get("type", "")).startswith("tool-") and isinstance(output, dict):
+            out.append(str(output.get("stdout") or "") + str(output.get("stderr") or ""))
+    return "".join(out)
+
+
 def conversations_of(
     store: SessionStore, *, project: str = "slack", surface: str | None = "slack"
 ) -> Conversations:
