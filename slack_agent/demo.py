@@ -373,7 +373,11 @@ async def _approval(
     def continued() -> bool:
         thread = _replies(standin, root)
         ran = any("the call ran" in p.text for p in thread)  # the card shows the outcome
-        return ran and any("saved note" in p.text and not p.streaming for p in thread)
+        # the answer continued: its task card shows the result, its text says how it ended
+        return ran and any(
+            not p.streaming and "answered" in p.text and "saved note" in str(p.tasks)
+            for p in thread
+        )
 
     await slack.until(continued)
     print_thread(standin, root, alice, "#general, after Alice approved on replica B")

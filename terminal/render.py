@@ -94,6 +94,8 @@ def tool_block(command: str, output: dict[str, Any] | None, error: str | None = 
     lines: list[str] = []
     if output is not None:
         body = str(output.get("stdout") or "") + str(output.get("stderr") or "")
+        if not {"stdout", "stderr"} & output.keys():  # a stored MCP tool's output: its text
+            body = str(output.get("text") or "")
         lines = body.rstrip("\n").splitlines()
         code = output.get("exit_code")
         if isinstance(code, int) and code != 0:

@@ -18,7 +18,7 @@ from core.agent.loop import Agent
 from core.agent.model_choice import ProviderCache
 from core.conversation import Conversations
 from core.messages import assistant_message, user_message
-from core.records import SessionInfo, TurnLease
+from core.records import SessionInfo, StoredMessage, TurnLease
 from core.settings import Settings
 from core.storage import queries as q
 from core.storage.dialect import ago, db_now
@@ -30,6 +30,19 @@ from core.storage.surface_state import SurfaceState
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "worker.py"
+
+
+def shell_output(answer: StoredMessage | dict[str, Any] | None) -> str:
+    """What the shell calls of a stored answer printed (stdout then stderr of each tool part's
+    output, in order): where a command's output really is. The offline model's answer says
+    only how a call ended, never its output."""
+    message = answer.message if isinstance(answer, StoredMessage) else answer or {}
+    out: list[str] = []
+    for part in message.get("parts") or []:
+        output = part.get("output") if isinstance(part, dict) else None
+        if str(part.get("type", "")).startswith("tool-") and isinstance(output, dict):
+            out.append(str(output.get("stdout") or "") + str(output.get("stderr") or ""))
+    return "".join(out)
 
 
 def conversations_of(

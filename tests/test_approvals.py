@@ -126,7 +126,7 @@ async def test_approval__approve_runs_the_call_once_and_the_model_continues(
     outcome = await conversation.carry_out(approval_id)
     assert isinstance(outcome, Answered)
     assert notes(tmp_path) == {"plan": "ship on friday"}
-    assert "answered" in outcome.result.text  # the offline model quotes the result
+    assert "answered" in outcome.result.text  # the model continued from the result
     messages = await conversation.store.messages(conversation.id)
     part = part_of(messages[-2].message)
     assert part["state"] == "output-available"

@@ -76,7 +76,8 @@ async def test_agent__read_only_mcp_tool_runs_without_asking(
     assert part["state"] == "output-available"
     assert part["output"]["outcome"] == "ok"
     assert "ship on friday" in part["output"]["text"]
-    assert "ship on friday" in result.text  # the model read the result and answered
+    # the model read the result and answered, saying how the call ended (the part holds it)
+    assert '`mcp__notes__read_note {"title": "plan"}` answered' in result.text
     started = [e for e in seen.events if isinstance(e, McpCallStarted)]
     finished = [e for e in seen.events if isinstance(e, McpCallFinished)]
     assert [e.name for e in started] == ["mcp__notes__read_note"]
@@ -208,7 +209,8 @@ async def test_runtime__a_tool_result_holding_the_bot_token_reaches_no_one(
             await runtime.close()
         exported = json.dumps([(s.name, s.attributes) for s in collector.spans], default=str)
     assert result.error is None
-    assert "LEAKED=${SLACK_BOT_TOKEN}" in result.text  # the model read the name
+    (part,) = tool_parts(result.answer.message)
+    assert "LEAKED=${SLACK_BOT_TOKEN}" in part["output"]["text"]  # the model read the name
     assert token not in result.text
     assert token not in json.dumps([m.message for m in stored])
     assert "${SLACK_BOT_TOKEN}" in exported

@@ -18,7 +18,7 @@ from core.storage.engine import Database
 from core.storage.sessions import SessionStore
 from core.tools.stdio import MAX_MESSAGE_BYTES
 from standins.mcp_notes import NotesHttpServer
-from tests.helpers import new_session
+from tests.helpers import new_session, shell_output
 from tests.mcp_support import notes_entry, running
 
 # Starts MCP servers as processes: outside the developer's quick subset (README).
@@ -69,7 +69,9 @@ async def test_stdio__a_100_mb_answer_is_a_tool_error_and_the_replica_keeps_its_
     assert LIMIT in part["errorText"]
     assert "notes" in part["errorText"]
     assert others, "no other turn ran while the answer arrived"
-    assert all(r.error is None and f"turn {i}" in r.text for i, r in enumerate(others))
+    assert all(
+        r.error is None and shell_output(r.answer) == f"turn {i}\n" for i, r in enumerate(others)
+    )
     assert after.ok  # the server stayed connected
 
 

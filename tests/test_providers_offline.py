@@ -62,7 +62,9 @@ async def test_dollar_command__becomes_a_shell_call_with_a_deterministic_id() ->
     ]
 
 
-async def test_tool_result__is_summarised_with_the_command_and_its_output() -> None:
+async def test_tool_result__is_summarised_by_what_ran_and_how_it_ended_not_quoted() -> None:
+    """The surfaces show a call's output where the call is; the answer after it says what ran
+    and a short reference (line count), never the output again (issue 35)."""
     call = ToolCall("offline_call_1", "shell", {"command": "cat notes.txt"})
     conversation = [
         UserMessage("$ cat notes.txt"),
@@ -72,12 +74,11 @@ async def test_tool_result__is_summarised_with_the_command_and_its_output() -> N
 
     text = text_of(await collect(OfflineProvider(), conversation, [SHELL]))
 
-    assert text == (
-        f"{OFFLINE_LABEL} `cat notes.txt` ran in the sandbox:\n```\nline one\nline two\n```"
-    )
+    assert text == f"{OFFLINE_LABEL} `cat notes.txt` ran in the sandbox: 2 lines of output."
+    assert "line one" not in text
 
 
-def test_tool_result__json_shell_output_is_shown_as_text_with_a_failing_exit_code() -> None:
+def test_tool_result__json_shell_output_is_referred_to_by_its_exit_status_and_lines() -> None:
     call = ToolCall("offline_call_1", "shell", {"command": "grep x missing"})
     output = json.dumps({"stdout": "", "stderr": "no such file\n", "exit_code": 2})
     conversation = [
@@ -88,7 +89,26 @@ def test_tool_result__json_shell_output_is_shown_as_text_with_a_failing_exit_cod
 
     reply = respond(conversation, [SHELL])
 
-    assert "no such file\n\n(exit code 2)" in reply.text
+    assert reply.text == (
+        f"{OFFLINE_LABEL} `grep x missing` ran in the sandbox: exit status 2, 1 line of output."
+    )
+
+
+def test_tool_result__an_error_is_a_reason_and_is_said() -> None:
+    """An error result is not output a surface showed but why the call did not run."""
+    call = ToolCall("offline_call_1", "mcp__notes__add_note", {"title": "x"})
+    conversation = [
+        UserMessage('mcp__notes__add_note {"title": "x"}'),
+        AssistantMessage(tool_calls=(call,)),
+        ToolResult(call.id, call.name, "not run: declined by alice.\nmore", is_error=True),
+    ]
+
+    reply = respond(conversation, [ToolSpec(call.name, "Add a note.")])
+
+    assert reply.text == (
+        f'{OFFLINE_LABEL} `mcp__notes__add_note {{"title": "x"}}` failed: '
+        "not run: declined by alice."
+    )
 
 
 def test_dollar_command__without_a_shell_tool_says_so() -> None:

@@ -20,6 +20,7 @@ from core.sandbox.shell import BASHKIT_MAX_FILE_BYTES, Sandbox, SandboxLimits
 from core.settings import SANDBOX_MAX_FILE_BYTES, load_settings
 from core.storage.sessions import SessionStore
 from standins.slack import SlackClient, SlackStandIn
+from tests.helpers import shell_output
 from tests.slack_harness import rewind, running_bot
 
 
@@ -44,6 +45,16 @@ async def answers(store: SessionStore, root: str) -> list[str]:
     ]
 
 
+async def printed(store: SessionStore, root: str) -> list[str]:
+    """What each answer's commands printed in the sandbox (its tool parts' output): the files'
+    contents are read there, not in the answer, which says only how a command ended."""
+    session = await store.find_session("slack", f"T1/C1/{root}")
+    assert session is not None
+    return [
+        shell_output(m.message) for m in await store.messages(session.id) if m.role == "assistant"
+    ]
+
+
 async def test_file__copied_into_the_sandbox_then_gone_after_a_rewind_to_before_it(
     database_url: str, slack: SlackStandIn, store: SessionStore
 ) -> None:
@@ -53,7 +64,7 @@ async def test_file__copied_into_the_sandbox_then_gone_after_a_rewind_to_before_
         note = shared(slack, "notes.txt", b"numbers: 4 8 15 16 23 42\n")
         await client.message("$ cat files/notes.txt", thread_ts=root, files=[note])
         await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
-        assert "numbers: 4 8 15 16 23 42" in (await answers(store, root))[1]
+        assert "numbers: 4 8 15 16 23 42" in (await printed(store, root))[1]
         first_reply = slack.named("chat.startStream")[0].result["ts"]
         await rewind(client, slack, message_ts=first_reply, thread_ts=root)
         await slack.wait_for(
@@ -61,7 +72,7 @@ async def test_file__copied_into_the_sandbox_then_gone_after_a_rewind_to_before_
         )
         await client.message("$ cat files/notes.txt", thread_ts=root)
         await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 3)
-    after = (await answers(store, root))[-1]
+    after = (await printed(store, root))[-1]
     assert "numbers" not in after
     session = await store.find_session("slack", f"T1/C1/{root}")
     assert session is not None
@@ -101,7 +112,7 @@ async def test_file__slacks_sign_in_page_is_never_taken_for_the_file(
     assert [c.text for c in slack.ephemerals()] == [
         text.file_refused("report.csv", "no_access", 10_000_000)
     ]
-    assert "Sign in" not in (await answers(store, root))[0]
+    assert "Sign in" not in (await printed(store, root))[0]
 
 
 async def test_thread_context__earlier_messages_go_with_the_first_turn(
@@ -182,7 +193,7 @@ async def test_file__on_a_host_that_is_not_slacks_gets_no_token_and_no_request(
     assert [c.text for c in slack.ephemerals()] == [
         text.file_refused("leak.txt", "not_slack", 10_000_000)
     ]
-    assert "elsewhere" not in (await answers(store, root))[0]
+    assert "elsewhere" not in (await printed(store, root))[0]
 
 
 def test_file__slacks_own_hosts_and_the_configured_api_host_are_trusted() -> None:
@@ -216,7 +227,7 @@ async def test_file__more_than_the_sandbox_holds_is_refused_with_a_note_and_the_
         await slack.wait_for(lambda: slack.named("chat.stopStream"))
         await client.message("$ cat files/small.txt", thread_ts=root)
         await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 2)
-    first, second = await answers(store, root)
+    first, second = await printed(store, root)
     assert "small.txt" in first
     assert "big.bin" not in first.replace("/home/user/files/big.bin was not copied", "")
     assert "/home/user/files/big.bin was not copied into the sandbox" in slack.shown(root)
@@ -259,6 +270,6 @@ async def test_thread_context__a_long_thread_gives_its_latest_messages_and_earli
     assert "chatter number 400" in context
     assert "chatter number 399" not in context  # the latest 50 only
     assert "the thread starts" not in context
-    assert "shared before the mention" in message_text(answer.message)
+    assert "shared before the mention" in shell_output(answer.message)
     pages = slack.named("conversations.replies")
     assert len(pages) == 3  # 200 at a time

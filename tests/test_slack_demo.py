@@ -53,5 +53,60 @@ async def test_demo__every_scene_says_only_what_happened(
     terminal = out.split("── the terminal: slack-agent chat ")[1].split("── ")[0]
     lines = terminal.strip().splitlines()[1:]
     blank = [i for i, line in enumerate(lines) if not line.strip()]
-    assert len(blank) <= 1, terminal  # one paragraph break in the answer, no stray blank lines
+    assert not blank, terminal  # the answer is one paragraph: no stray blank lines
     assert not [line for line in lines if line.startswith("   ")], terminal  # nor padding
+
+
+def _scenes(out: str) -> dict[str, str]:
+    """The demo's scenes by title: the text after each ``── title`` line up to the next."""
+    scenes: dict[str, str] = {}
+    for chunk in out.split("\n── ")[1:]:
+        title, _, body = chunk.partition("\n")
+        scenes[title.split(" ──")[0].split(" (as ")[0]] = body
+    return scenes
+
+
+def _words(text: str) -> str:
+    """Text as a reader reads it: Markdown's backticks and line wrapping left out."""
+    return " ".join(text.replace("`", "").split())
+
+
+async def test_demo__a_commands_output_is_shown_once_in_every_scene(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 35: the terminal printed a command's output, then the answer quoted it again after
+    a blank line. Each scene shows a call's output once, where the call is (the terminal's tool
+    block, Slack's task card); the answer after it is there and says how the call ended."""
+    await run_demo()
+    out = capsys.readouterr().out
+    assert "\n\n\n" not in out  # never two blank lines in a row
+    scenes = _scenes(out)
+    (terminal,) = [body for title, body in scenes.items() if "slack-agent chat" in title]
+    lines = terminal.rstrip("\n").splitlines()
+    assert not [line for line in lines if not line.strip()], terminal  # no blank line inside
+    printed = terminal.replace("echo 'step two done (terminal)'", "")  # the command left out
+    assert printed.count("step one done") == 1, terminal  # its output: once
+    assert printed.count("step two done (terminal)") == 1, terminal
+    assert "ran in the sandbox" in terminal  # and the answer after it
+    assert "exit status 0, 2 lines of output" in _words(terminal)
+    # Slack: the task card carries the output, the answer says how the call ended.
+    done = scenes["#general, once the first reply was done"]
+    assert done.replace("echo 'step one done'", "").count("step one done") == 1  # the card
+    assert "(complete): step one done" in done
+    assert "ran in the sandbox: exit status 0, 1 line of output." in done
+    fork = scenes["#general, Bob's fork"]
+    assert fork.count("step one done") == 1  # the card: the file came with the fork
+    approved = scenes["#general, after Alice approved on replica B"]
+    assert approved.count("saved note 'release'") == 1  # the card
+    assert "answered: 1 line of output." in approved
+    # What a thread says the terminal did, a terminal scene showed: word for word.
+    shown = _words("".join(body for title, body in scenes.items() if "the terminal" in title))
+    told = [
+        line.split("*", 2)[2].removeprefix(": ")
+        for body in scenes.values()
+        for line in body.splitlines()
+        if line.strip().startswith(("*user*:", "*agent*:"))
+    ]
+    assert told
+    for said in told:
+        assert _words(said) in shown, said

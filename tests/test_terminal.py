@@ -25,6 +25,7 @@ from core.storage.snapshots import load_state, messages_with_snapshots
 from core.storage.surface_state import SurfaceState
 from standins.openai import GatedModel
 from standins.slack import SlackClient, SlackStandIn
+from terminal.render import tool_block
 from tests.helpers import add_exchange, new_session
 from tests.slack_harness import ServeProcess
 from tests.terminal_harness import OPERATOR, ChatProcess, chat_env
@@ -78,6 +79,15 @@ BAD_INPUT = [
     ("https://acme.slack.com/archives/C1/not-a-message", "usage_error"),
     ("my-session", "usage_error"),
 ]
+
+
+def test_history__a_tool_part_shows_its_output_once_and_an_mcp_result_its_text() -> None:
+    """The answer after a call says only how it ended (the offline model), so the tool block is
+    where a result is read: a command's output, or a stored MCP call's result text."""
+    shell = tool_block("cat notes.txt", {"stdout": "one\n", "stderr": "", "exit_code": 0})
+    mcp = tool_block("mcp__notes__read_note", {"text": "ship on friday", "outcome": "ok"})
+    assert shell.plain == "$ cat notes.txt\none"
+    assert mcp.plain == "$ mcp__notes__read_note\nship on friday"
 
 
 def test_chat__bad_input_is_one_line_on_stderr_and_status_2(tmp_path: Path) -> None:

@@ -4,13 +4,13 @@ It is not a language model and says so: every reply starts with ``OFFLINE_LABEL`
 is just enough to drive the whole agent through a turn:
 
 - a user message starting with ``$ `` becomes a call of the ``shell`` tool with that command,
-  and once the result comes back, a reply showing the command's output;
+  and once the result comes back, a reply saying what ran and how it ended (``_result_summary``);
 - a call forced to ``write_checkpoint`` (compaction) gets list-valued sections built from the
   conversation by fixed rules (``checkpoint_arguments``), carrying an earlier checkpoint forward;
 - a user message starting with the name of an offered MCP tool (``mcp__<server>__<tool>``)
   followed by a JSON object becomes a call of that tool with those arguments (``mcp__notes__add_note
   {"title": "plan", "text": "ship it"}``), and once the result (or a refusal) comes back, a reply
-  quoting it;
+  saying how it ended, as for a command;
 - anything else is echoed back.
 
 The same conversation always gets the same reply, tool-call ids included, and the reply is
@@ -51,7 +51,6 @@ COMMAND_PREFIX = "$ "
 MCP_CALL = re.compile(r"\s*(mcp__[A-Za-z0-9_-]+)(?:\s+(.*))?\Z", re.DOTALL)
 CHECKPOINT_SECTIONS = SECTIONS  # the checkpoint's sections, in rendering order
 
-_OUTPUT_LIMIT = 1500
 _CONSTRAINT_WORDS = re.compile(r"\b(must|never|always|do not|don't|only)\b", re.IGNORECASE)
 
 
@@ -116,16 +115,47 @@ def _first_line(content: str) -> str:
     return shorten(lines[0], 120) if lines else "no output"
 
 
+def _lines(count: int) -> str:
+    return "no output" if count == 0 else f"{count} line{'s' if count != 1 else ''} of output"
+
+
+def _how_it_ended(result: ToolResult) -> str:
+    """A short reference to a result: its exit status and how many lines it printed."""
+    try:
+        value = json.loads(result.content)
+    except ValueError:
+        value = None
+    if isinstance(value, dict) and {"stdout", "stderr"} & value.keys():
+        body = "".join(str(value.get(key) or "") for key in ("stdout", "stderr"))
+        said = [_lines(len(body.rstrip("\n").splitlines()))]
+        code = value.get("exit_code", value.get("exitCode"))
+        if isinstance(code, int):
+            said.insert(0, f"exit status {code}")
+        if value.get("truncated"):
+            said.append("cut short")
+        return ", ".join(said)
+    if isinstance(value, dict) and isinstance(value.get("text"), str):  # an MCP tool's output
+        return _lines(len(str(value["text"]).rstrip("\n").splitlines()))
+    return _lines(len(result.content.rstrip("\n").splitlines()))
+
+
 def _result_summary(result: ToolResult, call: ToolCall | None) -> str:
+    """What the stand-in says once a tool's result is back: what it ran and how it ended, never
+    the output itself.
+
+    Every surface already shows a call's output where the call is: the terminal prints the
+    command and its output, Slack's task card ends with it, the web page shows the tool part. A
+    reply quoting it again made each scene print the same output twice (issue 35); a real model,
+    too, says what it did and what came of it rather than pasting back what the person just saw.
+    So a result is referred to by its exit status and line count (``exit status 0, 2 lines of
+    output``). A result that is an error is not output the person saw but why the call did not
+    run or failed (a refusal, an interruption): its first line is the reason, and it is said.
+    """
     command = _shown_command(call)
-    output = _output_text(result.content).rstrip("\n")
-    if len(output) > _OUTPUT_LIMIT:
-        output = output[:_OUTPUT_LIMIT] + f"\n… ({len(output) - _OUTPUT_LIMIT} more characters)"
-    if call is not None and call.name != SHELL_TOOL:
-        verb = "failed" if result.is_error else "answered"
-    else:
-        verb = "failed" if result.is_error else "ran in the sandbox"
-    return f"`{command}` {verb}:\n```\n{output or '(no output)'}\n```"
+    if result.is_error:
+        return f"`{command}` failed: {_first_line(result.content).rstrip('.')}."
+    verb = "answered" if call is not None and call.name != SHELL_TOOL else "ran in the sandbox"
+    return f"`{command}` {verb}: {_how_it_ended(result)}."
 
 
 def _parse_checkpoint(text: str) -> dict[str, list[str]] | None:
