@@ -83,6 +83,9 @@ async def serve(settings: Settings) -> None:
         # process (every thread: the intake too), for over a second on a loaded machine, and
         # after the listener was up it stopped a replica already holding messages.
         tune_garbage_collection()
+        # Before the listener opens: Bolt would otherwise ask Slack who the token is inside
+        # the first acknowledgement (``Bot.ask_who_it_is``).
+        await bot.ask_who_it_is()
         socket_mode = bool(settings.slack_app_token)
         bot.start()  # before the intake: it hands records to the running worker
         intake = IntakeThread(bot, settings.host, settings.port, events=not socket_mode)
