@@ -1,4 +1,6 @@
-"""``slack-agent serve``: migrate, then run the bot until SIGTERM/SIGINT.
+"""``slack-agent serve``: migrate, ask Slack who the token is (``auth.test``, so no
+acknowledgement waits for that call: ``Bot.ask_who_it_is``), then listen and run the bot until
+SIGTERM/SIGINT.
 
 HTTP mode: Slack's requests arrive on ``HOST:PORT`` (``bot.http``), served from the intake's
 own thread and event loop (``bot.intake``) so turn work never delays an acknowledgement.
