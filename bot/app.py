@@ -25,9 +25,13 @@ from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_bolt.listener.async_builtins import AsyncTokenRevocationListeners
+from slack_bolt.middleware.authorization.async_single_team_authorization import (
+    AsyncSingleTeamAuthorization,
+)
 from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
 from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from bot import payload
 from bot import texts as text
@@ -133,6 +137,37 @@ def bolt_app(
         return None
 
     return app
+
+
+def _single_team_authorization(app: AsyncApp) -> AsyncSingleTeamAuthorization | None:
+    """The app's single-workspace authorisation (a token, no OAuth), or None (OAuth installs:
+    each request is authorised by its workspace's install). Bolt offers no accessor for its
+    middleware; ``tests/test_operations.py`` fails if this stops finding it."""
+    middleware = getattr(app, "_async_middleware_list", [])
+    return next((m for m in middleware if isinstance(m, AsyncSingleTeamAuthorization)), None)
+
+
+async def who_it_is(app: AsyncApp) -> AsyncSlackResponse | None:
+    """``auth.test`` for the app's token, made now, or None when nothing needs it (OAuth
+    installs) or Slack did not say (the error is raised: the caller decides what it costs).
+
+    Bolt's single-workspace authorisation asks ``auth.test`` on the first request it handles and
+    keeps the answer, so without this a fresh replica's first acknowledgement waited for a call
+    to Slack, and for its retries: a 429's ``Retry-After`` (a second) or a 500's backoff. On a
+    busy machine that went past the acknowledgement deadline (``bot.http``) and the first
+    message a restarted replica took was answered 503 (the soak, 2026-12-06)."""
+    if _single_team_authorization(app) is None:
+        return None
+    return await app.client.auth_test()
+
+
+def knows_who_it_is(app: AsyncApp, auth: AsyncSlackResponse) -> None:
+    """Give the app an ``auth.test`` answer already had (``who_it_is``), so no request it
+    handles asks Slack first. One answer serves every app of the process on the same token
+    (the intake's and the turns' loop's): it is the token's, read-only data."""
+    authorization = _single_team_authorization(app)
+    if authorization is not None and authorization.auth_test_result is None:
+        authorization.auth_test_result = auth
 
 
 def add_message_listeners(app: AsyncApp, receiver: Receiver) -> None:

@@ -36,7 +36,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.app import add_message_listeners, bolt_app
+from bot.app import add_message_listeners, bolt_app, knows_who_it_is
 from bot.http import Elsewhere, Listener, listen
 from bot.installations import open_install_stores
 from bot.post import SURFACE
@@ -133,6 +133,8 @@ class IntakeThread(threading.Thread):
                 installs = await open_install_stores(storage, settings.slack_client_id or "")
                 oauth = oauth_settings(settings, installs)
             app: AsyncApp = bolt_app(settings, oauth_settings=oauth, http_session=http)
+            if bot.identity is not None:  # serve asked at start: no request asks Slack first
+                knows_who_it_is(app, bot.identity)
             add_message_listeners(app, _Receiver(intake))
             listener = Listener(
                 settings,

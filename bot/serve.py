@@ -1,4 +1,6 @@
-"""``slack-agent serve``: migrate, then run the bot until SIGTERM/SIGINT.
+"""``slack-agent serve``: migrate, ask Slack who the token is (``auth.test``, so no
+acknowledgement waits for that call: ``Bot.ask_who_it_is``), then listen and run the bot until
+SIGTERM/SIGINT.
 
 HTTP mode: Slack's requests arrive on ``HOST:PORT`` (``bot.http``), served from the intake's
 own thread and event loop (``bot.intake``) so turn work never delays an acknowledgement.
@@ -83,6 +85,9 @@ async def serve(settings: Settings) -> None:
         # process (every thread: the intake too), for over a second on a loaded machine, and
         # after the listener was up it stopped a replica already holding messages.
         tune_garbage_collection()
+        # Before the listener opens: Bolt would otherwise ask Slack who the token is inside
+        # the first acknowledgement (``Bot.ask_who_it_is``).
+        await bot.ask_who_it_is()
         socket_mode = bool(settings.slack_app_token)
         bot.start()  # before the intake: it hands records to the running worker
         intake = IntakeThread(bot, settings.host, settings.port, events=not socket_mode)

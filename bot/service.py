@@ -9,15 +9,17 @@ build one the same way ``serve`` does.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
 from aiohttp import web
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from bot.answers import ThreadAnswers
-from bot.app import build_app
+from bot.app import build_app, knows_who_it_is, who_it_is
 from bot.approvals import ApprovalCards
 from bot.channels import SlackChannels
 from bot.http import Listener
@@ -31,6 +33,12 @@ from core.conversation.worker import DeliveryWorker
 from core.errors import ConfigError
 from core.runtime import Runtime, Settings, metrics
 from web.api import WebApi
+
+log = logging.getLogger(__name__)
+
+# ``Bot.ask_who_it_is`` at start: past this (Slack slow or away), the replica starts anyway and
+# its first request asks, as Bolt does by itself.
+IDENTITY_SECONDS = 10.0
 
 BOT_SCOPES = [
     "app_mentions:read",
@@ -100,6 +108,8 @@ class Bot:
         self.runtime = runtime
         self.http = http  # the Web API's session (kept open: warm connections); ours to close
         self.installs = installs
+        # The token's ``auth.test`` answer, once ``ask_who_it_is`` had it (single workspace).
+        self.identity: AsyncSlackResponse | None = None
         self.conversations = runtime.conversations(PROJECT, surface=SURFACE)
         self.answers = ThreadAnswers(settings, self.conversations, self.client_for)
         self.cards = ApprovalCards(settings, self.conversations, self.client_for)
@@ -141,6 +151,26 @@ class Bot:
             await runtime.close()
             raise
         return cls(runtime, installs, http_session())
+
+    async def ask_who_it_is(self) -> None:
+        """``auth.test`` once, before the listener opens, for every Bolt app of the process
+        (this one now, the intake's as it is built: ``bot.intake``): otherwise the first request
+        each app handles asks Slack inside its acknowledgement (``bot.app.who_it_is``). Slack
+        failing to say (away, slow, refusing the token) does not stop the start: it is logged,
+        and the first request asks again, as before."""
+        try:
+            async with asyncio.timeout(IDENTITY_SECONDS):
+                auth = await who_it_is(self.app)
+        except Exception as exc:  # SlackApiError, a connection error, the timeout
+            log.warning(
+                "auth.test at start failed (%s): the first Slack request asks again, "
+                "inside its acknowledgement",
+                exc.__class__.__name__ if isinstance(exc, TimeoutError) else exc,
+            )
+            return
+        if auth is not None:
+            knows_who_it_is(self.app, auth)
+            self.identity = auth
 
     @property
     def listener(self) -> Listener:

@@ -454,6 +454,30 @@ async def test_readyz__503_while_the_schema_is_behind_this_build_ready_when_it_i
         assert await get(bot.url + "/livez") == (200, "ok")
 
 
+async def test_serve__asks_slack_who_it_is_before_it_listens_so_no_acknowledgement_waits_on_slack(
+    database_url: str, slack: SlackStandIn, store: SessionStore, tmp_path: Path
+) -> None:
+    """Bolt asks ``auth.test`` on the first request an app handles, inside its
+    acknowledgement: a 429 there (a second's ``Retry-After``) held a restarted replica's first
+    message past the acknowledgement deadline on a busy machine (the soak's 503). ``serve``
+    asks once, before it listens, for both of its apps (the intake's, which records messages,
+    and the turns' loop's, which takes the rest)."""
+    slack.rate_limit_next["auth.test"] = [1]
+    a = ServeProcess(database_url, slack, log=tmp_path / "serve.log")
+    try:
+        await a.ready()
+        asked = len(slack.named("auth.test"))
+        assert asked == 2, a.logged()  # the 429 and the answer, before /healthz answered
+        async with SlackClient(a.url) as client:
+            root = await client.message("hello", mention=True)  # the intake's app
+            await slack.wait_for(lambda: slack.named("chat.stopStream"))
+            assert await client.stop_button(root) == 200  # the turns' loop's app
+        assert len(slack.named("auth.test")) == asked
+    finally:
+        output = await a.astop()
+    assert [m.role for m in await transcript(store, root)] == ["user", "assistant"], output
+
+
 async def test_stopping__readyz_503_and_livez_200_while_a_turn_drains_then_exit_0(
     database_url: str, slack: SlackStandIn, store: SessionStore, tmp_path: Path
 ) -> None:
