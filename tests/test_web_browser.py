@@ -341,6 +341,35 @@ async def test_web__approve_in_the_page_what_slack_posted_and_the_slack_card_upd
         await expect(transcript(page)).to_contain_text("ship friday", timeout=SECONDS)
 
 
+async def test_web__deny_with_a_reason_the_slack_card_and_the_transcript_say_why(
+    database_url: str, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    """The card's optional reason goes with the decision: nothing runs, Slack's card shows
+    the reason, and the declined call in the transcript says who declined it and why."""
+    async with (
+        web(database_url, slack, **mcp(tmp_path)) as (bot, browser),
+        SlackClient(bot.url) as client,
+    ):
+        await connected(bot)
+        await client.message(ADD, mention=True)
+        (card,) = await slack.wait_for(lambda: cards(slack))
+        _, page = await signed_in(browser, bot, slack)
+        await open_slack_thread(page, "mcp__notes__add_note")
+        approval = page.get_by_role("region", name="Approval needed")
+        await approval.get_by_label("Reason (optional)").fill("  not before the review  ")
+        await approval.get_by_role("button", name="Deny").click()
+        await expect(approval).to_have_count(0, timeout=SECONDS)
+        (updated, *_) = await slack.wait_for(lambda: card_updates(slack, card.result["ts"]))
+        assert "not before the review" in updated
+        declined = transcript(page).locator("details.tool.denied")
+        await expect(declined).to_have_count(1, timeout=SECONDS)
+        await declined.locator("summary").click()
+        await expect(declined.locator(".decision")).to_have_text(
+            "slack:T1:U1 declined it: not before the review"
+        )
+        assert notes(tmp_path) == {}
+
+
 async def test_web__approved_in_slack_the_page_card_clears_and_two_tabs_agree(
     database_url: str, slack: SlackStandIn, tmp_path: Path
 ) -> None:

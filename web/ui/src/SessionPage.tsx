@@ -337,12 +337,12 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
       setNotice(answer.stopped ? "Stopped." : "Nothing was running.");
     });
 
-  const decide = (approvalId: string, approved: boolean) =>
+  const decide = (approvalId: string, approved: boolean, reason: string) =>
     act(approved ? "Approving" : "Denying", async () => {
       try {
         const response = await apiFetch(`${sessionPath(id)}/tool_approvals`, {
           method: "POST",
-          body: JSON.stringify({ approvalId, approved }),
+          body: JSON.stringify(reason ? { approvalId, approved, reason } : { approvalId, approved }),
         });
         await drain(response);
       } catch (e) {
@@ -350,7 +350,8 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
         const who = e.body.decidedBy;
         const by = typeof who === "string" ? (who === me.person ? " by you" : ` by ${who}`) : "";
         const decision = typeof e.body.decision === "string" ? e.body.decision : "";
-        setNotice(`That call was already ${DECISIONS[decision] ?? "decided"}${by}.`);
+        const said = typeof e.body.reason === "string" && e.body.reason ? ` ("${e.body.reason}")` : "";
+        setNotice(`That call was already ${DECISIONS[decision] ?? "decided"}${by}${said}.`);
       }
       await refresh();
     });
@@ -431,7 +432,7 @@ function Conversation(props: { initialSession: Session; initialMessages: Message
           approval={session.pendingApproval}
           me={me.person}
           deciding={working === "Approving" || working === "Denying"}
-          onDecide={(approved) => void decide(session.pendingApproval!.approvalId, approved)}
+          onDecide={(approved, reason) => void decide(session.pendingApproval!.approvalId, approved, reason)}
         />
       )}
       {working !== null && <p className="working" aria-live="polite">{working}…</p>}

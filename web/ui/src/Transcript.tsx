@@ -126,7 +126,9 @@ function PartView({ part }: { part: Part }) {
       input?: unknown;
       output?: unknown;
       errorText?: string;
+      approval?: { reason?: string };
     };
+    const reason = tool.approval?.reason;
     const name = tool.toolName ?? part.type.slice("tool-".length);
     const state =
       tool.state === "output-available"
@@ -156,6 +158,12 @@ function PartView({ part }: { part: Part }) {
             <>
               <h4>Error</h4>
               <pre>{tool.errorText}</pre>
+            </>
+          )}
+          {typeof reason === "string" && reason !== "" && (
+            <>
+              <h4>Decision</h4>
+              <p className="decision">{reason}</p>
             </>
           )}
         </div>
