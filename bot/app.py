@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import aiohttp
 from slack_bolt.async_app import AsyncApp
+from slack_bolt.authorization.async_authorize import AsyncInstallationStoreAuthorize
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.context.respond.async_respond import AsyncRespond
@@ -85,8 +86,13 @@ def bolt_app(
 ) -> AsyncApp:
     """A Bolt app with the error handler and middleware every one of ours has, no listeners."""
     multi = oauth_settings is not None
+    client = web_client(settings, None if multi else settings.slack_bot_token, http_session)
     app = AsyncApp(
-        client=web_client(settings, None if multi else settings.slack_bot_token, http_session),
+        client=client,
+        # An AsyncAuthorize is taken as it is (Bolt's own check); its hint names a function.
+        authorize=cast(
+            Any, None if oauth_settings is None else _installs_authorize(oauth_settings, client)
+        ),
         signing_secret=settings.slack_signing_secret or "",
         # bot.serve verifies HTTP requests before parsing them (Bolt parses first); Socket Mode
         # needs no signature.
@@ -137,6 +143,45 @@ def bolt_app(
         return None
 
     return app
+
+
+# The most ``auth.test`` answers an app keeps (one per install token in use; a rotated token is
+# a new one): past it, the oldest answer is dropped and asked again when next needed.
+AUTHORIZED_KEPT = 10_000
+
+
+class _Kept(dict[str, Any]):
+    """Bolt's authorize cache, bounded: with token rotation every install's token changes
+    twice a day, and an unbounded cache would keep every one it ever saw."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self and len(self) >= AUTHORIZED_KEPT:
+            del self[next(iter(self))]
+        super().__setitem__(key, value)
+
+
+def _installs_authorize(
+    oauth_settings: AsyncOAuthSettings, client: AsyncWebClient
+) -> AsyncInstallationStoreAuthorize:
+    """Multi-workspace authorisation as Bolt builds it, with its ``auth.test`` answer kept per
+    token (Bolt's ``cache_enabled``, off by default): otherwise every request, a message's
+    acknowledgement included, waits on a call to Slack first, and a 429 there (a second's
+    ``Retry-After`` and more) can take it past the acknowledgement deadline, as it did a
+    restarted replica's first message. The install is still looked up for every request, so
+    an uninstalled or revoked workspace (its install deleted) is refused at once, cache or
+    not."""
+    assert oauth_settings.installation_store is not None  # ours always has one
+    authorize = AsyncInstallationStoreAuthorize(
+        installation_store=oauth_settings.installation_store,
+        client_id=oauth_settings.client_id,
+        client_secret=oauth_settings.client_secret,
+        logger=logging.getLogger("slack_bolt.AsyncApp"),
+        cache_enabled=True,
+        client=client,
+        user_token_resolution=oauth_settings.user_token_resolution,
+    )
+    authorize.authorize_result_cache = _Kept()
+    return authorize
 
 
 def _single_team_authorization(app: AsyncApp) -> AsyncSingleTeamAuthorization | None:

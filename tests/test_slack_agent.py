@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from slack_sdk.oauth.installation_store import Installation
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from bot import texts as text
 from core.messages import message_text, slack_message_id
@@ -154,6 +154,41 @@ async def test_uninstall__in_either_order_twice_removes_the_install_and_stops_tu
     # Nothing else changed: the conversation is still there, under the sweeper's rules.
     roles = [m.role for m in await store.messages(session.id)]
     assert roles == ["user", "assistant"]
+
+
+@pytest.mark.filterwarnings("ignore:BasicAuth is deprecated:DeprecationWarning")
+async def test_oauth__a_workspaces_token_is_asked_about_once_not_in_every_acknowledgement(
+    database_url: str, slack: SlackStandIn, store: SessionStore
+) -> None:
+    """Bolt's multi-workspace authorisation asks Slack's ``auth.test`` for every request unless
+    its answer is kept; each message's acknowledgement then waited on a call to Slack (a 429
+    there is a second or more). Kept per token, three messages ask once, and an uninstalled
+    workspace is still refused (its install is looked up every time)."""
+    async with (
+        running_bot(database_url, slack, **OAUTH) as bot,
+        SlackClient(bot.url) as client,
+    ):
+        await oauth_install(bot.url)
+        before = len(slack.named("auth.test"))
+        roots = [await client.message(f"hello {i}", mention=True) for i in range(3)]
+        await slack.wait_for(lambda: len(slack.named("chat.stopStream")) == 3)
+        assert len(slack.named("auth.test")) - before == 1
+        uninstalled = {"type": "app_uninstalled", "event_ts": client.new_ts()}
+        assert await client.event(uninstalled) == 200
+        # A message is recorded before its acknowledgement: acknowledged and not recorded,
+        # it was refused by the authorisation (no install), not kept for later.
+        late = await client.message("after the uninstall", mention=True)
+        async with store.db.read() as conn:
+            recorded = await conn.scalar(
+                select(func.count())
+                .select_from(DELIVERIES)
+                .where(DELIVERIES.c.thread_key.like(f"%{late}"))
+            )
+        assert recorded == 0
+    for root in roots:
+        session = await store.find_session("slack", f"T1/C1/{root}")
+        assert session is not None
+        assert [m.role for m in await store.messages(session.id)] == ["user", "assistant"]
 
 
 async def feedback_click(
