@@ -406,7 +406,7 @@ class _Lines(QuietRenderer):
         elif isinstance(event, Said):
             self.reply.text(event.text)
         elif isinstance(event, ToolBegan):
-            self.reply.tool_started(event.label)
+            self.reply.tool_started(event.label, shell=event.kind == "shell")
         elif isinstance(event, ToolEnded):
             self.reply.tool_finished(
                 {"stdout": event.output, "stderr": event.error, "exit_code": event.exit_code}

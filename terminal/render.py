@@ -89,8 +89,12 @@ def author(message: StoredMessage, operator: str) -> str:
     return "user"
 
 
-def tool_block(command: str, output: dict[str, Any] | None, error: str | None = None) -> Text:
-    block = Text(f"$ {command}\n", style="bold cyan")
+def tool_block(
+    command: str, output: dict[str, Any] | None, error: str | None = None, *, shell: bool = True
+) -> Text:
+    """A tool call and what it gave: ``$ command`` for the sandbox's shell, ``call name`` for
+    an MCP tool (a ``$`` would say it was typed at a shell)."""
+    block = Text(f"$ {command}\n" if shell else f"call {command}\n", style="bold cyan")
     lines: list[str] = []
     if output is not None:
         body = str(output.get("stdout") or "") + str(output.get("stderr") or "")
@@ -127,6 +131,7 @@ def _parts(message: Message) -> list[RenderableType]:
                     str(command or kind.removeprefix("tool-")),
                     output if isinstance(output, dict) else None,
                     part.get("errorText") if isinstance(part.get("errorText"), str) else None,
+                    shell=command is not None,
                 )
             )
     return out
@@ -166,6 +171,7 @@ def message_view(message: StoredMessage, operator: str) -> RenderableType:
 class _Tool:
     command: str
     output: dict[str, Any] | None = None
+    shell: bool = True
 
 
 @dataclass
@@ -191,7 +197,7 @@ class LiveReply:
             if isinstance(block, str):
                 views.append(Markdown(block))
             elif isinstance(block, _Tool):
-                views.append(tool_block(block.command, block.output))
+                views.append(tool_block(block.command, block.output, shell=block.shell))
             else:
                 views.append(block)
         return Group(*views)
@@ -207,8 +213,8 @@ class LiveReply:
             self.blocks.append(chunk)
         self._refresh()
 
-    def tool_started(self, command: str) -> None:
-        self.blocks.append(_Tool(command))
+    def tool_started(self, command: str, *, shell: bool = True) -> None:
+        self.blocks.append(_Tool(command, shell=shell))
         self._refresh()
 
     def tool_finished(self, output: dict[str, Any]) -> None:

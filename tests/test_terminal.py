@@ -14,18 +14,21 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rich.console import Console
 from sqlalchemy import text
 
 from bot import texts as slack_text
 from core.messages import assistant_message, message_text, user_message
+from core.records import StoredMessage
 from core.storage.sessions import SessionStore
 from core.storage.snapshots import load_state, messages_with_snapshots
 from core.storage.surface_state import SurfaceState
 from standins.openai import GatedModel
 from standins.slack import SlackClient, SlackStandIn
-from terminal.render import tool_block
+from terminal.render import message_view, tool_block
 from tests.helpers import add_exchange, new_session
 from tests.slack_harness import ServeProcess
 from tests.terminal_harness import OPERATOR, ChatProcess, chat_env
@@ -85,9 +88,38 @@ def test_history__a_tool_part_shows_its_output_once_and_an_mcp_result_its_text()
     """The answer after a call says only how it ended (the offline model), so the tool block is
     where a result is read: a command's output, or a stored MCP call's result text."""
     shell = tool_block("cat notes.txt", {"stdout": "one\n", "stderr": "", "exit_code": 0})
-    mcp = tool_block("mcp__notes__read_note", {"text": "ship on friday", "outcome": "ok"})
+    mcp = tool_block(
+        "mcp__notes__read_note", {"text": "ship on friday", "outcome": "ok"}, shell=False
+    )
     assert shell.plain == "$ cat notes.txt\none"
-    assert mcp.plain == "$ mcp__notes__read_note\nship on friday"
+    assert mcp.plain == "call mcp__notes__read_note\nship on friday"  # not typed at a shell
+
+
+def test_history__a_stored_mcp_call_is_a_call_and_a_shell_command_a_dollar_line() -> None:
+    """Read back, a call to an MCP tool is not shown as if typed at a shell."""
+    answer: Any = {
+        "role": "assistant",
+        "parts": [
+            {
+                "type": "tool-shell",
+                "input": {"command": "ls"},
+                "state": "output-available",
+                "output": {"stdout": "notes.txt\n", "stderr": "", "exit_code": 0},
+            },
+            {
+                "type": "tool-mcp__notes__read_note",
+                "input": {"title": "plan"},
+                "state": "output-available",
+                "output": {"text": "ship on friday"},
+            },
+        ],
+    }
+    console = Console(width=80, record=True)
+    console.print(message_view(StoredMessage("m1", 3, answer, False), "terminal:me"))
+    shown = console.export_text()
+    assert "$ ls\nnotes.txt" in shown
+    assert "call mcp__notes__read_note\nship on friday" in shown
+    assert "$ mcp__" not in shown
 
 
 def test_chat__bad_input_is_one_line_on_stderr_and_status_2(tmp_path: Path) -> None:
