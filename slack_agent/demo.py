@@ -78,6 +78,7 @@ class DemoReplica:
         bot = await Bot.open(settings)
         bot.answers.pacer.base = 0.2
         bot.start()
+        await bot.ask_who_it_is()  # as serve does: no acknowledgement waits on auth.test
         if port is None:
             runner, url = await serve_app(bot.web_app())
         else:
