@@ -46,6 +46,6 @@ def stored_trace_url(template: str | None, metadata: Mapping[str, Any]) -> str |
     template or a recorded trace. The template is the one configured now, so a link follows
     the tracing back end when it moves."""
     trace_id = metadata.get(TRACE_ID)
-    if template is None or not isinstance(trace_id, str) or not _HEX_ID.fullmatch(trace_id):
+    if not isinstance(trace_id, str) or not _HEX_ID.fullmatch(trace_id):
         return None
-    return template.format(trace_id=trace_id)
+    return trace_url(template, int(trace_id, 16))

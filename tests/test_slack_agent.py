@@ -12,6 +12,7 @@ import pytest
 from slack_sdk.oauth.installation_store import Installation
 from sqlalchemy import func, select
 
+from bot import app as bot_app
 from bot import texts as text
 from core.messages import message_text, slack_message_id
 from core.storage.deliveries import DELIVERIES, Deliveries
@@ -312,3 +313,15 @@ async def records(store: SessionStore) -> list[Any]:
         keys = list((await conn.execute(select(DELIVERIES.c.id))).scalars())
     found = [await deliveries.get(key) for key in keys]
     return [r for r in found if r is not None]
+
+
+def test_oauth__the_kept_auth_test_answers_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the bound the oldest answer goes (asked again when next needed); a token asked
+    about again keeps its place."""
+    monkeypatch.setattr(bot_app, "AUTHORIZED_KEPT", 2)
+    kept = bot_app._Kept()
+    kept["a"], kept["b"] = 1, 2
+    kept["b"] = 3
+    assert kept == {"a": 1, "b": 3}
+    kept["c"] = 4
+    assert kept == {"b": 3, "c": 4}

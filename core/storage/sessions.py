@@ -545,7 +545,7 @@ class SessionStore(TranscriptOperations):
         if not isinstance(last_message_id, AnyTail):
             actual = tail.message_id if tail else None
             if actual != last_message_id:
-                await self._raise_stale(conn, session_id, last_message_id)
+                raise self._stale(session_id, actual, last_message_id)
         position = tail.position + 1 if tail else 0
         if user_message is not None:
             (tail,) = await q.append_messages(conn, session_id, position, [(user_message, False)])
@@ -554,23 +554,33 @@ class SessionStore(TranscriptOperations):
             await reservation.take(conn, session_id, token, locked=locked)
         return TurnLease(session_id=session_id, token=token, tail=tail, next_position=position)
 
-    @classmethod
-    async def _refuse_if_stale(
-        cls, conn: Conn, session_id: int, last_message_id: str | None
-    ) -> None:
-        tail = await q.tail(conn, session_id)
-        if (tail.message_id if tail else None) != last_message_id:
-            await cls._raise_stale(conn, session_id, last_message_id)
-
     @staticmethod
-    async def _raise_stale(conn: Conn, session_id: int, last_message_id: str | None) -> NoReturn:
-        tail = await q.tail(conn, session_id)
-        actual = tail.message_id if tail else None
-        raise AgentSessionStale(
+    def _stale(
+        session_id: int, actual: str | None, last_message_id: str | None
+    ) -> AgentSessionStale:
+        return AgentSessionStale(
             f"session {session_id} has moved on: its last message is {actual}, "
             f"not {last_message_id}",
             actual_last_message_id=actual,
         )
+
+    @classmethod
+    async def _refuse_if_stale(
+        cls, conn: Conn, session_id: int, last_message_id: str | None
+    ) -> None:
+        """``AgentSessionStale`` when the session's tail is not ``last_message_id``."""
+        tail = await q.tail(conn, session_id)
+        actual = tail.message_id if tail else None
+        if actual != last_message_id:
+            raise cls._stale(session_id, actual, last_message_id)
+
+    @classmethod
+    async def _raise_stale(
+        cls, conn: Conn, session_id: int, last_message_id: str | None
+    ) -> NoReturn:
+        """The stale refusal once a statement found the tail moved (read for its id)."""
+        tail = await q.tail(conn, session_id)
+        raise cls._stale(session_id, tail.message_id if tail else None, last_message_id)
 
     def abandon(self, lease: TurnLease) -> None:
         """The lease's turn ended here but its release did not reach the database: its lock
