@@ -332,13 +332,16 @@ async def test_run_turn__heartbeat_keeps_the_lock_and_detects_takeover(
                     break
                 await asyncio.sleep(0.01)
             assert await short.is_turn_active(session.id)
-            thief = await take_over(db, session.id)  # another replica, after the window
+            # Another replica, after the window. Its own task: once its write commits, the
+            # heartbeat may cancel this one before the take-over has returned its lease.
+            taking = asyncio.ensure_future(take_over(db, session.id))
+            await asyncio.shield(taking)
             # The heartbeat finds the lock taken over and stops the turn's task:
             # this wait is cancelled, and the turn ends with AgentSessionLockLost.
             await asyncio.sleep(30)
     assert turn.lost.is_set()
     assert await store.is_turn_active(session.id)  # the exit did not release the thief's lock
-    await replica.release(thief)
+    await replica.release(await taking)
 
 
 async def test_claim__same_process_claims_queue_and_refuse_without_a_query(
