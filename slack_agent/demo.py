@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -43,6 +44,7 @@ SECRET = "demo-signing-secret"
 WEB_HOST, WEB_PORT = "127.0.0.1", 8000
 CHANNEL = "C0GENERAL"
 NAMES = {"U0ALICE": "alice", "U0BOB": "bob"}
+_MENTION = re.compile(r"<@([A-Z0-9]+)>")
 
 
 class DemoReplica:
@@ -162,7 +164,7 @@ def print_thread(standin: SlackStandIn, root: str, viewer: str, title: str) -> N
     for p in standin.thread(CHANNEL, root, viewer):
         who = NAMES.get(p.author, p.author)
         tag = " (only visible to you)" if p.visible_to else ""
-        lines = p.text.strip().splitlines() or [""]
+        lines = _as_shown(p.text).strip().splitlines() or [""]
         print(f"  {who}{tag}: {lines[0]}")
         for line in lines[1:12]:
             print(f"  {' ' * len(who)}  {line}")
@@ -173,6 +175,11 @@ def print_thread(standin: SlackStandIn, root: str, viewer: str, title: str) -> N
             print(f"  {' ' * len(who)}  ⚙ {task['title']} ({task['status']}){output}")
         if p.buttons:
             print(f"  {' ' * len(who)}  [{'] ['.join(p.buttons)}]")
+
+
+def _as_shown(text: str) -> str:
+    """Mentions as Slack shows them (``<@U0ALICE>`` as ``@alice``)."""
+    return _MENTION.sub(lambda m: "@" + NAMES.get(m.group(1), m.group(1)), text)
 
 
 async def _listen(bot: Bot, port: int) -> tuple[web.AppRunner, str]:

@@ -29,7 +29,8 @@ async def test_demo__plays_every_step_and_loses_nothing(capsys: pytest.CaptureFi
     assert "mcp__notes__add_note" in asked  # the card
     assert "[Approve] [Deny]" in asked
     approved = out.split("after Alice approved on replica B")[1]
-    assert "Approved by <@U0ALICE>; the call ran." in approved  # the card shows the outcome
+    assert "Approved by @alice; the call ran." in approved  # the card shows the outcome, as Slack
+    assert "<@U0" not in out  # shows a mention: by name
     assert "saved note 'release'" in approved  # and the answer continued from the result
     assert 'The notes server now holds: {"release": "ship on friday"}' in out
     assert "nothing lost" in out
