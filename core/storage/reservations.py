@@ -1,6 +1,9 @@
 """The budget check a claim runs, in O(1): the payer's running totals (``usage_totals``), the
 other live turns' reservations and the session's last request, read in one prepared statement;
-the decision (``core.usage.budgets.admits``); the turn's reservation written.
+the decision (``core.usage.budgets.admits``); the turn's reservation written, one row per turn
+(migration 0010). On SQLite the three are one statement (``_admitting``: the rules in SQL, an
+``INSERT … SELECT`` that writes the row only when every budget admits the turn); a claim it
+does not admit takes the read and the rules in Python, which word the refusal.
 
 What it guarantees (docs/design.md, *Budgets across replicas*):
 
@@ -24,9 +27,10 @@ What it guarantees (docs/design.md, *Budgets across replicas*):
   moment.
 - A reservation counts only while its turn holds the session's lock (same token, live
   heartbeat): a turn that ends, dies or loses its lock stops holding it without another write,
-  and the statement that releases or takes over the lock deletes its rows (a trigger of
+  and the statement that releases or takes over the lock deletes its row (a trigger of
   migration 0007), so a claim scans only the reservations of live turns (and of dead turns
-  whose session nobody has claimed since).
+  whose session nobody has claimed since): every one of them, with no index but the session,
+  as an ``all`` budget's lookup did anyway.
 """
 
 from __future__ import annotations
