@@ -24,6 +24,7 @@ from core.storage.usage import LedgerEntry, UsageLedger
 from core.usage.budgets import parse_budgets
 from core.usage.totals import RequestUsage
 from tests.helpers import new_session, take_over
+from tests.test_migrations import _downgrade
 
 PAYER = Payer("slack:T1:U1", "T1")
 NEIGHBOUR = Payer("slack:T1:U2", "T1")  # the same workspace, another person
@@ -298,6 +299,20 @@ async def test_migration_0010__carries_live_reservations_over_as_one_row_per_tur
         budgets = "user:day:1000000tokens,workspace:month:10usd,all:day:1000000tokens"
         user, workspace, everyone = await held(ledger, budgets, PAYER)
         assert (user, workspace, everyone) == (200, Decimal(7_000) / NANO, 300)
+        # And back: a row per account and unit again, what each held unchanged.
+        await _downgrade(db, "0009_decision_reason")
+        async with db.read() as conn:
+            back = (
+                await conn.execute(
+                    text(
+                        "SELECT session_id, lock_token, account, unit, amount"
+                        " FROM usage_reservations"
+                    )
+                )
+            ).all()
+        assert sorted(map(tuple, back)) == sorted(row[:5] for row in rows if row[0] == live.id)
+        await upgrade(db)
+        assert await held(ledger, budgets, PAYER) == [user, workspace, everyone]
         await store.release(lease)
         assert await held(ledger, budgets, PAYER) == [0, 0, 0]
     finally:
