@@ -333,12 +333,50 @@ def _insert_holding() -> Prepared:
     return Prepared(insert_if_tail_is_statement().add_cte(held).returning(MESSAGES.c.position))
 
 
-Term = tuple[int, Unit, Slot]  # a budget as the admission sees it: its totals (in wanted), …
+Term = tuple[int, Unit, Slot]  # a budget to admit: its totals' index in Wanted, unit, slot
 Terms = tuple[Term, ...]
 
 
 def _number(value: int) -> ColumnElement[Any]:
     return literal_column(str(int(value)))
+
+
+def _expected_and_spent(
+    t: Any, last: Any, text: ColumnElement[Any], unit: Unit
+) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+    """``expected_tokens`` and ``expected_nanousd`` (``core.usage.budgets``) in SQL, over one
+    window's totals (``t``, a LEFT JOIN: NULL when the window has no row) and the session's
+    last request (``last``, likewise), and what the window spent, in ``unit``. Integer division
+    is SQLite's (whole numbers, all of them at least 0: the same as Python's ``//``); the
+    price per token's ceiling is taken as ``q·tokens + ⌈r·tokens / counted⌉`` (``q``, ``r``:
+    the last cost's quotient and remainder by its tokens), which is exact wherever the result
+    fits in 64 bits, where the product ``cost·tokens`` of Python's could overflow SQLite's."""
+    known = last.c.counted_tokens.is_not(None)
+    requests = func.coalesce(t.c.requests, _zero())
+    output = case(
+        (requests > _zero(), t.c.output_tokens // requests),
+        else_=_number(DEFAULT_OUTPUT_TOKENS),
+    )
+    sent = case(
+        (known, last.c.counted_tokens),
+        (requests > _zero(), func.max(t.c.tokens - t.c.output_tokens, _zero()) // requests),
+        else_=_number(DEFAULT_INPUT_TOKENS),
+    )
+    tokens = sent + text + output
+    if unit == "tokens":
+        return tokens, func.coalesce(t.c.tokens, _zero())
+    cost, counted = last.c.cost_nanousd, last.c.counted_tokens
+    priced = func.coalesce(t.c.priced_requests, _zero())
+    expected = case(
+        (
+            and_(known, cost.is_not(None), counted > _zero()),
+            (cost // counted) * tokens
+            + ((cost % counted) * tokens + counted - _number(1)) // counted,
+        ),
+        (priced > _zero(), t.c.nanousd // priced),
+        else_=_zero(),
+    )
+    return expected, func.coalesce(t.c.nanousd, _zero())
 
 
 @functools.cache
@@ -393,39 +431,10 @@ def _admitting(accounts: int, wanted: Wanted, slots: Slots, terms: Terms) -> Pre
         )
     joined = joined.outerjoin(last, literal_column("1") == literal_column("1"))
     text = bindparam("text", type_=BigInteger)
-    known = last.c.counted_tokens.is_not(None)
     admitted: list[ColumnElement[Any]] = []
     amounts: dict[Slot, list[ColumnElement[Any]]] = {}
     for i, (w, unit, slot) in enumerate(terms):
-        t = totals[w]
-        requests = func.coalesce(t.c.requests, _zero())
-        output = case(
-            (requests > _zero(), t.c.output_tokens // requests),
-            else_=_number(DEFAULT_OUTPUT_TOKENS),
-        )
-        sent = case(
-            (known, last.c.counted_tokens),
-            (requests > _zero(), func.max(t.c.tokens - t.c.output_tokens, _zero()) // requests),
-            else_=_number(DEFAULT_INPUT_TOKENS),
-        )
-        tokens = sent + text + output
-        expected: ColumnElement[Any]
-        spent: ColumnElement[Any]
-        if unit == "usd":
-            priced = func.coalesce(t.c.priced_requests, _zero())
-            expected = case(
-                (
-                    and_(known, last.c.cost_nanousd.is_not(None), last.c.counted_tokens > _zero()),
-                    (last.c.cost_nanousd * tokens + last.c.counted_tokens - _number(1))
-                    // last.c.counted_tokens,
-                ),
-                (priced > _zero(), t.c.nanousd // priced),
-                else_=_zero(),
-            )
-            spent = func.coalesce(t.c.nanousd, _zero())
-        else:
-            expected = tokens
-            spent = func.coalesce(t.c.tokens, _zero())
+        expected, spent = _expected_and_spent(totals[w], last, text, unit)
         others = held.c[f"h{slots.index(slot)}"]
         left = bindparam(f"l{i}", type_=BigInteger) - spent - others
         admitted.append(and_(left > _zero(), or_(expected <= left, others == _zero())))
