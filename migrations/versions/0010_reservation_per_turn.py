@@ -3,9 +3,10 @@ instead of a row per account and unit.
 
 A turn under three budgets inserted three rows at its claim (a table and two indexes) and its
 release's trigger deleted them again: on SQLite those pages, written and committed twice per
-turn, were most of what budgets added to a turn's bookkeeping (docs/benchmarks.md, *The budget
-check at O(1)*, *Third pass*). The row is now keyed by its session alone, with no other index:
-a claim reads every live turn's row, as an ``all`` budget's lookup did already.
+turn, were about a third of what budgets added to a turn's bookkeeping (docs/benchmarks.md,
+*The budget check at O(1)*, *Third pass*). The row is now keyed by its session alone, with
+no other index: a claim reads every live turn's row, as an ``all`` budget's lookup did
+already.
 
 The live reservations are carried over: per session, the rows of the lock it still holds
 become one row. Rows taken at different moments of one turn (a later request's step that held
