@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Self
 
-from sqlalchemy import Boolean, ColumnElement, DateTime, String, Table, select, update
+from sqlalchemy import BigInteger, Boolean, ColumnElement, DateTime, String, Table, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect, Row
 from sqlalchemy.ext.compiler import compiles
@@ -73,6 +73,26 @@ def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
         return "statement_timestamp()"
     seconds = compiler.process(args[0], **kw)
     return f"(statement_timestamp() + make_interval(secs => CAST({seconds} AS double precision)))"
+
+
+class greater_of(FunctionElement[int]):
+    """The greater of two integers (SQLite's two-argument ``max``, PostgreSQL's ``GREATEST``).
+    A NULL argument gives NULL on SQLite and is ignored on PostgreSQL: use it where both
+    read the same, such as inside a ``sum``, which skips NULLs, of values at least 0."""
+
+    type = BigInteger()
+    inherit_cache = True
+    name = "greater_of"
+
+
+@compiles(greater_of, "sqlite")
+def _sqlite_greater_of(element: greater_of, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"max({compiler.process(element.clause_expr, **kw)[1:-1]})"
+
+
+@compiles(greater_of, "postgresql")
+def _pg_greater_of(element: greater_of, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"GREATEST({compiler.process(element.clause_expr, **kw)[1:-1]})"
 
 
 class copied_message_id(FunctionElement[str]):

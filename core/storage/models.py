@@ -536,34 +536,43 @@ class UsageTotal(Base):
 
 
 class UsageReservation(Base):
-    """What a running turn holds against one budget account, taken in its claim transaction.
+    """What a running turn holds against its payer's budget accounts, taken in its claim
+    transaction: one row per turn (per session), whatever the number of budgets.
 
     It counts only while its turn holds the session's lock (same ``lock_token``, live
     heartbeat): a turn that ends, dies or loses its lock stops holding it without a write, and
     the statement that releases or takes over the lock deletes it (a trigger on
-    ``agent_sessions``, migration 0007). One row per session and account, replaced in place by
-    the session's next claim (``created_at``: when it was taken, by the claiming process's clock;
-    what the turn's requests spent since is no longer held).
-    ``amount`` is in the budget's unit (tokens, or billionths of a dollar).
+    ``agent_sessions``, migrations 0007 and 0010). Replaced in place by the turn's later
+    requests and by the session's next claim (``created_at``: when it was taken, by the
+    claiming process's clock; what the turn's requests spent since is no longer held).
+
+    One row, not one per account and unit: a turn's accounts are its payer's user
+    (``user_account``), workspace (``workspace_account``) and everyone's, each held in tokens
+    and in billionths of a dollar (``NULL``: no budget of that account and unit). Its rows
+    inserted and deleted per turn were most of what budgets added to a turn on SQLite (pages
+    of a table and two indexes written at the claim and again at the release); a claim reads
+    every live turn's row (an ``all`` budget did already), so the table has no index but its
+    key (docs/benchmarks.md, *The budget check at O(1)*, *Third pass*).
     """
 
     __tablename__ = "usage_reservations"
-    __table_args__ = (
-        Index(None, "account", "unit"),
-        # One row per turn's session and account: a claim replaces its session's row in place
-        # (and the index serves the session's cascade and the lock's trigger too).
-        Index(None, "session_id", "account", "unit", unique=True),
-    )
 
-    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     session_id: Mapped[int] = mapped_column(
-        Id, ForeignKey("agent_sessions.id", ondelete="CASCADE"), nullable=False
+        Id,
+        ForeignKey("agent_sessions.id", ondelete="CASCADE"),
+        primary_key=True,
+        autoincrement=False,
     )
     lock_token: Mapped[str] = mapped_column(String(36), nullable=False)
-    account: Mapped[str] = mapped_column(String(300), nullable=False)
-    unit: Mapped[str] = mapped_column(String(10), nullable=False)
-    amount: Mapped[int] = mapped_column(Id, nullable=False)
     created_at: Mapped[datetime] = _created()
+    user_account: Mapped[str | None] = mapped_column(String(300))
+    workspace_account: Mapped[str | None] = mapped_column(String(300))
+    user_tokens: Mapped[int | None] = mapped_column(Id)
+    user_nanousd: Mapped[int | None] = mapped_column(Id)
+    workspace_tokens: Mapped[int | None] = mapped_column(Id)
+    workspace_nanousd: Mapped[int | None] = mapped_column(Id)
+    all_tokens: Mapped[int | None] = mapped_column(Id)
+    all_nanousd: Mapped[int | None] = mapped_column(Id)
 
 
 class ToolApproval(Base):

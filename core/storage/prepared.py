@@ -32,13 +32,25 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import asyncpg
-from sqlalchemy import ColumnElement, Connection, Delete, Engine, Insert, Select, Update, literal
+from sqlalchemy import (
+    ColumnElement,
+    CompoundSelect,
+    Connection,
+    Delete,
+    Engine,
+    Insert,
+    Select,
+    Update,
+    literal,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from core.storage.engine import Conn, Database, InlineConnection
+
+Statement = Insert | Update | Delete | Select[Any] | CompoundSelect[Any]
 
 
 class Ran(NamedTuple):
@@ -104,7 +116,7 @@ class Prepared:
     tuple, which SQLAlchemy would expand at execution. Result columns must be of types whose
     result processing does not depend on the driver's column type (all but ``Numeric``)."""
 
-    def __init__(self, statement: Insert | Update | Delete | Select[Any]) -> None:
+    def __init__(self, statement: Statement) -> None:
         self.statement = statement
         self._compiled: dict[str, _Compiled] = {}  # per dialect name
 

@@ -1,6 +1,9 @@
 """The budget check a claim runs, in O(1): the payer's running totals (``usage_totals``), the
 other live turns' reservations and the session's last request, read in one prepared statement;
-the decision (``core.usage.budgets.admits``); the turn's reservation written.
+the decision (``core.usage.budgets.admits``); the turn's reservation written, one row per turn
+(migration 0010). On SQLite the three are one statement (``_admitting``: the rules in SQL, an
+``INSERT … SELECT`` that writes the row only when every budget admits the turn); a claim it
+does not admit takes the read and the rules in Python, which word the refusal.
 
 What it guarantees (docs/design.md, *Budgets across replicas*):
 
@@ -24,9 +27,10 @@ What it guarantees (docs/design.md, *Budgets across replicas*):
   moment.
 - A reservation counts only while its turn holds the session's lock (same token, live
   heartbeat): a turn that ends, dies or loses its lock stops holding it without another write,
-  and the statement that releases or takes over the lock deletes its rows (a trigger of
+  and the statement that releases or takes over the lock deletes its row (a trigger of
   migration 0007), so a claim scans only the reservations of live turns (and of dead turns
-  whose session nobody has claimed since).
+  whose session nobody has claimed since): every one of them, with no index but the session,
+  as an ``all`` budget's lookup did anyway.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from sqlalchemy import (
     bindparam,
     case,
     func,
-    literal,
+    literal_column,
     or_,
     select,
     union_all,
@@ -58,7 +62,7 @@ from sqlalchemy import cast as sa_cast
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 
-from core.storage.dialect import UtcDateTime, db_now
+from core.storage.dialect import UtcDateTime, db_now, greater_of
 from core.storage.engine import Conn
 from core.storage.models import (
     AgentSession,
@@ -70,11 +74,16 @@ from core.storage.models import (
 from core.storage.prepared import Prepared
 from core.storage.queries import claim_statement, insert_if_tail_is_statement
 from core.usage.budgets import (
+    DEFAULT_INPUT_TOKENS,
+    DEFAULT_OUTPUT_TOKENS,
+    SCOPES,
     Account,
     Budget,
     LastRequest,
     Payer,
     Period,
+    Scope,
+    Unit,
     WindowTotals,
     account_key,
     admits,
@@ -129,10 +138,19 @@ def lock_key(account: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-# -- the statements, one shape per number of accounts (built once, prepared) ---------------------
+# -- the statements, one shape per pattern of budgets (built once, prepared) ---------------------
 
 
 Wanted = tuple[tuple[int, Period], ...]  # (account's index in the sorted keys, period), sorted
+Slot = tuple[Scope, Unit]  # what a turn holds: one account of its payer's, in one unit
+Slots = tuple[Slot, ...]  # sorted
+SLOTS: Final[Slots] = tuple(sorted((scope, unit) for scope in SCOPES for unit in ("tokens", "usd")))
+
+
+def _column(slot: Slot) -> str:
+    """The reservation's column for a slot: ``user_tokens``, ``all_nanousd``…"""
+    scope, unit = slot
+    return f"{scope}_{'tokens' if unit == 'tokens' else 'nanousd'}"
 
 
 def _wanted(pairs: Sequence[tuple[Budget, str]], keys: Sequence[str]) -> Wanted:
@@ -140,16 +158,64 @@ def _wanted(pairs: Sequence[tuple[Budget, str]], keys: Sequence[str]) -> Wanted:
     return tuple(sorted({(keys.index(key), budget.period) for budget, key in pairs}))
 
 
+def _slots(pairs: Sequence[tuple[Budget, str]]) -> Slots:
+    """The (scope, unit) some budget of ``pairs`` limits: what a turn holds and reads held."""
+    return tuple(sorted({(budget.scope, budget.unit) for budget, _ in pairs}))
+
+
+def _zero() -> ColumnElement[Any]:
+    return literal_column("0")
+
+
+def _none() -> ColumnElement[Any]:
+    return literal_column("''")
+
+
+def _spent_since(unit: Unit) -> ColumnElement[Any]:
+    """What a reserving turn has spent in ``unit`` since it reserved: its session's ledger rows
+    written since (a session runs one turn at a time; both times are the writing process's
+    clock). Correlated to the reservation's row."""
+    amount = REQUESTS.c.counted_tokens if unit == "tokens" else REQUESTS.c.cost_nanousd
+    return (
+        select(func.coalesce(func.sum(amount), _zero()))
+        .where(
+            REQUESTS.c.session_id == RESERVATIONS.c.session_id,
+            REQUESTS.c.created_at >= RESERVATIONS.c.created_at,
+        )
+        .scalar_subquery()
+    )
+
+
+def _held(slot: Slot) -> ColumnElement[Any]:
+    """What other live turns hold on the claiming payer's account of ``slot`` and have yet to
+    spend: their amounts less what their sessions spent since, never below nothing. A user or
+    workspace slot counts the turns of the same account (``user``, ``workspace``: the payer's);
+    ``all`` counts every turn."""
+    scope, unit = slot
+    amount = RESERVATIONS.c[_column(slot)]
+    unspent: ColumnElement[Any] = greater_of(amount - _spent_since(unit), _zero())
+    if scope != "all":
+        owner = RESERVATIONS.c[f"{scope}_account"]
+        unspent = case((owner == bindparam(scope, type_=owner.type), unspent))
+    return sa_cast(func.coalesce(func.sum(unspent), _zero()), BigInteger)
+
+
+SPENT, HELD, LAST = 0, 1, 2  # the kind of a row of the read
+
+
 @functools.cache
-def _read(accounts: int, wanted: Wanted) -> Prepared:
+def _read(accounts: int, wanted: Wanted, slots: Slots) -> Prepared:
     """The totals of the ``wanted`` accounts (``a0``…) and windows (today's, ``day``; this
-    month's, ``month``), the other live turns' reservations on the ``accounts`` accounts, and
-    the session's last request: one statement, so one moment's view, whatever commits
-    meanwhile. One shape per number of accounts and windows wanted (a handful in any
-    deployment), built and prepared at its first use."""
+    month's, ``month``), what the other live turns hold on the payer's accounts of the
+    ``slots`` (one row, a column per slot, in order; the user's and workspace's accounts as
+    ``user`` and ``workspace``), and the session's last request: one statement, so one
+    moment's view, whatever commits meanwhile. One shape per pattern of budgets (a handful in
+    any deployment), built and prepared at its first use. Its constants are written into the
+    SQL, not bound: a bound one is a parameter processed at every run."""
     names = [bindparam(f"a{i}", type_=TOTALS.c.account.type) for i in range(accounts)]
+    width = max(len(slots), 5)
     spent = select(
-        literal("spent").label("kind"),
+        literal_column(str(SPENT)).label("kind"),
         TOTALS.c.account.label("account"),
         TOTALS.c.period.label("label"),
         TOTALS.c.tokens.label("n1"),
@@ -157,6 +223,7 @@ def _read(accounts: int, wanted: Wanted) -> Prepared:
         TOTALS.c.output_tokens.label("n3"),
         TOTALS.c.requests.label("n4"),
         TOTALS.c.priced_requests.label("n5"),
+        *(_zero().label(f"n{i + 1}") for i in range(5, width)),
     ).where(
         # Every row by its whole key, so each is one lookup of the primary key however many
         # windows an account has behind it.
@@ -164,48 +231,24 @@ def _read(accounts: int, wanted: Wanted) -> Prepared:
             *(
                 and_(
                     TOTALS.c.account == names[index],
-                    TOTALS.c.period == period,
+                    TOTALS.c.period == literal_column(f"'{period}'"),
                     TOTALS.c.window_start == bindparam(period, type_=WINDOW_START),
                 )
                 for index, period in wanted
             )
         ),
     )
-    # What each reserving turn has spent since it reserved: its session's rows written since
-    # (a session runs one turn at a time; both times are the writing process's clock).
-    since_reserved = (
-        select(
-            func.coalesce(
-                func.sum(
-                    case(
-                        (RESERVATIONS.c.unit == "tokens", REQUESTS.c.counted_tokens),
-                        else_=func.coalesce(REQUESTS.c.cost_nanousd, 0),
-                    )
-                ),
-                0,
-            )
-        )
-        .where(
-            REQUESTS.c.session_id == RESERVATIONS.c.session_id,
-            REQUESTS.c.created_at >= RESERVATIONS.c.created_at,
-        )
-        .scalar_subquery()
-    )
-    unspent = case(
-        (RESERVATIONS.c.amount > since_reserved, RESERVATIONS.c.amount - since_reserved),
-        else_=0,
-    )
+    # Every live turn's one row: the table holds only running turns' (and dead turns' whose
+    # session nobody has claimed since), which the ``all`` account counts in any case.
     held = (
         select(
-            literal("held"),
-            RESERVATIONS.c.account,
-            RESERVATIONS.c.unit,
-            sa_cast(func.sum(unspent), BigInteger),
-            literal(0, BigInteger),
-            literal(0, BigInteger),
-            literal(0, BigInteger),
-            literal(0, BigInteger),
+            literal_column(str(HELD)),
+            _none(),
+            _none(),
+            *(_held(slot) for slot in slots),
+            *(_zero() for _ in range(len(slots), width)),
         )
+        .select_from(RESERVATIONS)
         .join(
             SESSIONS,
             and_(
@@ -214,58 +257,51 @@ def _read(accounts: int, wanted: Wanted) -> Prepared:
             ),
         )
         .where(
-            RESERVATIONS.c.account.in_(names),
             RESERVATIONS.c.session_id != bindparam("sid", type_=BigInteger),
             SESSIONS.c.heartbeat_at >= db_now(bindparam("since", type_=Float)),
         )
-        .group_by(RESERVATIONS.c.account, RESERVATIONS.c.unit)
     )
     newest = (
         select(REQUESTS.c.counted_tokens, REQUESTS.c.cost_nanousd)
         .where(REQUESTS.c.session_id == bindparam("sid", type_=BigInteger))
         .order_by(REQUESTS.c.created_at.desc(), REQUESTS.c.id.desc())
-        .limit(1)
+        .limit(literal_column("1"))
+        .offset(_zero())
         .subquery()
     )
     last = select(
-        literal("last"),
-        literal(""),
-        literal(""),
+        literal_column(str(LAST)),
+        _none(),
+        _none(),
         newest.c.counted_tokens,
-        func.coalesce(newest.c.cost_nanousd, -1),
-        literal(0, BigInteger),
-        literal(0, BigInteger),
-        literal(0, BigInteger),
+        func.coalesce(newest.c.cost_nanousd, literal_column("-1")),
+        *(_zero() for _ in range(2, width)),
     )
-    united = union_all(spent, held, last).subquery()
-    return Prepared(select(*united.c))
+    return Prepared(union_all(spent, held, last))
 
 
-def _hold(dialect: Any, rows: int) -> Insert:
-    """The turn's reservation rows, replacing its session's earlier ones in place (an earlier
-    turn's, or this turn's own before a later request): no delete first."""
+_HOLD_COLUMNS: Final = (
+    "session_id",
+    "lock_token",
+    "created_at",
+    "user_account",
+    "workspace_account",
+    *(_column(slot) for slot in SLOTS),
+)
+
+
+def _hold(dialect: Any) -> Insert:
+    """The turn's reservation, one row, replacing its session's earlier one in place (an
+    earlier turn's, or this turn's own before a later request): no delete first. Every
+    column is written, a slot no budget limits as NULL."""
     upsert = dialect.insert(RESERVATIONS).values(
-        [
-            {
-                "session_id": bindparam("h_sid", type_=BigInteger),
-                "lock_token": bindparam("token", type_=RESERVATIONS.c.lock_token.type),
-                "account": bindparam(f"r{i}", type_=RESERVATIONS.c.account.type),
-                "unit": bindparam(f"u{i}", type_=RESERVATIONS.c.unit.type),
-                "amount": bindparam(f"n{i}", type_=BigInteger),
-                "created_at": bindparam("at", type_=RESERVATIONS.c.created_at.type),
-            }
-            for i in range(rows)
-        ]
+        {name: bindparam(f"h_{name}", type_=RESERVATIONS.c[name].type) for name in _HOLD_COLUMNS}
     )
     return cast(
         Insert,
         upsert.on_conflict_do_update(
-            index_elements=["session_id", "account", "unit"],
-            set_={
-                "lock_token": upsert.excluded.lock_token,
-                "amount": upsert.excluded.amount,
-                "created_at": upsert.excluded.created_at,
-            },
+            index_elements=["session_id"],
+            set_={name: upsert.excluded[name] for name in _HOLD_COLUMNS[1:]},
         ),
     )
 
@@ -289,31 +325,156 @@ def _claim_locking(stamp: bool, accounts: int) -> Prepared:
     return Prepared(claim.returning(*_lock_columns(accounts)))
 
 
-def _insert_holding(rows: int) -> Prepared:
+def _insert_holding() -> Prepared:
     """The user message's stale-guarded insert with the reservation's upsert as a CTE of it
     (PostgreSQL runs a data-modifying CTE whether or not the insert inserts: a stale claim
     is rolled back by its caller, the reservation with it)."""
-    held = _hold(postgresql, rows).cte("held")
+    held = _hold(postgresql).cte("held")
     return Prepared(insert_if_tail_is_statement().add_cte(held).returning(MESSAGES.c.position))
 
 
+Term = tuple[int, Unit, Slot]  # a budget to admit: its totals' index in Wanted, unit, slot
+Terms = tuple[Term, ...]
+
+
+def _number(value: int) -> ColumnElement[Any]:
+    return literal_column(str(int(value)))
+
+
+def _expected_and_spent(
+    t: Any, last: Any, text: ColumnElement[Any], unit: Unit
+) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+    """``expected_tokens`` and ``expected_nanousd`` (``core.usage.budgets``) in SQL, over one
+    window's totals (``t``, a LEFT JOIN: NULL when the window has no row) and the session's
+    last request (``last``, likewise), and what the window spent, in ``unit``. Integer division
+    is SQLite's (whole numbers, all of them at least 0: the same as Python's ``//``); the
+    price per token's ceiling is taken as ``q·tokens + ⌈r·tokens / counted⌉`` (``q``, ``r``:
+    the last cost's quotient and remainder by its tokens), which is exact wherever the result
+    fits in 64 bits, where the product ``cost·tokens`` of Python's could overflow SQLite's."""
+    known = last.c.counted_tokens.is_not(None)
+    requests = func.coalesce(t.c.requests, _zero())
+    output = case(
+        (requests > _zero(), t.c.output_tokens // requests),
+        else_=_number(DEFAULT_OUTPUT_TOKENS),
+    )
+    sent = case(
+        (known, last.c.counted_tokens),
+        (requests > _zero(), func.max(t.c.tokens - t.c.output_tokens, _zero()) // requests),
+        else_=_number(DEFAULT_INPUT_TOKENS),
+    )
+    tokens = sent + text + output
+    if unit == "tokens":
+        return tokens, func.coalesce(t.c.tokens, _zero())
+    cost, counted = last.c.cost_nanousd, last.c.counted_tokens
+    priced = func.coalesce(t.c.priced_requests, _zero())
+    expected = case(
+        (
+            and_(known, cost.is_not(None), counted > _zero()),
+            (cost // counted) * tokens
+            + ((cost % counted) * tokens + counted - _number(1)) // counted,
+        ),
+        (priced > _zero(), t.c.nanousd // priced),
+        else_=_zero(),
+    )
+    return expected, func.coalesce(t.c.nanousd, _zero())
+
+
+@functools.cache
+def _admitting(accounts: int, wanted: Wanted, slots: Slots, terms: Terms) -> Prepared:
+    """SQLite: the read, the decision and the reservation in one statement, an ``INSERT …
+    SELECT`` that writes the turn's row only when every budget admits it (``terms``: per
+    budget, in the plan's order, its totals' index in ``wanted``, its unit and its slot; its
+    limit is ``l0``…). It is ``core.usage.budgets`` (``expected_tokens``, ``expected_nanousd``,
+    ``admits``) and ``Reservation._decide`` in SQL, on the values ``_read`` reads, so a claim
+    within its budgets runs one statement where it ran two, and no Python over the rows read.
+    A claim it does not admit goes the ordinary way (``_read`` and the rules in Python), which
+    words the refusal; that way also decides whenever the two would differ, so this statement
+    is only ever a faster route to what the rules admit (``tests/test_budget_reservations.py``
+    holds them equal around every budget's edge)."""
+    names = [bindparam(f"a{i}", type_=TOTALS.c.account.type) for i in range(accounts)]
+    held = (
+        select(*(_held(slot).label(f"h{k}") for k, slot in enumerate(slots)))
+        .select_from(RESERVATIONS)
+        .join(
+            SESSIONS,
+            and_(
+                SESSIONS.c.id == RESERVATIONS.c.session_id,
+                SESSIONS.c.lock_token == RESERVATIONS.c.lock_token,
+            ),
+        )
+        .where(
+            RESERVATIONS.c.session_id != bindparam("h_session_id", type_=BigInteger),
+            SESSIONS.c.heartbeat_at >= db_now(bindparam("since", type_=Float)),
+        )
+        .subquery("held")
+    )
+    last = (
+        select(REQUESTS.c.counted_tokens, REQUESTS.c.cost_nanousd)
+        .where(REQUESTS.c.session_id == bindparam("h_session_id", type_=BigInteger))
+        .order_by(REQUESTS.c.created_at.desc(), REQUESTS.c.id.desc())
+        .limit(literal_column("1"))
+        .offset(_zero())
+        .subquery("last")
+    )
+    joined: Any = held
+    totals = []
+    for w, (index, period) in enumerate(wanted):
+        t = TOTALS.alias(f"t{w}")
+        totals.append(t)
+        joined = joined.outerjoin(
+            t,
+            and_(
+                t.c.account == names[index],
+                t.c.period == literal_column(f"'{period}'"),
+                t.c.window_start == bindparam(period, type_=WINDOW_START),
+            ),
+        )
+    joined = joined.outerjoin(last, literal_column("1") == literal_column("1"))
+    text = bindparam("text", type_=BigInteger)
+    admitted: list[ColumnElement[Any]] = []
+    amounts: dict[Slot, list[ColumnElement[Any]]] = {}
+    for i, (w, unit, slot) in enumerate(terms):
+        expected, spent = _expected_and_spent(totals[w], last, text, unit)
+        others = held.c[f"h{slots.index(slot)}"]
+        left = bindparam(f"l{i}", type_=BigInteger) - spent - others
+        admitted.append(and_(left > _zero(), or_(expected <= left, others == _zero())))
+        amounts.setdefault(slot, []).append(func.max(func.min(expected, left), _number(1)))
+    values: dict[str, ColumnElement[Any]] = {
+        name: bindparam(f"h_{name}", type_=RESERVATIONS.c[name].type) for name in _HOLD_COLUMNS[:5]
+    }
+    for slot in SLOTS:
+        found = amounts.get(slot)
+        column = _column(slot)
+        if not found:
+            values[column] = literal_column("NULL")
+        else:
+            values[column] = found[0] if len(found) == 1 else func.min(*found)
+    chosen = select(*(value.label(name) for name, value in values.items()))
+    upsert = sqlite.insert(RESERVATIONS).from_select(
+        list(values), chosen.select_from(joined).where(and_(*admitted))
+    )
+    return Prepared(
+        upsert.on_conflict_do_update(
+            index_elements=["session_id"],
+            set_={name: upsert.excluded[name] for name in _HOLD_COLUMNS[1:]},
+        )
+    )
+
+
 _LOCKS: Final = {n: _locks(n) for n in range(1, MOST_ACCOUNTS + 1)}
-_HOLD: Final = {
-    name: {n: Prepared(_hold(dialect, n)) for n in range(1, 2 * MOST_ACCOUNTS + 1)}
-    for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
-}
+_HOLD: Final = {"postgresql": Prepared(_hold(postgresql)), "sqlite": Prepared(_hold(sqlite))}
 _CLAIM_LOCKING: Final = {
     (stamp, n): _claim_locking(stamp, n)
     for stamp in (False, True)
     for n in range(1, MOST_ACCOUNTS + 1)
 }
-_INSERT_HOLDING: Final = {n: _insert_holding(n) for n in range(1, 2 * MOST_ACCOUNTS + 1)}
+_INSERT_HOLDING: Final = _insert_holding()
 
 
 @dataclass(frozen=True)
 class _View:
     totals: dict[tuple[str, str], WindowTotals]  # (account, period)
-    held: dict[tuple[str, str], int]  # (account, unit): what other live turns hold
+    held: dict[Slot, int]  # what other live turns hold on the payer's accounts
     last: LastRequest | None
 
 
@@ -321,25 +482,30 @@ async def _view(
     conn: Conn,
     keys: Sequence[str],
     wanted: Wanted,
+    slots: Slots,
+    owners: dict[str, str],
     now: datetime,
     session_id: int | None,
     staleness: float,
 ) -> _View:
+    """``owners``: the payer's user and workspace accounts (``user``, ``workspace``) that some
+    slot names."""
     params: dict[str, Any] = {f"a{i}": key for i, key in enumerate(keys)}
+    params.update(owners)
     for _, period in wanted:
         if period not in params:
             params[period] = window(period, now).start
     params["sid"] = -1 if session_id is None else session_id
     params["since"] = -float(staleness)
-    rows = await _read(len(keys), wanted).all(conn, params)
+    rows = await _read(len(keys), wanted, slots).all(conn, params)
     totals: dict[tuple[str, str], WindowTotals] = {}
-    held: dict[tuple[str, str], int] = {}
+    held: dict[Slot, int] = {}
     last: LastRequest | None = None
-    for kind, account, label, n1, n2, n3, n4, n5 in rows:
-        if kind == "spent":
+    for kind, account, label, n1, n2, n3, n4, n5, *_more in rows:
+        if kind == SPENT:
             totals[(account, label)] = WindowTotals(int(n1), int(n2), int(n3), int(n4), int(n5))
-        elif kind == "held":
-            held[(account, label)] = int(n1 or 0)
+        elif kind == HELD:
+            held = dict(zip(slots, map(int, (n1, n2, n3, n4, n5, *_more)), strict=False))
         elif n1 is not None:
             last = LastRequest(int(n1), None if int(n2) < 0 else int(n2))
     return _View(totals, held, last)
@@ -361,6 +527,11 @@ def _spent(budget: Budget, totals: WindowTotals) -> int:
     return totals.nanousd if budget.unit == "usd" else totals.tokens
 
 
+def _owners(pairs: Sequence[tuple[Budget, str]]) -> dict[str, str]:
+    """The payer's user and workspace accounts its budgets name (``user``, ``workspace``)."""
+    return {budget.scope: key for budget, key in pairs if budget.scope != "all"}
+
+
 async def read_accounts(
     conn: Conn,
     pairs: Sequence[tuple[Budget, str]],
@@ -373,11 +544,20 @@ async def read_accounts(
     if not pairs:
         return []
     keys = sorted({key for _, key in pairs})
-    view = await _view(conn, keys, _wanted(pairs, keys), now, exclude_session, staleness_seconds)
+    view = await _view(
+        conn,
+        keys,
+        _wanted(pairs, keys),
+        _slots(pairs),
+        _owners(pairs),
+        now,
+        exclude_session,
+        staleness_seconds,
+    )
     accounts = []
     for budget, key in pairs:
         totals = view.totals.get((key, budget.period), WindowTotals())
-        held = view.held.get((key, budget.unit), 0)
+        held = view.held.get((budget.scope, budget.unit), 0)
         accounts.append(
             Account(
                 budget,
@@ -393,13 +573,20 @@ async def read_accounts(
 class _Plan:
     """What a claim under some budgets for one payer works out before any statement: the
     budgets that apply with their accounts, the accounts sorted (the order locks are taken in),
-    their advisory-lock keys, and each budget's limit in its stored unit."""
+    the totals and slots read, the payer's accounts the slots name, their advisory-lock keys,
+    each budget's limit in its stored unit, and the reservation's columns that stay the same
+    from turn to turn (its accounts, and NULL for every slot no budget limits)."""
 
     pairs: list[tuple[Budget, str]]
     keys: list[str]
     wanted: Wanted
+    slots: Slots
+    owners: dict[str, str]
     locks: dict[str, int]
-    limits: list[tuple[Budget, str, int]]
+    limits: list[tuple[Budget, str, Slot, int]]
+    hold: dict[str, Any]
+    admitting: Prepared
+    admit: dict[str, Any]  # the admitting statement's parameters that stay the same
 
 
 @functools.lru_cache(maxsize=1024)
@@ -407,12 +594,32 @@ def _plan(budgets: tuple[Budget, ...], payer: Payer | None) -> _Plan:
     """Per budgets and payer, once (a person's turns reuse it)."""
     pairs = applicable(budgets, payer)
     keys = sorted({key for _, key in pairs})
+    owners = _owners(pairs)
+    hold: dict[str, Any] = {f"h_{_column(slot)}": None for slot in SLOTS}
+    hold["h_user_account"] = owners.get("user")
+    hold["h_workspace_account"] = owners.get("workspace")
+    wanted = _wanted(pairs, keys)
+    slots = _slots(pairs)
+    terms = tuple(
+        (wanted.index((keys.index(key), budget.period)), budget.unit, (budget.scope, budget.unit))
+        for budget, key in pairs
+    )
+    admit: dict[str, Any] = {f"a{i}": key for i, key in enumerate(keys)}
+    admit.update(owners)
+    admit.update({f"l{i}": _limit(budget) for i, (budget, _) in enumerate(pairs)})
+    admit["h_user_account"] = hold["h_user_account"]
+    admit["h_workspace_account"] = hold["h_workspace_account"]
     return _Plan(
         pairs,
         keys,
-        _wanted(pairs, keys),
+        wanted,
+        slots,
+        owners,
         {f"k{i}": lock_key(key) for i, key in enumerate(keys)},
-        [(budget, key, _limit(budget)) for budget, key in pairs],
+        [(budget, key, (budget.scope, budget.unit), _limit(budget)) for budget, key in pairs],
+        hold,
+        _admitting(len(keys), wanted, slots, terms),
+        admit,
     )
 
 
@@ -436,9 +643,7 @@ class Reservation:
         plan = _plan(tuple(budgets), payer)
         self.pairs = plan.pairs
         self.keys = plan.keys
-        self._wanted = plan.wanted
-        self._locks = plan.locks
-        self._limits = plan.limits
+        self._plan = plan
         self.staleness_seconds = staleness_seconds
         self.clock = clock
         self.text_tokens = 0
@@ -459,7 +664,8 @@ class Reservation:
         statement of their own; the read comes in a later statement, whose snapshot (READ
         COMMITTED) sees every reservation and ledger row the locks' earlier holders
         committed."""
-        row = (await _CLAIM_LOCKING[stamp, len(self.keys)].run(conn, params | self._locks)).row
+        locking = _CLAIM_LOCKING[stamp, len(self.keys)]
+        row = (await locking.run(conn, params | self._plan.locks)).row
         return None if row is None else str(row[0])
 
     async def take(
@@ -475,9 +681,28 @@ class Reservation:
         ``locked``: the transaction holds the accounts' advisory locks already (``claim``)."""
         if not self.pairs:
             return
-        params, rows = await self._decide(conn, session_id, token, during_turn, locked)
-        await _HOLD[conn.dialect.name][rows].run(conn, params)
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite and await self._admit(conn, session_id, token, during_turn):
+            self.session_id, self.token = session_id, token
+            return
+        params = await self._decide(conn, session_id, token, during_turn, locked)
+        await _HOLD[conn.dialect.name].run(conn, params)
         self.session_id, self.token = session_id, token
+
+    async def _admit(self, conn: Conn, session_id: int, token: str, during_turn: bool) -> bool:
+        """SQLite: the check and the reservation in one statement (``_admitting``); False when
+        it wrote nothing (the turn is to be refused, or the ordinary way is to decide)."""
+        plan = self._plan
+        now = self.clock()
+        params = plan.admit.copy()
+        for _, period in plan.wanted:
+            params[period] = window(period, now).start
+        params["h_session_id"] = session_id
+        params["h_lock_token"] = token
+        params["h_created_at"] = now
+        params["since"] = -float(self.staleness_seconds)
+        params["text"] = 0 if during_turn else self.text_tokens
+        return (await plan.admitting.run(conn, params)).rowcount > 0
 
     async def take_inserting(
         self, conn: Conn, session_id: int, token: str, message: dict[str, Any]
@@ -488,26 +713,35 @@ class Reservation:
         reservation. Returns the message's position, or None when the tail has moved (the
         caller refuses the turn as stale and the transaction, reservation and all, rolls
         back). A refusal for the budget comes first, with nothing written."""
-        params, rows = await self._decide(conn, session_id, token, False, True)
-        row = (await _INSERT_HOLDING[rows].run(conn, message | params)).row
+        params = await self._decide(conn, session_id, token, False, True)
+        row = (await _INSERT_HOLDING.run(conn, message | params)).row
         self.session_id, self.token = session_id, token
         return None if row is None else int(row[0])
 
     async def _decide(
         self, conn: Conn, session_id: int, token: str, during_turn: bool, locked: bool
-    ) -> tuple[dict[str, Any], int]:
-        """The read and the decision: the hold's parameters and its number of rows, or the
-        refusal."""
-        keys = self.keys
+    ) -> dict[str, Any]:
+        """The read and the decision: the hold's parameters, or the refusal."""
+        plan = self._plan
         if conn.dialect.name == "postgresql" and not locked:
-            await _LOCKS[len(keys)].all(conn, self._locks)
+            await _LOCKS[len(plan.keys)].all(conn, plan.locks)
         now = self.clock()
-        view = await _view(conn, keys, self._wanted, now, session_id, self.staleness_seconds)
+        view = await _view(
+            conn,
+            plan.keys,
+            plan.wanted,
+            plan.slots,
+            plan.owners,
+            now,
+            session_id,
+            self.staleness_seconds,
+        )
         text = 0 if during_turn else self.text_tokens
-        holds: dict[tuple[str, str], int] = {}
-        for budget, key, limit in self._limits:
+        params = plan.hold.copy()
+        params.update(h_session_id=session_id, h_lock_token=token, h_created_at=now)
+        for budget, key, slot, limit in plan.limits:
             totals = view.totals.get((key, budget.period), _NOTHING)
-            others = view.held.get((key, budget.unit), 0)
+            others = view.held.get(slot, 0)
             tokens = expected_tokens(view.last, totals, text)
             expected = (
                 expected_nanousd(tokens, view.last, totals) if budget.unit == "usd" else tokens
@@ -522,12 +756,10 @@ class Reservation:
                 )
                 raise refusal(account, during_turn=during_turn)
             amount = max(min(expected, left), 1)
-            slot = (key, budget.unit)
-            holds[slot] = min(holds.get(slot, amount), amount)
-        params: dict[str, Any] = {"h_sid": session_id, "token": token, "at": now}
-        for i, ((key, unit), amount) in enumerate(sorted(holds.items())):
-            params.update({f"r{i}": key, f"u{i}": unit, f"n{i}": amount})
-        return params, len(holds)
+            column = f"h_{_column(slot)}"
+            held = params[column]
+            params[column] = amount if held is None else min(held, amount)
+        return params
 
 
 __all__ = ["NANO", "WINDOW_START", "Reservation", "applicable", "lock_key", "read_accounts"]
