@@ -158,13 +158,12 @@ SLOT_COLUMNS = (
 )
 
 
+@pytest.mark.parametrize("backend", ["sqlite"])  # PostgreSQL decides in Python: no statement
 async def test_admission__the_one_statement_agrees_with_the_rules(db: Database) -> None:
     """Around every budget's edge (what is left just above, at and below what the turn is
     expected to cost, one unit, nothing), with and without another live turn holding on the
     same accounts, for a session with priced requests and a new one, with and without new
     text: the statement admits exactly the turns the rules admit and holds what they hold."""
-    if db.dialect != "sqlite":
-        pytest.skip("the one-statement admission is SQLite's; PostgreSQL decides in Python")
     now = datetime.now(UTC)
     store = SessionStore(db, staleness_seconds=60)
     ledger = UsageLedger(db, staleness_seconds=60, clock=lambda: now)
