@@ -78,7 +78,8 @@ class DemoReplica:
         bot = await Bot.open(settings)
         bot.answers.pacer.base = 0.2
         bot.start()
-        await bot.ask_who_it_is()  # as serve does: no acknowledgement waits on auth.test
+        # As serve does: no acknowledgement waits on auth.test or opens a connection.
+        await bot.prepare_to_listen()
         if port is None:
             runner, url = await serve_app(bot.web_app())
         else:
