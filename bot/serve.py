@@ -130,10 +130,12 @@ async def serve(settings: Settings) -> None:
         # answers, so neither an orchestrator nor a load balancer takes the drain for a crash.
         # Requests still being handled on the intake end first (a record in flight after its
         # 503 included), so none hands a record to the stopped worker or writes after it.
+        grace = settings.shutdown_grace_seconds
+        until = loop.time() + grace
         bot.stop_taking()
         if intake is not None:
-            await intake.settle(settings.shutdown_grace_seconds)
-        await bot.close()
+            await intake.settle(grace)
+        await bot.close(max(0.0, until - loop.time()))  # one grace period for both
         if intake is not None:
             await intake.stop()
         if sweeper is not None:

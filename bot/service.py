@@ -230,12 +230,14 @@ class Bot:
         self.background.closing = True
         self.worker.stop_taking()
 
-    async def close(self) -> None:
+    async def close(self, grace: float | None = None) -> None:
         """Stop taking work, let the requests still being handled on this loop end (a record
         in flight after a 503 included: ``DeliveryWorker.stop``) and running turns finish for
         the grace period, interrupt the rest (their partial answers kept), then close
-        everything: the database last, once nothing uses it."""
-        grace = self.settings.shutdown_grace_seconds
+        everything: the database last, once nothing uses it. ``grace``: what is left of
+        ``SHUTDOWN_GRACE_SECONDS`` (all of it unless given)."""
+        if grace is None:
+            grace = self.settings.shutdown_grace_seconds
         self.stop_taking()
         await self.rounds.stop()
         await asyncio.gather(

@@ -15,6 +15,7 @@ import sqlite3
 from urllib.parse import urlsplit
 
 import asyncpg
+import pytest
 
 from standins.slack import BOT_USER, SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
@@ -77,10 +78,24 @@ def still_recording() -> list[asyncio.Task[object]]:
 async def test_close__a_record_still_being_written_after_its_503_is_ended_first(
     database_url: str, slack: SlackStandIn
 ) -> None:
+    await closed_while_recording(database_url, slack, intake=False)
+
+
+# The intake's tasks are its own loop's: what it left open shows in the database's sessions.
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_close__on_the_intake_thread_too(database_url: str, slack: SlackStandIn) -> None:
+    """As serve runs: the record written on the intake's own thread and engine."""
+    await closed_while_recording(database_url, slack, intake=True)
+
+
+async def closed_while_recording(database_url: str, slack: SlackStandIn, *, intake: bool) -> None:
+    """A message whose record cannot be written (another session holds the writes) is
+    answered 503 at the deadline; the bot closes while it still tries. Once closed, nothing of
+    it runs and no connection of the bot is left (PostgreSQL: the held lock's session alone)."""
     held = WritesHeld(database_url)
     try:
         async with (
-            running_bot(database_url, slack, shutdown_grace_seconds=0.5) as bot,
+            running_bot(database_url, slack, intake=intake, shutdown_grace_seconds=0.5) as bot,
             SlackClient(bot.url) as client,
         ):
             await held.take()
@@ -95,7 +110,7 @@ async def test_close__a_record_still_being_written_after_its_503_is_ended_first(
                 }
             )
             assert status == 503  # not recorded within the deadline: still trying
-            assert still_recording()
+            assert intake or still_recording()
         # The bot closed while its record waited for the database (the writes still held).
         assert still_recording() == []
         if database_url.startswith("postgresql"):
