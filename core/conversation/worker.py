@@ -739,7 +739,8 @@ class DeliveryWorker(Generic[C]):
         running = set(self._tasks.values())
         if running:
             left = max(0.0, until - time.monotonic())
-            log.info("waiting up to %gs for %d running turn(s)", left, len(running))
+            # To a tenth: what the requests took of the grace is milliseconds, mostly.
+            log.info("waiting up to %gs for %d running turn(s)", round(left, 1), len(running))
             await finish_or_cancel(running, left)
         for background in (self._upkeep, self._leases, self._watcher):
             if background is not None:
