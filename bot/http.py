@@ -33,7 +33,7 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
-from core.conversation.worker import DeliveryWorker
+from core.conversation.worker import DeliveryWorker, finish_or_cancel
 from core.errors import ConfigError, DatabaseError
 from core.runtime import Deliveries, Settings, Storage, metrics
 from web.api import WebApi
@@ -116,6 +116,9 @@ class Listener:
         self.deliveries = deliveries
         self.oauth = oauth
         self.elsewhere = elsewhere
+        # Requests being handled (``_handle``'s dispatches), including those answered 503 at
+        # the deadline and still recording: ``settle`` ends them before the storage goes.
+        self._in_flight: set[asyncio.Task[Any]] = set()
         self._counted_at: float | None = None  # when the delivery gauges were last read
         self._counting = asyncio.Lock()  # concurrent scrapes: one reads, the others wait
         self._late_count = 0  # requests answered late since the last log line
@@ -215,16 +218,33 @@ class Listener:
         # Shielded: past the deadline the request is answered, not abandoned halfway. What it
         # records is idempotent by event (Slack's retry finds it recorded), and a record
         # written after the 503 is carried on as any other.
-        dispatch = asyncio.ensure_future(self._dispatch(bolt_request, intake=intake))
+        dispatch = asyncio.create_task(self._dispatch(bolt_request, intake=intake))
+        self._in_flight.add(dispatch)
+        dispatch.add_done_callback(self._in_flight.discard)
         try:
             response = await asyncio.wait_for(asyncio.shield(dispatch), ACK_DEADLINE_SECONDS)
         except TimeoutError:
             self._late(dispatch, kind)
             return web.Response(status=503, text="not recorded in time; send it again"), kind
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not dispatch.cancelled() or (task is not None and task.cancelling()):
+                raise  # this request's own handling was cancelled (its client went away)
+            # ``settle`` cancelled its handling: the process is stopping.
+            return web.Response(status=503, text="shutting down"), kind
         except Exception:
             log.warning("malformed request: dispatch failed", exc_info=True)
             return web.Response(status=400, text="malformed request"), kind
         return await to_aiohttp_response(response), kind
+
+    async def settle(self, within: float) -> None:
+        """The requests still being handled here end within ``within`` seconds or are
+        cancelled, and the record being written for them is ended too: called once requests
+        are refused (the worker is closing), before this loop's storage is disposed of (a
+        statement still under way would leave its connection open behind the engine's back).
+        A cancelled request was answered 503, or gets it: Slack sends it again."""
+        await finish_or_cancel(self._in_flight - {asyncio.current_task()}, within)
+        await self.deliveries.settle()
 
     async def _dispatch(self, bolt_request: AsyncBoltRequest, *, intake: bool) -> Any:
         if self.elsewhere is None:

@@ -40,7 +40,7 @@ from bot.app import add_message_listeners, bolt_app, knows_who_it_is
 from bot.http import Elsewhere, Listener, listen
 from bot.installations import open_install_stores
 from bot.post import SURFACE
-from bot.service import Bot, oauth_settings
+from bot.service import Bot, oauth_settings, warm
 from bot.slack_api import http_session
 from core.conversation.intake import Incoming, Intake
 from core.runtime import Storage
@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 # reads of a message's thread on these.
 INTAKE_POOL_SIZE = 4
 STOP_SECONDS = 10.0
+# At its stop, requests the intake is still handling end within this, or are cancelled (well
+# inside STOP_SECONDS, which the thread's join waits).
+SETTLE_SECONDS = 5.0
 
 
 class _Receiver:
@@ -84,11 +87,24 @@ class IntakeThread(threading.Thread):
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
+        self._listener: Listener | None = None  # once built, on the intake's loop
         self.bound_port: int | None = None  # the port listened on (``port`` 0: any free one)
         self.metrics_bound_port: int | None = None  # METRICS_PORT's, when it is set
 
     async def started(self) -> None:
         await asyncio.wrap_future(self._ready)
+
+    async def settle(self, within: float) -> None:
+        """The requests the intake is still handling end within ``within`` seconds or are
+        cancelled (``Listener.settle``), from the turns' loop: ``serve`` calls it once requests
+        are refused, before the bot closes, so no record still being written here is handed
+        over to a worker that stopped."""
+        loop, listener = self._loop, self._listener
+        if loop is None or listener is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # its loop ended meanwhile
+            done = asyncio.run_coroutine_threadsafe(listener.settle(within), loop)
+            await asyncio.wrap_future(done)
 
     async def stop(self) -> None:
         loop, stopping = self._loop, self._stopping
@@ -128,6 +144,9 @@ class IntakeThread(threading.Thread):
         http = http_session()
         runners: list[web.AppRunner] = []
         try:
+            # Before the listener opens, as for the turns' loop (``bot.service.warm``): this
+            # engine's connections are the ones its first acknowledgement uses.
+            await warm(storage, intake)
             oauth: AsyncOAuthSettings | None = None
             if bot.installs is not None:
                 installs = await open_install_stores(storage, settings.slack_client_id or "")
@@ -146,6 +165,7 @@ class IntakeThread(threading.Thread):
                 elsewhere=Elsewhere(self.turns_loop, bot.app, worker),
                 api=bot.api,
             )
+            self._listener = listener
             apart = settings.metrics_port is not None
             # PORT: Slack's requests (HTTP mode), the HTTP API, and the operator's endpoints
             # unless they have a listener of their own.
@@ -171,6 +191,8 @@ class IntakeThread(threading.Thread):
         finally:
             for runner in runners:
                 await runner.cleanup()
+            if self._listener is not None:  # before its storage goes (``Listener.settle``)
+                await self._listener.settle(SETTLE_SECONDS)
             await http.close()
             if installs is not None:
                 await installs.dispose()

@@ -24,7 +24,8 @@ The model writes Markdown, and it goes to Slack as Markdown (``markdown_text``),
 - **A stream Slack ended** (``message_not_in_streaming_state``: its stop button, its own time
   limit) keeps what it shows; the rest continues in a new message.
 - **Sandbox commands** are task cards (``task_update`` chunks: in progress, then complete or
-  error with a short output); without streaming, a line of text.
+  error with a short output); without streaming, a line of text. A reply whose first words
+  are blank (a line break before a tool call) starts with its card, not an empty message.
 - **The end**: ``finish`` sends what is left and stops the stream with the agent session's
   status and the feedback buttons (``blocks``), in one call.
 
@@ -39,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import re
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -55,6 +57,8 @@ from bot.render import APPEND_LIMIT
 
 log = logging.getLogger(__name__)
 
+# Blank lines at the start of a text (``ReplyStream._open``).
+_BLANK_LINES = re.compile(r"\A(?:[ \t]*\n)+")
 # What a Web API call raises once slack_sdk's retries are spent.
 SLACK_FAILURES = (SlackApiError, ClientError, asyncio.TimeoutError)
 # Characters of Markdown one streamed message holds (Slack shows up to 40,000 in a message).
@@ -302,7 +306,15 @@ class ReplyStream:
         return head, rest
 
     async def _open(self, md: str) -> str:
-        """Start a message with the beginning of ``md``; returns what it does not hold yet."""
+        """Start a message with the beginning of ``md``; returns what it does not hold yet.
+
+        A message starts at its first line with something on it: blank lines would show as an
+        empty message, or an empty line atop one (a model may write a line break or two before
+        its first tool call; the command's card, or its line, then starts the reply). Within
+        an open message they still separate what comes before and after them."""
+        md = _BLANK_LINES.sub("", md)
+        if not md.strip():
+            return ""
         if self.can_stream:
             first = render.split_markdown(md, APPEND_LIMIT)[0]
             if await self._start_stream(markdown_text=first):

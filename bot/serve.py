@@ -1,5 +1,6 @@
-"""``slack-agent serve``: migrate, ask Slack who the token is (``auth.test``, so no
-acknowledgement waits for that call: ``Bot.ask_who_it_is``), then listen and run the bot until
+"""``slack-agent serve``: migrate, ask Slack who the token is (``auth.test``) and open the
+database's connections (so no acknowledgement waits for either: ``Bot.prepare_to_listen``),
+then listen and run the bot until
 SIGTERM/SIGINT.
 
 HTTP mode: Slack's requests arrive on ``HOST:PORT`` (``bot.http``), served from the intake's
@@ -86,8 +87,9 @@ async def serve(settings: Settings) -> None:
         # after the listener was up it stopped a replica already holding messages.
         tune_garbage_collection()
         # Before the listener opens: Bolt would otherwise ask Slack who the token is inside
-        # the first acknowledgement (``Bot.ask_who_it_is``).
-        await bot.ask_who_it_is()
+        # the first acknowledgement (``Bot.ask_who_it_is``), and the first message would open
+        # the database's connections inside it (``Bot.warm``).
+        await bot.prepare_to_listen()
         socket_mode = bool(settings.slack_app_token)
         bot.start()  # before the intake: it hands records to the running worker
         intake = IntakeThread(bot, settings.host, settings.port, events=not socket_mode)
@@ -126,7 +128,14 @@ async def serve(settings: Settings) -> None:
         # The listener outlives the drain: while running turns finish, Slack's requests get
         # 503 (sent again to another replica), /readyz says "stopping" and /livez still
         # answers, so neither an orchestrator nor a load balancer takes the drain for a crash.
-        await bot.close()
+        # Requests still being handled on the intake end first (a record in flight after its
+        # 503 included), so none hands a record to the stopped worker or writes after it.
+        grace = settings.shutdown_grace_seconds
+        until = loop.time() + grace
+        bot.stop_taking()
+        if intake is not None:
+            await intake.settle(grace)
+        await bot.close(max(0.0, until - loop.time()))  # one grace period for both
         if intake is not None:
             await intake.stop()
         if sweeper is not None:

@@ -28,10 +28,11 @@ from bot.post import PROJECT, SURFACE
 from bot.shortcuts import Shortcuts
 from bot.slack_api import http_session, web_client
 from bot.tasks import BackgroundWork
+from core.conversation.intake import Intake
 from core.conversation.rounds import ApprovalRounds
 from core.conversation.worker import DeliveryWorker
-from core.errors import ConfigError
-from core.runtime import Runtime, Settings, metrics
+from core.errors import ConfigError, DatabaseError
+from core.runtime import Runtime, Settings, Storage, metrics
 from web.api import WebApi
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,18 @@ def oauth_settings(settings: Settings, installs: InstallStores) -> AsyncOAuthSet
     )
 
 
+async def warm(storage: Storage, intake: Intake) -> None:
+    """``storage``'s connections and ``intake``'s statements ready before a listener opens on
+    this loop (``Bot.warm``; the intake's thread does the same for its own). A database that
+    cannot be reached now does not stop the start: it is logged, and the first message opens
+    what it needs, as before (``/healthz`` and ``/readyz`` say whether it answers)."""
+    try:
+        await storage.warm()
+        await intake.warm()
+    except DatabaseError as exc:
+        log.warning("the database's connections were not opened at start (%s)", exc)
+
+
 class Bot:
     """Everything ``serve`` runs, built from settings (tests and the demo build one too)."""
 
@@ -152,6 +165,20 @@ class Bot:
             raise
         return cls(runtime, installs, http_session())
 
+    async def prepare_to_listen(self) -> None:
+        """What every start does before its listener opens, so the first acknowledgement pays
+        for neither: Slack asked who the token is (``ask_who_it_is``) and the database's
+        connections opened (``warm``), at once. ``serve``, the demo and the tests' harness
+        start alike."""
+        await asyncio.gather(self.ask_who_it_is(), self.warm())
+
+    async def warm(self) -> None:
+        """The connections and statements this loop's acknowledgements use, ready before the
+        first one (``Storage.warm``, ``Intake.warm``): a replica's first message otherwise
+        opened them inside its 2.5 s, several round trips each, and a loaded machine
+        stretched that past the deadline (tests/test_warm_start.py)."""
+        await warm(self.runtime.storage, self.worker.intake)
+
     async def ask_who_it_is(self) -> None:
         """``auth.test`` once, before the listener opens, for every Bolt app of the process
         (this one now, the intake's as it is built: ``bot.intake``): otherwise the first request
@@ -196,11 +223,22 @@ class Bot:
         if self.runtime.tools is not None:  # no MCP servers: no call ever waits for a person
             self.rounds.start()
 
-    async def close(self) -> None:
-        """Stop taking work, let running turns finish for the grace period, interrupt the
-        rest (their partial answers kept), then close everything."""
-        grace = self.settings.shutdown_grace_seconds
+    def stop_taking(self) -> None:
+        """Refuse what Slack sends from now on (503: sent again, maybe to another replica) and
+        hand nothing new to background work; ``close`` begins with this, and ``serve`` calls it
+        first to settle its intake's requests before the bot closes."""
         self.background.closing = True
+        self.worker.stop_taking()
+
+    async def close(self, grace: float | None = None) -> None:
+        """Stop taking work, let the requests still being handled on this loop end (a record
+        in flight after a 503 included: ``DeliveryWorker.stop``) and running turns finish for
+        the grace period, interrupt the rest (their partial answers kept), then close
+        everything: the database last, once nothing uses it. ``grace``: what is left of
+        ``SHUTDOWN_GRACE_SECONDS`` (all of it unless given)."""
+        if grace is None:
+            grace = self.settings.shutdown_grace_seconds
+        self.stop_taking()
         await self.rounds.stop()
         await asyncio.gather(
             self.worker.stop(grace), self.background.shutdown(grace), self.api.close(grace)

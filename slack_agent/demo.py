@@ -80,7 +80,8 @@ class DemoReplica:
         bot = await Bot.open(settings)
         bot.answers.pacer.base = 0.2
         bot.start()
-        await bot.ask_who_it_is()  # as serve does: no acknowledgement waits on auth.test
+        # As serve does: no acknowledgement waits on auth.test or opens a connection.
+        await bot.prepare_to_listen()
         if port is None:
             runner, url = await serve_app(bot.web_app())
         else:
@@ -164,15 +165,17 @@ def print_thread(standin: SlackStandIn, root: str, viewer: str, title: str) -> N
     for p in standin.thread(CHANNEL, root, viewer):
         who = NAMES.get(p.author, p.author)
         tag = " (only visible to you)" if p.visible_to else ""
-        lines = _as_shown(p.text).strip().splitlines() or [""]
-        print(f"  {who}{tag}: {lines[0]}")
-        for line in lines[1:12]:
-            print(f"  {' ' * len(who)}  {line}")
-        if len(lines) > 12:
-            print(f"  {' ' * len(who)}  …")
+        lines = _as_shown(p.text).strip().splitlines()
+        shown = lines[:12] + (["…"] if len(lines) > 12 else [])
         for task in p.tasks.values():
             output = f": {task['output']}" if task.get("output") else ""
-            print(f"  {' ' * len(who)}  ⚙ {task['title']} ({task['status']}){output}")
+            shown.append(f"⚙ {task['title']} ({task['status']}){output}")
+        # A message that is only a task card (a reply that began with a command) shows the
+        # card on the author's line, as Slack shows it under the app's name: no empty line.
+        first, *rest = shown or [""]
+        print(f"  {who}{tag}: {first}")
+        for line in rest:
+            print(f"  {' ' * len(who)}  {line}")
         if p.buttons:
             print(f"  {' ' * len(who)}  [{'] ['.join(p.buttons)}]")
 

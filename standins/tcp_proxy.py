@@ -29,6 +29,9 @@ class TcpProxy(ProxyListener):
         self._flowing.set()
         self._writers: set[asyncio.StreamWriter] = set()
         self._pipes: set[asyncio.Task[None]] = set()
+        # Each new connection waits this long before it reaches the server (a slow network or a
+        # loaded server: what opening a connection costs).
+        self.opening_delay = 0.0
 
     async def close(self) -> None:
         self.cut()
@@ -63,6 +66,9 @@ class TcpProxy(ProxyListener):
             if not self.up:
                 writer.close()
                 return
+            if self.opening_delay:
+                self._writers.add(writer)  # closed by ``cut`` (and ``close``) meanwhile
+                await asyncio.sleep(self.opening_delay)
             try:
                 up_reader, up_writer = await asyncio.open_connection(*self.target)
             except OSError:

@@ -156,14 +156,21 @@ class ChatSession:
         return None if self.conversation is None else await self.conversation.pending_approval()
 
     async def decide(
-        self, approval_id: str | None, approve: bool, renderer: Renderer
+        self,
+        approval_id: str | None,
+        approve: bool,
+        renderer: Renderer,
+        *,
+        reason: str | None = None,
     ) -> TurnEnd | DecisionRefused:
         """``/approve`` or ``/deny`` the call this terminal printed (the terminal is the local
-        operator, an admin): one decision wins, wherever it is made, and it is carried out
-        here, as a turn."""
+        operator, an admin), with what the person said (``reason``): one decision wins,
+        wherever it is made, and it is carried out here, as a turn."""
         if self.conversation is None or approval_id is None:
             return DecisionRefused("unknown")
-        choice = Choice(approval_id, self.operator, approve, admin=True, by=self.operator)
+        choice = Choice(
+            approval_id, self.operator, approve, admin=True, by=self.operator, reason=reason
+        )
         decided = await self.conversations.decide(
             choice, _Holding(self, renderer), payer=Payer(self.operator), view=self.view
         )

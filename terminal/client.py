@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 
 from core.conversation import (
+    DECISION_REASON_MOST,
     Answered,
     ApprovalRecord,
     Began,
@@ -68,6 +69,14 @@ T = TypeVar("T")
 
 class CommandRefused(Exception):
     """A command could not be done; the message says why, for the person."""
+
+
+def _decision_reason(rest: str) -> str | None:
+    """What follows ``/approve`` or ``/deny``: None when nothing; refused (nothing decided)
+    when longer than a decision's reason may be (``DECISION_REASON_MOST``)."""
+    if len(rest) > DECISION_REASON_MOST:
+        raise CommandRefused(say.reason_too_long(len(rest), DECISION_REASON_MOST))
+    return rest or None
 
 
 class Terminal:
@@ -211,11 +220,16 @@ class Terminal:
         return task
 
     async def _send(
-        self, body: str, *, decide: bool | None = None, left: ApprovalRecord | None = None
+        self,
+        body: str,
+        *,
+        decide: bool | None = None,
+        reason: str | None = None,
+        left: ApprovalRecord | None = None,
     ) -> None:
         """Send ``body`` as a turn; or, with ``decide``, approve (True) or deny the waiting
-        call and carry the decision out as a turn; or carry out a decision ``left`` behind.
-        Each is one call of the conversation door, shown through ``_Lines``."""
+        call (saying ``reason``) and carry the decision out as a turn; or carry out a decision
+        ``left`` behind. Each is one call of the conversation door, shown through ``_Lines``."""
         lines = _Lines(LiveReply(self.console))
         self.busy_since = None
         work: Awaitable[TurnEnd | DecisionRefused]
@@ -225,7 +239,7 @@ class Terminal:
             self.draft = body  # until the core has it, the message is the person's only copy
             work = self.chat.send(body, lines)
         else:
-            work = self.chat.decide(self.asking, decide, lines)
+            work = self.chat.decide(self.asking, decide, lines, reason=reason)
         task = await self._interruptible(work)
         lines.reply.stop()
         if task.cancelled():
@@ -274,6 +288,8 @@ class Terminal:
         elif isinstance(end, Answered | Failed | BudgetRanOut):
             if sent:
                 self.draft = None
+            else:  # a decision made (or carried out) here: not news from elsewhere
+                self.asking = None
             if isinstance(end, BudgetRanOut):
                 limit = refused_budget(end.refusal).describe()
                 self.say(say.budget_ran_out(limit, resets_text(end.refusal)))
@@ -316,11 +332,14 @@ class Terminal:
             self.say(say.refused(_reason(exc)))
         return True
 
-    async def _approve(self, _rest: str) -> None:
-        await self._send("", decide=True)
+    async def _approve(self, rest: str) -> None:
+        """``/approve [reason]``: the rest of the line is what the person says with it."""
+        await self._send("", decide=True, reason=_decision_reason(rest))
 
-    async def _deny(self, _rest: str) -> None:
-        await self._send("", decide=False)
+    async def _deny(self, rest: str) -> None:
+        """``/deny [reason]``: the model is told the reason with the refusal, and the Slack
+        card and the web page show it, as for a decision made there."""
+        await self._send("", decide=False, reason=_decision_reason(rest))
 
     async def _discard(self, _rest: str) -> None:
         if self.draft is None:

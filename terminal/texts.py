@@ -9,8 +9,8 @@ WAITING_PROMPT = "(waiting) > "
 
 HELP = (
     "Type a message and Enter to send it. Commands: /history, /rewind N, /fork N, "
-    "/compact [focus], /discard, /approve, /deny, /quit. Ctrl-C stops a reply; Ctrl-C or "
-    "Ctrl-D here quits."
+    "/compact [focus], /discard, /approve [reason], /deny [reason], /quit. Ctrl-C stops a "
+    "reply; Ctrl-C or Ctrl-D here quits."
 )
 
 
@@ -208,7 +208,15 @@ def approval_waiting(tool: str, server: str, arguments: dict[str, object]) -> st
     shown = "\n".join("  " + line.replace("\n", "\n  ") for line in lines)
     return (
         f"The agent wants to use {tool} (MCP server {server}) with these arguments:\n{shown}\n"
-        "It runs only once approved: /approve or /deny."
+        "It runs only once approved: /approve or /deny, either followed by a reason if you "
+        "want the agent to know why."
+    )
+
+
+def reason_too_long(length: int, most: int) -> str:
+    return (
+        f"a decision's reason is at most {most} characters (this one has {length}); "
+        "nothing was decided"
     )
 
 

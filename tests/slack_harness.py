@@ -56,9 +56,9 @@ async def running_bot(
     bot = await Bot.open(load_settings(**bot_settings(database_url, slack, **overrides)))
     bot.answers.pacer.base = 0.05
     bot.start()
-    # As serve starts: Slack is asked who the token is before the listener opens, so no
-    # acknowledgement waits on that call (bot.serve).
-    await bot.ask_who_it_is()
+    # As serve starts: Slack is asked who the token is and the database's connections are
+    # opened before the listener opens, so no acknowledgement waits on them (bot.serve).
+    await bot.prepare_to_listen()
     if intake:
         thread = IntakeThread(bot, "127.0.0.1", 0, events=True)
         thread.start()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from slack_agent.demo import run_demo
@@ -56,6 +58,13 @@ async def test_demo__every_scene_says_only_what_happened(
     blank = [i for i, line in enumerate(lines) if not line.strip()]
     assert not blank, terminal  # the answer is one paragraph: no stray blank lines
     assert not [line for line in lines if line.startswith("   ")], terminal  # nor padding
+    # A reply that began with a command is its task card: no empty "agent:" line above it.
+    empty = [
+        line
+        for line in out.splitlines()
+        if re.fullmatch(r"  \w+( \(only visible to you\))?: ?", line)
+    ]
+    assert not empty, empty
 
 
 def _scenes(out: str) -> dict[str, str]:

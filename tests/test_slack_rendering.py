@@ -16,7 +16,8 @@ from bot.render import ZWJ, open_fence
 from core.messages import assistant_message, user_message
 from core.storage.feedback import votes
 from core.storage.sessions import SessionStore
-from standins.openai import GatedModel
+from standins import openai
+from standins.openai import GatedModel, OpenAIStandIn
 from standins.slack import MARKDOWN_LIMIT, MESSAGE_LIMIT, SlackClient, SlackStandIn
 from tests.slack_harness import running_bot
 from tests.test_slack_agent import feedback_click
@@ -151,6 +152,49 @@ async def test_sandbox_command__shown_as_a_task_card_in_progress_then_done_or_er
     assert failed[-1]["output"] == "exit 3: oops"
     assert "`$ " not in read(slack, root)  # a card, not inline code
     assert again
+
+
+async def test_a_model_starting_with_a_line_break_then_a_command__no_empty_message_is_shown(
+    database_url: str, any_slack: SlackStandIn
+) -> None:
+    """A model may write a line break or two before its first tool call. The reply used to
+    start its message with that text (``chat.startStream`` with ``markdown_text="\n\n"``):
+    an empty message in the thread above the command's card while it ran. The card (or,
+    without streaming, the command's line) starts the reply now; the blank goes nowhere."""
+    slack = any_slack
+    async with OpenAIStandIn() as model:
+        model.push(
+            openai.tool_call_reply([("call_1", "shell", {"command": "echo hi"})], text="\n\n"),
+            openai.text_reply("Done."),
+        )
+        settings = {
+            "model_provider": "openai",
+            "openai_api_key": "sk-test",
+            "openai_base_url": model.base_url,
+        }
+        async with running_bot(database_url, slack, **settings) as bot, SlackClient(bot.url) as c:
+            root = await c.message("run it", mention=True)
+            await slack.wait_for(lambda: finished(slack, root))
+    writes = slack.named(
+        "chat.startStream",
+        "chat.appendStream",
+        "chat.stopStream",
+        "chat.postMessage",
+        "chat.update",
+    )
+    texts = [str(w.args["markdown_text"]) for w in writes if "markdown_text" in w.args]
+    assert texts
+    assert all(t.strip() for t in texts), texts
+    (shown,) = slack.thread_messages(root)
+    if slack.streaming:
+        opened = writes[0]
+        assert opened.method == "chat.startStream"
+        assert [chunk["type"] for chunk in opened.args["chunks"]] == ["task_update"]
+        assert "markdown_text" not in opened.args
+        assert shown.text == "Done."
+    else:
+        assert shown.text.startswith(text.tool_started("echo hi").strip()), shown.text
+    assert shown.text.rstrip().endswith("Done.")
 
 
 async def test_feedback__a_vote_from_a_finished_replys_own_buttons_is_stored(

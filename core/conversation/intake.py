@@ -38,6 +38,8 @@ SHED_LOG_SECONDS = 5.0
 KNOWN_SECONDS = 600.0
 KNOWN_MOST = 100_000  # threads remembered at most (the oldest forgotten first)
 
+_NO_THREAD = "-"  # a thread key no surface writes (``Intake.warm``)
+
 # A stray's words as the surface gives them at its adoption: event key -> (text, context).
 Words = dict[str, tuple[str, dict[str, Any]]]
 
@@ -98,6 +100,14 @@ class Intake:
         if known:
             self._remember(thread)
         return known
+
+    async def warm(self) -> None:
+        """The reads a message's acknowledgement makes (``known_thread``), made once before
+        listening on a thread no message has: their statements are then prepared on the
+        connections the storage's warm-up opened (``Storage.warm``), not inside the first
+        acknowledgement. Nothing is remembered or written."""
+        await self.find_thread(_NO_THREAD)
+        await self.deliveries.thread_known(_NO_THREAD)
 
     @classmethod
     def apart(

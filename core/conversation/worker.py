@@ -118,6 +118,9 @@ class DeliveryWorker(Generic[C]):
         self._waiters: dict[int, _Waiter] = {}  # records waiting here, by id
         self._parked: set[int] = set()  # records waiting for another turn to end (``held``)
         self._arriving = 0  # requests being acknowledged right now
+        # Their tasks: a request answered 503 at its deadline goes on recording (``bot.http``),
+        # and ``stop`` lets it end (or cancels it) before the database is disposed of.
+        self._arrivals: set[asyncio.Task[Any]] = set()
         self._quiet = asyncio.Event()
         self._quiet.set()
         # Records this process holds at most (running, in line, waiting): past it, new messages
@@ -186,11 +189,16 @@ class DeliveryWorker(Generic[C]):
     def arriving(self) -> Iterator[None]:
         """Around each incoming request: work on messages waits while requests are being
         acknowledged, so a burst is acknowledged first (Slack's 3 s) and answered after."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._arrivals.add(task)
         self._arriving += 1
         self._quiet.clear()
         try:
             yield
         finally:
+            if task is not None:
+                self._arrivals.discard(task)
             self._arriving -= 1
             if not self._arriving:
                 self._quiet.set()
@@ -704,10 +712,23 @@ class DeliveryWorker(Generic[C]):
 
     # -- stopping -------------------------------------------------------------------------------
 
-    async def stop(self, grace: float) -> None:
-        """Stop taking records; release the ones not in a turn at once; give running turns
-        ``grace`` seconds, then interrupt them (the core keeps their partial answers)."""
+    def stop_taking(self) -> None:
+        """From now on a request is refused (503: Slack sends it again, maybe elsewhere) and
+        a message still being recorded is recorded for the next replica (``Intake``)."""
         self.closing = True
+
+    async def stop(self, grace: float) -> None:
+        """Stop taking records; let the requests still being handled end (records in flight:
+        one answered 503 at its deadline may still be writing its record), for the grace
+        period at most, then cancel them; release the records not in a turn at once; give
+        running turns what is left of ``grace``, then interrupt them (the core keeps their
+        partial answers). Nothing of the worker uses the database once this returns: the
+        owner disposes of it next, and a statement still under way would leave its
+        connection open behind the engine's back."""
+        self.stop_taking()
+        until = time.monotonic() + grace
+        await finish_or_cancel(self._arrivals - {asyncio.current_task()}, grace)
+        await self.deliveries.settle()  # a write the cancelled requests waited for
         idle = {rid: t for rid, t in self._tasks.items() if rid not in self._turning}
         for task in idle.values():
             task.cancel(SHUTDOWN)
@@ -717,15 +738,27 @@ class DeliveryWorker(Generic[C]):
             log.info("released %d waiting message(s) for the next replica", released)
         running = set(self._tasks.values())
         if running:
-            log.info("waiting up to %gs for %d running turn(s)", grace, len(running))
-            _, pending = await asyncio.wait(running, timeout=grace)
-            for task in pending:
-                task.cancel(SHUTDOWN)
-            await asyncio.gather(*pending, return_exceptions=True)
+            left = max(0.0, until - time.monotonic())
+            # To a tenth: what the requests took of the grace is milliseconds, mostly.
+            log.info("waiting up to %gs for %d running turn(s)", round(left, 1), len(running))
+            await finish_or_cancel(running, left)
         for background in (self._upkeep, self._leases, self._watcher):
             if background is not None:
                 background.cancel()
                 await asyncio.gather(background, return_exceptions=True)
+        # Records handed over while stopping, being released for the next replica.
+        await asyncio.gather(*self._releasing, return_exceptions=True)
+
+
+async def finish_or_cancel(tasks: set[asyncio.Task[Any]], within: float) -> None:
+    """``tasks`` end by themselves within ``within`` seconds, or are cancelled (``SHUTDOWN``);
+    either way they have ended when this returns."""
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=within) if within > 0 else (set(), tasks)
+    for task in pending:
+        task.cancel(SHUTDOWN)
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 # The try the running task works for (set by ``_carry``, inherited by the tasks it starts).

@@ -144,6 +144,11 @@ class Storage:
             return f"database schema at {probe.revision or 'nothing'}; this build needs {head}"
         return None
 
+    async def warm(self) -> None:
+        """The connections a first message's acknowledgement needs, opened now
+        (``Database.warm``): called before listening, on the loop that will use them."""
+        await self._db.warm()
+
     async def dispose(self) -> None:
         await self._db.dispose()
 

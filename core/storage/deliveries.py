@@ -361,6 +361,16 @@ class _GroupCommit:
             self._writer = asyncio.create_task(self._write())
         return await asyncio.shield(future)
 
+    async def settle(self) -> None:
+        """The write under way, if any, cancelled and ended: called when nobody waits for it
+        any more (the requests that did were cancelled at a stop), before the database is
+        disposed of. A cancelled write is a message not acknowledged: its sender sends it
+        again, and a row that committed anyway is taken over like a stopped replica's."""
+        writer = self._writer
+        if writer is not None and not writer.done():
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+
     async def _write(self) -> None:
         while self._waiting:
             batch, self._waiting = self._waiting, []
@@ -446,6 +456,11 @@ class Deliveries:
                 "state": "stray" if stray else "received",
             }
         )
+
+    async def settle(self) -> None:
+        """No record being written once this returns (``_GroupCommit.settle``): for a stop,
+        after the requests that waited for it ended."""
+        await self._intake.settle()
 
     async def strays(self, thread_key: str) -> list[DeliveryRecord]:
         """The strays of a thread that is known now and may be adopted (``adopt_strays``),

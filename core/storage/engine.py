@@ -672,6 +672,41 @@ class Database:
         except (SQLAlchemyError, OSError) as exc:
             raise database_error(exc) from exc
 
+    async def warm(self) -> None:
+        """Open, before a process listens, the connections its first acknowledgement would
+        otherwise open inside its 2.5 s: on PostgreSQL a held connection (``autocommit``), a
+        pooled one (``read``) and an urgent one (the record's write), each engine's first
+        connection also running SQLAlchemy's dialect initialisation and every connection
+        asyncpg's codec set-up, several round trips each, on a fresh server backend. A
+        loaded machine stretched those past the deadline on a replica's first message
+        (answered 503; tests/test_warm_start.py). On SQLite, the readers (opening a file is
+        cheap; the writer is not opened, which would wait for another process's write lock).
+
+        The three are opened at once (each checks out before any connects), so they are
+        three connections, and stay open in their pools. On the event loop that will use
+        them: held connections belong to the first loop that takes one."""
+        ping = text("SELECT 1")
+        if self._sqlite is not None:
+            with self.sqlite_reader() as reader:
+                reader.execute("SELECT 1").fetchall()
+            async with self.read() as conn:
+                await conn.execute(ping)
+            return
+
+        async def one(opened: contextlib.AbstractAsyncContextManager[Conn]) -> None:
+            async with opened as conn:
+                await conn.execute(ping)
+
+        opened = await asyncio.gather(
+            one(self.autocommit()),
+            one(self.read()),
+            one(self.autocommit(urgent=True)),
+            return_exceptions=True,
+        )
+        for failed in opened:  # all three ended (none left opening after a failure)
+            if isinstance(failed, BaseException):
+                raise failed
+
     async def answers(self) -> bool:
         """Health check for load balancers: a read of a real table, within a few seconds."""
         return (await self.probe()).answered
