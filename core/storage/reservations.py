@@ -68,7 +68,7 @@ from core.storage.models import (
     UsageTotal,
 )
 from core.storage.prepared import Prepared
-from core.storage.queries import claim_statement, insert_if_tail_is_statement
+from core.storage.queries import claim_statement, insert_next_statement
 from core.usage.budgets import (
     Account,
     Budget,
@@ -290,11 +290,10 @@ def _claim_locking(stamp: bool, accounts: int) -> Prepared:
 
 
 def _insert_holding(rows: int) -> Prepared:
-    """The user message's stale-guarded insert with the reservation's upsert as a CTE of it
-    (PostgreSQL runs a data-modifying CTE whether or not the insert inserts: a stale claim
-    is rolled back by its caller, the reservation with it)."""
+    """The user message's insert (after the claim, which ran the stale guard) with the
+    reservation's upsert as a CTE of it."""
     held = _hold(postgresql, rows).cte("held")
-    return Prepared(insert_if_tail_is_statement().add_cte(held).returning(MESSAGES.c.position))
+    return Prepared(insert_next_statement().add_cte(held).returning(MESSAGES.c.position))
 
 
 _LOCKS: Final = {n: _locks(n) for n in range(1, MOST_ACCOUNTS + 1)}
@@ -481,17 +480,16 @@ class Reservation:
 
     async def take_inserting(
         self, conn: Conn, session_id: int, token: str, message: dict[str, Any]
-    ) -> int | None:
-        """PostgreSQL, after ``claim``: the check, then the user message inserted if the
-        session's tail is still the one the client saw (``message``: the parameters of
-        ``core.storage.queries.insert_if_tail_is``) by the statement that writes the
-        reservation. Returns the message's position, or None when the tail has moved (the
-        caller refuses the turn as stale and the transaction, reservation and all, rolls
-        back). A refusal for the budget comes first, with nothing written."""
+    ) -> int:
+        """PostgreSQL, after ``claim`` (whose stale guard held): the check, then the user
+        message inserted (``message``: ``core.storage.queries.user_params``) by the statement
+        that writes the reservation. Returns the message's position. A refusal for the budget
+        comes first, with nothing written."""
         params, rows = await self._decide(conn, session_id, token, False, True)
         row = (await _INSERT_HOLDING[rows].run(conn, message | params)).row
+        assert row is not None  # an INSERT … SELECT of constants: one row
         self.session_id, self.token = session_id, token
-        return None if row is None else int(row[0])
+        return int(row[0])
 
     async def _decide(
         self, conn: Conn, session_id: int, token: str, during_turn: bool, locked: bool
