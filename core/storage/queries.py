@@ -93,9 +93,15 @@ def claimable(staleness_seconds: float) -> ColumnElement[bool]:
     )
 
 
+# The columns a ``SessionInfo`` is read from: all but the tail the stale guard compares,
+# which only the claim's statements read.
+SESSION_FIELDS: Final = tuple(c for c in SESSIONS.c if c.name != "tail_message_id")
+
+
 def session_select(staleness_seconds: float) -> Select[Any]:
     return select(
-        *SESSIONS.c, type_coerce(turn_active(staleness_seconds), Boolean).label("is_turn_active")
+        *SESSION_FIELDS,
+        type_coerce(turn_active(staleness_seconds), Boolean).label("is_turn_active"),
     )
 
 

@@ -86,7 +86,7 @@ _KEY: Final = bindparam("project_session_id", type_=SESSIONS.c.project_session_i
 # ``q.session_select`` with the staleness window a parameter (``staleness``), found by project
 # key or by id (every turn reads its session first, for its model).
 _SESSION_COLUMNS: Final = (
-    *SESSIONS.c,
+    *q.SESSION_FIELDS,
     type_coerce(q.TURN_ACTIVE_BOUND, Boolean).label("is_turn_active"),
 )
 _SESSION_ROW: Final = select(*_SESSION_COLUMNS)
