@@ -18,7 +18,8 @@ What it guarantees (docs/design.md, *Budgets across replicas*):
 - The step is atomic per account: on PostgreSQL under transaction-level advisory locks (one per
   account, taken in one statement, in a fixed order: claims on different accounts never wait
   for each other; at a claim the claim's own UPDATE takes them, and the user message's insert
-  writes the reservation, so the check costs a claim one round trip, its read), on SQLite
+  writes the reservation, so the check adds its read to the claim's transaction; a claim
+  with no budget to check is one statement, with no transaction), on SQLite
   under the write lock every write transaction holds. The read is one
   statement, so it sees the totals, the reservations and the rows that use them up of one
   moment.
@@ -447,8 +448,10 @@ class Reservation:
     def rides(self, dialect: Dialect) -> bool:
         """Whether a claim on ``dialect`` carries this check inside its own statements: on
         PostgreSQL the claim takes the advisory locks (``claim``) and the user message's insert
-        writes the reservation (``take_inserting``), so the check adds one round trip to a
-        claim (its read), not three (docs/benchmarks.md, *The budget check at O(1)*)."""
+        writes the reservation (``take_inserting``), so the check adds its read to the
+        claim's transaction, not three round trips (docs/benchmarks.md, *The budget check at
+        O(1)*); the claim stays a transaction (BEGIN, the claim, the read, the insert,
+        COMMIT) where one without budgets is one statement."""
         return bool(self.pairs) and dialect.name == "postgresql"
 
     async def claim(self, conn: Conn, params: dict[str, Any], *, stamp: bool) -> str | None:
