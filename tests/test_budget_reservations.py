@@ -10,14 +10,17 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import text, update
 
 from core.agent.accounting import Payer
 from core.errors import AgentSessionBudgetExceeded
 from core.messages import user_message
 from core.providers.base import Usage
+from core.records import TurnLease
+from core.storage.dialect import db_now
 from core.storage.engine import Conn, Database, create_database
 from core.storage.migrate import upgrade
+from core.storage.queries import SESSIONS
 from core.storage.reservations import NANO, Reservation
 from core.storage.sessions import SessionStore
 from core.storage.usage import LedgerEntry, UsageLedger
@@ -258,9 +261,15 @@ async def test_migration_0010__carries_live_reservations_over_as_one_row_per_tur
         store = SessionStore(db, staleness_seconds=60)
         _, live = await new_session(store)
         _, ended = await new_session(store)
-        lease = await store.start_turn(
-            live.id, user_message=user_message("a"), last_message_id=None
-        )
+        # A turn holding ``live``'s lock, taken as that revision's code took it (a claim
+        # names columns later revisions add).
+        lease = TurnLease(live.id, "turn-0009", None, 0)
+        async with db.write() as conn:
+            await conn.execute(
+                update(SESSIONS)
+                .where(SESSIONS.c.id == live.id)
+                .values(lock_token=lease.token, heartbeat_at=db_now())
+            )
         at = datetime(2026, 12, 7, 1, 0, 0)
         rows = [
             (live.id, lease.token, "all", "tokens", 300),

@@ -12,13 +12,14 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection
 
 from core.errors import DatabaseError
-from core.messages import user_message
+from core.messages import assistant_message, user_message
 from core.records import Actor
 from core.storage import migrate as core_migrate
+from core.storage import queries as q
 from core.storage.approvals import Approvals
 from core.storage.engine import create_database
 from core.storage.migrate import current_revision, head_revision, upgrade
@@ -196,15 +197,27 @@ async def test_migration_0004__messages_keep_their_documents_up_and_down(
         store = stores[-1]
         await upgrade(store.db, "0003_approvals")
         _owner, session = await new_session(store)
-        await add_exchange(store, session.id, 2)
         odd: dict[str, Any] = {
             "parts": [{"type": "text", "text": 'é \u2028 "q"'}],
             "role": "assistant",
         }
         odd["id"] = "0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b"
-        await store.import_messages(
-            session.id, [(user_message("x", note={"n": [1, 2.5, None]}), False), (odd, False)]
-        )
+        # Written as that revision's code wrote them (a turn's statements name columns later
+        # revisions add): two exchanges, then two odd documents.
+        async with store.db.write() as conn:
+            await q.append_messages(
+                conn,
+                session.id,
+                0,
+                [
+                    (user_message("q1"), False),
+                    (assistant_message("a1"), False),
+                    (user_message("q2"), False),
+                    (assistant_message("a2"), False),
+                    (user_message("x", note={"n": [1, 2.5, None]}), False),
+                    (odd, False),
+                ],
+            )
         before = await documents(store, session.id)
         jsonb = await _message_column(store.db)
         assert jsonb in ("jsonb", "JSON (SQLite)")
@@ -225,6 +238,16 @@ async def test_migration_0004__messages_keep_their_documents_up_and_down(
 
         await upgrade(store.db)
         store = await restarted()
+        async with store.db.read() as conn:  # 0011 filled in the tail the stale guard reads
+            assert (
+                await conn.scalar(
+                    select(q.SESSIONS.c.tail_message_id).where(q.SESSIONS.c.id == session.id)
+                )
+                == odd["id"]
+            )
+        await store.start_turn(
+            session.id, user_message=user_message("y"), last_message_id=odd["id"]
+        )
         forked = await store.branch(session.id, odd["id"], user_id=None)
         copied = await store.messages(forked.session.id)
         assert [m.message for m in copied] == [

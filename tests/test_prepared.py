@@ -36,15 +36,24 @@ from tests.helpers import new_session, statements
 async def _turn_by_prepared_statements(
     db: Database, session_id: int, text: str, last: str | None
 ) -> tuple[str | None, int | None, bool, bool]:
-    """A claim, a stale-guarded insert, a fence and a release, through ``core.storage.queries``."""
+    """A stale-guarded claim, its user message's insert, a fence and a release, through
+    ``core.storage.queries``."""
     token = f"token-{text}"
     async with db.write() as conn:
         params = {"sid": session_id, "token": token, "takeover_token": "t" + token}
-        claim = {**params, "staleness": 60.0, "title": text, "abandoned": None}
-        claimed = await q.claim(conn, claim, stamp=False)
         message = user_message(f"{text} \x00 é")
         row = q.message_row(session_id, 0, message)
-        position = await q.insert_if_tail_is(conn, row, last)
+        claim = {
+            **params,
+            **q.user_params(row),
+            "staleness": 60.0,
+            "title": text,
+            "abandoned": None,
+            "any_tail": False,
+            "last": last,
+        }
+        claimed = await q.claim(conn, claim, stamp=False)
+        position = await q.insert_next(conn, row) if claimed is not None else None
     async with db.write() as conn:
         fenced = await q.fence(conn, {"sid": session_id, "token": token}, release=True)
         again = await q.fence(conn, {"sid": session_id, "token": token}, release=True)
@@ -69,10 +78,14 @@ async def test_prepared__the_same_turn_either_way(
     assert info.title == "first"
     assert not info.is_turn_active
     assert info.heartbeat_at is None
-    # The stale guard: a tail that is not the one seen inserts nothing.
-    async with db.write() as conn:
-        row = q.message_row(session.id, 1, user_message("late"))
-        assert await q.insert_if_tail_is(conn, row, "not-the-tail") is None
+    # The stale guard: a claim whose tail is not the one seen changes nothing.
+    assert await _turn_by_prepared_statements(db, session.id, "late", "not-the-tail") == (
+        None,
+        None,
+        False,
+        False,
+    )
+    assert [m.message_id for m in await store.history(session.id)] == [stored.message_id]
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])  # the driver's cursor is SQLite's path only
@@ -380,6 +393,9 @@ async def test_prepared__unwatched_postgresql_runs_on_asyncpg_inside_the_transac
             "staleness": 60.0,
             "title": None,
             "abandoned": None,
+            "any_tail": True,  # no stale guard, no user message: the claim alone
+            "last": None,
+            "new_tail": None,
         }
 
     with contextlib.suppress(RuntimeError), monkeypatch.context() as patched:

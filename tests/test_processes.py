@@ -8,10 +8,19 @@ import signal
 import subprocess
 
 import pytest
+from sqlalchemy import text
 
+from core.messages import user_message
 from core.storage.engine import Database
 from core.storage.sessions import SessionStore
-from tests.helpers import add_exchange, new_session, read_json_line, start_worker, stop_workers
+from tests.helpers import (
+    add_exchange,
+    age_lock,
+    new_session,
+    read_json_line,
+    start_worker,
+    stop_workers,
+)
 
 # Real processes or long runs: outside the developer's quick subset (README, *The tests*).
 pytestmark = pytest.mark.slow
@@ -61,6 +70,65 @@ async def test_claim__processes_on_an_empty_session_with_null_tail(
     assert sorted(r["result"] for r in results).count("won") == 1
     assert {r["result"] for r in results} <= {"won", "agent_session_busy"}
     assert len(await store.messages(session.id)) == 1
+
+
+def go(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+
+
+async def waiting_on_a_lock(db: Database) -> None:
+    """Until another connection to this database waits on a lock (PostgreSQL): a statement
+    has started and waits for a transaction that has not committed. Observed, not slept on."""
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+    )
+    async with asyncio.timeout(60):
+        while True:
+            async with db.read() as conn:
+                if await conn.scalar(query):
+                    return
+            await asyncio.sleep(0.01)
+
+
+async def test_stale__a_claim_waiting_on_a_release_that_appends_is_refused(
+    store: SessionStore, db: Database, database_url: str, backend: str
+) -> None:
+    """A turn whose lock went stale (a slow or cut-off replica) ends: its answer and release
+    commit while the claim of a client who saw only the question, which found the lock stale,
+    waits on the session (on PostgreSQL its statement started before the commit and waits on
+    the row's lock). The claim is refused as stale, naming the answer, and writes nothing: the
+    stale guard is re-checked on the row the release committed, not on the claim's older
+    snapshot (migration 0011). A guard on the messages, folded into the claim's statement,
+    fails here."""
+    _, session = await new_session(store)
+    lease = await store.start_turn(
+        session.id, user_message=user_message("the question"), last_message_id=None
+    )
+    await age_lock(db, session.id, 120)  # past the claimer's window (60 s)
+    assert lease.tail is not None
+    question = lease.tail.message_id
+    releaser = start_worker(
+        "finish_held", database_url, session.id, lease.token, lease.next_position
+    )
+    claimer = start_worker("claim", database_url, session.id, question)
+    try:
+        # The answer is written, its transaction open; the claimer is connected.
+        assert await asyncio.to_thread(read_json_line, releaser) == {"ready": True}
+        assert await asyncio.to_thread(read_json_line, claimer) == {"ready": True}
+        go(claimer)
+        if backend == "postgresql":
+            await waiting_on_a_lock(db)
+        go(releaser)
+        answer = (await asyncio.to_thread(read_json_line, releaser))["committed"]
+        result = await asyncio.to_thread(read_json_line, claimer)
+    finally:
+        stop_workers([releaser, claimer], wait=10)
+    assert result == {"result": "agent_session_stale", "actual": answer}
+    assert [m.message_id for m in await store.messages(session.id)] == [question, answer]
+    assert not await store.is_turn_active(session.id)
 
 
 async def test_crash__sigkill_mid_turn_keeps_user_message_and_lock_frees_after_window(

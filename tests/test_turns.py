@@ -18,7 +18,7 @@ from core.errors import (
 )
 from core.messages import assistant_message, message_text, user_message
 from core.providers.uimessages import step_start_part
-from core.records import ModelChoice
+from core.records import ANY_TAIL, Actor, ModelChoice
 from core.storage import queries as q
 from core.storage.engine import Database, create_database
 from core.storage.models import AgentSessionMessage
@@ -420,3 +420,60 @@ async def test_messages__a_nul_anywhere_is_stored_not_refused(store: SessionStor
     user, stored = await store.messages(session.id)
     assert message_text(user.message) == "before\ufffdafter"
     assert stored.message["parts"][1]["output"]["stdout"] == "\ufffd\ufffd"
+
+
+async def test_tail__the_session_row_names_its_last_message_after_every_write(
+    store: SessionStore, db: Database
+) -> None:
+    """The stale guard compares the session row's ``tail_message_id`` (migration 0011), so
+    every write that appends or removes messages moves it with them: a claim with and without
+    a user message, an answer, several at once, a checkpoint put before the tail, a rewind, a
+    fork and an import. A write that forgot it would let a stale view through or refuse a
+    current one."""
+
+    async def agrees(session_id: int) -> str | None:
+        async with db.read() as conn:
+            on_row = await conn.scalar(
+                select(q.SESSIONS.c.tail_message_id).where(q.SESSIONS.c.id == session_id)
+            )
+        tail = await store.tail(session_id)
+        assert on_row == (tail.message_id if tail else None)
+        return on_row
+
+    owner, session = await new_session(store)
+    assert await agrees(session.id) is None
+    lease = await store.start_turn(
+        session.id, user_message=user_message("question"), last_message_id=None
+    )
+    question = await agrees(session.id)
+    assert question is not None
+    await store.insert_checkpoint_before_tail(lease, user_message("<checkpoint/>"))
+    assert await agrees(session.id) == question  # the question moved up, still the tail
+    await store.append(lease, [assistant_message("one")])
+    await agrees(session.id)
+    await store.append(lease, [assistant_message("two"), assistant_message("three")])
+    await agrees(session.id)
+    await store.heartbeat(lease)
+    await store.finish(lease, [assistant_message("answer")])
+    answer = await agrees(session.id)
+    lease = await store.start_turn(session.id, user_message=None, last_message_id=ANY_TAIL)
+    assert await agrees(session.id) == answer  # a claim with no message leaves the tail
+    await store.finish(lease)
+    lease = await store.start_turn(
+        session.id, user_message=user_message("again"), last_message_id=ANY_TAIL
+    )
+    again = await agrees(session.id)
+    assert again != answer
+    await store.release(lease)
+    assert await agrees(session.id) == again
+    await store.truncate(session.id, again, Actor(owner))  # a user target goes with what follows
+    assert await agrees(session.id) == answer
+    fork = await store.branch(session.id, question, user_id=owner)  # up to before the question
+    await agrees(fork.session.id)
+    assert await store.import_messages(fork.session.id, [(user_message("imported"), False)]) == 1
+    await agrees(fork.session.id)
+    lease = await store.start_turn(
+        session.id, user_message=user_message("after all that"), last_message_id=answer
+    )
+    assert lease.tail is not None
+    assert await agrees(session.id) == lease.tail.message_id

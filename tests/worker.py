@@ -13,9 +13,10 @@ import sys
 from typing import Any
 
 from core.conversation.approvals import ApprovalDesk
-from core.errors import SlackAgentError
-from core.messages import user_message
+from core.errors import AgentSessionStale, SlackAgentError
+from core.messages import assistant_message, user_message
 from core.records import Actor
+from core.storage import queries as q
 from core.storage.approvals import Approvals
 from core.storage.deliveries import Deliveries
 from core.storage.engine import Database, create_database
@@ -46,6 +47,8 @@ async def claim(db: Database, session_id: str, last: str, staleness: str = "60")
             user_message=user_message("from a child process"),
             last_message_id=None if last == "-" else last,
         )
+    except AgentSessionStale as exc:
+        say(result=exc.code, actual=exc.actual_last_message_id)
     except SlackAgentError as exc:
         say(result=exc.code)
     except Exception as exc:  # a driver error is a test failure: report it, do not hide it
@@ -75,6 +78,24 @@ async def budget_claim(db: Database, session_id: str, budgets: str, payer: str) 
         say(result=f"unexpected {exc.__class__.__name__}: {exc}")
     else:
         say(result="won")
+
+
+async def finish_held(db: Database, session_id: str, token: str, position: str) -> None:
+    """The statements of a turn's ``SessionStore.finish`` with one answer (the fence, the
+    answer and the release; on PostgreSQL its one statement), in a transaction held open
+    between them and the commit: "ready" once they ran, the commit on "go". A claim sent
+    meanwhile waits on the session's row (PostgreSQL) or the write lock (SQLite)."""
+    lease = {"sid": int(session_id), "token": token}
+    answer = assistant_message("the answer, committed while a claim waits")
+    row = q.message_row(int(session_id), int(position), answer)
+    async with db.write() as conn:
+        if conn.dialect.name == "postgresql":
+            assert await q.fenced_insert(conn, lease, row, release=True) == 1
+        else:
+            assert await q.fence(conn, lease, release=True, tail=row["message_id"])
+            await q.insert_messages(conn, [row])
+        await wait_for_go()
+    say(committed=row["message_id"])
 
 
 async def hang(db: Database, session_id: str, last: str) -> None:
@@ -138,6 +159,7 @@ async def migrate(db: Database) -> None:
 COMMANDS = {
     "claim": claim,
     "budget_claim": budget_claim,
+    "finish_held": finish_held,
     "hang": hang,
     "sweep": sweep_once,
     "migrate": migrate,

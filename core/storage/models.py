@@ -168,6 +168,12 @@ class AgentSession(Base):
         Id, ForeignKey("custom_providers.id", ondelete="SET NULL"), nullable=True
     )
     builtin_provider: Mapped[str | None] = mapped_column(String(100))
+    # The id of the session's last message (NULL: none), moved by every statement that
+    # appends or removes its messages, in the same transaction. The stale guard compares it,
+    # so the guard is a predicate on this row: PostgreSQL re-checks it on the row's newest
+    # version when a claim waited on the row's lock (a subquery on the messages would keep
+    # the claim's older snapshot). See docs/design.md, *The turn protocol*.
+    tail_message_id: Mapped[str | None] = mapped_column(String(36))
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()
 

@@ -42,6 +42,7 @@ from core.errors import (
     AgentSessionBusy,
     AgentSessionForbidden,
     AgentSessionNotFound,
+    AgentSessionStale,
     DuplicateMessage,
     MessageNotFound,
     SlackAgentError,
@@ -92,9 +93,15 @@ def claimable(staleness_seconds: float) -> ColumnElement[bool]:
     )
 
 
+# The columns a ``SessionInfo`` is read from: all but the tail the stale guard compares,
+# which only the claim's statements read.
+SESSION_FIELDS: Final = tuple(c for c in SESSIONS.c if c.name != "tail_message_id")
+
+
 def session_select(staleness_seconds: float) -> Select[Any]:
     return select(
-        *SESSIONS.c, type_coerce(turn_active(staleness_seconds), Boolean).label("is_turn_active")
+        *SESSION_FIELDS,
+        type_coerce(turn_active(staleness_seconds), Boolean).label("is_turn_active"),
     )
 
 
@@ -301,7 +308,25 @@ TURN_ACTIVE_BOUND: Final = and_(
 )
 
 
+def tail_is_seen() -> ColumnElement[bool]:
+    """The stale guard as a predicate on the session's row: its tail (``tail_message_id``) is
+    the one the client last saw (``last``; NULL: an empty session), or the claim takes any
+    tail (``any_tail``: compaction, a resume). On the row, not a subquery on the messages:
+    a PostgreSQL UPDATE that waited on the row's lock re-checks its WHERE on the row's newest
+    version (EvalPlanQual), while a subquery keeps the statement's older snapshot, so an
+    answer committed meanwhile would be missed (migration 0011)."""
+    return or_(
+        bindparam("any_tail", type_=Boolean()),
+        SESSIONS.c.tail_message_id.is_not_distinct_from(bindparam("last", type_=String(36))),
+    )
+
+
 def claim_statement(*, stamp: bool) -> Update:
+    """The claim (see docs/design.md, *The turn protocol*): the lock taken if it is free,
+    stale or this process's own abandoned one, and the tail the client saw (``tail_is_seen``)
+    still the tail; the tail moved to the turn's user message (``new_tail``; NULL: none is
+    stored). Parameters: sid, token, takeover_token, staleness, title, abandoned, any_tail,
+    last, new_tail, and with ``stamp`` the model's."""
     values: dict[str, Any] = {
         "heartbeat_at": db_now(),
         # The token says whether the lock was free or taken over from a turn that stopped
@@ -312,6 +337,9 @@ def claim_statement(*, stamp: bool) -> Update:
         ),
         "updated_at": db_now(),
         "title": func.coalesce(SESSIONS.c.title, bindparam("title", type_=String())),
+        "tail_message_id": func.coalesce(
+            bindparam("new_tail", type_=String(36)), SESSIONS.c.tail_message_id
+        ),
     }
     if stamp:  # stamp_session_model
         values.update(
@@ -331,6 +359,7 @@ def claim_statement(*, stamp: bool) -> Update:
                 # (``SessionStore.abandon``); NULL, which matches nothing, otherwise.
                 SESSIONS.c.lock_token == bindparam("abandoned", type_=String()),
             ),
+            tail_is_seen(),
         )
         .values(values)
     )
@@ -354,7 +383,8 @@ _TOKEN: Final = Prepared(
 
 
 async def claim(conn: Conn, params: dict[str, Any], *, stamp: bool) -> str | None:
-    """The claim (see docs/design.md): the new fencing token, or None when the lock is live."""
+    """The claim (``claim_statement``) in the caller's transaction: the new fencing token, or
+    None when it was refused (``read_refusal`` says why)."""
     if conn.dialect.update_returning:
         row = (await _CLAIMS[stamp, True].run(conn, params)).row
         return None if row is None else str(row[0])
@@ -373,39 +403,37 @@ _TAIL: Final = Prepared(
 )
 
 
-def insert_if_tail_is_statement() -> Insert:
-    """The user message at the next position, only if the session's tail is ``last`` (NULL:
-    empty). Runs after the claim in the same transaction, so it reads the tail as it is now."""
-    sid = bindparam("sid", type_=Id)
-    tail_id = (
-        select(MESSAGES.c.message_id)
-        .where(MESSAGES.c.session_id == sid)
-        .order_by(MESSAGES.c.position.desc())
-        .limit(1)
-        .scalar_subquery()
-    )
-    next_position = (
+def _next_position(sid: Any) -> Any:
+    return (
         select(func.coalesce(func.max(MESSAGES.c.position) + 1, 0))
         .where(MESSAGES.c.session_id == sid)
         .scalar_subquery()
     )
-    # A SELECT without FROM whose WHERE is the tail check: one row or none. (Not an aggregate
-    # with HAVING: HAVING without GROUP BY needs SQLite 3.39.)
-    source = select(
-        sid,
-        next_position,
-        bindparam("p_message", type_=MessageDoc),
-        bindparam("p_message_id", type_=String(36)),
-        false(),
-    ).where(tail_id.is_not_distinct_from(bindparam("last", type_=String(36))))
+
+
+_USER_COLUMNS: Final = ["session_id", "position", "message", "message_id", "is_compaction_message"]
+
+
+def insert_next_statement() -> Insert:
+    """The turn's user message at the session's next position. Runs after the claim, which
+    checked the tail (``tail_is_seen``) and moved it to this message, in the same transaction:
+    the claim holds the session, so nobody appends between the two."""
+    sid = bindparam("sid", type_=Id)
     return insert(MESSAGES).from_select(
-        ["session_id", "position", "message", "message_id", "is_compaction_message"], source
+        _USER_COLUMNS,
+        select(
+            sid,
+            _next_position(sid),
+            bindparam("p_message", type_=MessageDoc),
+            bindparam("p_message_id", type_=String(36)),
+            false(),
+        ),
     )
 
 
-INSERT_IF_TAIL_IS: Final = {
-    True: Prepared(insert_if_tail_is_statement().returning(MESSAGES.c.position)),
-    False: Prepared(insert_if_tail_is_statement()),  # SQLite before 3.35: no RETURNING
+INSERT_NEXT: Final = {
+    True: Prepared(insert_next_statement().returning(MESSAGES.c.position)),
+    False: Prepared(insert_next_statement()),  # SQLite before 3.35: no RETURNING
 }
 _POSITION_OF: Final = Prepared(
     select(MESSAGES.c.position).where(
@@ -414,36 +442,159 @@ _POSITION_OF: Final = Prepared(
 )
 
 
-def tail_guarded(row: dict[str, Any], last_message_id: str | None) -> dict[str, Any]:
-    """The parameters of the stale-guarded insert (``insert_if_tail_is_statement``)."""
+def user_params(row: dict[str, Any]) -> dict[str, Any]:
+    """The parameters that store ``row`` (a ``message_row``; its position is chosen by the
+    statement) as a turn's user message: in the claim (``claim_statement``, which makes it
+    the tail) and its insert."""
     return {
         "sid": row["session_id"],
         "p_message": row["message"],
         "p_message_id": row["message_id"],
-        "last": last_message_id,
+        "new_tail": row["message_id"],
     }
 
 
-async def insert_if_tail_is(
-    conn: Conn, row: dict[str, Any], last_message_id: str | None
-) -> int | None:
-    """Insert ``row`` (its position is chosen here) if the tail is ``last_message_id``; return
-    the position it got, or None when the tail is something else."""
-    params = tail_guarded(row, last_message_id)
+async def insert_next(conn: Conn, row: dict[str, Any]) -> int:
+    """Insert ``row`` at the session's next position (``insert_next_statement``), after the
+    claim in its transaction; the position it got."""
+    params = user_params(row)
     try:
         if conn.dialect.insert_returning:
-            position = (await INSERT_IF_TAIL_IS[True].run(conn, params)).row
-        elif (await INSERT_IF_TAIL_IS[False].run(conn, params)).rowcount:
-            position = (await _POSITION_OF.run(conn, {"p_message_id": row["message_id"]})).row
+            position = (await INSERT_NEXT[True].run(conn, params)).row
         else:
-            position = None
+            await INSERT_NEXT[False].run(conn, params)
+            position = (await _POSITION_OF.run(conn, params)).row
     except IntegrityError as exc:
         raise message_integrity_error(exc) from exc
-    return None if position is None else int(position[0])
+    assert position is not None
+    return int(position[0])
 
 
-def _fence(*, release: bool) -> Update:
+def claim_inserting_statement(*, stamp: bool) -> Insert:
+    """PostgreSQL: the claim (``claim_statement``, the stale guard in it) and the user
+    message's insert as one statement, so a turn's opening is one round trip, autocommitted,
+    instead of four (BEGIN, the claim, the guarded insert, COMMIT). The claim runs in a CTE
+    and the insert takes its row from it, inserting nothing when the claim changed nothing;
+    it returns the message's position and the token the claim set.
+
+    Safe because the guard is on the session's row: if the claim waits on the row's lock
+    while a release appends the answer, PostgreSQL re-checks the claim's WHERE, the tail
+    included, on the row the release committed. The next position is read from the
+    statement's snapshot: a write that commits after it and leaves the claim's WHERE true
+    appended nothing (every append moves the tail), and were that ever not so the
+    ``(session_id, position)`` unique constraint would refuse the insert, never misplace it."""
+    claimed = (
+        claim_statement(stamp=stamp).returning(SESSIONS.c.id, SESSIONS.c.lock_token).cte("claimed")
+    )
+    return (
+        insert(MESSAGES)
+        .from_select(
+            _USER_COLUMNS,
+            select(
+                claimed.c.id,
+                _next_position(bindparam("sid", type_=Id)),
+                bindparam("p_message", type_=MessageDoc),
+                bindparam("p_message_id", type_=String(36)),
+                false(),
+            ),
+        )
+        .returning(MESSAGES.c.position, select(claimed.c.lock_token).scalar_subquery())
+    )
+
+
+CLAIM_INSERTING: Final = {
+    stamp: Prepared(claim_inserting_statement(stamp=stamp)) for stamp in (False, True)
+}
+
+
+async def claim_inserting(
+    conn: Conn, params: dict[str, Any], *, stamp: bool
+) -> tuple[str, int] | None:
+    """``claim_inserting_statement``: the token and the user message's position, or None
+    when the claim was refused (``refusal`` says why)."""
+    try:
+        row = (await CLAIM_INSERTING[stamp].run(conn, params)).row
+    except IntegrityError as exc:
+        raise message_integrity_error(exc) from exc
+    return None if row is None else (str(row[1]), int(row[0]))
+
+
+_REFUSAL: Final = Prepared(
+    select(
+        SESSIONS.c.lock_token,
+        type_coerce(TURN_ACTIVE_BOUND, Boolean).label("live"),
+        SESSIONS.c.tail_message_id,
+    ).where(SESSIONS.c.id == bindparam("sid", type_=Id))
+)
+
+
+class ClaimMissed(Exception):
+    """A refused claim whose reason was gone by the time it was read (the lock went stale, or
+    was released without an answer): the claim may be tried again."""
+
+
+def refusal(
+    session_id: int, found: Sequence[Any], params: dict[str, Any]
+) -> SlackAgentError | ClaimMissed:
+    """Why a claim with ``params`` changed nothing, from the session's row as ``_REFUSAL`` read
+    it after the claim: gone, busy (a live lock not this process's abandoned one) before
+    stale (the tail is not the one the client saw, named in the error)."""
+    if not found:
+        return AgentSessionNotFound(f"session {session_id} does not exist")
+    token, live, tail_id = found[0]
+    if live and (token is None or token != params["abandoned"]):
+        return AgentSessionBusy(f"session {session_id} has a turn in progress")
+    if not params["any_tail"] and tail_id != params["last"]:
+        return AgentSessionStale(
+            f"session {session_id} has moved on: its last message is {tail_id}, "
+            f"not {params['last']}",
+            actual_last_message_id=tail_id,
+        )
+    return ClaimMissed()
+
+
+async def read_refusal(
+    conn: Conn, session_id: int, params: dict[str, Any]
+) -> SlackAgentError | ClaimMissed:
+    """``refusal`` read in the claim's own transaction."""
+    found = await _REFUSAL.rows(conn, {"sid": session_id, "staleness": params["staleness"]})
+    return refusal(session_id, found, params)
+
+
+async def fetch_refusal(
+    db: Database, session_id: int, params: dict[str, Any]
+) -> SlackAgentError | ClaimMissed:
+    """``refusal`` read on its own, after a claim that ran on its own (``claim_inserting``)."""
+    found = await _REFUSAL.fetch(db, {"sid": session_id, "staleness": params["staleness"]})
+    return refusal(session_id, found, params)
+
+
+_SET_TAIL: Final = Prepared(
+    update(SESSIONS)
+    .where(SESSIONS.c.id == bindparam("sid", type_=Id))
+    .values(
+        tail_message_id=select(MESSAGES.c.message_id)
+        .where(MESSAGES.c.session_id == bindparam("sid", type_=Id))
+        .order_by(MESSAGES.c.position.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+)
+
+
+async def set_tail(conn: Conn, session_id: int) -> None:
+    """Move the session's ``tail_message_id`` to its last message, for the writes that remove
+    messages or add many outside a turn (a rewind, a fork, an import), in their transaction,
+    after them (they hold the session's row or created it)."""
+    await _SET_TAIL.run(conn, {"sid": session_id})
+
+
+def _fence(*, release: bool, moving: bool = False) -> Update:
+    """The fenced UPDATE; ``moving``: messages are appended behind it, the last of them
+    (``p_message_id``) becomes the session's tail (``tail_message_id``)."""
     values: dict[str, Any] = {"updated_at": db_now()}
+    if moving:
+        values["tail_message_id"] = bindparam("p_message_id", type_=String(36))
     if release:
         values.update(heartbeat_at=None, lock_token=None)
     else:
@@ -477,17 +628,26 @@ def _fenced_insert(fence: Update) -> Insert:
     )
 
 
-_FENCES: Final = {release: _fence(release=release) for release in (False, True)}
-FENCE: Final = {release: Prepared(fence) for release, fence in _FENCES.items()}
+FENCE: Final = {release: Prepared(_fence(release=release)) for release in (False, True)}
+FENCE_MOVING: Final = {
+    release: Prepared(_fence(release=release, moving=True)) for release in (False, True)
+}
 FENCED_INSERT: Final = {
-    release: Prepared(_fenced_insert(fence)) for release, fence in _FENCES.items()
+    release: Prepared(_fenced_insert(_fence(release=release, moving=True)))
+    for release in (False, True)
 }
 
 
-async def fence(conn: Conn, lease_params: dict[str, Any], *, release: bool) -> bool:
+async def fence(
+    conn: Conn, lease_params: dict[str, Any], *, release: bool, tail: str | None = None
+) -> bool:
     """Refresh the turn's heartbeat, or release its lock, if the token is still the session's;
-    False when it is not (the turn's lock was taken over or released)."""
-    return bool((await FENCE[release].run(conn, lease_params)).rowcount)
+    False when it is not (the turn's lock was taken over or released). ``tail``: the id of the
+    last message the caller appends next, in this transaction (the session's new tail)."""
+    if tail is None:
+        return bool((await FENCE[release].run(conn, lease_params)).rowcount)
+    params = {**lease_params, "p_message_id": tail}
+    return bool((await FENCE_MOVING[release].run(conn, params)).rowcount)
 
 
 async def fenced_insert(

@@ -21,7 +21,8 @@ What it guarantees (docs/design.md, *Budgets across replicas*):
 - The step is atomic per account: on PostgreSQL under transaction-level advisory locks (one per
   account, taken in one statement, in a fixed order: claims on different accounts never wait
   for each other; at a claim the claim's own UPDATE takes them, and the user message's insert
-  writes the reservation, so the check costs a claim one round trip, its read), on SQLite
+  writes the reservation, so the check adds its read to the claim's transaction; a claim
+  with no budget to check is one statement, with no transaction), on SQLite
   under the write lock every write transaction holds. The read is one
   statement, so it sees the totals, the reservations and the rows that use them up of one
   moment.
@@ -72,7 +73,7 @@ from core.storage.models import (
     UsageTotal,
 )
 from core.storage.prepared import Prepared
-from core.storage.queries import claim_statement, insert_if_tail_is_statement
+from core.storage.queries import claim_statement, insert_next_statement
 from core.usage.budgets import (
     DEFAULT_INPUT_TOKENS,
     DEFAULT_OUTPUT_TOKENS,
@@ -326,11 +327,10 @@ def _claim_locking(stamp: bool, accounts: int) -> Prepared:
 
 
 def _insert_holding() -> Prepared:
-    """The user message's stale-guarded insert with the reservation's upsert as a CTE of it
-    (PostgreSQL runs a data-modifying CTE whether or not the insert inserts: a stale claim
-    is rolled back by its caller, the reservation with it)."""
+    """The user message's insert (after the claim, which ran the stale guard) with the
+    reservation's upsert as a CTE of it."""
     held = _hold(postgresql).cte("held")
-    return Prepared(insert_if_tail_is_statement().add_cte(held).returning(MESSAGES.c.position))
+    return Prepared(insert_next_statement().add_cte(held).returning(MESSAGES.c.position))
 
 
 Term = tuple[int, Unit, Slot]  # a budget to admit: its totals' index in Wanted, unit, slot
@@ -653,8 +653,10 @@ class Reservation:
     def rides(self, dialect: Dialect) -> bool:
         """Whether a claim on ``dialect`` carries this check inside its own statements: on
         PostgreSQL the claim takes the advisory locks (``claim``) and the user message's insert
-        writes the reservation (``take_inserting``), so the check adds one round trip to a
-        claim (its read), not three (docs/benchmarks.md, *The budget check at O(1)*)."""
+        writes the reservation (``take_inserting``), so the check adds its read to the
+        claim's transaction, not three round trips (docs/benchmarks.md, *The budget check at
+        O(1)*); the claim stays a transaction (BEGIN, the claim, the read, the insert,
+        COMMIT) where one without budgets is one statement."""
         return bool(self.pairs) and dialect.name == "postgresql"
 
     async def claim(self, conn: Conn, params: dict[str, Any], *, stamp: bool) -> str | None:
@@ -706,17 +708,16 @@ class Reservation:
 
     async def take_inserting(
         self, conn: Conn, session_id: int, token: str, message: dict[str, Any]
-    ) -> int | None:
-        """PostgreSQL, after ``claim``: the check, then the user message inserted if the
-        session's tail is still the one the client saw (``message``: the parameters of
-        ``core.storage.queries.insert_if_tail_is``) by the statement that writes the
-        reservation. Returns the message's position, or None when the tail has moved (the
-        caller refuses the turn as stale and the transaction, reservation and all, rolls
-        back). A refusal for the budget comes first, with nothing written."""
+    ) -> int:
+        """PostgreSQL, after ``claim`` (whose stale guard held): the check, then the user
+        message inserted (``message``: ``core.storage.queries.user_params``) by the statement
+        that writes the reservation. Returns the message's position. A refusal for the budget
+        comes first, with nothing written."""
         params = await self._decide(conn, session_id, token, False, True)
         row = (await _INSERT_HOLDING.run(conn, message | params)).row
+        assert row is not None  # an INSERT … SELECT of constants: one row
         self.session_id, self.token = session_id, token
-        return None if row is None else int(row[0])
+        return int(row[0])
 
     async def _decide(
         self, conn: Conn, session_id: int, token: str, during_turn: bool, locked: bool

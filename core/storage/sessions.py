@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
-from typing import Any, Final, NoReturn, cast
+from typing import Any, Final, cast
 
 from sqlalchemy import (
     Boolean,
@@ -61,7 +61,6 @@ from core.storage import queries as q
 from core.storage.custom_providers import CustomProviders
 from core.storage.dialect import db_now, in_json_ids, insert_ignoring, json_ids
 from core.storage.engine import Conn, Database
-from core.storage.models import validate_message
 from core.storage.prepared import Prepared
 from core.storage.snapshots import SnapshotRef, Snapshots, attach_snapshot
 from core.storage.transcript import TranscriptOperations
@@ -87,7 +86,7 @@ _KEY: Final = bindparam("project_session_id", type_=SESSIONS.c.project_session_i
 # ``q.session_select`` with the staleness window a parameter (``staleness``), found by project
 # key or by id (every turn reads its session first, for its model).
 _SESSION_COLUMNS: Final = (
-    *SESSIONS.c,
+    *q.SESSION_FIELDS,
     type_coerce(q.TURN_ACTIVE_BOUND, Boolean).label("is_turn_active"),
 )
 _SESSION_ROW: Final = select(*_SESSION_COLUMNS)
@@ -135,6 +134,10 @@ _ADD_SESSION: Final = {
 # A claim that took a stale lock over gets a token starting with this (never a hex digit), so
 # the one claim statement also tells whether a dead or stuck turn held the lock before.
 TAKEOVER_MARK: Final = "t"
+# How many times a claim is tried when it was refused but the reason was gone by the time it
+# was read (``q.ClaimMissed``): the lock went stale, or its turn ended without an answer, in
+# between. Past that the claim is refused as busy (it was, a moment ago).
+CLAIM_ATTEMPTS: Final = 3
 
 
 class SessionStore(TranscriptOperations):
@@ -478,9 +481,14 @@ class SessionStore(TranscriptOperations):
             "staleness": self.staleness_seconds,
             "title": None,
             "abandoned": self._abandoned.get(session_id),
+            "any_tail": isinstance(last_message_id, AnyTail),
+            "last": None if isinstance(last_message_id, AnyTail) else last_message_id,
+            "new_tail": None,
         }
+        row: dict[str, Any] | None = None
         if user_message is not None:
-            validate_message(user_message)
+            row = q.message_row(session_id, 0, user_message)  # validates it
+            params.update(q.user_params(row))
             params["title"] = shorten(message_text(user_message)) or None
         if model is not None:
             params.update(
@@ -490,6 +498,38 @@ class SessionStore(TranscriptOperations):
                 builtin_provider=model.builtin_provider,
             )
         stamp = model is not None
+        for _ in range(CLAIM_ATTEMPTS):
+            with contextlib.suppress(q.ClaimMissed):
+                return await self._claim_once(
+                    session_id, user_message, row, params, stamp, reservation
+                )
+        raise AgentSessionBusy(f"session {session_id} has a turn in progress")
+
+    async def _claim_once(
+        self,
+        session_id: int,
+        user_message: Message | None,
+        row: dict[str, Any] | None,
+        params: dict[str, Any],
+        stamp: bool,
+        reservation: Reservation | None,
+    ) -> TurnLease:
+        """One try of the claim: its lease, or why it was refused (raised; ``q.ClaimMissed``
+        when the reason was gone by the time it was read, and the claim may be tried again).
+
+        On PostgreSQL a turn with a user message and no budget to check is one autocommitted
+        statement (``q.claim_inserting``: the claim, its stale guard and the insert); the rest
+        is a transaction: the claim, then the user message's insert and the budget check."""
+        budgeted = reservation is not None and bool(reservation.pairs)
+        if self.db.dialect == "postgresql" and row is not None and not budgeted:
+            assert user_message is not None
+            async with self.db.autocommit() as conn:
+                got = await q.claim_inserting(conn, params, stamp=stamp)
+            if got is None:
+                raise await q.fetch_refusal(self.db, session_id, params)
+            token, position = got
+            message = StoredMessage(row["message_id"], position, user_message, False)
+            return TurnLease(session_id, token, message, next_position=position + 1)
         async with self.db.write() as conn:
             # The budget check rides on the claim's own statements where it can (PostgreSQL).
             rides = reservation is not None and reservation.rides(conn.dialect)
@@ -499,10 +539,9 @@ class SessionStore(TranscriptOperations):
             else:
                 claimed = await q.claim(conn, params, stamp=stamp)
             if claimed is None:
-                await q.raise_missing_or_busy(conn, session_id)
-            token = claimed
+                raise await q.read_refusal(conn, session_id, params)
             return await self._claimed(
-                conn, session_id, token, user_message, last_message_id, reservation, rides
+                conn, session_id, claimed, user_message, row, reservation, rides
             )
 
     async def _claimed(
@@ -511,76 +550,35 @@ class SessionStore(TranscriptOperations):
         session_id: int,
         token: str,
         user_message: Message | None,
-        last_message_id: str | AnyTail | None,
+        row: dict[str, Any] | None,
         reservation: Reservation | None,
         locked: bool,
     ) -> TurnLease:
-        """The rest of the claim transaction: the stale guard, the user message and the budget
-        check (``locked``: the claim took the budget's locks). A turn that is stale is refused
-        as stale even when it is over its budget too: the client's view is the first thing
-        to set right."""
-        if user_message is not None and not isinstance(last_message_id, AnyTail):
-            # The usual turn: the stale guard and the insert are one statement (a round
-            # trip less); it inserts nothing when the tail is not what the client saw.
-            row = q.message_row(session_id, 0, user_message)
-            if reservation is not None and locked:
-                try:
-                    inserted_at = await reservation.take_inserting(
-                        conn, session_id, token, q.tail_guarded(row, last_message_id)
-                    )
-                except AgentSessionBudgetExceeded:
-                    await self._refuse_if_stale(conn, session_id, last_message_id)
-                    raise
-                except IntegrityError as exc:
-                    raise q.message_integrity_error(exc) from exc
-            else:
-                inserted_at = await q.insert_if_tail_is(conn, row, last_message_id)
-            if inserted_at is None:
-                await self._raise_stale(conn, session_id, last_message_id)
-            if reservation is not None and not locked:
+        """The rest of the claim transaction, once the claim (and its stale guard) held: the
+        user message (``row``) and the budget check (``locked``: the claim took the budget's
+        locks). The stale guard ran first, so a turn that is stale was refused as stale even
+        when it is over its budget too: the client's view is the first thing to set right."""
+        if row is None:
+            tail = await q.tail(conn, session_id)
+            if reservation is not None:
+                await reservation.take(conn, session_id, token, locked=locked)
+            position = tail.position + 1 if tail else 0
+            return TurnLease(session_id=session_id, token=token, tail=tail, next_position=position)
+        assert user_message is not None
+        if reservation is not None and locked:
+            # The reservation is written by the user message's insert (a round trip less).
+            try:
+                inserted_at = await reservation.take_inserting(
+                    conn, session_id, token, q.user_params(row)
+                )
+            except IntegrityError as exc:
+                raise q.message_integrity_error(exc) from exc
+        else:
+            inserted_at = await q.insert_next(conn, row)
+            if reservation is not None:
                 await reservation.take(conn, session_id, token)
-            message = StoredMessage(row["message_id"], inserted_at, user_message, False)
-            return TurnLease(session_id, token, message, next_position=inserted_at + 1)
-        tail = await q.tail(conn, session_id)
-        if not isinstance(last_message_id, AnyTail):
-            actual = tail.message_id if tail else None
-            if actual != last_message_id:
-                raise self._stale(session_id, actual, last_message_id)
-        position = tail.position + 1 if tail else 0
-        if user_message is not None:
-            (tail,) = await q.append_messages(conn, session_id, position, [(user_message, False)])
-            position += 1
-        if reservation is not None:
-            await reservation.take(conn, session_id, token, locked=locked)
-        return TurnLease(session_id=session_id, token=token, tail=tail, next_position=position)
-
-    @staticmethod
-    def _stale(
-        session_id: int, actual: str | None, last_message_id: str | None
-    ) -> AgentSessionStale:
-        return AgentSessionStale(
-            f"session {session_id} has moved on: its last message is {actual}, "
-            f"not {last_message_id}",
-            actual_last_message_id=actual,
-        )
-
-    @classmethod
-    async def _refuse_if_stale(
-        cls, conn: Conn, session_id: int, last_message_id: str | None
-    ) -> None:
-        """``AgentSessionStale`` when the session's tail is not ``last_message_id``."""
-        tail = await q.tail(conn, session_id)
-        actual = tail.message_id if tail else None
-        if actual != last_message_id:
-            raise cls._stale(session_id, actual, last_message_id)
-
-    @classmethod
-    async def _raise_stale(
-        cls, conn: Conn, session_id: int, last_message_id: str | None
-    ) -> NoReturn:
-        """The stale refusal once a statement found the tail moved (read for its id)."""
-        tail = await q.tail(conn, session_id)
-        raise cls._stale(session_id, tail.message_id if tail else None, last_message_id)
+        message = StoredMessage(row["message_id"], inserted_at, user_message, False)
+        return TurnLease(session_id, token, message, next_position=inserted_at + 1)
 
     def abandon(self, lease: TurnLease) -> None:
         """The lease's turn ended here but its release did not reach the database: its lock
@@ -715,7 +713,8 @@ class SessionStore(TranscriptOperations):
                         changed = await q.fence(conn, params, release=release)
             else:
                 async with self.db.write() as conn:
-                    changed = await q.fence(conn, params, release=release)
+                    last = rows[-1]["message_id"] if rows else None
+                    changed = await q.fence(conn, params, release=release, tail=last)
                     if changed and rows:
                         await q.insert_messages(conn, rows)
                         if snapshot is not None:

@@ -164,6 +164,7 @@ class TranscriptOperations:
                     )
                 ).all()
                 await conn.execute(delete(MESSAGES).where(going))
+            await q.set_tail(conn, session_id)
             tail = await q.tail(conn, session_id)
         ordered = tuple(row.message_id for row in sorted(deleted, key=lambda r: r.position))
         return TruncateResult(
@@ -217,6 +218,7 @@ class TranscriptOperations:
             assert inserted is not None
             new_id = int(inserted[0])
             copied = await conn.execute(_copy_prefix(session_id, new_id, end))
+            await q.set_tail(conn, new_id)
             await _copy_snapshots(conn, session_id, new_id, end)
             info = (
                 await conn.execute(
@@ -247,7 +249,9 @@ class TranscriptOperations:
             if taken.rowcount == 0:
                 await q.raise_missing_or_busy(conn, session_id)
             start = await q.next_position(conn, session_id)
-            return len(await q.append_messages(conn, session_id, start, list(messages)))
+            appended = await q.append_messages(conn, session_id, start, list(messages))
+            await q.set_tail(conn, session_id)
+            return len(appended)
 
 
 def _copy_prefix(source_id: int, new_session_id: int, end: int) -> Insert:
