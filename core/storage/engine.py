@@ -65,6 +65,9 @@ SQLITE_WRITE_WAIT_SECONDS = 30.0
 # Readers in WAL mode wait only in rare cases (another connection recovering the WAL).
 SQLITE_READ_BUSY_MS = 1_000
 HEALTH_TIMEOUT_SECONDS = 5.0
+# A PostgreSQL setting each of this process's connections carries: it moves the session's
+# tail itself (migration 0011's triggers read it).
+KEEPS_TAIL = "slack_agent.keeps_tail"
 
 
 class Probe(NamedTuple):
@@ -319,6 +322,9 @@ class Database:
             server_settings = self.timeouts.server_settings()
             if not synchronous_commit:
                 server_settings["synchronous_commit"] = "off"
+            # This code moves ``agent_sessions.tail_message_id`` with every write of messages:
+            # the triggers that keep it for writers that do not (migration 0011) stay idle.
+            server_settings[KEEPS_TAIL] = "on"
 
             def engine(size: int) -> AsyncEngine:
                 return bounded_engine(
