@@ -49,6 +49,7 @@ from sqlalchemy import (
     ColumnElement,
     Float,
     Insert,
+    Select,
     Table,
     and_,
     bindparam,
@@ -204,6 +205,26 @@ def _held(slot: Slot) -> ColumnElement[Any]:
 SPENT, HELD, LAST = 0, 1, 2  # the kind of a row of the read
 
 
+def _of_other_live_turns(query: Select[Any], session: str) -> Select[Any]:
+    """``query`` over the reservation rows of live turns other than ``session``'s (a bound
+    parameter's name): a row counts while its turn holds its session's lock (the same token)
+    with a heartbeat inside the window (``since``, seconds before now, negative)."""
+    return (
+        query.select_from(RESERVATIONS)
+        .join(
+            SESSIONS,
+            and_(
+                SESSIONS.c.id == RESERVATIONS.c.session_id,
+                SESSIONS.c.lock_token == RESERVATIONS.c.lock_token,
+            ),
+        )
+        .where(
+            RESERVATIONS.c.session_id != bindparam(session, type_=BigInteger),
+            SESSIONS.c.heartbeat_at >= db_now(bindparam("since", type_=Float)),
+        )
+    )
+
+
 @functools.cache
 def _read(accounts: int, wanted: Wanted, slots: Slots) -> Prepared:
     """The totals of the ``wanted`` accounts (``a0``…) and windows (today's, ``day``; this
@@ -241,26 +262,15 @@ def _read(accounts: int, wanted: Wanted, slots: Slots) -> Prepared:
     )
     # Every live turn's one row: the table holds only running turns' (and dead turns' whose
     # session nobody has claimed since), which the ``all`` account counts in any case.
-    held = (
+    held = _of_other_live_turns(
         select(
             literal_column(str(HELD)),
             _none(),
             _none(),
             *(_held(slot) for slot in slots),
             *(_zero() for _ in range(len(slots), width)),
-        )
-        .select_from(RESERVATIONS)
-        .join(
-            SESSIONS,
-            and_(
-                SESSIONS.c.id == RESERVATIONS.c.session_id,
-                SESSIONS.c.lock_token == RESERVATIONS.c.lock_token,
-            ),
-        )
-        .where(
-            RESERVATIONS.c.session_id != bindparam("sid", type_=BigInteger),
-            SESSIONS.c.heartbeat_at >= db_now(bindparam("since", type_=Float)),
-        )
+        ),
+        "sid",
     )
     newest = (
         select(REQUESTS.c.counted_tokens, REQUESTS.c.cost_nanousd)
@@ -392,22 +402,9 @@ def _admitting(accounts: int, wanted: Wanted, slots: Slots, terms: Terms) -> Pre
     is only ever a faster route to what the rules admit (``tests/test_budget_reservations.py``
     holds them equal around every budget's edge)."""
     names = [bindparam(f"a{i}", type_=TOTALS.c.account.type) for i in range(accounts)]
-    held = (
-        select(*(_held(slot).label(f"h{k}") for k, slot in enumerate(slots)))
-        .select_from(RESERVATIONS)
-        .join(
-            SESSIONS,
-            and_(
-                SESSIONS.c.id == RESERVATIONS.c.session_id,
-                SESSIONS.c.lock_token == RESERVATIONS.c.lock_token,
-            ),
-        )
-        .where(
-            RESERVATIONS.c.session_id != bindparam("h_session_id", type_=BigInteger),
-            SESSIONS.c.heartbeat_at >= db_now(bindparam("since", type_=Float)),
-        )
-        .subquery("held")
-    )
+    held = _of_other_live_turns(
+        select(*(_held(slot).label(f"h{k}") for k, slot in enumerate(slots))), "h_session_id"
+    ).subquery("held")
     last = (
         select(REQUESTS.c.counted_tokens, REQUESTS.c.cost_nanousd)
         .where(REQUESTS.c.session_id == bindparam("h_session_id", type_=BigInteger))
