@@ -110,6 +110,11 @@ def bolt_app(
         """A listener or middleware failed. The database failing is a 500, so Slack sends an
         event again (the Events API retries; a click is never sent again: the click listeners
         answer their own failures); a payload of the wrong shape is a 400 and changed nothing."""
+        if isinstance(error, DatabaseError) and _refused_value(error):
+            # The database refused a value the payload carried (a NUL in an id): sent again,
+            # it would be refused again. Nothing was written.
+            log.warning("malformed payload: %s", error)
+            return BoltResponse(status=400, body="malformed payload")
         if isinstance(error, DatabaseError):
             log.error("request not taken: %s", error)
             return BoltResponse(status=500, body="")
@@ -572,3 +577,18 @@ def _team_of(body: dict[str, Any]) -> str | None:
     if isinstance(nested, dict) and isinstance(nested.get("id"), str):
         return str(nested["id"])
     return None
+
+
+def _refused_value(error: BaseException) -> bool:
+    """Whether the database refused a value itself (SQLSTATE class 22, "data exception": a
+    NUL in a text, a number out of range), not failed or timed out: the driver's error, found
+    along the exception's causes, says so."""
+    seen: BaseException | None = error
+    for _ in range(8):  # DatabaseError <- SQLAlchemy's <- the adapter's <- asyncpg's
+        if seen is None:
+            return False
+        code = getattr(seen, "sqlstate", None) or getattr(seen, "pgcode", None)
+        if isinstance(code, str):
+            return code.startswith("22")
+        seen = seen.__cause__ or seen.__context__
+    return False
