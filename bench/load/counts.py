@@ -151,12 +151,14 @@ class Counts:
 
 
 def _site() -> str:
-    """The first caller outside asyncio, contextlib and this module: who armed the timer,
-    made the task, opened the transaction."""
+    """The first caller outside asyncio, contextlib, this module and the database's own
+    plumbing (``Database.autocommit`` and ``Prepared`` open transactions for their callers):
+    who armed the timer, made the task, opened the transaction."""
     frame = sys._getframe(2)
     while frame is not None and (
         "/asyncio/" in frame.f_code.co_filename
         or frame.f_code.co_filename in (__file__, contextlib.__file__)
+        or frame.f_code.co_filename.endswith(("storage/engine.py", "storage/prepared.py"))
     ):
         frame = frame.f_back  # type: ignore[assignment]
     if frame is None:
