@@ -50,7 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.base import Executable
 
-from core.errors import ConfigError, DatabaseError
+from core.errors import ConfigError, DatabaseError, DatabaseValueRefused
 from core.settings import normalize_database_url
 
 T = TypeVar("T")
@@ -823,12 +823,33 @@ def _raw(conn: Connection) -> Any:
 
 
 def database_error(exc: BaseException) -> DatabaseError:
-    """One line naming the driver's complaint, without SQLAlchemy's SQL echo and links."""
+    """One line naming the driver's complaint, without SQLAlchemy's SQL echo and links.
+
+    A value the database refused (``refused_value``) is a ``DatabaseValueRefused``: the
+    request's fault, refused again if sent again, where every other failure may pass."""
     cause = getattr(exc, "orig", None) or exc
     detail = (str(cause).strip().splitlines() or [""])[0]
     if not detail and isinstance(cause, TimeoutError):
         detail = "the database did not answer within its time limit"
+    state = refused_value(cause)
+    if state is not None:
+        return DatabaseValueRefused(f"the database refused a value ({state}): {detail}")
     return DatabaseError(f"{cause.__class__.__name__}: {detail}")
+
+
+def refused_value(cause: BaseException) -> str | None:
+    """The SQLSTATE when the database refused a value itself, else None.
+
+    PostgreSQL: class 22, "data exception" (22021: a NUL in a text; 22003: a number out of
+    range), which SQLAlchemy's asyncpg adapter carries as ``sqlstate`` on the error it wraps
+    (``exc.orig``). SQLite stores a NUL and any text; its ``DataError`` (a value too big to
+    store) is the same refusal, named by the class SQLite's error code falls in."""
+    state = getattr(cause, "sqlstate", None)
+    if isinstance(state, str) and state.startswith("22"):
+        return state
+    if isinstance(cause, sqlite3.DataError):
+        return "22000"
+    return None
 
 
 def library_engine(url: str, timeouts: DatabaseTimeouts | None = None) -> Any:
