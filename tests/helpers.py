@@ -30,6 +30,9 @@ from core.storage.surface_state import SurfaceState
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "worker.py"
+# Seconds a process of the product (``serve``, ``chat``) with its MCP server may take to start
+# on a loaded machine: importing the product and starting the server take seconds of CPU.
+STARTING = 180.0
 
 
 def shell_output(answer: StoredMessage | dict[str, Any] | None) -> str:

@@ -37,7 +37,14 @@ from core.tools import call_digest, canonical_json
 from terminal.chat import ChatSession
 from terminal.client import Terminal
 from tests.helpers import read_json_line, start_worker
-from tests.mcp_support import READY_SECONDS, calls_counted, notes, notes_entry, write_config
+from tests.mcp_support import (
+    READY_SECONDS,
+    calls_counted,
+    notes,
+    notes_config,
+    notes_entry,
+    write_config,
+)
 from tests.terminal_harness import ChatProcess
 
 # Every test starts the notes MCP server as a process (stdio): outside the developer's quick
@@ -209,7 +216,7 @@ async def test_approval__a_decision_after_the_timeout_is_refused(
     settings = Settings(
         database_url=database_url,
         model_provider="offline",
-        mcp_config=write_config(tmp_path, {"notes": notes_entry(tmp_path)}),
+        mcp_config=notes_config(tmp_path),
         approval_timeout_seconds=0.001,
     )
     runtime = await Runtime.open(settings)
