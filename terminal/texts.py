@@ -102,12 +102,12 @@ def value_refused(reason: str, *, sent: bool) -> str:
     typed, it would be refused again, so no "Enter sends it again"."""
     if sent:
         return (
-            f"Not sent: the database cannot store something in it ({reason}). Nothing was "
+            f"Not sent: the database refused something in it ({reason}). Nothing was "
             "changed; your line is back at the prompt to edit."
         )
     return (
-        f"Not decided: the database cannot store something in it ({reason}). Nothing was "
-        "changed; decide again without it."
+        f"Not decided: the database refused something in the reason ({reason}). Nothing "
+        "was changed; the call still waits: decide again without it."
     )
 
 

@@ -88,7 +88,7 @@ def from_core(exc: SlackAgentError) -> ApiError:
     if isinstance(exc, InvalidRequest | UsageError):
         return bad_request(exc.message)
     if isinstance(exc, DatabaseValueRefused):  # before DatabaseError: sent again, refused again
-        return ApiError(400, exc.code, f"a value of the request cannot be stored: {exc.message}")
+        return ApiError(400, exc.code, exc.message)
     if isinstance(exc, DatabaseError):
         return ApiError(503, "unavailable", "the database did not answer; try again")
     return ApiError(500, exc.code, exc.message)
