@@ -21,11 +21,20 @@ from core.records import Actor
 from core.storage import migrate as core_migrate
 from core.storage import queries as q
 from core.storage.approvals import Approvals
-from core.storage.engine import KEEPS_TAIL, create_database
+from core.storage.engine import create_database
 from core.storage.migrate import current_revision, head_revision, upgrade
 from core.storage.models import Base
 from core.storage.sessions import SessionStore
-from tests.helpers import add_exchange, new_session, read_json_line, start_worker, stop_workers
+from tests.helpers import (
+    add_exchange,
+    as_an_older_replica,
+    new_session,
+    read_json_line,
+    rewind_as_an_older_replica,
+    start_worker,
+    stop_workers,
+    tail_on_row,
+)
 
 
 def _diff(connection: Connection) -> list[Any]:
@@ -401,18 +410,11 @@ async def test_migration_0012__the_tail_follows_an_old_replica_up_and_down(
     db = create_database(database_url)
     store = SessionStore(db)
 
-    async def tail() -> str | None:
-        async with db.read() as conn:
-            return await conn.scalar(
-                select(q.SESSIONS.c.tail_message_id).where(q.SESSIONS.c.id == session.id)
-            )
-
     async def older_exchange(at: int) -> str:
         """A question and answer as an older replica writes them; its answer's id."""
         if db.url.startswith("sqlite"):  # one replica: nothing older beside this code's writes
             return (await add_exchange(store, session.id, 1))[-1]
-        async with db.write() as conn:
-            await conn.execute(text(f"SET LOCAL {KEEPS_TAIL} = 'off'"))
+        async with as_an_older_replica(db) as conn:
             added = await q.append_messages(
                 conn, session.id, at, [(user_message("q"), False), (assistant_message("a"), False)]
             )
@@ -424,28 +426,22 @@ async def test_migration_0012__the_tail_follows_an_old_replica_up_and_down(
         per_session = await _tail_function(db)
         assert per_session is None or "FROM (SELECT DISTINCT touched.session_id" in per_session
         answer = await older_exchange(2)
-        assert await tail() == answer
+        assert await tail_on_row(db, session.id) == answer
 
         await _downgrade(db, "0011_session_tail")
         assert await current_revision(db) == "0011_session_tail"
         per_row = await _tail_function(db)
         assert per_row is None or "SELECT DISTINCT touched.session_id AS session_id, (" in per_row
         answer = await older_exchange(4)
-        assert await tail() == answer
+        assert await tail_on_row(db, session.id) == answer
 
         await upgrade(db)
         assert await current_revision(db) == head_revision()
         assert await _tail_function(db) == per_session
         answer = await older_exchange(6)
-        assert await tail() == answer
+        assert await tail_on_row(db, session.id) == answer
         if not db.url.startswith("sqlite"):  # an older replica's rewind moves it back
-            async with db.write() as conn:
-                await conn.execute(text(f"SET LOCAL {KEEPS_TAIL} = 'off'"))
-                await conn.execute(
-                    q.MESSAGES.delete().where(
-                        q.MESSAGES.c.session_id == session.id, q.MESSAGES.c.position >= 2
-                    )
-                )
-            assert await tail() == first[-1]
+            await rewind_as_an_older_replica(db, session.id, 2)
+            assert await tail_on_row(db, session.id) == first[-1]
     finally:
         await db.dispose()
