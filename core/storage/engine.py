@@ -825,19 +825,19 @@ def _raw(conn: Connection) -> Any:
 def database_error(exc: BaseException) -> DatabaseError:
     """One line naming the driver's complaint, without SQLAlchemy's SQL echo and links.
 
-    A value the database refused (``refused_value``) is a ``DatabaseValueRefused``: the
+    A value the database refused (``_refused_state``) is a ``DatabaseValueRefused``: the
     request's fault, refused again if sent again, where every other failure may pass."""
     cause = getattr(exc, "orig", None) or exc
     detail = (str(cause).strip().splitlines() or [""])[0]
     if not detail and isinstance(cause, TimeoutError):
         detail = "the database did not answer within its time limit"
-    state = refused_value(cause)
+    state = _refused_state(cause)
     if state is not None:
         return DatabaseValueRefused(f"the database refused a value ({state}): {detail}")
     return DatabaseError(f"{cause.__class__.__name__}: {detail}")
 
 
-def refused_value(cause: BaseException) -> str | None:
+def _refused_state(cause: BaseException) -> str | None:
     """The SQLSTATE when the database refused a value itself, else None.
 
     PostgreSQL: class 22, "data exception" (22021: a NUL in a text; 22003: a number out of
