@@ -74,6 +74,13 @@ class DatabaseError(SlackAgentError):
     code = "database_error"
 
 
+class DatabaseNotReady(DatabaseError):
+    """The database has no schema yet, or one older than this build's: an operator's command
+    would fail on a table or column that is not there."""
+
+    code = "database_not_ready"
+
+
 class DatabaseUnreachable(DatabaseError):
     """A turn stopped itself: the database did not confirm its lock within the safe share of
     the staleness window (§6.12). Retried like any database failure mid-turn."""

@@ -180,6 +180,8 @@ def _session_line(s: SessionInfo) -> str:
 async def _run_operator(args: argparse.Namespace, settings: Settings) -> None:
     op = Operator.open(settings)
     try:
+        if args.command != "migrate":
+            await op.storage.require_ready()
         await _dispatch(op, args)
     finally:
         await op.close()
