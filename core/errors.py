@@ -10,6 +10,7 @@ above the product add their own leaves (the soak's ``bench.soak.SoakFailed``).
     ├── UsageError                       usage_error
     ├── InvalidRequest                   invalid_request
     ├── DatabaseError                    database_error
+    │   ├── DatabaseNotReady             database_not_ready
     │   ├── DatabaseUnreachable          database_unreachable
     │   └── DatabaseValueRefused         database_value_refused
     ├── AgentSessionError
@@ -74,6 +75,13 @@ class DatabaseError(SlackAgentError):
     """The database failed in a way the protocol does not expect (unreachable, corrupt, ...)."""
 
     code = "database_error"
+
+
+class DatabaseNotReady(DatabaseError):
+    """The database has no schema yet, or one older than this build's: an operator's command
+    would fail on a table or column that is not there."""
+
+    code = "database_not_ready"
 
 
 class DatabaseUnreachable(DatabaseError):

@@ -733,8 +733,9 @@ class Database:
             else:
                 async with asyncio.timeout(HEALTH_TIMEOUT_SECONDS), self.read() as conn:
                     rows = list((await conn.execute(text(query))).all())
-        except (DatabaseError, TimeoutError, sqlite3.Error):
-            return Probe(answered=False, revision=None)
+        except (DatabaseError, TimeoutError, sqlite3.Error) as exc:
+            # A database never migrated answers, with no schema: not "unavailable".
+            return Probe(answered=_no_such_table(exc), revision=None)
         return Probe(answered=True, revision=str(rows[0][0]) if rows else None)
 
     def upsert(self, table: Table) -> postgresql.Insert | sqlite.Insert:
@@ -816,6 +817,19 @@ def _sqlite_file(path: str) -> str:
                 f"DATABASE_URL: cannot create the SQLite file {path}: {exc}"
             ) from None
     return f"file:{urllib.parse.quote(str(Path(path).resolve()))}?mode=rw"
+
+
+def _no_such_table(exc: BaseException) -> bool:
+    """The statement named a table the database does not have (SQLite's message, PostgreSQL's
+    SQLSTATE 42P01), through the causes our errors and SQLAlchemy's wrap it in."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, sqlite3.OperationalError) and str(seen).startswith("no such table"):
+            return True
+        if getattr(seen, "sqlstate", None) == "42P01" or getattr(seen, "pgcode", None) == "42P01":
+            return True
+        seen = seen.__cause__ or getattr(seen, "orig", None)
+    return False
 
 
 def _raw(conn: Connection) -> Any:
