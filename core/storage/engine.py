@@ -826,7 +826,7 @@ def _no_such_table(exc: BaseException) -> bool:
     while seen is not None:
         if isinstance(seen, sqlite3.OperationalError) and str(seen).startswith("no such table"):
             return True
-        if getattr(seen, "sqlstate", None) == "42P01" or getattr(seen, "pgcode", None) == "42P01":
+        if getattr(seen, "sqlstate", None) == "42P01":  # asyncpg's, on SQLAlchemy's ``orig``
             return True
         seen = seen.__cause__ or getattr(seen, "orig", None)
     return False
