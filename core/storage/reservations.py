@@ -1,9 +1,11 @@
 """The budget check a claim runs, in O(1): the payer's running totals (``usage_totals``), the
 other live turns' reservations and the session's last request, read in one prepared statement;
 the decision (``core.usage.budgets.admits``); the turn's reservation written, one row per turn
-(migration 0010). On SQLite the three are one statement (``_admitting``: the rules in SQL, an
-``INSERT … SELECT`` that writes the row only when every budget admits the turn); a claim it
-does not admit takes the read and the rules in Python, which word the refusal.
+(migration 0010). The rules are written in SQL once (``_admission``), so that at a claim the
+three are one statement: on SQLite an ``INSERT … SELECT`` that writes the row only when every
+budget admits the turn (``_admitting``), on PostgreSQL the claim's own statement, which also
+claims the session and inserts the user message (``_claim_admitting``); a claim it does not
+admit takes the read and the rules in Python, which word the refusal.
 
 What it guarantees (docs/design.md, *Budgets across replicas*):
 
@@ -19,13 +21,12 @@ What it guarantees (docs/design.md, *Budgets across replicas*):
   what a turn holds is what it has yet to spend: its reservation less its session's ledger rows
   written since it reserved (both stamped by the writing process's clock).
 - The step is atomic per account: on PostgreSQL under transaction-level advisory locks (one per
-  account, taken in one statement, in a fixed order: claims on different accounts never wait
-  for each other; at a claim the claim's own UPDATE takes them, and the user message's insert
-  writes the reservation, so the check adds its read to the claim's transaction; a claim
-  with no budget to check is one statement, with no transaction), on SQLite
-  under the write lock every write transaction holds. The read is one
-  statement, so it sees the totals, the reservations and the rows that use them up of one
-  moment.
+  account, taken in one statement, in a fixed order, as the transaction's first statement,
+  before any row lock: ``core.storage.advisory``; claims on different accounts never wait for
+  each other; docs/design.md argues the lock order), on SQLite under the write lock every write
+  transaction holds. A claim with no budget to check is one statement, with no transaction.
+  The read is one statement, so it sees the totals, the reservations and the rows that use
+  them up of one moment.
 - A reservation counts only while its turn holds the session's lock (same token, live
   heartbeat): a turn that ends, dies or loses its lock stops holding it without another write,
   and the statement that releases or takes over the lock deletes its row (a trigger of
@@ -761,7 +762,8 @@ class Reservation:
         locked: bool = False,
     ) -> None:
         """Refuse (``AgentSessionBudgetExceeded``, rolling the claim back) or reserve.
-        ``locked``: the transaction holds the accounts' advisory locks already (``claim``)."""
+        ``locked``: the transaction holds the accounts' advisory locks already
+        (``core.storage.advisory.locked``)."""
         if not self.pairs:
             return
         sqlite = conn.dialect.name == "sqlite"
@@ -797,8 +799,9 @@ class Reservation:
     async def take_inserting(
         self, conn: Conn, session_id: int, token: str, message: dict[str, Any]
     ) -> int:
-        """PostgreSQL, after ``claim`` (whose stale guard held): the check, then the user
-        message inserted (``message``: ``core.storage.queries.user_params``) by the statement
+        """PostgreSQL, under the accounts' advisory locks, after the claim (whose stale guard
+        held) when the one statement (``claim_admitting``) did not admit it: the check in
+        Python, then the user message inserted (``message``: ``core.storage.queries.user_params``) by the statement
         that writes the reservation. Returns the message's position. A refusal for the budget
         comes first, with nothing written."""
         params = await self._decide(conn, session_id, token, False, True)
