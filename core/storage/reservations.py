@@ -801,9 +801,10 @@ class Reservation:
     ) -> int:
         """PostgreSQL, under the accounts' advisory locks, after the claim (whose stale guard
         held) when the one statement (``claim_admitting``) did not admit it: the check in
-        Python, then the user message inserted (``message``: ``core.storage.queries.user_params``) by the statement
-        that writes the reservation. Returns the message's position. A refusal for the budget
-        comes first, with nothing written."""
+        Python, then the user message inserted (``message``:
+        ``core.storage.queries.user_params``) by the statement that writes the reservation.
+        Returns the message's position. A refusal for the budget comes first, with nothing
+        written."""
         params = await self._decide(conn, session_id, token, False, True)
         row = (await _INSERT_HOLDING.run(conn, message | params)).row
         assert row is not None  # an INSERT … SELECT of constants: one row
