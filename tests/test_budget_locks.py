@@ -59,6 +59,26 @@ async def nothing_left_open(db: Database) -> None:
         await conn.execute(text("SELECT 1"))
 
 
+async def waiting(db: Database, count: int) -> None:
+    """Until ``count`` of the database's sessions wait on a lock (PostgreSQL); a moment
+    (SQLite, where a writer waits in its busy handler)."""
+    if db.dialect != "postgresql":
+        await asyncio.sleep(0.3)
+        return
+    async with asyncio.timeout(10):
+        while True:
+            async with db.read() as conn:
+                found = await conn.scalar(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                        " current_database() AND wait_event_type = 'Lock'"
+                    )
+                )
+            if found >= count:
+                return
+            await asyncio.sleep(0.02)
+
+
 async def test_claim__every_ending_leaves_no_lock_and_no_transaction(db: Database) -> None:
     store = SessionStore(db)
     ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
@@ -117,7 +137,7 @@ async def test_claim__cancelled_while_it_waits_on_the_locks_leaves_none(
                 await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
             else:
                 await conn.execute(text("DELETE FROM usage_reservations WHERE 0"))
-            waiting = asyncio.create_task(
+            claim = asyncio.create_task(
                 store.start_turn(
                     session.id,
                     user_message=user_message("hi"),
@@ -125,11 +145,11 @@ async def test_claim__cancelled_while_it_waits_on_the_locks_leaves_none(
                     reservation=ledger.reservation(budgets, PAYER),
                 )
             )
-            await asyncio.sleep(0.5)
-            assert not waiting.done()
-            waiting.cancel()
+            await waiting(db, 1)
+            assert not claim.done()
+            claim.cancel()
             with pytest.raises(asyncio.CancelledError):
-                await waiting
+                await claim
     finally:
         await holder.dispose()
     await nothing_left_open(db)
@@ -176,9 +196,9 @@ async def test_claim__waiting_on_the_session_row_under_the_locks_does_not_deadlo
                     reservation=ledger.reservation(parse_budgets(ROOMY), PAYER),
                 )
             )
-            await asyncio.sleep(0.3)
+            await waiting(db, 1)  # the claim, on the row, holding the accounts' locks
             step = asyncio.create_task(ledger.extend(reservation))
-            await asyncio.sleep(0.3)
+            await waiting(db, 2)  # and the step, on the locks
             assert not claim.done()
         async with asyncio.timeout(10):
             lease = await claim
