@@ -497,7 +497,9 @@ def insert_claimed(claimed: CTE) -> Insert:
                 false(),
             ),
         )
-        .returning(MESSAGES.c.position, select(claimed.c.lock_token).scalar_subquery())
+        .returning(
+            MESSAGES.c.position, select(claimed.c.lock_token).scalar_subquery().label("lock_token")
+        )
     )
 
 
