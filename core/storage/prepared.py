@@ -158,35 +158,6 @@ class Prepared:
             return (await self._on_asyncpg(conn, direct, params))[1]
         return (await conn.execute(self.statement, params)).all()
 
-    async def pipelined(self, conn: Conn, runs: Sequence[dict[str, Any]]) -> Sequence[Any] | None:
-        """PostgreSQL: this statement run once per parameters of ``runs``, all sent at once and
-        ended by one Sync (asyncpg's ``fetchmany``): one round trip, in one implicit
-        transaction, committed at the Sync, or rolled back whole by any error. Each run takes
-        its own snapshot (READ COMMITTED), after the run before it ended, so a later run sees
-        what was committed while an earlier one waited on a lock. Every run's rows, processed
-        like ``rows``'. None when the statement cannot go to the driver itself (it is watched,
-        a transaction is open, or the database is SQLite): the caller goes another way."""
-        direct = _asyncpg(conn)
-        if direct is None or direct.begin or direct.adapted._transaction is not None:
-            return None
-        compiled = self._compile(conn.dialect)
-        values = [compiled.values(params) for params in runs]
-        adapted, driver, _ = direct
-        try:
-            async with adapted._execute_mutex:
-                rows = await driver.fetchmany(compiled.sql, values)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            translated = _translated(adapted, exc)
-            if driver.is_closed():
-                await _invalidate(conn)
-            raise DBAPIError.instance(
-                compiled.sql, values, translated, conn.dialect.loaded_dbapi.Error
-            ) from exc
-        except OSError:  # TimeoutError included: the connection is mid-command or gone
-            await _invalidate(conn)
-            raise
-        return [compiled.processed(row) for row in rows]
-
     async def fetch(
         self, db: Database, params: dict[str, Any], *, raw: bool = False
     ) -> Sequence[Any]:

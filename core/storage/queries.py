@@ -497,9 +497,7 @@ def insert_claimed(claimed: CTE) -> Insert:
                 false(),
             ),
         )
-        .returning(
-            MESSAGES.c.position, select(claimed.c.lock_token).scalar_subquery().label("lock_token")
-        )
+        .returning(MESSAGES.c.position, select(claimed.c.lock_token).scalar_subquery())
     )
 
 

@@ -37,7 +37,6 @@ What it guarantees (docs/design.md, *Budgets across replicas*):
 
 from __future__ import annotations
 
-import enum
 import functools
 import hashlib
 from collections.abc import Callable, Sequence
@@ -47,9 +46,7 @@ from decimal import Decimal
 from typing import Any, Final, cast
 
 from sqlalchemy import (
-    CTE,
     BigInteger,
-    Boolean,
     ColumnElement,
     Float,
     Insert,
@@ -495,19 +492,27 @@ def _admitting(accounts: int, wanted: Wanted, slots: Slots, terms: Terms) -> Pre
     )
 
 
-def _claiming_ctes(
-    stamp: bool, accounts: int, wanted: Wanted, slots: Slots, terms: Terms, *, gated: bool
-) -> tuple[CTE, CTE]:
-    """The claim (``queries.claimed_cte``), holding only if ``_admission``'s row exists, and
-    the reservation's upsert from the two (its token is the claim's): the CTEs of
-    ``_claim_admitting`` and ``_claim_pipelined``. ``gated``: admitted only where the bound
-    parameter ``go`` is true (``_claim_pipelined``'s first run admits nothing)."""
+@functools.cache
+def _claim_admitting(
+    stamp: bool, accounts: int, wanted: Wanted, slots: Slots, terms: Terms
+) -> Prepared:
+    """PostgreSQL: the claim, the budget's admission, the reservation and the user message in
+    one statement, run under the accounts' advisory locks taken by an earlier statement of
+    its transaction (``core.storage.advisory``), so its snapshot sees what every earlier
+    holder of those locks committed. ``_admission``'s row (none when a budget does not admit
+    the turn) is a CTE; the claim (``queries.claimed_cte``) holds only if that row exists; the
+    reservation is written from the two (its token is the claim's); the user message is
+    inserted from the claim (``queries.insert_claimed``). Nothing is written unless the claim
+    and every budget hold; the caller then goes the ordinary way, which says which refused.
+
+    The reservation's upsert may replace this session's row of an earlier turn in place; the
+    trigger that deletes a replaced token's row (migration 0007) fires at the statement's end
+    and deletes rows of the old token only, so it leaves the new one."""
     rules = _admission(accounts, wanted, slots, terms, bounded=True)
-    where = and_(bindparam("go", type_=Boolean), rules.admitted) if gated else rules.admitted
     admitted = (
         select(*(v.label(n) for n, v in rules.values.items() if n != "lock_token"))
         .select_from(rules.source)
-        .where(where)
+        .where(rules.admitted)
         .cte("admitted")
     )
     claimed = claimed_cte(
@@ -523,53 +528,7 @@ def _claiming_ctes(
         index_elements=["session_id"],
         set_={name: upsert.excluded[name] for name in _HOLD_COLUMNS[1:]},
     ).cte("held")
-    return claimed, held
-
-
-@functools.cache
-def _claim_admitting(
-    stamp: bool, accounts: int, wanted: Wanted, slots: Slots, terms: Terms
-) -> Prepared:
-    """PostgreSQL: the claim, the budget's admission, the reservation and the user message in
-    one statement, run under the accounts' advisory locks taken by an earlier statement of
-    its transaction (``core.storage.advisory``), so its snapshot sees what every earlier
-    holder of those locks committed. ``_admission``'s row (none when a budget does not admit
-    the turn) is a CTE; the claim holds only if that row exists; the reservation is written
-    from the two; the user message is inserted from the claim (``queries.insert_claimed``).
-    Nothing is written unless the claim and every budget hold; the caller then goes the
-    ordinary way, which says which refused.
-
-    The reservation's upsert may replace this session's row of an earlier turn in place; the
-    trigger that deletes a replaced token's row (migration 0007) fires at the statement's end
-    and deletes rows of the old token only, so it leaves the new one."""
-    claimed, held = _claiming_ctes(stamp, accounts, wanted, slots, terms, gated=False)
     return Prepared(insert_claimed(claimed).add_cte(held))
-
-
-@functools.cache
-def _claim_pipelined(
-    stamp: bool, accounts: int, wanted: Wanted, slots: Slots, terms: Terms
-) -> Prepared:
-    """PostgreSQL: ``_claim_admitting`` taking the accounts' advisory locks itself, for two
-    runs sent at once in one implicit transaction (``Prepared.pipelined``): the first
-    (``go`` false) takes the locks and admits nothing; the second (``go`` true) takes them
-    again (a transaction's advisory locks are re-entrant: at once) and claims, admits,
-    reserves and inserts, on a snapshot taken after the first ended, so after the locks:
-    what every earlier holder committed is seen, as under ``core.storage.advisory.locked``.
-    The Sync commits, and ends the locks. One round trip where that takes three.
-
-    The locks are the preserved side of an outer join with the message's insert, so every
-    run evaluates them, whether or not it inserts; a run returns one row: the message's
-    position and the claim's token (NULL when nothing was written), then the locks."""
-    claimed, held = _claiming_ctes(stamp, accounts, wanted, slots, terms, gated=True)
-    inserted = insert_claimed(claimed).cte("inserted")
-    locked = select(*(lock.label(f"l{i}") for i, lock in enumerate(_lock_columns(accounts))))
-    locks = locked.subquery("locked")
-    return Prepared(
-        select(inserted.c.position, inserted.c.lock_token, *locks.c)
-        .select_from(locks.outerjoin(inserted, true()))
-        .add_cte(held)
-    )
 
 
 _LOCKS: Final = {n: _locks(n) for n in range(1, MOST_ACCOUNTS + 1)}
@@ -693,7 +652,6 @@ class _Plan:
     hold: dict[str, Any]
     admitting: Prepared
     claiming: dict[bool, Prepared]  # PostgreSQL's, by whether the claim stamps the model
-    pipelined: dict[bool, Prepared]  # likewise, taking the locks itself
     admit: dict[str, Any]  # the admitting statements' parameters that stay the same
     in_sql: bool  # the admitting statements may decide (every limit well inside 64 bits)
 
@@ -732,24 +690,9 @@ def _plan(budgets: tuple[Budget, ...], payer: Payer | None) -> _Plan:
             stamp: _claim_admitting(stamp, len(keys), wanted, slots, terms)
             for stamp in (False, True)
         },
-        {
-            stamp: _claim_pipelined(stamp, len(keys), wanted, slots, terms)
-            for stamp in (False, True)
-        },
         admit,
         all(_limit(budget) < SQL_LIMIT for budget, _ in pairs),
     )
-
-
-class NotSent(enum.Enum):
-    """``Reservation.claim_pipelined`` sent nothing."""
-
-    NOT_SENT = "not sent"
-
-
-NOT_SENT: Final = NotSent.NOT_SENT
-_FIRST: Final = {"go": False}  # _claim_pipelined's runs: the locks, then the claim
-_SECOND: Final = {"go": True}
 
 
 class Reservation:
@@ -808,32 +751,6 @@ class Reservation:
         token = str(row[1])
         self.session_id, self.token = session_id, token
         return token, int(row[0])
-
-    async def claim_pipelined(
-        self, conn: Conn, params: dict[str, Any], *, stamp: bool
-    ) -> tuple[str, int] | NotSent | None:
-        """PostgreSQL, on a connection outside any transaction: ``claim_admitting`` with its
-        locks in one round trip (``_claim_pipelined``, two runs of it sent at once): the token
-        and the message's position; None when it wrote nothing (the locks have ended with it:
-        the caller goes the ordinary way, under the locks again); ``NOT_SENT`` when the
-        statement cannot go to the driver itself (``Prepared.pipelined``) or the rules are
-        Python's to apply."""
-        plan = self._plan
-        if not plan.in_sql:
-            return NOT_SENT
-        session_id = int(params["sid"])
-        run = params | self._admit_params(session_id, "", False) | plan.locks
-        try:
-            rows = await plan.pipelined[stamp].pipelined(conn, [run | _FIRST, run | _SECOND])
-        except IntegrityError as exc:
-            raise message_integrity_error(exc) from exc
-        if rows is None:
-            return NOT_SENT
-        position, token = rows[-1][0], rows[-1][1]
-        if position is None:
-            return None
-        self.session_id, self.token = session_id, str(token)
-        return str(token), int(position)
 
     async def take(
         self,
@@ -938,12 +855,4 @@ class Reservation:
         return params
 
 
-__all__ = [
-    "NANO",
-    "NOT_SENT",
-    "WINDOW_START",
-    "Reservation",
-    "applicable",
-    "lock_key",
-    "read_accounts",
-]
+__all__ = ["NANO", "WINDOW_START", "Reservation", "applicable", "lock_key", "read_accounts"]

@@ -63,7 +63,6 @@ from core.storage.custom_providers import CustomProviders
 from core.storage.dialect import db_now, in_json_ids, insert_ignoring, json_ids
 from core.storage.engine import Conn, Database
 from core.storage.prepared import Prepared
-from core.storage.reservations import NOT_SENT, NotSent
 from core.storage.snapshots import SnapshotRef, Snapshots, attach_snapshot
 from core.storage.transcript import TranscriptOperations
 from core.storage.usage import Reservation
@@ -539,17 +538,8 @@ class SessionStore(TranscriptOperations):
             return TurnLease(session_id, token, message, next_position=position + 1)
         if self.db.dialect == "postgresql" and budgeted:
             assert reservation is not None
-            sent: tuple[str, int] | NotSent | None = NOT_SENT
-            if row is not None:
-                assert user_message is not None
-                async with self.db.autocommit() as conn:
-                    sent = await reservation.claim_pipelined(conn, params, stamp=stamp)
-                if isinstance(sent, tuple):
-                    token, position = sent
-                    message = StoredMessage(row["message_id"], position, user_message, False)
-                    return TurnLease(session_id, token, message, next_position=position + 1)
             async with advisory.locked(self.db, reservation.lock_keys) as conn:
-                if row is not None and sent is NOT_SENT:
+                if row is not None:
                     assert user_message is not None
                     got = await reservation.claim_admitting(conn, params, stamp=stamp)
                     if got is not None:
