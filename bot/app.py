@@ -47,7 +47,7 @@ from core.conversation import Conversations, DeliveryRecord, slack_message_id
 from core.conversation.intake import Incoming
 from core.conversation.surface import ClickAnswer
 from core.conversation.worker import DeliveryWorker
-from core.errors import DatabaseError, InvalidRequest
+from core.errors import DatabaseError, DatabaseValueRefused, InvalidRequest
 from core.runtime import Settings
 
 log = logging.getLogger(__name__)
@@ -110,10 +110,10 @@ def bolt_app(
         """A listener or middleware failed. The database failing is a 500, so Slack sends an
         event again (the Events API retries; a click is never sent again: the click listeners
         answer their own failures); a payload of the wrong shape is a 400 and changed nothing."""
-        if isinstance(error, DatabaseError) and _refused_value(error):
+        if isinstance(error, DatabaseValueRefused):
             # The database refused a value the payload carried (a NUL in an id): sent again,
             # it would be refused again. Nothing was written.
-            log.warning("malformed payload: %s", error)
+            log.warning("malformed payload: %s: %s", error.code, error)
             return BoltResponse(status=400, body="malformed payload")
         if isinstance(error, DatabaseError):
             log.error("request not taken: %s", error)
@@ -577,18 +577,3 @@ def _team_of(body: dict[str, Any]) -> str | None:
     if isinstance(nested, dict) and isinstance(nested.get("id"), str):
         return str(nested["id"])
     return None
-
-
-def _refused_value(error: BaseException) -> bool:
-    """Whether the database refused a value itself (SQLSTATE class 22, "data exception": a
-    NUL in a text, a number out of range), not failed or timed out: the driver's error, found
-    along the exception's causes, says so."""
-    seen: BaseException | None = error
-    for _ in range(8):  # DatabaseError <- SQLAlchemy's <- the adapter's <- asyncpg's
-        if seen is None:
-            return False
-        code = getattr(seen, "sqlstate", None) or getattr(seen, "pgcode", None)
-        if isinstance(code, str):
-            return code.startswith("22")
-        seen = seen.__cause__ or seen.__context__
-    return False

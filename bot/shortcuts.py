@@ -106,7 +106,12 @@ class Shortcuts:
             return
         trigger = payload.nested_string(body, "trigger_id")
         key = await self.conversations.stash(
-            {"session_id": conversation.id, "message_id": message_id, "post": post.context()}
+            {
+                "session_id": conversation.id,
+                "message_id": message_id,
+                "post": post.context(),
+                "domain": payload.nested_string(body, "team", "domain"),
+            }
         )
         modal = text.rewind_modal(
             plan.leaving, key, to_a_question=plan.to_a_question, outside=plan.outside
@@ -140,7 +145,11 @@ class Shortcuts:
         await client.chat_postMessage(
             channel=post.channel,
             thread_ts=post.thread_ts,
-            text=text.rewound(result.deleted, post.user),
+            text=text.rewound(
+                result.deleted,
+                post.user,
+                text.permalink(_domain(stashed), post.channel, post.ts),
+            ),
         )
         for ref, shown in result.withdrawn_replies:
             reply = SlackThread.parse(ref)
@@ -331,3 +340,10 @@ def _compact_refusal(exc: Exception) -> str:
     if isinstance(exc, AgentSessionBusy):
         return text.busy_action("compact")
     return text.already_compact()
+
+
+def _domain(stashed: dict[str, Any]) -> str | None:
+    """The workspace's domain kept with a rewind's confirmation (none in one stashed by a
+    release before it was kept: the link then goes through slack.com, which redirects)."""
+    domain = stashed.get("domain")
+    return domain if isinstance(domain, str) else None

@@ -183,10 +183,13 @@ def busy_action(action: str) -> str:
     )
 
 
-def rewound(deleted: int, by_user: str) -> str:
+def rewound(deleted: int, by_user: str, to: str) -> str:
+    """Posted at the thread's end, so it links to the message rewound to: "to here" read as
+    the notice itself, below the messages that had just left."""
     return (
-        f":rewind: <@{by_user}> rewound the conversation to here; {deleted} later "
-        f"message{'s' if deleted != 1 else ''} left the conversation."
+        f":rewind: <@{by_user}> rewound the conversation to <{to}|this message>; {deleted} "
+        f"later message{'s' if deleted != 1 else ''} left the conversation, which goes on "
+        "from here."
     )
 
 

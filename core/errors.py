@@ -10,6 +10,9 @@ above the product add their own leaves (the soak's ``bench.soak.SoakFailed``).
     ├── UsageError                       usage_error
     ├── InvalidRequest                   invalid_request
     ├── DatabaseError                    database_error
+    │   ├── DatabaseNotReady             database_not_ready
+    │   ├── DatabaseUnreachable          database_unreachable
+    │   └── DatabaseValueRefused         database_value_refused
     ├── AgentSessionError
     │   ├── AgentSessionNotFound         agent_session_not_found
     │   ├── AgentSessionForbidden        agent_session_forbidden
@@ -74,11 +77,28 @@ class DatabaseError(SlackAgentError):
     code = "database_error"
 
 
+class DatabaseNotReady(DatabaseError):
+    """The database has no schema yet, or one older than this build's: an operator's command
+    would fail on a table or column that is not there."""
+
+    code = "database_not_ready"
+
+
 class DatabaseUnreachable(DatabaseError):
     """A turn stopped itself: the database did not confirm its lock within the safe share of
     the staleness window (§6.12). Retried like any database failure mid-turn."""
 
     code = "database_unreachable"
+
+
+class DatabaseValueRefused(DatabaseError):
+    """The database refused a value itself (PostgreSQL's SQLSTATE class 22, "data exception":
+    a NUL in a text, a number out of range), so nothing of the statement was written. Unlike
+    the database failing, sending the same request again is refused again: every surface
+    answers it as the request's fault (a 4xx; the terminal says so once), never "try again".
+    Made only by ``core.storage.engine.database_error``, where driver errors are read."""
+
+    code = "database_value_refused"
 
 
 class AgentSessionError(SlackAgentError):

@@ -50,8 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     retention_cmds = retention.add_subparsers(dest="action", required=True, metavar="ACTION")
     retention_cmds.add_parser("show")
     setter = retention_cmds.add_parser("set", help="0 turns a rule off")
-    setter.add_argument("--max-idle-days", type=float)
-    setter.add_argument("--max-per-user", type=int)
+    setter.add_argument(
+        "--max-idle-days", type=float, help="delete a session idle this long (0: never)"
+    )
+    setter.add_argument(
+        "--max-per-user", type=int, help="keep at most this many sessions per person (0: no limit)"
+    )
 
     usage = commands.add_parser("usage", help="what the model requests used and cost")
     usage.add_argument("--by", choices=("user", "workspace", "model", "day"), default="user")
@@ -64,11 +68,18 @@ def _parser() -> argparse.ArgumentParser:
     budget_set = budget_cmds.add_parser(
         "set", help="add or replace limits, e.g. user:day:200000tokens,all:month:500usd"
     )
-    budget_set.add_argument("value", metavar="ENTRIES")
+    budget_set.add_argument(
+        "value",
+        metavar="ENTRIES",
+        help="SCOPE:PERIOD:AMOUNT, comma-separated: SCOPE user, workspace or all; PERIOD day "
+        "or month (UTC); AMOUNT tokens or usd (200000tokens, 500usd)",
+    )
     budget_clear = budget_cmds.add_parser(
         "clear", help="remove SCOPE:PERIOD[:UNIT]; with none, back to the environment's BUDGETS"
     )
-    budget_clear.add_argument("value", metavar="SCOPE:PERIOD[:UNIT]", nargs="?")
+    budget_clear.add_argument(
+        "value", metavar="SCOPE:PERIOD[:UNIT]", nargs="?", help="e.g. user:day or all:month:usd"
+    )
 
     token = commands.add_parser("token", help="keys for programs using the HTTP API")
     token_cmds = token.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -169,6 +180,8 @@ def _session_line(s: SessionInfo) -> str:
 async def _run_operator(args: argparse.Namespace, settings: Settings) -> None:
     op = Operator.open(settings)
     try:
+        if args.command != "migrate":
+            await op.storage.require_ready()
         await _dispatch(op, args)
     finally:
         await op.close()

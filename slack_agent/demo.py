@@ -45,6 +45,7 @@ WEB_HOST, WEB_PORT = "127.0.0.1", 8000
 CHANNEL = "C0GENERAL"
 NAMES = {"U0ALICE": "alice", "U0BOB": "bob"}
 _MENTION = re.compile(r"<@([A-Z0-9]+)>")
+_LINK = re.compile(r"<(https?://[^|>]+)\|([^>]+)>")
 
 
 class DemoReplica:
@@ -181,7 +182,9 @@ def print_thread(standin: SlackStandIn, root: str, viewer: str, title: str) -> N
 
 
 def _as_shown(text: str) -> str:
-    """Mentions as Slack shows them (``<@U0ALICE>`` as ``@alice``)."""
+    """Mentions and links as Slack shows them (``<@U0ALICE>`` as ``@alice``, a link with a
+    label as the label, its address after it in brackets: a terminal has no link to click)."""
+    text = _LINK.sub(lambda m: f"{m.group(2)} ({m.group(1)})", text)
     return _MENTION.sub(lambda m: "@" + NAMES.get(m.group(1), m.group(1)), text)
 
 

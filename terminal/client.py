@@ -53,6 +53,7 @@ from core.conversation import (
 from core.errors import (
     AgentSessionAlreadyCompact,
     AgentSessionBusy,
+    DatabaseValueRefused,
     MessageNotFound,
     SlackAgentError,
 )
@@ -257,6 +258,12 @@ class Terminal:
                 self.draft = None
                 await self.chat.after_interruption()
                 self.say(say.turn_failed(_reason(exc)))
+            elif isinstance(exc, DatabaseValueRefused):
+                # Sent again as it is, it would be refused again: back to the prompt instead.
+                if self.draft is not None and decide is None and left is None:
+                    self.draft = None
+                    self.prefill = body
+                self.say(say.value_refused(_reason(exc), sent=decide is None))
             else:
                 self.say(say.send_failed(_reason(exc)))
             return

@@ -97,6 +97,20 @@ def send_failed(reason: str) -> str:
     return f"Your message could not be sent ({reason}). Enter sends it again."
 
 
+def value_refused(reason: str, *, sent: bool) -> str:
+    """The database refused a value of what was typed (a NUL PostgreSQL cannot store): as
+    typed, it would be refused again, so no "Enter sends it again"."""
+    if sent:
+        return (
+            f"Not sent: the database refused something in it ({reason}). Nothing was "
+            "changed; your line is back at the prompt to edit."
+        )
+    return (
+        f"Not decided: the database refused something in the reason ({reason}). Nothing "
+        "was changed; the call still waits: decide again without it."
+    )
+
+
 def turn_failed(reason: str) -> str:
     return f"The reply stopped early ({reason}); what it wrote is kept, marked interrupted."
 

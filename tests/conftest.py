@@ -29,6 +29,7 @@ from core.storage.migrate import upgrade
 from core.storage.sessions import SessionStore
 from standins.openai import GatedModel
 from standins.slack import SlackStandIn
+from tests.terminal_harness import ChatProcess
 
 PG_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", "postgresql"]
@@ -257,6 +258,16 @@ async def model() -> AsyncIterator[GatedModel]:
     """An OpenAI-wire model server whose answers wait until the test releases them."""
     async with GatedModel() as fake:
         yield fake
+
+
+@pytest.fixture
+async def chats() -> AsyncIterator[list[ChatProcess]]:
+    """Every terminal client (``slack-agent chat``) a test starts is killed at the end,
+    whatever happened: append each one as it starts."""
+    started: list[ChatProcess] = []
+    yield started
+    for chat in started:
+        chat.kill()
 
 
 @pytest.fixture(autouse=True)

@@ -8,11 +8,11 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, update
+from sqlalchemy import event, select, text, update
 
 from core.agent.loop import Agent
 from core.agent.model_choice import ProviderCache
@@ -22,7 +22,7 @@ from core.records import SessionInfo, StoredMessage, TurnLease
 from core.settings import Settings
 from core.storage import queries as q
 from core.storage.dialect import ago, db_now
-from core.storage.engine import Database
+from core.storage.engine import KEEPS_TAIL, Conn, Database
 from core.storage.feedback import Feedback
 from core.storage.models import AgentSession
 from core.storage.sessions import SessionStore
@@ -30,6 +30,9 @@ from core.storage.surface_state import SurfaceState
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "worker.py"
+# Seconds a process of the product (``serve``, ``chat``) with its MCP server may take to start
+# on a loaded machine: importing the product and starting the server take seconds of CPU.
+STARTING = 180.0
 
 
 def shell_output(answer: StoredMessage | dict[str, Any] | None) -> str:
@@ -162,3 +165,34 @@ def statements(db: Database) -> Iterator[list[tuple[str, Any]]]:
         yield seen
     finally:
         event.remove(db.sync_engine, "before_cursor_execute", before)
+
+
+async def tail_on_row(db: Database, session_id: int) -> str | None:
+    """The session's tail as its own row holds it (``tail_message_id``, migration 0011): what
+    the stale guard compares."""
+    async with db.read() as conn:
+        found = await conn.scalar(
+            select(q.SESSIONS.c.tail_message_id).where(q.SESSIONS.c.id == session_id)
+        )
+    return None if found is None else str(found)
+
+
+@contextlib.asynccontextmanager
+async def as_an_older_replica(db: Database) -> AsyncIterator[Conn]:
+    """A write transaction as a replica of the release before 0011 makes it, through a rolling
+    upgrade: its connection does not say it keeps the session's tail (``KEEPS_TAIL``), so on
+    PostgreSQL the tail triggers move the tail for it."""
+    async with db.write() as conn:
+        await conn.execute(text(f"SET LOCAL {KEEPS_TAIL} = 'off'"))
+        yield conn
+
+
+async def rewind_as_an_older_replica(db: Database, session_id: int, position: int) -> None:
+    """An older replica's rewind: the session's messages from ``position`` on deleted, the
+    tail left to the triggers."""
+    async with as_an_older_replica(db) as conn:
+        await conn.execute(
+            q.MESSAGES.delete().where(
+                q.MESSAGES.c.session_id == session_id, q.MESSAGES.c.position >= position
+            )
+        )

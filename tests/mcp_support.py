@@ -35,6 +35,12 @@ def write_config(tmp_path: Path, servers: Mapping[str, Any]) -> str:
     return str(path)
 
 
+def notes_config(tmp_path: Path) -> str:
+    """The ``MCP_CONFIG`` of one notes server writing ``tmp_path``'s notes file: what the
+    approval tests' runtimes and processes read."""
+    return write_config(tmp_path, {"notes": notes_entry(tmp_path)})
+
+
 @asynccontextmanager
 async def running(
     tmp_path: Path, servers: Mapping[str, Any], *, environ: Mapping[str, str] | None = None

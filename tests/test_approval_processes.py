@@ -20,7 +20,8 @@ import aiohttp
 import pytest
 
 from standins.slack import Call, SlackClient, SlackStandIn
-from tests.mcp_support import notes, notes_entry, write_config
+from tests.helpers import STARTING
+from tests.mcp_support import notes, notes_config
 from tests.slack_harness import ServeProcess
 from tests.terminal_harness import ChatProcess
 from tests.test_slack_approvals import ADD, card_updates, cards, click
@@ -28,16 +29,7 @@ from tests.test_terminal import link
 
 pytestmark = pytest.mark.slow
 
-STARTING = 180.0  # seconds a serve or chat process may take to start on a loaded machine
 CONNECTED = 'slack_agent_mcp_server_connected{server="notes"} 1.0'
-
-
-@pytest.fixture
-async def chats() -> AsyncIterator[list[ChatProcess]]:
-    started: list[ChatProcess] = []
-    yield started
-    for chat in started:
-        chat.kill()
 
 
 async def connected(serve: ServeProcess, within: float = STARTING) -> None:
@@ -55,7 +47,7 @@ async def connected(serve: ServeProcess, within: float = STARTING) -> None:
 
 def env(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     return {
-        "MCP_CONFIG": write_config(tmp_path, {"notes": notes_entry(tmp_path)}),
+        "MCP_CONFIG": notes_config(tmp_path),
         "SESSION_POLL_SECONDS": "0.3",
         **extra,
     }

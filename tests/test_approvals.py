@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 from sqlalchemy import update
 
 from core.conversation import (
@@ -32,8 +34,17 @@ from core.storage.approvals import ApprovalRecord
 from core.storage.dialect import ago
 from core.storage.models import ToolApproval
 from core.tools import call_digest, canonical_json
+from terminal.chat import ChatSession
+from terminal.client import Terminal
 from tests.helpers import read_json_line, start_worker
-from tests.mcp_support import READY_SECONDS, calls_counted, notes, notes_entry, write_config
+from tests.mcp_support import (
+    READY_SECONDS,
+    calls_counted,
+    notes,
+    notes_config,
+    notes_entry,
+    write_config,
+)
 from tests.terminal_harness import ChatProcess
 
 # Every test starts the notes MCP server as a process (stdio): outside the developer's quick
@@ -205,7 +216,7 @@ async def test_approval__a_decision_after_the_timeout_is_refused(
     settings = Settings(
         database_url=database_url,
         model_provider="offline",
-        mcp_config=write_config(tmp_path, {"notes": notes_entry(tmp_path)}),
+        mcp_config=notes_config(tmp_path),
         approval_timeout_seconds=0.001,
     )
     runtime = await Runtime.open(settings)
@@ -430,6 +441,46 @@ async def test_approval__a_nul_in_the_arguments_is_asked_approved_and_run(
     assert isinstance(await decide(conversations, approval_id, await owner(conversations)), Decided)
     assert isinstance(await conversation.carry_out(approval_id), Answered)
     assert notes(tmp_path) == {"plan": "ship\x00 on friday"}
+
+
+class _NoLines:
+    """The terminal's line source for a test that hands it each line itself."""
+
+    async def read(self, prompt: str, default: str) -> str:
+        raise EOFError
+
+
+async def test_approval__a_nul_in_the_terminals_reason_is_one_line_and_decides_nothing(
+    runtime: Runtime, backend: str, tmp_path: Path
+) -> None:
+    """A reason is what a person types; PostgreSQL refuses a NUL in it (SQLSTATE 22021). The
+    terminal says so in one line (``database_value_refused``), not "sent again" (it would be
+    refused again), and the call still waits, undecided; a reason without it then decides.
+    SQLite stores a NUL: there the first reason decides."""
+    chat = ChatSession(runtime)
+    chat.actor = await chat.conversations.person(chat.operator, admin=True)
+    printed = io.StringIO()
+    terminal = Terminal(chat, _NoLines(), Console(file=printed, width=400))
+    await terminal._handle(ADD)
+    approval_id = terminal.asking
+    assert approval_id is not None
+    assert chat.conversation is not None
+    before = await chat.conversation.store.messages(chat.conversation.id)
+    await terminal._handle("/deny not\x00 now")
+    record = await _record(chat.conversations, approval_id)
+    if backend == "postgresql":
+        (said,) = [line for line in printed.getvalue().splitlines() if "Not decided" in line]
+        assert "database_value_refused" in said
+        assert "sends it again" not in said
+        assert record.state == "pending"
+        assert terminal.asking == approval_id
+        assert await chat.pending_approval() is not None
+        assert await chat.conversation.store.messages(chat.conversation.id) == before
+        await terminal._handle("/deny not now")
+        record = await _record(chat.conversations, approval_id)
+    assert record.state == "declined"
+    assert record.decision_reason in ("not now", "not\x00 now")
+    assert notes(tmp_path) == {}
 
 
 async def test_approval__arguments_read_back_exactly_as_they_were_digested(

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from core.messages import user_message
+from core.settings import Settings
+from core.storage import Storage
 from core.storage.custom_providers import CustomProviderSpec
 from core.storage.engine import MIN_SQLITE
 from core.storage.migrate import head_revision
@@ -49,6 +51,35 @@ def test_migrate__creates_then_reports_schema(empty_database_url: str) -> None:
     assert first.stdout.strip() == f"database at revision {head_revision()} (was None)"
     again = cli("migrate", database_url=empty_database_url)
     assert again.stdout.strip() == f"database at revision {head_revision()}"
+
+
+async def test_an_unmigrated_database__commands_say_to_migrate_in_one_line_and_write_nothing(
+    empty_database_url: str,
+) -> None:
+    """The operator's commands that only read or set values do not migrate: on a database
+    never migrated they failed on their first statement (``no such table:
+    system_settings``). Now one line says what to run, readiness says the schema is missing
+    (not that the database is unavailable), and the database is left as it was (migrate
+    finds no schema)."""
+    head = head_revision()
+    for args in (("budget", "set", "user:day:1000tokens"), ("sessions", "list"), ("usage",)):
+        line = one_line_error(cli(*args, database_url=empty_database_url))
+        assert line == (
+            f"slack-agent: database_not_ready: database schema at nothing; this build needs "
+            f"{head}: run `slack-agent migrate` (`serve` migrates as it starts)"
+        ), args
+    storage = Storage.open(Settings(database_url=empty_database_url))
+    try:
+        reason = await storage.not_ready()
+    finally:
+        await storage.dispose()
+    assert reason == f"database schema at nothing; this build needs {head}"
+    migrated = cli("migrate", database_url=empty_database_url)
+    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stdout.strip() == f"database at revision {head} (was None)"
+    assert cli("budget", "show", database_url=empty_database_url).stdout.strip() == (
+        "no budgets: nothing limits spending"
+    )
 
 
 async def test_sessions__list_show_delete(store: SessionStore, database_url: str) -> None:

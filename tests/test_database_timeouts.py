@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 from pathlib import Path
 
 import pytest
+from sqlalchemy import exc as sa_exc
 
-from core.errors import ConfigError
+from core.errors import ConfigError, DatabaseError, DatabaseValueRefused
 from core.settings import load_settings
 from core.storage import Storage, timeouts_of
+from core.storage.engine import database_error
 
 
 def test_timeouts__derived_from_the_window_and_within_its_budget() -> None:
@@ -52,3 +55,36 @@ async def test_timeouts__opening_storage_says_nothing_of_them(
         storage = Storage.open(settings)
         await storage.dispose()
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+class _Driver(Exception):
+    """A driver's error as SQLAlchemy's asyncpg adapter hands it on: its SQLSTATE on it."""
+
+    def __init__(self, message: str, sqlstate: str) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+def test_database_error__a_value_refused_is_its_own_code_and_a_failure_is_not() -> None:
+    """Only a data exception (SQLSTATE class 22; SQLite's ``DataError``) is the request's
+    fault; a conflict, a lost connection or a time-out stays a ``DatabaseError`` a caller may
+    try again."""
+    nul = _Driver('invalid byte sequence for encoding "UTF8": 0x00', "22021")
+    refused = database_error(sa_exc.DataError("SELECT", {}, nul))
+    assert isinstance(refused, DatabaseValueRefused)
+    assert refused.code == "database_value_refused"
+    assert str(refused) == (
+        'the database refused a value (22021): invalid byte sequence for encoding "UTF8": 0x00'
+    )
+    big = database_error(
+        sa_exc.DataError("INSERT", {}, sqlite3.DataError("string or blob too big"))
+    )
+    assert isinstance(big, DatabaseValueRefused)
+    for failed in (
+        sa_exc.OperationalError("UPDATE", {}, _Driver("could not serialize access", "40001")),
+        sa_exc.OperationalError("SELECT", {}, sqlite3.OperationalError("database is locked")),
+        TimeoutError(),
+    ):
+        error = database_error(failed)
+        assert type(error) is DatabaseError, failed
+        assert error.code == "database_error"

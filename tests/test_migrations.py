@@ -25,7 +25,16 @@ from core.storage.engine import create_database
 from core.storage.migrate import current_revision, head_revision, upgrade
 from core.storage.models import Base
 from core.storage.sessions import SessionStore
-from tests.helpers import add_exchange, new_session, read_json_line, start_worker, stop_workers
+from tests.helpers import (
+    add_exchange,
+    as_an_older_replica,
+    new_session,
+    read_json_line,
+    rewind_as_an_older_replica,
+    start_worker,
+    stop_workers,
+    tail_on_row,
+)
 
 
 def _diff(connection: Connection) -> list[Any]:
@@ -374,5 +383,65 @@ async def test_migration_0008__old_requests_have_no_requester_and_new_ones_keep_
         assert count == 2
         await upgrade(db)
         assert (await approvals.get(new)).requested_by is None  # type: ignore[union-attr]
+    finally:
+        await db.dispose()
+
+
+async def _tail_function(db: Any) -> str | None:
+    """The body of the tail triggers' function (PostgreSQL; None on SQLite, which has none)."""
+    if db.url.startswith("sqlite"):
+        return None
+    async with db.read() as conn:
+        return str(
+            await conn.scalar(
+                text("SELECT prosrc FROM pg_proc WHERE proname = 'agent_session_tail_follows'")
+            )
+        )
+
+
+async def test_migration_0012__the_tail_follows_an_old_replica_up_and_down(
+    database_url: str,
+) -> None:
+    """0012 replaces the tail triggers' function by one that looks up each touched session's
+    newest message once (0011's did it once a row): at either revision an older replica's
+    writes, on a connection that does not say it keeps the tail, move the session's tail;
+    down to 0011 puts its body back, and up again the new one. SQLite: both steps run and
+    change nothing."""
+    db = create_database(database_url)
+    store = SessionStore(db)
+
+    async def older_exchange(at: int) -> str:
+        """A question and answer as an older replica writes them; its answer's id."""
+        if db.url.startswith("sqlite"):  # one replica: nothing older beside this code's writes
+            return (await add_exchange(store, session.id, 1))[-1]
+        async with as_an_older_replica(db) as conn:
+            added = await q.append_messages(
+                conn, session.id, at, [(user_message("q"), False), (assistant_message("a"), False)]
+            )
+        return added[-1].message_id
+
+    try:
+        _owner, session = await new_session(store)
+        first = await add_exchange(store, session.id, 1)
+        per_session = await _tail_function(db)
+        assert per_session is None or "FROM (SELECT DISTINCT touched.session_id" in per_session
+        answer = await older_exchange(2)
+        assert await tail_on_row(db, session.id) == answer
+
+        await _downgrade(db, "0011_session_tail")
+        assert await current_revision(db) == "0011_session_tail"
+        per_row = await _tail_function(db)
+        assert per_row is None or "SELECT DISTINCT touched.session_id AS session_id, (" in per_row
+        answer = await older_exchange(4)
+        assert await tail_on_row(db, session.id) == answer
+
+        await upgrade(db)
+        assert await current_revision(db) == head_revision()
+        assert await _tail_function(db) == per_session
+        answer = await older_exchange(6)
+        assert await tail_on_row(db, session.id) == answer
+        if not db.url.startswith("sqlite"):  # an older replica's rewind moves it back
+            await rewind_as_an_older_replica(db, session.id, 2)
+            assert await tail_on_row(db, session.id) == first[-1]
     finally:
         await db.dispose()

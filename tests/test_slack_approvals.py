@@ -18,7 +18,7 @@ from core.storage.models import ToolApproval, User
 from core.storage.sessions import SessionStore
 from standins.slack import Call, SlackClient, SlackStandIn
 from tests.helpers import read_json_line, start_worker
-from tests.mcp_support import READY_SECONDS, calls_counted, notes, notes_entry, write_config
+from tests.mcp_support import READY_SECONDS, calls_counted, notes, notes_config
 from tests.slack_harness import RunningBot, running_bot
 
 # Every test starts the notes MCP server as a process (stdio): outside the developer's quick
@@ -29,7 +29,7 @@ ADD = 'mcp__notes__add_note {"title": "plan", "text": "ship <on> friday"}'
 
 
 def mcp(tmp_path: Path) -> dict[str, Any]:
-    return {"mcp_config": write_config(tmp_path, {"notes": notes_entry(tmp_path)})}
+    return {"mcp_config": notes_config(tmp_path)}
 
 
 async def connected(*bots: RunningBot) -> None:

@@ -67,7 +67,11 @@ async def test_rewind__to_a_reply_keeps_it_and_marks_the_later_replies(
     )
     marked = [c for c in slack.named("chat.update") if "rewound" in c.text]
     assert {c.args["ts"] for c in marked} == set(replies[1:])
-    assert any("rewound the conversation" in c.text for c in slack.named("chat.postMessage"))
+    # Posted at the thread's end, the notice links to the message rewound to.
+    link = f"https://test.slack.com/archives/C1/p{replies[0].replace('.', '')}"
+    notices = [c.text for c in slack.named("chat.postMessage") if "rewound the" in c.text]
+    assert len(notices) == 1, notices
+    assert f"<{link}|this message>" in notices[0]
     assert len(await texts(store, root)) == 2
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +43,6 @@ SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
 def link(ts: str, thread_ts: str | None = None) -> str:
     url = LINK.format(digits=ts.replace(".", ""))
     return f"{url}?thread_ts={thread_ts}&cid=C1" if thread_ts else url
-
-
-@pytest.fixture
-async def chats() -> AsyncIterator[list[ChatProcess]]:
-    """Every chat a test starts is killed at the end, whatever happened."""
-    started: list[ChatProcess] = []
-    yield started
-    for chat in started:
-        chat.kill()
 
 
 def openai_env(model: GatedModel) -> dict[str, str]:

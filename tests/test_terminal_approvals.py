@@ -5,37 +5,27 @@ the decision (``tool_approvals.decision_reason``) and the model is told it with 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from core.storage.approvals import DECISION_REASON_MOST, Approvals
 from core.storage.sessions import SessionStore
-from tests.mcp_support import notes, notes_entry, write_config
+from tests.helpers import STARTING
+from tests.mcp_support import notes, notes_config
 from tests.terminal_harness import OPERATOR, ChatProcess
 from tests.test_slack_approvals import ADD
 
 # Real processes: outside the developer's quick subset (README, *The tests*).
 pytestmark = pytest.mark.slow
 
-STARTING = 180.0  # seconds the chat and its MCP server may take to start on a loaded machine
 REASON = "not before Friday's review"
-
-
-@pytest.fixture
-async def chats() -> AsyncIterator[list[ChatProcess]]:
-    started: list[ChatProcess] = []
-    yield started
-    for chat in started:
-        chat.kill()
 
 
 async def test_chat__deny_with_a_reason__kept_with_the_decision_and_told_to_the_model(
     database_url: str, store: SessionStore, tmp_path: Path, chats: list[ChatProcess]
 ) -> None:
-    config = write_config(tmp_path, {"notes": notes_entry(tmp_path)})
-    chat = ChatProcess(database_url, MCP_CONFIG=config)
+    chat = ChatProcess(database_url, MCP_CONFIG=notes_config(tmp_path))
     chats.append(chat)
     await chat.expect(f"as the local operator {OPERATOR}", within=STARTING)
     await chat.prompt()

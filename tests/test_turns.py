@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 
 from core.agent.turn import run_turn
 from core.errors import (
@@ -20,10 +20,19 @@ from core.messages import assistant_message, message_text, user_message
 from core.providers.uimessages import step_start_part
 from core.records import ANY_TAIL, Actor, ModelChoice
 from core.storage import queries as q
-from core.storage.engine import KEEPS_TAIL, Database, create_database
+from core.storage.engine import Database, create_database
 from core.storage.models import AgentSessionMessage
 from core.storage.sessions import SessionStore
-from tests.helpers import add_exchange, age_lock, new_session, statements, take_over
+from tests.helpers import (
+    add_exchange,
+    age_lock,
+    as_an_older_replica,
+    new_session,
+    rewind_as_an_older_replica,
+    statements,
+    tail_on_row,
+    take_over,
+)
 
 
 async def count_messages(db: Database, session_id: int) -> int:
@@ -489,39 +498,26 @@ async def test_tail__follows_the_writes_of_a_replica_that_knows_nothing_of_it(
     rewind made there is admitted. And for this code's own writes they stay idle: the column
     it moved is what they would have set."""
 
-    async def on_row() -> str | None:
-        async with db.read() as conn:
-            return await conn.scalar(
-                select(q.SESSIONS.c.tail_message_id).where(q.SESSIONS.c.id == session.id)
-            )
-
     _, session = await new_session(store)
     seen = await add_exchange(store, session.id, 1)
     # An older replica's turn: its question and answer, written as its code wrote them, on a
     # connection that does not say it keeps the tail (this code's connections do).
-    async with db.write() as conn:
-        await conn.execute(text(f"SET LOCAL {KEEPS_TAIL} = 'off'"))
+    async with as_an_older_replica(db) as conn:
         older = await q.append_messages(
             conn,
             session.id,
             2,
             [(user_message("older question"), False), (assistant_message("older answer"), False)],
         )
-    assert await on_row() == older[-1].message_id
+    assert await tail_on_row(db, session.id) == older[-1].message_id
     with pytest.raises(AgentSessionStale) as stale:
         await store.start_turn(
             session.id, user_message=user_message("late"), last_message_id=seen[-1]
         )
     assert stale.value.actual_last_message_id == older[-1].message_id
     # And its rewind to before them: the tail is what the client saw again.
-    async with db.write() as conn:
-        await conn.execute(text(f"SET LOCAL {KEEPS_TAIL} = 'off'"))
-        await conn.execute(
-            q.MESSAGES.delete().where(
-                q.MESSAGES.c.session_id == session.id, q.MESSAGES.c.position >= 2
-            )
-        )
-    assert await on_row() == seen[-1]
+    await rewind_as_an_older_replica(db, session.id, 2)
+    assert await tail_on_row(db, session.id) == seen[-1]
     lease = await store.start_turn(
         session.id, user_message=user_message("now"), last_message_id=seen[-1]
     )
@@ -531,4 +527,4 @@ async def test_tail__follows_the_writes_of_a_replica_that_knows_nothing_of_it(
     # never makes) leaves the column where the claim put it.
     async with db.write() as conn:
         await q.append_messages(conn, session.id, 3, [(assistant_message("bare"), False)])
-    assert await on_row() == lease.tail.message_id
+    assert await tail_on_row(db, session.id) == lease.tail.message_id

@@ -167,6 +167,42 @@ async def test_bad_bodies_are_one_line_4xx_that_write_nothing(running: RunningBo
     assert (await api.get("/v1/nothing")).body["code"] == "not_found"
 
 
+async def test_a_nul_the_database_refuses_is_a_400_naming_it_that_changes_nothing(
+    running: RunningBot, backend: str
+) -> None:
+    """PostgreSQL refuses a NUL in a text (SQLSTATE 22021). Where one reaches it from a
+    request (an id, a search), the request is at fault and would be refused again: a 400
+    ``database_value_refused`` in one line, not the 503 "try again" of a database that failed.
+    SQLite stores a NUL, so there the same requests get their ordinary answers. Where the API
+    writes text (a title, a message), NUL is dropped or replaced first, on both databases."""
+    api = await api_as(running, "slack:T1:U1")
+    session = (await api.post("/v1/agent_sessions", {"title": "a\u0000b"})).body
+    assert session["title"] == "ab"
+    path = f"/v1/agent_sessions/{session['id']}"
+    sent = await api.post(path + "/chat", {"message": "x\u0000y", "lastMessageId": None})
+    assert sent.status == 200
+    before = (await api.get(path + "/messages")).body["data"]
+    assert before[0]["parts"][0]["text"] == "x\ufffdy"
+    last = before[-1]["id"]
+    nul_id = f"{last}\u0000"
+    refused = backend == "postgresql"
+    for method, target, body, elsewise in [
+        ("GET", "/v1/agent_sessions?q=a%00b", None, 200),
+        ("POST", path + "/chat", {"message": "again", "lastMessageId": nul_id}, 409),
+        ("POST", path + "/truncate", {"messageId": nul_id}, 422),
+        ("POST", path + "/branch", {"messageId": nul_id}, 422),
+    ]:
+        answer = await api.call(method, target, body)
+        assert answer.status == (400 if refused else elsewise), (target, answer.raw[:300])
+        if refused:
+            assert answer.body["code"] == "database_value_refused"
+            assert "0x00" in answer.body["message"]
+            assert "\n" not in answer.body["message"]
+    assert (await api.get(path + "/messages")).body["data"] == before
+    assert [s["id"] for s in (await api.get("/v1/agent_sessions")).body["data"]] == [session["id"]]
+    assert (await api.get(path)).body["isActive"] is False
+
+
 async def test_a_message_id_sent_twice_is_stored_once(running: RunningBot) -> None:
     api = await api_as(running, "slack:T1:U1")
     session = (await api.post("/v1/agent_sessions", {})).body

@@ -153,11 +153,12 @@ async def test_pending_approval_names_who_asked_not_the_owner(
 
 
 async def test_a_decisions_reason_is_kept_shown_and_told_to_the_model_and_bounded(
-    database_url: str, slack: SlackStandIn, tmp_path: Path
+    database_url: str, slack: SlackStandIn, tmp_path: Path, backend: str
 ) -> None:
     """``reason`` is kept with the decision: the 409 of a second decision shows it, and the
     declined call's part (what the model reads) says who declined and why. Over 500 characters
-    is a 400 naming the field, and the request still waits (nothing decided)."""
+    is a 400 naming the field, and the request still waits (nothing decided); so is, on
+    PostgreSQL, a reason holding a NUL (``database_value_refused``; SQLite would keep it)."""
     async with running_bot(database_url, slack, **mcp(tmp_path)) as bot:
         await connected(bot)
         web = await api_as(bot, "slack:T1:U1")
@@ -174,6 +175,14 @@ async def test_a_decisions_reason_is_kept_shown_and_told_to_the_model_and_bounde
         assert long.body["message"] == "reason: at most 500 characters"
         assert "\n" not in long.body["message"]
         assert (await web.get(path)).body["pendingApproval"]["approvalId"] == pending["approvalId"]
+        if backend == "postgresql":
+            before = (await web.get(path + "/messages")).body["data"]
+            nul = await web.post(path + "/tool_approvals", {**decision, "reason": "no\u0000pe"})
+            assert nul.status == 400, nul.raw[:300]
+            assert nul.body["code"] == "database_value_refused"
+            waiting = (await web.get(path)).body["pendingApproval"]
+            assert waiting["approvalId"] == pending["approvalId"]
+            assert (await web.get(path + "/messages")).body["data"] == before
 
         denied = await web.post(path + "/tool_approvals", {**decision, "reason": " not today "})
         assert denied.status == 200, denied.body

@@ -22,9 +22,9 @@ from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 from standins.openai import GatedModel
 from standins.otlp import OtlpReceiver
 from standins.slack import SlackClient, SlackStandIn
-from tests.mcp_support import notes, notes_entry, write_config
+from tests.mcp_support import notes
 from tests.slack_harness import RunningBot, running_bot
-from tests.test_slack_approvals import cards, click, connected
+from tests.test_slack_approvals import cards, click, connected, mcp
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("backend", ["sqlite"])]
 
@@ -310,10 +310,6 @@ async def test_web__an_idle_page_picks_up_messages_added_in_slack(
 
 
 # -- approvals ---------------------------------------------------------------------------------
-
-
-def mcp(tmp_path: Path) -> dict[str, Any]:
-    return {"mcp_config": write_config(tmp_path, {"notes": notes_entry(tmp_path)})}
 
 
 def card_updates(slack: SlackStandIn, ts: str) -> list[str]:

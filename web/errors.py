@@ -21,6 +21,7 @@ from core.errors import (
     AgentSessionForbidden,
     AgentSessionNotFound,
     DatabaseError,
+    DatabaseValueRefused,
     DuplicateMessage,
     InvalidMessage,
     InvalidRequest,
@@ -86,6 +87,8 @@ def from_core(exc: SlackAgentError) -> ApiError:
         return ApiError(422, "unprocessable", exc.message)
     if isinstance(exc, InvalidRequest | UsageError):
         return bad_request(exc.message)
+    if isinstance(exc, DatabaseValueRefused):  # before DatabaseError: sent again, refused again
+        return ApiError(400, exc.code, exc.message)
     if isinstance(exc, DatabaseError):
         return ApiError(503, "unavailable", "the database did not answer; try again")
     return ApiError(500, exc.code, exc.message)

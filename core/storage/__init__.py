@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.errors import DatabaseNotReady
 from core.settings import Settings
 from core.storage.approvals import ApprovalRecord, Approvals
 from core.storage.budgets import Budgets
@@ -137,12 +138,23 @@ class Storage:
         probe = await self._db.probe()
         if not probe.answered:
             return "database unavailable"
-        head = this_builds_head()
-        if probe.revision != head and (
-            probe.revision is None or probe.revision in known_revisions()
-        ):
+        if _behind(probe.revision):
+            head = this_builds_head()
             return f"database schema at {probe.revision or 'nothing'}; this build needs {head}"
         return None
+
+    async def require_ready(self) -> None:
+        """``not_ready`` as an error that says what to do: an operator's command that only
+        reads or sets values does not migrate, and on a database never migrated it failed on
+        its first statement ("no such table: system_settings")."""
+        probe = await self._db.probe()
+        if probe.answered and _behind(probe.revision):
+            raise DatabaseNotReady(
+                f"database schema at {probe.revision or 'nothing'}; this build needs "
+                f"{this_builds_head()}: run `slack-agent migrate` (`serve` migrates as it starts)"
+            )
+        # A database that did not answer: the command's own statement says why (refused,
+        # no such database, a password), better than a probe's "unavailable" could.
 
     async def warm(self) -> None:
         """The connections a first message's acknowledgement needs, opened now
@@ -151,6 +163,12 @@ class Storage:
 
     async def dispose(self) -> None:
         await self._db.dispose()
+
+
+def _behind(revision: str | None) -> bool:
+    """The schema is older than this build's (or absent). A revision this build does not know
+    is a newer build's: not behind (see ``Storage.not_ready``)."""
+    return revision != this_builds_head() and (revision is None or revision in known_revisions())
 
 
 def timeouts_of(settings: Settings) -> DatabaseTimeouts:

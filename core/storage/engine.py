@@ -50,7 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.base import Executable
 
-from core.errors import ConfigError, DatabaseError
+from core.errors import ConfigError, DatabaseError, DatabaseValueRefused
 from core.settings import normalize_database_url
 
 T = TypeVar("T")
@@ -733,8 +733,9 @@ class Database:
             else:
                 async with asyncio.timeout(HEALTH_TIMEOUT_SECONDS), self.read() as conn:
                     rows = list((await conn.execute(text(query))).all())
-        except (DatabaseError, TimeoutError, sqlite3.Error):
-            return Probe(answered=False, revision=None)
+        except (DatabaseError, TimeoutError, sqlite3.Error) as exc:
+            # A database never migrated answers, with no schema: not "unavailable".
+            return Probe(answered=_no_such_table(exc), revision=None)
         return Probe(answered=True, revision=str(rows[0][0]) if rows else None)
 
     def upsert(self, table: Table) -> postgresql.Insert | sqlite.Insert:
@@ -818,17 +819,51 @@ def _sqlite_file(path: str) -> str:
     return f"file:{urllib.parse.quote(str(Path(path).resolve()))}?mode=rw"
 
 
+def _no_such_table(exc: BaseException) -> bool:
+    """The statement named a table the database does not have (SQLite's message, PostgreSQL's
+    SQLSTATE 42P01), through the causes our errors and SQLAlchemy's wrap it in."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, sqlite3.OperationalError) and str(seen).startswith("no such table"):
+            return True
+        if getattr(seen, "sqlstate", None) == "42P01" or getattr(seen, "pgcode", None) == "42P01":
+            return True
+        seen = seen.__cause__ or getattr(seen, "orig", None)
+    return False
+
+
 def _raw(conn: Connection) -> Any:
     return conn.connection.dbapi_connection
 
 
 def database_error(exc: BaseException) -> DatabaseError:
-    """One line naming the driver's complaint, without SQLAlchemy's SQL echo and links."""
+    """One line naming the driver's complaint, without SQLAlchemy's SQL echo and links.
+
+    A value the database refused (``_refused_state``) is a ``DatabaseValueRefused``: the
+    request's fault, refused again if sent again, where every other failure may pass."""
     cause = getattr(exc, "orig", None) or exc
     detail = (str(cause).strip().splitlines() or [""])[0]
     if not detail and isinstance(cause, TimeoutError):
         detail = "the database did not answer within its time limit"
+    state = _refused_state(cause)
+    if state is not None:
+        return DatabaseValueRefused(f"the database refused a value ({state}): {detail}")
     return DatabaseError(f"{cause.__class__.__name__}: {detail}")
+
+
+def _refused_state(cause: BaseException) -> str | None:
+    """The SQLSTATE when the database refused a value itself, else None.
+
+    PostgreSQL: class 22, "data exception" (22021: a NUL in a text; 22003: a number out of
+    range), which SQLAlchemy's asyncpg adapter carries as ``sqlstate`` on the error it wraps
+    (``exc.orig``). SQLite stores a NUL and any text; its ``DataError`` (a value too big to
+    store) is the same refusal, named by the class SQLite's error code falls in."""
+    state = getattr(cause, "sqlstate", None)
+    if isinstance(state, str) and state.startswith("22"):
+        return state
+    if isinstance(cause, sqlite3.DataError):
+        return "22000"
+    return None
 
 
 def library_engine(url: str, timeouts: DatabaseTimeouts | None = None) -> Any:

@@ -238,6 +238,30 @@ def _of_other_live_turns(query: Select[Any], session: str) -> Select[Any]:
     )
 
 
+def _window(totals: Any, account: ColumnElement[Any], period: str) -> ColumnElement[Any]:
+    """The row of ``totals`` (``usage_totals`` or an alias of it) that is ``account``'s window
+    ``period`` (``day``, ``month``) starting at the bound parameter of that name, by its whole
+    key, so each is one lookup of the primary key however many windows an account has behind
+    it. The read selects these rows, SQLite's admission outer-joins each: the same rows."""
+    return and_(
+        totals.c.account == account,
+        totals.c.period == literal_column(f"'{period}'"),
+        totals.c.window_start == bindparam(period, type_=WINDOW_START),
+    )
+
+
+def _last_request(session: str) -> Select[Any]:
+    """The newest model request of the session ``session`` (a bound parameter's name): what
+    the next one is expected to cost is priced from it (``core.usage.budgets``)."""
+    return (
+        select(REQUESTS.c.counted_tokens, REQUESTS.c.cost_nanousd)
+        .where(REQUESTS.c.session_id == bindparam(session, type_=BigInteger))
+        .order_by(REQUESTS.c.created_at.desc(), REQUESTS.c.id.desc())
+        .limit(literal_column("1"))
+        .offset(_zero())
+    )
+
+
 @functools.cache
 def _read(accounts: int, wanted: Wanted, slots: Slots) -> Prepared:
     """The totals of the ``wanted`` accounts (``a0``…) and windows (today's, ``day``; this
@@ -259,20 +283,7 @@ def _read(accounts: int, wanted: Wanted, slots: Slots) -> Prepared:
         TOTALS.c.requests.label("n4"),
         TOTALS.c.priced_requests.label("n5"),
         *(_zero().label(f"n{i + 1}") for i in range(5, width)),
-    ).where(
-        # Every row by its whole key, so each is one lookup of the primary key however many
-        # windows an account has behind it.
-        or_(
-            *(
-                and_(
-                    TOTALS.c.account == names[index],
-                    TOTALS.c.period == literal_column(f"'{period}'"),
-                    TOTALS.c.window_start == bindparam(period, type_=WINDOW_START),
-                )
-                for index, period in wanted
-            )
-        ),
-    )
+    ).where(or_(*(_window(TOTALS, names[index], period) for index, period in wanted)))
     # Every live turn's one row: the table holds only running turns' (and dead turns' whose
     # session nobody has claimed since), which the ``all`` account counts in any case.
     held = _of_other_live_turns(
@@ -285,14 +296,7 @@ def _read(accounts: int, wanted: Wanted, slots: Slots) -> Prepared:
         ),
         "sid",
     )
-    newest = (
-        select(REQUESTS.c.counted_tokens, REQUESTS.c.cost_nanousd)
-        .where(REQUESTS.c.session_id == bindparam("sid", type_=BigInteger))
-        .order_by(REQUESTS.c.created_at.desc(), REQUESTS.c.id.desc())
-        .limit(literal_column("1"))
-        .offset(_zero())
-        .subquery()
-    )
+    newest = _last_request("sid").subquery()
     last = select(
         literal_column(str(LAST)),
         _none(),
@@ -424,27 +428,13 @@ def _admission(
     held = _of_other_live_turns(
         select(*(_held(slot).label(f"h{k}") for k, slot in enumerate(slots))), "h_session_id"
     ).subquery("held")
-    last = (
-        select(REQUESTS.c.counted_tokens, REQUESTS.c.cost_nanousd)
-        .where(REQUESTS.c.session_id == bindparam("h_session_id", type_=BigInteger))
-        .order_by(REQUESTS.c.created_at.desc(), REQUESTS.c.id.desc())
-        .limit(literal_column("1"))
-        .offset(_zero())
-        .subquery("last")
-    )
+    last = _last_request("h_session_id").subquery("last")
     joined: Any = held
     totals = []
     for w, (index, period) in enumerate(wanted):
         t = TOTALS.alias(f"t{w}")
         totals.append(t)
-        joined = joined.outerjoin(
-            t,
-            and_(
-                t.c.account == names[index],
-                t.c.period == literal_column(f"'{period}'"),
-                t.c.window_start == bindparam(period, type_=WINDOW_START),
-            ),
-        )
+        joined = joined.outerjoin(t, _window(t, names[index], period))
     joined = joined.outerjoin(last, literal_column("1") == literal_column("1"))
     text = bindparam("text", type_=BigInteger)
     admitted: list[ColumnElement[Any]] = []
