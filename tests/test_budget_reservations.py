@@ -1,7 +1,7 @@
 """A turn's reservation as one row (migration 0010): what it holds on each of its payer's
 accounts, carried over from the rows of before; a crashed turn's reservation stops counting
-with its lock and goes with the take-over; SQLite's one-statement admission agrees with the
-rules (``core.usage.budgets``) it writes in SQL."""
+with its lock and goes with the take-over; the one-statement admission (SQLite's ``INSERT …
+SELECT``, PostgreSQL's claim) agrees with the rules (``core.usage.budgets``) it writes in SQL."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-import pytest
 from sqlalchemy import text, update
 
 from core.agent.accounting import Payer
@@ -17,6 +16,7 @@ from core.errors import AgentSessionBudgetExceeded
 from core.messages import user_message
 from core.providers.base import Usage
 from core.records import TurnLease
+from core.storage import queries as q
 from core.storage.dialect import db_now
 from core.storage.engine import Conn, Database, create_database
 from core.storage.migrate import upgrade
@@ -109,7 +109,7 @@ async def test_reservation__a_crashed_turn_stops_holding_and_the_take_over_delet
     await store.release(lease)
 
 
-# -- SQLite: the admission in SQL agrees with the rules ----------------------------------------
+# -- the admission in SQL agrees with the rules ------------------------------------------------
 
 
 class _RolledBack(Exception):
@@ -120,7 +120,9 @@ async def _both_ways(
     db: Database, reservation: Reservation, session_id: int
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """What the rules decide (the hold's columns, None: refused) and what the one statement
-    wrote (None: nothing), in one transaction that is rolled back."""
+    wrote (None: nothing), in one transaction that is rolled back. On PostgreSQL the statement
+    is the claim's (``Reservation.claim_admitting``: the claim, the admission, the reservation
+    and a user message), claiming the session, which is free, whatever its tail."""
     out: list[dict[str, Any] | None] = []
 
     async def row(conn: Conn) -> dict[str, Any] | None:
@@ -143,12 +145,32 @@ async def _both_ways(
                 out.append({k: params[f"h_{k}"] for k in SLOT_COLUMNS})
             except AgentSessionBudgetExceeded:
                 out.append(None)
-            admitted = await reservation._admit(conn, session_id, "token", False)
+            if conn.dialect.name == "sqlite":
+                admitted = await reservation._admit(conn, session_id, "token", False)
+            else:
+                claim = _claim_params(session_id)
+                admitted = await reservation.claim_admitting(conn, claim, stamp=False) is not None
             out.append(await row(conn) if admitted else None)
             raise _RolledBack
     except _RolledBack:
         pass
     return out[0], out[1]
+
+
+def _claim_params(session_id: int) -> dict[str, Any]:
+    """A claim's parameters (as ``SessionStore.start_turn`` gives them) of a user message, any
+    tail."""
+    params: dict[str, Any] = {
+        "sid": session_id,
+        "token": "token",
+        "takeover_token": "token",
+        "staleness": 60.0,
+        "title": None,
+        "abandoned": None,
+        "any_tail": True,
+        "last": None,
+    }
+    return params | q.user_params(q.message_row(session_id, 0, user_message("x")))
 
 
 SLOT_COLUMNS = (
@@ -161,7 +183,6 @@ SLOT_COLUMNS = (
 )
 
 
-@pytest.mark.parametrize("backend", ["sqlite"])  # PostgreSQL decides in Python: no statement
 async def test_admission__the_one_statement_agrees_with_the_rules(db: Database) -> None:
     """Around every budget's edge (what is left just above, at and below what the turn is
     expected to cost, one unit, nothing), with and without another live turn holding on the

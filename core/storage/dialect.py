@@ -95,6 +95,25 @@ def _pg_greater_of(element: greater_of, compiler: SQLCompiler, **kw: Any) -> str
     return f"GREATEST({compiler.process(element.clause_expr, **kw)[1:-1]})"
 
 
+class lesser_of(FunctionElement[int]):
+    """The least of integers (SQLite's many-argument ``min``, PostgreSQL's ``LEAST``). NULL
+    arguments read as ``greater_of``'s do: use it where none is NULL."""
+
+    type = BigInteger()
+    inherit_cache = True
+    name = "lesser_of"
+
+
+@compiles(lesser_of, "sqlite")
+def _sqlite_lesser_of(element: lesser_of, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"min({compiler.process(element.clause_expr, **kw)[1:-1]})"
+
+
+@compiles(lesser_of, "postgresql")
+def _pg_lesser_of(element: lesser_of, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"LEAST({compiler.process(element.clause_expr, **kw)[1:-1]})"
+
+
 class copied_message_id(FunctionElement[str]):
     """A version 7 UUID in canonical text, made by the database for each row a fork copies.
 

@@ -297,6 +297,13 @@ def _asyncpg(conn: Conn) -> _Direct | None:
     return _Direct(adapted, driver, sync.in_transaction())
 
 
+def direct_driver(conn: Conn) -> asyncpg.Connection | None:
+    """The asyncpg connection under ``conn`` where a statement may bypass SQLAlchemy's
+    execution (``_asyncpg``); None: the ordinary way."""
+    direct = _asyncpg(conn)
+    return None if direct is None else direct.driver
+
+
 def _translated(adapted: Any, exc: Exception) -> Exception:
     """An asyncpg error as the DBAPI error SQLAlchemy's adapter makes of it (a unique
     violation is an ``IntegrityError``, …), so ``DBAPIError.instance`` wraps it alike."""

@@ -12,6 +12,7 @@ from typing import Any, Final, NoReturn, cast
 
 import orjson
 from sqlalchemy import (
+    CTE,
     Boolean,
     ColumnElement,
     Float,
@@ -470,22 +471,20 @@ async def insert_next(conn: Conn, row: dict[str, Any]) -> int:
     return int(position[0])
 
 
-def claim_inserting_statement(*, stamp: bool) -> Insert:
-    """PostgreSQL: the claim (``claim_statement``, the stale guard in it) and the user
-    message's insert as one statement, so a turn's opening is one round trip, autocommitted,
-    instead of four (BEGIN, the claim, the guarded insert, COMMIT). The claim runs in a CTE
-    and the insert takes its row from it, inserting nothing when the claim changed nothing;
-    it returns the message's position and the token the claim set.
+def claimed_cte(*, stamp: bool, only_if: ColumnElement[bool] | None = None) -> CTE:
+    """The claim (``claim_statement``) as a CTE returning the session's id and the token it
+    set, for a statement that inserts the user message from it (``insert_claimed``).
+    ``only_if``: a further condition, such as a budget's admission (``core.storage.
+    reservations``): the claim changes nothing unless it holds too."""
+    claim = claim_statement(stamp=stamp)
+    if only_if is not None:
+        claim = claim.where(only_if)
+    return claim.returning(SESSIONS.c.id, SESSIONS.c.lock_token).cte("claimed")
 
-    Safe because the guard is on the session's row: if the claim waits on the row's lock
-    while a release appends the answer, PostgreSQL re-checks the claim's WHERE, the tail
-    included, on the row the release committed. The next position is read from the
-    statement's snapshot: a write that commits after it and leaves the claim's WHERE true
-    appended nothing (every append moves the tail), and were that ever not so the
-    ``(session_id, position)`` unique constraint would refuse the insert, never misplace it."""
-    claimed = (
-        claim_statement(stamp=stamp).returning(SESSIONS.c.id, SESSIONS.c.lock_token).cte("claimed")
-    )
+
+def insert_claimed(claimed: CTE) -> Insert:
+    """The user message inserted from ``claimed`` (``claimed_cte``), nothing when the claim
+    changed nothing; returns the message's position and the claim's token."""
     return (
         insert(MESSAGES)
         .from_select(
@@ -500,6 +499,22 @@ def claim_inserting_statement(*, stamp: bool) -> Insert:
         )
         .returning(MESSAGES.c.position, select(claimed.c.lock_token).scalar_subquery())
     )
+
+
+def claim_inserting_statement(*, stamp: bool) -> Insert:
+    """PostgreSQL: the claim (``claim_statement``, the stale guard in it) and the user
+    message's insert as one statement, so a turn's opening is one round trip, autocommitted,
+    instead of four (BEGIN, the claim, the guarded insert, COMMIT). The claim runs in a CTE
+    and the insert takes its row from it, inserting nothing when the claim changed nothing;
+    it returns the message's position and the token the claim set.
+
+    Safe because the guard is on the session's row: if the claim waits on the row's lock
+    while a release appends the answer, PostgreSQL re-checks the claim's WHERE, the tail
+    included, on the row the release committed. The next position is read from the
+    statement's snapshot: a write that commits after it and leaves the claim's WHERE true
+    appended nothing (every append moves the tail), and were that ever not so the
+    ``(session_id, position)`` unique constraint would refuse the insert, never misplace it."""
+    return insert_claimed(claimed_cte(stamp=stamp))
 
 
 CLAIM_INSERTING: Final = {

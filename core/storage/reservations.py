@@ -1,9 +1,11 @@
 """The budget check a claim runs, in O(1): the payer's running totals (``usage_totals``), the
 other live turns' reservations and the session's last request, read in one prepared statement;
 the decision (``core.usage.budgets.admits``); the turn's reservation written, one row per turn
-(migration 0010). On SQLite the three are one statement (``_admitting``: the rules in SQL, an
-``INSERT … SELECT`` that writes the row only when every budget admits the turn); a claim it
-does not admit takes the read and the rules in Python, which word the refusal.
+(migration 0010). The rules are written in SQL once (``_admission``), so that at a claim the
+three are one statement: on SQLite an ``INSERT … SELECT`` that writes the row only when every
+budget admits the turn (``_admitting``), on PostgreSQL the claim's own statement, which also
+claims the session and inserts the user message (``_claim_admitting``); a claim it does not
+admit takes the read and the rules in Python, which word the refusal.
 
 What it guarantees (docs/design.md, *Budgets across replicas*):
 
@@ -19,13 +21,12 @@ What it guarantees (docs/design.md, *Budgets across replicas*):
   what a turn holds is what it has yet to spend: its reservation less its session's ledger rows
   written since it reserved (both stamped by the writing process's clock).
 - The step is atomic per account: on PostgreSQL under transaction-level advisory locks (one per
-  account, taken in one statement, in a fixed order: claims on different accounts never wait
-  for each other; at a claim the claim's own UPDATE takes them, and the user message's insert
-  writes the reservation, so the check adds its read to the claim's transaction; a claim
-  with no budget to check is one statement, with no transaction), on SQLite
-  under the write lock every write transaction holds. The read is one
-  statement, so it sees the totals, the reservations and the rows that use them up of one
-  moment.
+  account, taken in one statement, in a fixed order, as the transaction's first statement,
+  before any row lock: ``core.storage.advisory``; claims on different accounts never wait for
+  each other; docs/design.md argues the lock order), on SQLite under the write lock every write
+  transaction holds. A claim with no budget to check is one statement, with no transaction.
+  The read is one statement, so it sees the totals, the reservations and the rows that use
+  them up of one moment.
 - A reservation counts only while its turn holds the session's lock (same token, live
   heartbeat): a turn that ends, dies or loses its lock stops holding it without another write,
   and the statement that releases or takes over the lock deletes its row (a trigger of
@@ -56,15 +57,18 @@ from sqlalchemy import (
     case,
     func,
     literal_column,
+    null,
     or_,
     select,
+    true,
     union_all,
 )
 from sqlalchemy import cast as sa_cast
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import IntegrityError
 
-from core.storage.dialect import UtcDateTime, db_now, greater_of
+from core.storage.dialect import UtcDateTime, db_now, greater_of, lesser_of
 from core.storage.engine import Conn
 from core.storage.models import (
     AgentSession,
@@ -74,7 +78,12 @@ from core.storage.models import (
     UsageTotal,
 )
 from core.storage.prepared import Prepared
-from core.storage.queries import claim_statement, insert_next_statement
+from core.storage.queries import (
+    claimed_cte,
+    insert_claimed,
+    insert_next_statement,
+    message_integrity_error,
+)
 from core.usage.budgets import (
     DEFAULT_INPUT_TOKENS,
     DEFAULT_OUTPUT_TOKENS,
@@ -103,6 +112,10 @@ TOTALS: Final = cast(Table, UsageTotal.__table__)
 
 NANO: Final = Decimal(1_000_000_000)
 MOST_ACCOUNTS: Final = 3  # a payer's: its user, its workspace, everyone's
+# A limit the admitting statements take (in tokens or billionths of a dollar): below it what is
+# left stays inside 64 bits, where PostgreSQL's arithmetic works (a greater one, over nine
+# billion dollars, is decided in Python).
+SQL_LIMIT: Final = 2**62
 
 
 class WindowStart(UtcDateTime):
@@ -333,13 +346,6 @@ def _locks(accounts: int) -> Prepared:
     return Prepared(select(*_lock_columns(accounts)))
 
 
-def _claim_locking(stamp: bool, accounts: int) -> Prepared:
-    """The claim returning its token and, evaluated after it for the row it claimed, the
-    accounts' advisory locks (PostgreSQL; see ``Reservation.claim``)."""
-    claim = claim_statement(stamp=stamp).returning(SESSIONS.c.lock_token)
-    return Prepared(claim.returning(*_lock_columns(accounts)))
-
-
 def _insert_holding() -> Prepared:
     """The user message's insert (after the claim, which ran the stale guard) with the
     reservation's upsert as a CTE of it."""
@@ -356,7 +362,7 @@ def _number(value: int) -> ColumnElement[Any]:
 
 
 def _expected_and_spent(
-    t: Any, last: Any, text: ColumnElement[Any], unit: Unit
+    t: Any, last: Any, text: ColumnElement[Any], unit: Unit, *, bounded: bool = False
 ) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
     """``expected_tokens`` and ``expected_nanousd`` (``core.usage.budgets``) in SQL, over one
     window's totals (``t``, a LEFT JOIN: NULL when the window has no row) and the session's
@@ -364,7 +370,11 @@ def _expected_and_spent(
     is SQLite's (whole numbers, all of them at least 0: the same as Python's ``//``); the
     price per token's ceiling is taken as ``q·tokens + ⌈r·tokens / counted⌉`` (``q``, ``r``:
     the last cost's quotient and remainder by its tokens), which is exact wherever the result
-    fits in 64 bits, where the product ``cost·tokens`` of Python's could overflow SQLite's."""
+    fits in 64 bits, where the product ``cost·tokens`` of Python's could overflow SQLite's.
+
+    ``bounded`` (PostgreSQL, whose ``bigint`` arithmetic raises on overflow where SQLite's
+    turns to REAL): where a factor of that product is 2³¹ or more the expected cost is NULL,
+    which admits nothing, so Python's rules, which have no such limit, decide."""
     known = last.c.counted_tokens.is_not(None)
     requests = func.coalesce(t.c.requests, _zero())
     output = case(
@@ -373,7 +383,7 @@ def _expected_and_spent(
     )
     sent = case(
         (known, last.c.counted_tokens),
-        (requests > _zero(), func.max(t.c.tokens - t.c.output_tokens, _zero()) // requests),
+        (requests > _zero(), greater_of(t.c.tokens - t.c.output_tokens, _zero()) // requests),
         else_=_number(DEFAULT_INPUT_TOKENS),
     )
     tokens = sent + text + output
@@ -381,30 +391,39 @@ def _expected_and_spent(
         return tokens, func.coalesce(t.c.tokens, _zero())
     cost, counted = last.c.cost_nanousd, last.c.counted_tokens
     priced = func.coalesce(t.c.priced_requests, _zero())
-    expected = case(
-        (
-            and_(known, cost.is_not(None), counted > _zero()),
-            (cost // counted) * tokens
-            + ((cost % counted) * tokens + counted - _number(1)) // counted,
-        ),
-        (priced > _zero(), t.c.nanousd // priced),
-        else_=_zero(),
-    )
+    per_token = and_(known, cost.is_not(None), counted > _zero())
+    exact = (cost // counted) * tokens + (
+        (cost % counted) * tokens + counted - _number(1)
+    ) // counted
+    whens: list[tuple[ColumnElement[bool], ColumnElement[Any]]] = []
+    if bounded:
+        big = _number(2**31)
+        fits = and_(counted < big, tokens < big, cost // counted < big)
+        whens.append((and_(per_token, ~fits), null()))
+    whens += [(per_token, exact), (priced > _zero(), t.c.nanousd // priced)]
+    expected = case(*whens, else_=_zero())
     return expected, func.coalesce(t.c.nanousd, _zero())
 
 
-@functools.cache
-def _admitting(accounts: int, wanted: Wanted, slots: Slots, terms: Terms) -> Prepared:
-    """SQLite: the read, the decision and the reservation in one statement, an ``INSERT …
-    SELECT`` that writes the turn's row only when every budget admits it (``terms``: per
-    budget, in the plan's order, its totals' index in ``wanted``, its unit and its slot; its
-    limit is ``l0``…). It is ``core.usage.budgets`` (``expected_tokens``, ``expected_nanousd``,
-    ``admits``) and ``Reservation._decide`` in SQL, on the values ``_read`` reads, so a claim
-    within its budgets runs one statement where it ran two, and no Python over the rows read.
-    A claim it does not admit goes the ordinary way (``_read`` and the rules in Python), which
-    words the refusal; that way also decides whenever the two would differ, so this statement
-    is only ever a faster route to what the rules admit (``tests/test_budget_reservations.py``
-    holds them equal around every budget's edge)."""
+@dataclass(frozen=True)
+class _Admission:
+    """The rules in SQL (``_admission``): the reservation's columns (``values``, by name), read
+    from ``source`` where ``admitted`` holds, in one row or none."""
+
+    values: dict[str, ColumnElement[Any]]
+    source: Any
+    admitted: ColumnElement[bool]
+
+
+def _admission(
+    accounts: int, wanted: Wanted, slots: Slots, terms: Terms, *, bounded: bool
+) -> _Admission:
+    """``core.usage.budgets`` (``expected_tokens``, ``expected_nanousd``, ``admits``) and
+    ``Reservation._decide`` in SQL, on the values ``_read`` reads (``terms``: per budget, in
+    the plan's order, its totals' index in ``wanted``, its unit and its slot; its limit is
+    ``l0``…): the reservation's row, one, when every budget admits the turn, and none
+    otherwise. ``bounded``: PostgreSQL's (``_expected_and_spent``). Both databases' admitting
+    statements are built on it, so the rules are written in SQL once."""
     names = [bindparam(f"a{i}", type_=TOTALS.c.account.type) for i in range(accounts)]
     held = _of_other_live_turns(
         select(*(_held(slot).label(f"h{k}") for k, slot in enumerate(slots))), "h_session_id"
@@ -421,11 +440,13 @@ def _admitting(accounts: int, wanted: Wanted, slots: Slots, terms: Terms) -> Pre
     admitted: list[ColumnElement[Any]] = []
     amounts: dict[Slot, list[ColumnElement[Any]]] = {}
     for i, (w, unit, slot) in enumerate(terms):
-        expected, spent = _expected_and_spent(totals[w], last, text, unit)
+        expected, spent = _expected_and_spent(totals[w], last, text, unit, bounded=bounded)
         others = held.c[f"h{slots.index(slot)}"]
         left = bindparam(f"l{i}", type_=BigInteger) - spent - others
+        if bounded and unit == "usd":  # its expected cost is NULL where it would overflow
+            admitted.append(expected.is_not(None))
         admitted.append(and_(left > _zero(), or_(expected <= left, others == _zero())))
-        amounts.setdefault(slot, []).append(func.max(func.min(expected, left), _number(1)))
+        amounts.setdefault(slot, []).append(greater_of(lesser_of(expected, left), _number(1)))
     values: dict[str, ColumnElement[Any]] = {
         name: bindparam(f"h_{name}", type_=RESERVATIONS.c[name].type) for name in _HOLD_COLUMNS[:5]
     }
@@ -433,12 +454,25 @@ def _admitting(accounts: int, wanted: Wanted, slots: Slots, terms: Terms) -> Pre
         found = amounts.get(slot)
         column = _column(slot)
         if not found:
-            values[column] = literal_column("NULL")
+            values[column] = sa_cast(null(), BigInteger) if bounded else literal_column("NULL")
         else:
-            values[column] = found[0] if len(found) == 1 else func.min(*found)
-    chosen = select(*(value.label(name) for name, value in values.items()))
+            values[column] = found[0] if len(found) == 1 else lesser_of(*found)
+    return _Admission(values, joined, and_(*admitted))
+
+
+@functools.cache
+def _admitting(accounts: int, wanted: Wanted, slots: Slots, terms: Terms) -> Prepared:
+    """SQLite: the read, the decision and the reservation in one statement, an ``INSERT …
+    SELECT`` of ``_admission``'s row, so a claim within its budgets runs one statement where
+    it ran two, and no Python over the rows read. A claim it does not admit goes the ordinary
+    way (``_read`` and the rules in Python), which words the refusal; that way also decides
+    whenever the two would differ, so this statement is only ever a faster route to what the
+    rules admit (``tests/test_budget_reservations.py`` holds them equal around every budget's
+    edge)."""
+    rules = _admission(accounts, wanted, slots, terms, bounded=False)
+    chosen = select(*(value.label(name) for name, value in rules.values.items()))
     upsert = sqlite.insert(RESERVATIONS).from_select(
-        list(values), chosen.select_from(joined).where(and_(*admitted))
+        list(rules.values), chosen.select_from(rules.source).where(rules.admitted)
     )
     return Prepared(
         upsert.on_conflict_do_update(
@@ -448,13 +482,47 @@ def _admitting(accounts: int, wanted: Wanted, slots: Slots, terms: Terms) -> Pre
     )
 
 
+@functools.cache
+def _claim_admitting(
+    stamp: bool, accounts: int, wanted: Wanted, slots: Slots, terms: Terms
+) -> Prepared:
+    """PostgreSQL: the claim, the budget's admission, the reservation and the user message in
+    one statement, run under the accounts' advisory locks taken by an earlier statement of
+    its transaction (``core.storage.advisory``), so its snapshot sees what every earlier
+    holder of those locks committed. ``_admission``'s row (none when a budget does not admit
+    the turn) is a CTE; the claim (``queries.claimed_cte``) holds only if that row exists; the
+    reservation is written from the two (its token is the claim's); the user message is
+    inserted from the claim (``queries.insert_claimed``). Nothing is written unless the claim
+    and every budget hold; the caller then goes the ordinary way, which says which refused.
+
+    The reservation's upsert may replace this session's row of an earlier turn in place; the
+    trigger that deletes a replaced token's row (migration 0007) fires at the statement's end
+    and deletes rows of the old token only, so it leaves the new one."""
+    rules = _admission(accounts, wanted, slots, terms, bounded=True)
+    admitted = (
+        select(*(v.label(n) for n, v in rules.values.items() if n != "lock_token"))
+        .select_from(rules.source)
+        .where(rules.admitted)
+        .cte("admitted")
+    )
+    claimed = claimed_cte(
+        stamp=stamp, only_if=select(literal_column("1")).select_from(admitted).exists()
+    )
+    columns = [
+        claimed.c.lock_token if name == "lock_token" else admitted.c[name] for name in rules.values
+    ]
+    upsert = postgresql.insert(RESERVATIONS).from_select(
+        list(rules.values), select(*columns).select_from(admitted.join(claimed, true()))
+    )
+    held = upsert.on_conflict_do_update(
+        index_elements=["session_id"],
+        set_={name: upsert.excluded[name] for name in _HOLD_COLUMNS[1:]},
+    ).cte("held")
+    return Prepared(insert_claimed(claimed).add_cte(held))
+
+
 _LOCKS: Final = {n: _locks(n) for n in range(1, MOST_ACCOUNTS + 1)}
 _HOLD: Final = {"postgresql": Prepared(_hold(postgresql)), "sqlite": Prepared(_hold(sqlite))}
-_CLAIM_LOCKING: Final = {
-    (stamp, n): _claim_locking(stamp, n)
-    for stamp in (False, True)
-    for n in range(1, MOST_ACCOUNTS + 1)
-}
 _INSERT_HOLDING: Final = _insert_holding()
 
 
@@ -573,7 +641,9 @@ class _Plan:
     limits: list[tuple[Budget, str, Slot, int]]
     hold: dict[str, Any]
     admitting: Prepared
-    admit: dict[str, Any]  # the admitting statement's parameters that stay the same
+    claiming: dict[bool, Prepared]  # PostgreSQL's, by whether the claim stamps the model
+    admit: dict[str, Any]  # the admitting statements' parameters that stay the same
+    in_sql: bool  # the admitting statements may decide (every limit well inside 64 bits)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -606,7 +676,12 @@ def _plan(budgets: tuple[Budget, ...], payer: Payer | None) -> _Plan:
         [(budget, key, (budget.scope, budget.unit), _limit(budget)) for budget, key in pairs],
         hold,
         _admitting(len(keys), wanted, slots, terms),
+        {
+            stamp: _claim_admitting(stamp, len(keys), wanted, slots, terms)
+            for stamp in (False, True)
+        },
         admit,
+        all(_limit(budget) < SQL_LIMIT for budget, _ in pairs),
     )
 
 
@@ -637,25 +712,35 @@ class Reservation:
         self.session_id: int | None = None
         self.token: str | None = None
 
-    def rides(self, dialect: Dialect) -> bool:
-        """Whether a claim on ``dialect`` carries this check inside its own statements: on
-        PostgreSQL the claim takes the advisory locks (``claim``) and the user message's insert
-        writes the reservation (``take_inserting``), so the check adds its read to the
-        claim's transaction, not three round trips (docs/benchmarks.md, *The budget check at
-        O(1)*); the claim stays a transaction (BEGIN, the claim, the read, the insert,
-        COMMIT) where one without budgets is one statement."""
-        return bool(self.pairs) and dialect.name == "postgresql"
+    @property
+    def lock_keys(self) -> list[int]:
+        """PostgreSQL: the accounts' advisory-lock keys, in the accounts' sorted order, the one
+        order every holder takes them in (``core.storage.advisory.locked``)."""
+        return list(self._plan.locks.values())
 
-    async def claim(self, conn: Conn, params: dict[str, Any], *, stamp: bool) -> str | None:
-        """PostgreSQL: the claim (``core.storage.queries.claim``) taking the accounts' advisory
-        locks as it returns its token. The locks are taken only when the claim succeeds, in
-        the accounts' fixed order, after the session's row lock, as they were when they were a
-        statement of their own; the read comes in a later statement, whose snapshot (READ
-        COMMITTED) sees every reservation and ledger row the locks' earlier holders
-        committed."""
-        locking = _CLAIM_LOCKING[stamp, len(self.keys)]
-        row = (await locking.run(conn, params | self._plan.locks)).row
-        return None if row is None else str(row[0])
+    async def claim_admitting(
+        self, conn: Conn, params: dict[str, Any], *, stamp: bool
+    ) -> tuple[str, int] | None:
+        """PostgreSQL, under the accounts' advisory locks (``core.storage.advisory.locked``):
+        the claim (``params``: ``core.storage.queries``'s, the user message's included), the
+        admission, the reservation and the user message in one statement
+        (``_claim_admitting``): the token and the message's position, or None when it wrote
+        nothing (the claim or a budget refused, or the rules are Python's to apply: the
+        caller then goes the ordinary way, in the same transaction, which says which)."""
+        plan = self._plan
+        if not plan.in_sql:
+            return None
+        session_id = int(params["sid"])
+        admit = self._admit_params(session_id, "", False)
+        try:
+            row = (await plan.claiming[stamp].run(conn, params | admit)).row
+        except IntegrityError as exc:
+            raise message_integrity_error(exc) from exc
+        if row is None:
+            return None
+        token = str(row[1])
+        self.session_id, self.token = session_id, token
+        return token, int(row[0])
 
     async def take(
         self,
@@ -667,7 +752,8 @@ class Reservation:
         locked: bool = False,
     ) -> None:
         """Refuse (``AgentSessionBudgetExceeded``, rolling the claim back) or reserve.
-        ``locked``: the transaction holds the accounts' advisory locks already (``claim``)."""
+        ``locked``: the transaction holds the accounts' advisory locks already
+        (``core.storage.advisory.locked``)."""
         if not self.pairs:
             return
         sqlite = conn.dialect.name == "sqlite"
@@ -681,6 +767,13 @@ class Reservation:
     async def _admit(self, conn: Conn, session_id: int, token: str, during_turn: bool) -> bool:
         """SQLite: the check and the reservation in one statement (``_admitting``); False when
         it wrote nothing (the turn is to be refused, or the ordinary way is to decide)."""
+        if not self._plan.in_sql:
+            return False
+        params = self._admit_params(session_id, token, during_turn)
+        return (await self._plan.admitting.run(conn, params)).rowcount > 0
+
+    def _admit_params(self, session_id: int, token: str, during_turn: bool) -> dict[str, Any]:
+        """The admitting statements' parameters (``_admission``)."""
         plan = self._plan
         now = self.clock()
         params = plan.admit.copy()
@@ -691,15 +784,17 @@ class Reservation:
         params["h_created_at"] = now
         params["since"] = -float(self.staleness_seconds)
         params["text"] = 0 if during_turn else self.text_tokens
-        return (await plan.admitting.run(conn, params)).rowcount > 0
+        return params
 
     async def take_inserting(
         self, conn: Conn, session_id: int, token: str, message: dict[str, Any]
     ) -> int:
-        """PostgreSQL, after ``claim`` (whose stale guard held): the check, then the user
-        message inserted (``message``: ``core.storage.queries.user_params``) by the statement
-        that writes the reservation. Returns the message's position. A refusal for the budget
-        comes first, with nothing written."""
+        """PostgreSQL, under the accounts' advisory locks, after the claim (whose stale guard
+        held) when the one statement (``claim_admitting``) did not admit it: the check in
+        Python, then the user message inserted (``message``:
+        ``core.storage.queries.user_params``) by the statement that writes the reservation.
+        Returns the message's position. A refusal for the budget comes first, with nothing
+        written."""
         params = await self._decide(conn, session_id, token, False, True)
         row = (await _INSERT_HOLDING.run(conn, message | params)).row
         assert row is not None  # an INSERT … SELECT of constants: one row

@@ -57,6 +57,7 @@ from core.records import (
     StoredMessage,
     TurnLease,
 )
+from core.storage import advisory
 from core.storage import queries as q
 from core.storage.custom_providers import CustomProviders
 from core.storage.dialect import db_now, in_json_ids, insert_ignoring, json_ids
@@ -518,8 +519,13 @@ class SessionStore(TranscriptOperations):
         when the reason was gone by the time it was read, and the claim may be tried again).
 
         On PostgreSQL a turn with a user message and no budget to check is one autocommitted
-        statement (``q.claim_inserting``: the claim, its stale guard and the insert); the rest
-        is a transaction: the claim, then the user message's insert and the budget check."""
+        statement (``q.claim_inserting``: the claim, its stale guard and the insert); one with
+        budgets is a transaction that opens with the accounts' advisory locks (BEGIN and the
+        locks in one round trip, ``advisory.locked``), then one statement doing the claim,
+        the budget's admission, the reservation and the insert (``claim_admitting``), then
+        COMMIT. The rest is a transaction: the claim, then the user message's insert and the
+        budget check; a budgeted claim on PostgreSQL the one statement did not admit goes
+        that way too, under the locks it holds, and is refused in words or admitted."""
         budgeted = reservation is not None and bool(reservation.pairs)
         if self.db.dialect == "postgresql" and row is not None and not budgeted:
             assert user_message is not None
@@ -530,19 +536,43 @@ class SessionStore(TranscriptOperations):
             token, position = got
             message = StoredMessage(row["message_id"], position, user_message, False)
             return TurnLease(session_id, token, message, next_position=position + 1)
+        if self.db.dialect == "postgresql" and budgeted:
+            assert reservation is not None
+            async with advisory.locked(self.db, reservation.lock_keys) as conn:
+                if row is not None:
+                    assert user_message is not None
+                    got = await reservation.claim_admitting(conn, params, stamp=stamp)
+                    if got is not None:
+                        token, position = got
+                        message = StoredMessage(row["message_id"], position, user_message, False)
+                        return TurnLease(session_id, token, message, next_position=position + 1)
+                return await self._claim_in(
+                    conn, session_id, user_message, row, params, stamp, reservation, True
+                )
         async with self.db.write() as conn:
-            # The budget check rides on the claim's own statements where it can (PostgreSQL).
-            rides = reservation is not None and reservation.rides(conn.dialect)
-            if rides:
-                assert reservation is not None
-                claimed = await reservation.claim(conn, params, stamp=stamp)
-            else:
-                claimed = await q.claim(conn, params, stamp=stamp)
-            if claimed is None:
-                raise await q.read_refusal(conn, session_id, params)
-            return await self._claimed(
-                conn, session_id, claimed, user_message, row, reservation, rides
+            return await self._claim_in(
+                conn, session_id, user_message, row, params, stamp, reservation, False
             )
+
+    async def _claim_in(
+        self,
+        conn: Conn,
+        session_id: int,
+        user_message: Message | None,
+        row: dict[str, Any] | None,
+        params: dict[str, Any],
+        stamp: bool,
+        reservation: Reservation | None,
+        locked: bool,
+    ) -> TurnLease:
+        """The claim in the caller's transaction, then the rest of it (``_claimed``).
+        ``locked``: the transaction holds the budget's advisory locks already."""
+        claimed = await q.claim(conn, params, stamp=stamp)
+        if claimed is None:
+            raise await q.read_refusal(conn, session_id, params)
+        return await self._claimed(
+            conn, session_id, claimed, user_message, row, reservation, locked
+        )
 
     async def _claimed(
         self,
@@ -555,9 +585,10 @@ class SessionStore(TranscriptOperations):
         locked: bool,
     ) -> TurnLease:
         """The rest of the claim transaction, once the claim (and its stale guard) held: the
-        user message (``row``) and the budget check (``locked``: the claim took the budget's
-        locks). The stale guard ran first, so a turn that is stale was refused as stale even
-        when it is over its budget too: the client's view is the first thing to set right."""
+        user message (``row``) and the budget check (``locked``: the transaction holds the
+        budget's advisory locks, PostgreSQL). The stale guard ran first, so a turn that is
+        stale was refused as stale even when it is over its budget too: the client's view is
+        the first thing to set right."""
         if row is None:
             tail = await q.tail(conn, session_id)
             if reservation is not None:
@@ -567,6 +598,7 @@ class SessionStore(TranscriptOperations):
         assert user_message is not None
         if reservation is not None and locked:
             # The reservation is written by the user message's insert (a round trip less).
+            # The check's read follows the locks, so it sees what their last holder committed.
             try:
                 inserted_at = await reservation.take_inserting(
                     conn, session_id, token, q.user_params(row)

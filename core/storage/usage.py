@@ -43,6 +43,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
+from core.storage import advisory
 from core.storage.dialect import ago
 from core.storage.engine import Database
 from core.storage.models import UsageRequest, UsageTotal
@@ -295,13 +296,18 @@ class UsageLedger:
     async def extend(self, reservation: Reservation) -> None:
         """Before a running turn's next request: the claim's step again, in a write transaction
         of its own (``AgentSessionBudgetExceeded`` with ``during_turn`` when the request's
-        expected cost no longer fits, or nothing is left)."""
+        expected cost no longer fits, or nothing is left). On PostgreSQL the transaction opens
+        with the accounts' advisory locks (``core.storage.advisory.locked``: BEGIN and the locks
+        in one round trip), first, as a claim's does: the lock order of docs/design.md."""
         if reservation.session_id is None or reservation.token is None:
             return
+        session_id, token = reservation.session_id, reservation.token
+        if self._db.dialect == "postgresql" and reservation.pairs:
+            async with advisory.locked(self._db, reservation.lock_keys) as conn:
+                await reservation.take(conn, session_id, token, during_turn=True, locked=True)
+            return
         async with self._db.write() as conn:
-            await reservation.take(
-                conn, reservation.session_id, reservation.token, during_turn=True
-            )
+            await reservation.take(conn, session_id, token, during_turn=True)
 
     async def accounts(
         self,

@@ -1,0 +1,236 @@
+"""A budgeted claim's locks (docs/design.md, *Budgets across replicas*, *Lock order*): on
+PostgreSQL its transaction opens with the accounts' advisory locks (``core.storage.advisory``),
+a transaction of the connection's own, so every way it ends (admitted, refused for the budget,
+busy, stale, cancelled while it waits on the locks) must leave no lock held and no transaction
+open; with the locks taken before the session's row, a claim that waits on the row while
+another turn of the same accounts takes its next request's step, and a release that commits
+meanwhile, all finish. On SQLite the same claims end with the write lock free."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import text
+
+from core.agent.accounting import Payer
+from core.errors import AgentSessionBudgetExceeded, AgentSessionBusy, AgentSessionStale
+from core.messages import user_message
+from core.providers.base import Usage
+from core.storage.engine import Database, create_database
+from core.storage.reservations import lock_key
+from core.storage.sessions import SessionStore
+from core.storage.usage import LedgerEntry, UsageLedger
+from core.usage.budgets import account_key, parse_budgets
+from core.usage.totals import RequestUsage
+from tests.helpers import new_session, statements
+
+PAYER = Payer("slack:T1:U1", "T1")
+ROOMY = "user:day:1000000tokens,workspace:day:1000000tokens,all:day:1000000tokens"
+SPENT = "user:day:100tokens,workspace:day:1000000tokens,all:day:1000000tokens"
+
+
+async def spend(db: Database, tokens: int) -> None:
+    request = RequestUsage("openai", "m", Usage(tokens, 0), None)
+    await UsageLedger(db, staleness_seconds=60).record(
+        LedgerEntry(request, "answer", tokens, False, payer=PAYER)
+    )
+
+
+async def nothing_left_open(db: Database) -> None:
+    """No advisory lock held and no session of the database idle in a transaction (PostgreSQL);
+    a write transaction can begin at once (both)."""
+    if db.dialect == "postgresql":
+        async with db.read() as conn:
+            locks = await conn.scalar(
+                text(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database ="
+                    " (SELECT oid FROM pg_database WHERE datname = current_database())"
+                )
+            )
+            idle = await conn.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND state LIKE 'idle in transaction%'"
+                )
+            )
+        assert (locks, idle) == (0, 0)
+    async with asyncio.timeout(5), db.write() as conn:
+        await conn.execute(text("SELECT 1"))
+
+
+async def waiting(db: Database, count: int) -> None:
+    """Until ``count`` of the database's sessions wait on a lock (PostgreSQL); a moment
+    (SQLite, where a writer waits in its busy handler)."""
+    if db.dialect != "postgresql":
+        await asyncio.sleep(0.3)
+        return
+    async with asyncio.timeout(10):
+        while True:
+            async with db.read() as conn:
+                found = await conn.scalar(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                        " current_database() AND wait_event_type = 'Lock'"
+                    )
+                )
+            if found >= count:
+                return
+            await asyncio.sleep(0.02)
+
+
+async def test_claim__every_ending_leaves_no_lock_and_no_transaction(db: Database) -> None:
+    store = SessionStore(db)
+    ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
+    _, session = await new_session(store)
+
+    async def claim(budgets: str, last: str | None) -> None:
+        lease = await store.start_turn(
+            session.id,
+            user_message=user_message("hi"),
+            last_message_id=last,
+            reservation=ledger.reservation(parse_budgets(budgets), PAYER),
+        )
+        await store.release(lease)
+
+    await claim(ROOMY, None)  # admitted, then released
+    await nothing_left_open(db)
+    tail = await store.tail(session.id)
+    assert tail is not None
+    with pytest.raises(AgentSessionStale):
+        await claim(ROOMY, None)
+    await nothing_left_open(db)
+    await spend(db, 500)
+    with pytest.raises(AgentSessionBudgetExceeded):
+        await claim(SPENT, tail.message_id)
+    await nothing_left_open(db)
+    running = await store.start_turn(
+        session.id, user_message=user_message("a"), last_message_id=tail.message_id
+    )
+    other = SessionStore(db)  # another process: it does not know the lease is live
+    with pytest.raises(AgentSessionBusy):
+        await other.start_turn(
+            session.id,
+            user_message=user_message("b"),
+            last_message_id=running.tail.message_id if running.tail else None,
+            reservation=ledger.reservation(parse_budgets(ROOMY), PAYER),
+        )
+    await store.release(running)
+    await nothing_left_open(db)
+
+
+async def test_claim__cancelled_while_it_waits_on_the_locks_leaves_none(
+    db: Database, database_url: str
+) -> None:
+    """Another transaction holds one of the payer's accounts' locks (on SQLite: the write
+    lock); a claim waiting behind it is cancelled; once the holder ends, nothing is held and
+    the next claim is admitted."""
+    store = SessionStore(db)
+    ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
+    _, session = await new_session(store)
+    holder = create_database(database_url)
+    try:
+        budgets = parse_budgets(ROOMY)
+        key = lock_key(account_key(budgets[0], PAYER) or "")
+        async with holder.write() as conn:
+            if db.dialect == "postgresql":
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+            else:
+                await conn.execute(text("DELETE FROM usage_reservations WHERE 0"))
+            claim = asyncio.create_task(
+                store.start_turn(
+                    session.id,
+                    user_message=user_message("hi"),
+                    last_message_id=None,
+                    reservation=ledger.reservation(budgets, PAYER),
+                )
+            )
+            await waiting(db, 1)
+            assert not claim.done()
+            claim.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await claim
+    finally:
+        await holder.dispose()
+    await nothing_left_open(db)
+    lease = await store.start_turn(
+        session.id,
+        user_message=user_message("hi"),
+        last_message_id=None,
+        reservation=ledger.reservation(parse_budgets(ROOMY), PAYER),
+    )
+    await store.release(lease)
+    assert len(await store.messages(session.id)) == 1
+    await nothing_left_open(db)
+
+
+async def test_claim__waiting_on_the_session_row_under_the_locks_does_not_deadlock(
+    db: Database, database_url: str
+) -> None:
+    """The order of docs/design.md's table, under contention: a budgeted claim takes the
+    accounts' locks and waits on the session's row (held by an open transaction, as a release
+    or a claim without budgets would hold it); a running turn of the same accounts takes its
+    next request's step (it waits on the locks); the row's holder commits; both finish, and
+    the claim is refused as busy or admitted, never failed."""
+    store = SessionStore(db)
+    ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
+    _, first = await new_session(store)
+    _, second = await new_session(store)
+    reservation = ledger.reservation(parse_budgets(ROOMY), PAYER)
+    assert reservation is not None
+    running = await store.start_turn(
+        first.id, user_message=user_message("a"), last_message_id=None, reservation=reservation
+    )
+    holder = create_database(database_url)
+    try:
+        async with holder.write() as conn:
+            await conn.execute(
+                text("UPDATE agent_sessions SET updated_at = updated_at WHERE id = :s"),
+                {"s": second.id},
+            )
+            claim = asyncio.create_task(
+                store.start_turn(
+                    second.id,
+                    user_message=user_message("b"),
+                    last_message_id=None,
+                    reservation=ledger.reservation(parse_budgets(ROOMY), PAYER),
+                )
+            )
+            await waiting(db, 1)  # the claim, on the row, holding the accounts' locks
+            step = asyncio.create_task(ledger.extend(reservation))
+            await waiting(db, 2)  # and the step, on the locks
+            assert not claim.done()
+        async with asyncio.timeout(10):
+            lease = await claim
+            await step
+    finally:
+        await holder.dispose()
+    await store.release(lease)
+    await store.release(running)
+    await nothing_left_open(db)
+
+
+async def test_claim__watched_statements_go_the_ordinary_way(db: Database) -> None:
+    """With a listener on the engine's statements, a budgeted claim's BEGIN, locks and COMMIT
+    are seen (PostgreSQL), and the claim is admitted as unwatched."""
+    store = SessionStore(db)
+    ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
+    _, session = await new_session(store)
+    with statements(db) as seen:
+        lease = await store.start_turn(
+            session.id,
+            user_message=user_message("hi"),
+            last_message_id=None,
+            reservation=ledger.reservation(parse_budgets(ROOMY), PAYER),
+        )
+    await store.release(lease)
+    said = [sql.split()[0].upper() for sql, _ in seen]
+    if db.dialect == "postgresql":
+        assert said[0] == "BEGIN"
+        assert "pg_advisory_xact_lock" in seen[1][0]
+        assert said[-1] == "COMMIT"
+    async with db.read() as conn:
+        held = await conn.scalar(text("SELECT count(*) FROM usage_reservations"))
+    assert held == 0  # the release's trigger deleted it
+    assert len(await store.messages(session.id)) == 1
+    await nothing_left_open(db)
