@@ -533,9 +533,7 @@ class SessionStore(TranscriptOperations):
                 got = await q.claim_inserting(conn, params, stamp=stamp)
             if got is None:
                 raise await q.fetch_refusal(self.db, session_id, params)
-            token, position = got
-            message = StoredMessage(row["message_id"], position, user_message, False)
-            return TurnLease(session_id, token, message, next_position=position + 1)
+            return _leased(session_id, row, user_message, got)
         if self.db.dialect == "postgresql" and budgeted:
             assert reservation is not None
             async with advisory.locked(self.db, reservation.lock_keys) as conn:
@@ -543,9 +541,7 @@ class SessionStore(TranscriptOperations):
                     assert user_message is not None
                     got = await reservation.claim_admitting(conn, params, stamp=stamp)
                     if got is not None:
-                        token, position = got
-                        message = StoredMessage(row["message_id"], position, user_message, False)
-                        return TurnLease(session_id, token, message, next_position=position + 1)
+                        return _leased(session_id, row, user_message, got)
                 return await self._claim_in(
                     conn, session_id, user_message, row, params, stamp, reservation, True
                 )
@@ -820,3 +816,13 @@ class _KeyedLocks:
                 del self._locks[key]
             else:
                 self._locks[key] = (lock, users - 1)
+
+
+def _leased(
+    session_id: int, row: dict[str, Any], user_message: Message, got: tuple[str, int]
+) -> TurnLease:
+    """The lease of a claim made in one statement with its user message (``got``: the token
+    and the message's position), on either of PostgreSQL's ways."""
+    token, position = got
+    message = StoredMessage(row["message_id"], position, user_message, False)
+    return TurnLease(session_id, token, message, next_position=position + 1)
