@@ -144,6 +144,12 @@ def _parser() -> argparse.ArgumentParser:
         help="PostgreSQL through the soak's TCP proxy even without the outage (its cost)",
     )
     soak.add_argument(
+        "--budgets",
+        metavar="ENTRIES",
+        help="the replicas' BUDGETS (default: limits no turn reaches, so every claim checks "
+        "them; '' for none)",
+    )
+    soak.add_argument(
         "--profile",
         metavar="DIR",
         help="record the replicas' loops, py-spy stacks and CPU by process into DIR",

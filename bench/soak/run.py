@@ -39,7 +39,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -72,6 +72,12 @@ class SoakFailed(SlackAgentError):
     """``slack-agent soak`` found a promise broken (its report says which)."""
 
     code = "soak_failed"
+
+
+# Every scope and unit, far above what a soak spends (a turn here is about 100 tokens).
+ROOMY_BUDGETS: Final = (
+    "user:day:1000000000tokens,workspace:day:1000000000tokens,all:month:1000000usd"
+)
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,10 @@ class SoakConfig:
     # restart command), or always with True (to measure what the proxy itself costs).
     proxy: bool = False
     profile_dir: str | None = None  # ``--profile``: see ``bench.soak.profile``
+    # Budgets no turn reaches, so every claim takes the budgeted way (on PostgreSQL the
+    # accounts' advisory locks first, then the claim admitting the turn and writing its
+    # reservation) while the faults hit, and the promises are checked on it; "" for none.
+    budgets: str = ROOMY_BUDGETS
 
 
 @dataclass
@@ -290,6 +300,7 @@ class Soak:
             "BUSY_POLL_SECONDS": "0.5",
             "SHUTDOWN_GRACE_SECONDS": "10",
             "LOG_LEVEL": "WARNING",
+            "BUDGETS": c.budgets,
             # A replica that crashes in native code (exit -11) says where, in its log.
             "PYTHONFAULTHANDLER": "1",
         }
@@ -801,6 +812,7 @@ def soak_config(database_url: str, args: Any) -> SoakConfig:
         faults=args.faults,
         proxy=args.proxy,
         profile_dir=args.profile,
+        budgets=ROOMY_BUDGETS if args.budgets is None else args.budgets,
         **sizes,
     )
 
