@@ -821,15 +821,12 @@ def _sqlite_file(path: str) -> str:
 
 def _no_such_table(exc: BaseException) -> bool:
     """The statement named a table the database does not have (SQLite's message, PostgreSQL's
-    SQLSTATE 42P01), through the causes our errors and SQLAlchemy's wrap it in."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, sqlite3.OperationalError) and str(seen).startswith("no such table"):
-            return True
-        if getattr(seen, "sqlstate", None) == "42P01":  # asyncpg's, on SQLAlchemy's ``orig``
-            return True
-        seen = seen.__cause__ or getattr(seen, "orig", None)
-    return False
+    SQLSTATE 42P01), under our ``DatabaseError`` (``database_error``'s ``from``) or not."""
+    cause = exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ else exc
+    cause = getattr(cause, "orig", None) or cause
+    if isinstance(cause, sqlite3.OperationalError):
+        return str(cause).startswith("no such table")
+    return _sqlstate(cause) == "42P01"
 
 
 def _raw(conn: Connection) -> Any:
@@ -858,12 +855,19 @@ def _refused_state(cause: BaseException) -> str | None:
     range), which SQLAlchemy's asyncpg adapter carries as ``sqlstate`` on the error it wraps
     (``exc.orig``). SQLite stores a NUL and any text; its ``DataError`` (a value too big to
     store) is the same refusal, named by the class SQLite's error code falls in."""
-    state = getattr(cause, "sqlstate", None)
-    if isinstance(state, str) and state.startswith("22"):
+    state = _sqlstate(cause)
+    if state is not None and state.startswith("22"):
         return state
     if isinstance(cause, sqlite3.DataError):
         return "22000"
     return None
+
+
+def _sqlstate(cause: BaseException) -> str | None:
+    """PostgreSQL's SQLSTATE of a driver error: SQLAlchemy's asyncpg adapter carries it as
+    ``sqlstate`` on the error it wraps (``exc.orig``)."""
+    state = getattr(cause, "sqlstate", None)
+    return state if isinstance(state, str) else None
 
 
 def library_engine(url: str, timeouts: DatabaseTimeouts | None = None) -> Any:
