@@ -307,6 +307,15 @@ async def test_slack_approval__a_card_whose_place_was_never_stored_still_shows_t
         await connected(bot)
         root = await client.message(ADD, mention=True)
         (card,) = await slack.wait_for(lambda: cards(slack))
+        # The replica stores where the card is just after Slack answered its post: forgetting
+        # it before that store lands would be undone by it (seen once on PostgreSQL).
+        for _ in range(600):
+            async with store.db.read() as conn:
+                if await conn.scalar(select(ToolApproval.__table__.c.card_ref)) is not None:
+                    break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the replica never stored where the card is")
         async with store.db.write() as conn:
             forgotten = update(ToolApproval.__table__).values(card_ref=None, card_state=None)
             await conn.execute(forgotten)
