@@ -56,6 +56,13 @@ TURN_REFUSALS = Counter(
     "Turns refused before any model call: busy (locked elsewhere) or stale (old view).",
     ["reason"],
 )
+BUDGET_CLAIMS = Counter(
+    "slack_agent_budget_claims_total",
+    "PostgreSQL: claims with a user message and budgets to check, by how the accounts' locks "
+    "were taken: at_once (tried inside the claim's one statement) or waiting (that statement "
+    "wrote nothing: a lock was held elsewhere, a transaction ended meanwhile, or it refused).",
+    ["way"],
+)
 LOCK_TAKEOVERS = Counter(
     "slack_agent_lock_takeovers_total",
     "Claims that took over a lock whose holder stopped heartbeating (a dead or stuck turn).",

@@ -196,3 +196,19 @@ async def rewind_as_an_older_replica(db: Database, session_id: int, position: in
                 q.MESSAGES.c.session_id == session_id, q.MESSAGES.c.position >= position
             )
         )
+
+
+def claim_params(session_id: int) -> dict[str, Any]:
+    """A claim's parameters (as ``SessionStore.start_turn`` gives them) of a user message, any
+    tail."""
+    params: dict[str, Any] = {
+        "sid": session_id,
+        "token": "token",
+        "takeover_token": "token",
+        "staleness": 60.0,
+        "title": None,
+        "abandoned": None,
+        "any_tail": True,
+        "last": None,
+    }
+    return params | q.user_params(q.message_row(session_id, 0, user_message("x")))

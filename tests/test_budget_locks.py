@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import text
 
 from core.agent.accounting import Payer
@@ -23,7 +24,7 @@ from core.storage.sessions import SessionStore
 from core.storage.usage import LedgerEntry, UsageLedger
 from core.usage.budgets import account_key, parse_budgets
 from core.usage.totals import RequestUsage
-from tests.helpers import new_session, statements
+from tests.helpers import claim_params, new_session, statements
 
 PAYER = Payer("slack:T1:U1", "T1")
 ROOMY = "user:day:1000000tokens,workspace:day:1000000tokens,all:day:1000000tokens"
@@ -57,6 +58,11 @@ async def nothing_left_open(db: Database) -> None:
         assert (locks, idle) == (0, 0)
     async with asyncio.timeout(5), db.write() as conn:
         await conn.execute(text("SELECT 1"))
+
+
+def _budget_claims(way: str) -> float:
+    """``slack_agent_budget_claims_total{way}`` in this process."""
+    return REGISTRY.get_sample_value("slack_agent_budget_claims_total", {"way": way}) or 0.0
 
 
 async def waiting(db: Database, count: int) -> None:
@@ -210,27 +216,118 @@ async def test_claim__waiting_on_the_session_row_under_the_locks_does_not_deadlo
     await nothing_left_open(db)
 
 
-async def test_claim__watched_statements_go_the_ordinary_way(db: Database) -> None:
-    """With a listener on the engine's statements, a budgeted claim's BEGIN, locks and COMMIT
-    are seen (PostgreSQL), and the claim is admitted as unwatched."""
+async def test_claim__watched_statements_are_seen_either_way(
+    db: Database, database_url: str
+) -> None:
+    """With a listener on the engine's statements, a budgeted claim's statements are seen and
+    it is admitted as unwatched. On PostgreSQL its first is the one that tries the accounts'
+    locks itself (``_claim_at_once``); while another transaction holds one of them, that one
+    writes nothing and the waiting way follows, BEGIN, the locks and COMMIT each seen, and
+    admits the claim once the holder ends."""
     store = SessionStore(db)
     ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
     _, session = await new_session(store)
-    with statements(db) as seen:
-        lease = await store.start_turn(
-            session.id,
-            user_message=user_message("hi"),
-            last_message_id=None,
-            reservation=ledger.reservation(parse_budgets(ROOMY), PAYER),
-        )
+    budgets = parse_budgets(ROOMY)
+    waited = _budget_claims("waiting")
+    holder = create_database(database_url)
+    try:
+        with statements(db) as seen:
+            async with holder.write() as conn:
+                if db.dialect == "postgresql":
+                    key = lock_key(account_key(budgets[0], PAYER) or "")
+                    await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+                claim = asyncio.create_task(
+                    store.start_turn(
+                        session.id,
+                        user_message=user_message("hi"),
+                        last_message_id=None,
+                        reservation=ledger.reservation(budgets, PAYER),
+                    )
+                )
+                if db.dialect == "postgresql":
+                    await waiting(db, 1)  # the waiting way, on the lock
+            async with asyncio.timeout(10):
+                lease = await claim
+    finally:
+        await holder.dispose()
     await store.release(lease)
-    said = [sql.split()[0].upper() for sql, _ in seen]
+    claims = [sql for sql, _ in seen if "pg_stat_activity" not in sql]  # not waiting()'s
+    said = [sql.split()[0].upper() for sql in claims]
     if db.dialect == "postgresql":
-        assert said[0] == "BEGIN"
-        assert "pg_advisory_xact_lock" in seen[1][0]
+        assert "pg_try_advisory_xact_lock" in claims[0]
+        assert "usage_locked_snapshot" in claims[0]
+        assert said[1] == "BEGIN"
+        assert "pg_advisory_xact_lock" in claims[2]
         assert said[-1] == "COMMIT"
+        assert _budget_claims("waiting") == waited + 1
     async with db.read() as conn:
         held = await conn.scalar(text("SELECT count(*) FROM usage_reservations"))
     assert held == 0  # the release's trigger deleted it
     assert len(await store.messages(session.id)) == 1
     await nothing_left_open(db)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])  # SQLite's claims hold its write lock
+async def test_claim_at_once__writes_nothing_while_a_lock_is_held_elsewhere(
+    db: Database, database_url: str
+) -> None:
+    """PostgreSQL: the one statement only tries the accounts' locks. While another
+    transaction holds one, it returns at once having written nothing (the session free, no
+    message, no reservation) and holding nothing; the waiting way is the caller's."""
+    store = SessionStore(db)
+    ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
+    _, session = await new_session(store)
+    budgets = parse_budgets(ROOMY)
+    reservation = ledger.reservation(budgets, PAYER)
+    assert reservation is not None
+    params = claim_params(session.id)
+    holder = create_database(database_url)
+    try:
+        async with holder.write() as conn:
+            key = lock_key(account_key(budgets[-1], PAYER) or "")
+            await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+            async with asyncio.timeout(5), db.autocommit() as mine:
+                assert await reservation.claim_at_once(mine, params, stamp=False) is None
+            assert not await store.is_turn_active(session.id)
+            assert await store.messages(session.id) == []
+            async with db.read() as mine:
+                held = await mine.scalar(text("SELECT count(*) FROM usage_reservations"))
+            assert held == 0
+    finally:
+        await holder.dispose()
+    await nothing_left_open(db)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])  # migration 0013: nothing on SQLite
+async def test_locked_snapshot__tells_a_transaction_that_ended_after_the_statement_began(
+    db: Database, database_url: str
+) -> None:
+    """Migration 0013's ``usage_locked_snapshot``: a snapshot of its own, taken
+    when it runs, not the calling statement's. A statement that calls it after another
+    transaction committed (here while the statement sleeps) gets a snapshot unlike its own,
+    so a claim in that case writes nothing; NULL when the locks were not all taken. With no
+    transaction ending meanwhile the two are equal (other tests' transactions on the same
+    server can end meanwhile, so it is asked until they are, a bounded number of times)."""
+    later = (
+        "SELECT usage_locked_snapshot((SELECT true FROM pg_sleep(:pause)))"
+        " = pg_current_snapshot()::text"
+    )
+    other = create_database(database_url)
+    try:
+        async with db.read() as conn:
+            assert await conn.scalar(text("SELECT usage_locked_snapshot(false)")) is None
+        async with db.autocommit() as conn:
+            asking = asyncio.create_task(conn.scalar(text(later), {"pause": 1.0}))
+            await asyncio.sleep(0.3)
+            async with other.write() as writer:  # a transaction with an id, committed
+                await writer.execute(text("SELECT pg_current_xact_id()"))
+            assert await asking is False
+        async with db.autocommit() as conn:
+            equal = False
+            for _ in range(200):
+                if await conn.scalar(text(later), {"pause": 0}):
+                    equal = True
+                    break
+            assert equal
+    finally:
+        await other.dispose()

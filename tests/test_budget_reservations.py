@@ -16,7 +16,6 @@ from core.errors import AgentSessionBudgetExceeded
 from core.messages import user_message
 from core.providers.base import Usage
 from core.records import TurnLease
-from core.storage import queries as q
 from core.storage.dialect import db_now
 from core.storage.engine import Conn, Database, create_database
 from core.storage.migrate import upgrade
@@ -26,7 +25,7 @@ from core.storage.sessions import SessionStore
 from core.storage.usage import LedgerEntry, UsageLedger
 from core.usage.budgets import parse_budgets
 from core.usage.totals import RequestUsage
-from tests.helpers import new_session, take_over
+from tests.helpers import claim_params, new_session, take_over
 from tests.test_migrations import _downgrade
 
 PAYER = Payer("slack:T1:U1", "T1")
@@ -117,12 +116,15 @@ class _RolledBack(Exception):
 
 
 async def _both_ways(
-    db: Database, reservation: Reservation, session_id: int
+    db: Database, reservation: Reservation, session_id: int, *, at_once: bool = False
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """What the rules decide (the hold's columns, None: refused) and what the one statement
     wrote (None: nothing), in one transaction that is rolled back. On PostgreSQL the statement
     is the claim's (``Reservation.claim_admitting``: the claim, the admission, the reservation
-    and a user message), claiming the session, which is free, whatever its tail."""
+    and a user message), claiming the session, which is free, whatever its tail; ``at_once``:
+    the claim that tries the locks itself (``Reservation.claim_at_once``), which also writes
+    nothing when a transaction elsewhere on the server ended while it took them, so where the
+    rules admit it is run again (each time afresh) until it writes, or 200 times."""
     out: list[dict[str, Any] | None] = []
 
     async def row(conn: Conn) -> dict[str, Any] | None:
@@ -148,29 +150,21 @@ async def _both_ways(
             if conn.dialect.name == "sqlite":
                 admitted = await reservation._admit(conn, session_id, "token", False)
             else:
-                claim = _claim_params(session_id)
-                admitted = await reservation.claim_admitting(conn, claim, stamp=False) is not None
+                claim = claim_params(session_id)
+                if at_once:
+                    for _ in range(1 if out[0] is None else 200):
+                        got = await reservation.claim_at_once(conn, claim, stamp=False)
+                        if got is not None:
+                            break
+                    admitted = got is not None
+                else:
+                    got = await reservation.claim_admitting(conn, claim, stamp=False)
+                    admitted = got is not None
             out.append(await row(conn) if admitted else None)
             raise _RolledBack
     except _RolledBack:
         pass
     return out[0], out[1]
-
-
-def _claim_params(session_id: int) -> dict[str, Any]:
-    """A claim's parameters (as ``SessionStore.start_turn`` gives them) of a user message, any
-    tail."""
-    params: dict[str, Any] = {
-        "sid": session_id,
-        "token": "token",
-        "takeover_token": "token",
-        "staleness": 60.0,
-        "title": None,
-        "abandoned": None,
-        "any_tail": True,
-        "last": None,
-    }
-    return params | q.user_params(q.message_row(session_id, 0, user_message("x")))
 
 
 SLOT_COLUMNS = (
@@ -187,7 +181,8 @@ async def test_admission__the_one_statement_agrees_with_the_rules(db: Database) 
     """Around every budget's edge (what is left just above, at and below what the turn is
     expected to cost, one unit, nothing), with and without another live turn holding on the
     same accounts, for a session with priced requests and a new one, with and without new
-    text: the statement admits exactly the turns the rules admit and holds what they hold."""
+    text: the statement admits exactly the turns the rules admit and holds what they hold
+    (on PostgreSQL both claims that run it: under the locks, and trying them itself)."""
     now = datetime.now(UTC)
     store = SessionStore(db, staleness_seconds=60)
     ledger = UsageLedger(db, staleness_seconds=60, clock=lambda: now)
@@ -231,6 +226,9 @@ async def test_admission__the_one_statement_agrees_with_the_rules(db: Database) 
                         reservation = _reservation(ledger, spec, text_tokens)
                         rules, statement = await _both_ways(db, reservation, session.id)
                         assert statement == rules, (spec, session.id, text_tokens, holding)
+                        if db.dialect == "postgresql":
+                            _, at_once = await _both_ways(db, reservation, session.id, at_once=True)
+                            assert at_once == rules, (spec, session.id, text_tokens, holding)
                         outcomes.add(rules is not None)
         if lease is not None:
             await store.release(lease)

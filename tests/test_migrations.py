@@ -15,6 +15,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection
 
+from core.agent.accounting import Payer
 from core.errors import DatabaseError
 from core.messages import assistant_message, user_message
 from core.records import Actor
@@ -25,6 +26,8 @@ from core.storage.engine import create_database
 from core.storage.migrate import current_revision, head_revision, upgrade
 from core.storage.models import Base
 from core.storage.sessions import SessionStore
+from core.storage.usage import UsageLedger
+from core.usage.budgets import parse_budgets
 from tests.helpers import (
     add_exchange,
     as_an_older_replica,
@@ -443,5 +446,49 @@ async def test_migration_0012__the_tail_follows_an_old_replica_up_and_down(
         if not db.url.startswith("sqlite"):  # an older replica's rewind moves it back
             await rewind_as_an_older_replica(db, session.id, 2)
             assert await tail_on_row(db, session.id) == first[-1]
+    finally:
+        await db.dispose()
+
+
+async def test_migration_0013__the_locked_snapshot_function_up_and_down(
+    database_url: str,
+) -> None:
+    """0013 adds ``usage_locked_snapshot`` (PostgreSQL), which a budgeted claim's one
+    statement calls: down to 0012 drops it, up again makes it, and a budgeted claim is then
+    admitted. SQLite: both steps run and change nothing."""
+    db = create_database(database_url)
+    store = SessionStore(db)
+
+    async def functions() -> int:
+        if db.url.startswith("sqlite"):
+            return 0
+        async with db.read() as conn:
+            found = await conn.scalar(
+                text("SELECT count(*) FROM pg_proc WHERE proname = 'usage_locked_snapshot'")
+            )
+        return int(found)
+
+    try:
+        expected = 0 if db.url.startswith("sqlite") else 1
+        assert await functions() == expected
+        await _downgrade(db, "0012_tail_per_session")
+        assert await current_revision(db) == "0012_tail_per_session"
+        assert await functions() == 0
+        await upgrade(db)
+        assert await current_revision(db) == head_revision()
+        assert await functions() == expected
+        ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
+        _, session = await new_session(store)
+        lease = await store.start_turn(
+            session.id,
+            user_message=user_message("hi"),
+            last_message_id=None,
+            reservation=ledger.reservation(
+                parse_budgets("user:day:100000tokens,all:day:100000tokens"),
+                Payer("slack:T1:U1", "T1"),
+            ),
+        )
+        await store.release(lease)
+        assert len(await store.messages(session.id)) == 1
     finally:
         await db.dispose()

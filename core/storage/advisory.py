@@ -2,11 +2,13 @@
 BEGIN and the locks sent as one simple query (one round trip where SQLAlchemy's transaction
 takes two: its BEGIN, then the locks' statement).
 
-A budgeted claim runs in it (``SessionStore.start_turn``): the locks come before any statement
-that reads the budget, so that statement's snapshot (READ COMMITTED takes one per statement)
-sees everything the locks' earlier holders committed, and the claim, the admission, the
-reservation and the user message are then one statement (``core.storage.reservations``): three
-round trips (BEGIN and the locks, the statement, COMMIT) where it took five. The lock order
+A budgeted claim runs in it (``SessionStore.start_turn``) when its one statement could not take
+the locks itself (``reservations._claim_at_once``: a lock held elsewhere, a transaction ended
+meanwhile), and a turn's later request always: the locks come before any statement that reads
+the budget, so that statement's snapshot (READ COMMITTED takes one per statement) sees
+everything the locks' earlier holders committed, and the claim, the admission, the reservation
+and the user message are then one statement (``core.storage.reservations``): three round trips
+(BEGIN and the locks, the statement, COMMIT) where it took five. The lock order
 this gives is argued in docs/design.md, *Budgets across replicas*.
 
 The transaction is the connection's own (SQL ``BEGIN`` … ``COMMIT`` on a connection held in

@@ -21,10 +21,11 @@ What it guarantees (docs/design.md, *Budgets across replicas*):
   what a turn holds is what it has yet to spend: its reservation less its session's ledger rows
   written since it reserved (both stamped by the writing process's clock).
 - The step is atomic per account: on PostgreSQL under transaction-level advisory locks (one per
-  account, taken in one statement, in a fixed order, as the transaction's first statement,
-  before any row lock: ``core.storage.advisory``; claims on different accounts never wait for
-  each other; docs/design.md argues the lock order), on SQLite under the write lock every write
-  transaction holds. A claim with no budget to check is one statement, with no transaction.
+  account, taken before any row lock: waited for in one statement, in a fixed order, as the
+  transaction's first statement, ``core.storage.advisory``; or only tried, by a claim's one
+  statement, ``_claim_at_once``, which admits only on a snapshot as good as one taken after
+  them; claims on different accounts never wait for each other; docs/design.md argues the lock
+  order), on SQLite under the write lock every write transaction holds. A claim with no budget to check is one statement, with no transaction.
   The read is one statement, so it sees the totals, the reservations and the rows that use
   them up of one moment.
 - A reservation counts only while its turn holds the session's lock (same token, live
@@ -52,6 +53,7 @@ from sqlalchemy import (
     Insert,
     Select,
     Table,
+    Text,
     and_,
     bindparam,
     case,
@@ -482,6 +484,34 @@ def _admitting(accounts: int, wanted: Wanted, slots: Slots, terms: Terms) -> Pre
     )
 
 
+def _claiming(
+    stamp: bool, accounts: int, wanted: Wanted, slots: Slots, terms: Terms, gate: Any = None
+) -> Insert:
+    """The claim, the admission, the reservation and the user message as one statement (see
+    ``_claim_admitting``); ``gate``, when given, a further condition of the admission."""
+    rules = _admission(accounts, wanted, slots, terms, bounded=True)
+    admitted = (
+        select(*(v.label(n) for n, v in rules.values.items() if n != "lock_token"))
+        .select_from(rules.source)
+        .where(rules.admitted if gate is None else and_(gate, rules.admitted))
+        .cte("admitted")
+    )
+    claimed = claimed_cte(
+        stamp=stamp, only_if=select(literal_column("1")).select_from(admitted).exists()
+    )
+    columns = [
+        claimed.c.lock_token if name == "lock_token" else admitted.c[name] for name in rules.values
+    ]
+    upsert = postgresql.insert(RESERVATIONS).from_select(
+        list(rules.values), select(*columns).select_from(admitted.join(claimed, true()))
+    )
+    held = upsert.on_conflict_do_update(
+        index_elements=["session_id"],
+        set_={name: upsert.excluded[name] for name in _HOLD_COLUMNS[1:]},
+    ).cte("held")
+    return insert_claimed(claimed).add_cte(held)
+
+
 @functools.cache
 def _claim_admitting(
     stamp: bool, accounts: int, wanted: Wanted, slots: Slots, terms: Terms
@@ -498,27 +528,37 @@ def _claim_admitting(
     The reservation's upsert may replace this session's row of an earlier turn in place; the
     trigger that deletes a replaced token's row (migration 0007) fires at the statement's end
     and deletes rows of the old token only, so it leaves the new one."""
-    rules = _admission(accounts, wanted, slots, terms, bounded=True)
-    admitted = (
-        select(*(v.label(n) for n, v in rules.values.items() if n != "lock_token"))
-        .select_from(rules.source)
-        .where(rules.admitted)
-        .cte("admitted")
+    return Prepared(_claiming(stamp, accounts, wanted, slots, terms))
+
+
+def _locks_gate(accounts: int) -> ColumnElement[bool]:
+    """PostgreSQL: the accounts' advisory locks (``k0``…) tried, never waited on, and true
+    only if all were taken and no transaction ended between the statement's snapshot and a
+    snapshot taken after them (``usage_locked_snapshot``, migration 0013): then the
+    statement's reads saw what every earlier holder of the locks committed."""
+    tried = and_(
+        *(
+            func.pg_try_advisory_xact_lock(bindparam(f"k{i}", type_=BigInteger))
+            for i in range(accounts)
+        )
     )
-    claimed = claimed_cte(
-        stamp=stamp, only_if=select(literal_column("1")).select_from(admitted).exists()
-    )
-    columns = [
-        claimed.c.lock_token if name == "lock_token" else admitted.c[name] for name in rules.values
-    ]
-    upsert = postgresql.insert(RESERVATIONS).from_select(
-        list(rules.values), select(*columns).select_from(admitted.join(claimed, true()))
-    )
-    held = upsert.on_conflict_do_update(
-        index_elements=["session_id"],
-        set_={name: upsert.excluded[name] for name in _HOLD_COLUMNS[1:]},
-    ).cte("held")
-    return Prepared(insert_claimed(claimed).add_cte(held))
+    return func.usage_locked_snapshot(tried) == sa_cast(func.pg_current_snapshot(), Text)
+
+
+@functools.cache
+def _claim_at_once(
+    stamp: bool, accounts: int, wanted: Wanted, slots: Slots, terms: Terms
+) -> Prepared:
+    """PostgreSQL: ``_claim_admitting`` taking the accounts' advisory locks itself, one
+    autocommitted statement: one round trip where the waiting way (``advisory.locked``) takes
+    three. READ COMMITTED took its snapshot before it takes the locks, so it admits only
+    when ``_locks_gate`` holds: every lock taken at once, and the snapshot as good as one
+    taken after them. Otherwise (a lock held elsewhere, a transaction ended meanwhile) it
+    writes nothing and the caller takes the waiting way, which also words any refusal. It
+    never waits on the locks, so a caller cancelled meanwhile leaves nothing behind that the
+    waiting way's rollback would have undone (it can wait on the session's row, as the claim
+    without budgets does)."""
+    return Prepared(_claiming(stamp, accounts, wanted, slots, terms, _locks_gate(accounts)))
 
 
 _LOCKS: Final = {n: _locks(n) for n in range(1, MOST_ACCOUNTS + 1)}
@@ -642,6 +682,7 @@ class _Plan:
     hold: dict[str, Any]
     admitting: Prepared
     claiming: dict[bool, Prepared]  # PostgreSQL's, by whether the claim stamps the model
+    at_once: dict[bool, Prepared]  # likewise, trying the locks itself (``_claim_at_once``)
     admit: dict[str, Any]  # the admitting statements' parameters that stay the same
     in_sql: bool  # the admitting statements may decide (every limit well inside 64 bits)
 
@@ -680,6 +721,7 @@ def _plan(budgets: tuple[Budget, ...], payer: Payer | None) -> _Plan:
             stamp: _claim_admitting(stamp, len(keys), wanted, slots, terms)
             for stamp in (False, True)
         },
+        {stamp: _claim_at_once(stamp, len(keys), wanted, slots, terms) for stamp in (False, True)},
         admit,
         all(_limit(budget) < SQL_LIMIT for budget, _ in pairs),
     )
@@ -734,6 +776,30 @@ class Reservation:
         admit = self._admit_params(session_id, "", False)
         try:
             row = (await plan.claiming[stamp].run(conn, params | admit)).row
+        except IntegrityError as exc:
+            raise message_integrity_error(exc) from exc
+        if row is None:
+            return None
+        token = str(row[1])
+        self.session_id, self.token = session_id, token
+        return token, int(row[0])
+
+    async def claim_at_once(
+        self, conn: Conn, params: dict[str, Any], *, stamp: bool
+    ) -> tuple[str, int] | None:
+        """PostgreSQL, on a connection outside any transaction (``Database.autocommit``):
+        ``claim_admitting`` with the accounts' locks tried in the same statement
+        (``_claim_at_once``): the token and the message's position, or None when it wrote
+        nothing (a lock was held elsewhere, a transaction ended while it took them, the claim
+        or a budget refused, or the rules are Python's to apply). The caller then takes the
+        waiting way (``advisory.locked``), which admits or says why not."""
+        plan = self._plan
+        if not plan.in_sql:
+            return None
+        session_id = int(params["sid"])
+        run = params | self._admit_params(session_id, "", False) | plan.locks
+        try:
+            row = (await plan.at_once[stamp].run(conn, run)).row
         except IntegrityError as exc:
             raise message_integrity_error(exc) from exc
         if row is None:
