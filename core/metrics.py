@@ -56,11 +56,12 @@ TURN_REFUSALS = Counter(
     "Turns refused before any model call: busy (locked elsewhere) or stale (old view).",
     ["reason"],
 )
-BUDGET_CLAIMS = Counter(
-    "slack_agent_budget_claims_total",
-    "PostgreSQL: claims with a user message and budgets to check, by how the accounts' locks "
-    "were taken: at_once (tried inside the claim's one statement) or waiting (that statement "
-    "wrote nothing: a lock was held elsewhere, a transaction ended meanwhile, or it refused).",
+BUDGET_CHECKS = Counter(
+    "slack_agent_budget_checks_total",
+    "PostgreSQL: budget checks that reserve (a claim with a user message, a turn's later "
+    "request), by how the accounts' locks were taken: at_once (tried inside the one "
+    "statement) or waiting (that statement wrote nothing: a lock was held elsewhere, a "
+    "transaction ended meanwhile, or it refused).",
     ["way"],
 )
 LOCK_TAKEOVERS = Counter(

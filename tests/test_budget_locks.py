@@ -60,9 +60,9 @@ async def nothing_left_open(db: Database) -> None:
         await conn.execute(text("SELECT 1"))
 
 
-def _budget_claims(way: str) -> float:
-    """``slack_agent_budget_claims_total{way}`` in this process."""
-    return REGISTRY.get_sample_value("slack_agent_budget_claims_total", {"way": way}) or 0.0
+def _budget_checks(way: str) -> float:
+    """``slack_agent_budget_checks_total{way}`` in this process."""
+    return REGISTRY.get_sample_value("slack_agent_budget_checks_total", {"way": way}) or 0.0
 
 
 async def waiting(db: Database, count: int) -> None:
@@ -228,7 +228,7 @@ async def test_claim__watched_statements_are_seen_either_way(
     ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
     _, session = await new_session(store)
     budgets = parse_budgets(ROOMY)
-    waited = _budget_claims("waiting")
+    waited = _budget_checks("waiting")
     holder = create_database(database_url)
     try:
         with statements(db) as seen:
@@ -259,7 +259,7 @@ async def test_claim__watched_statements_are_seen_either_way(
         assert said[1] == "BEGIN"
         assert "pg_advisory_xact_lock" in claims[2]
         assert said[-1] == "COMMIT"
-        assert _budget_claims("waiting") == waited + 1
+        assert _budget_checks("waiting") == waited + 1
     async with db.read() as conn:
         held = await conn.scalar(text("SELECT count(*) FROM usage_reservations"))
     assert held == 0  # the release's trigger deleted it
@@ -331,3 +331,45 @@ async def test_locked_snapshot__tells_a_transaction_that_ended_after_the_stateme
             assert equal
     finally:
         await other.dispose()
+
+
+async def test_extend__waits_for_a_lock_held_elsewhere_then_reserves(
+    db: Database, database_url: str
+) -> None:
+    """A running turn's later request (``UsageLedger.extend``): while another transaction
+    holds one of its payer's accounts' locks, the one statement that tries them writes nothing
+    and the step waits for the locks the other way (PostgreSQL; on SQLite for the write
+    lock), then reserves once the holder ends; nothing is left held or open."""
+    store = SessionStore(db)
+    ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
+    _, session = await new_session(store)
+    budgets = parse_budgets(ROOMY)
+    reservation = ledger.reservation(budgets, PAYER)
+    assert reservation is not None
+    lease = await store.start_turn(
+        session.id, user_message=user_message("a"), last_message_id=None, reservation=reservation
+    )
+    waited = _budget_checks("waiting")
+    holder = create_database(database_url)
+    try:
+        async with holder.write() as conn:
+            if db.dialect == "postgresql":
+                key = lock_key(account_key(budgets[1], PAYER) or "")
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+            step = asyncio.create_task(ledger.extend(reservation))
+            await waiting(db, 1)
+            assert not step.done()
+        async with asyncio.timeout(10):
+            await step
+    finally:
+        await holder.dispose()
+    if db.dialect == "postgresql":
+        assert _budget_checks("waiting") == waited + 1
+    async with db.read() as conn:
+        held = await conn.scalar(
+            text("SELECT count(*) FROM usage_reservations WHERE session_id = :s"),
+            {"s": session.id},
+        )
+    assert held == 1
+    await store.release(lease)
+    await nothing_left_open(db)

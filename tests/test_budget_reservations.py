@@ -116,15 +116,17 @@ class _RolledBack(Exception):
 
 
 async def _both_ways(
-    db: Database, reservation: Reservation, session_id: int, *, at_once: bool = False
+    db: Database, reservation: Reservation, session_id: int, *, at_once: str = ""
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """What the rules decide (the hold's columns, None: refused) and what the one statement
     wrote (None: nothing), in one transaction that is rolled back. On PostgreSQL the statement
     is the claim's (``Reservation.claim_admitting``: the claim, the admission, the reservation
     and a user message), claiming the session, which is free, whatever its tail; ``at_once``:
-    the claim that tries the locks itself (``Reservation.claim_at_once``), which also writes
-    nothing when a transaction elsewhere on the server ended while it took them, so where the
-    rules admit it is run again (each time afresh) until it writes, or 200 times."""
+    a statement that tries the locks itself, the claim's (``claim``:
+    ``Reservation.claim_at_once``) or a later request's (``extend``:
+    ``Reservation.extend_at_once``), which also writes nothing when a transaction elsewhere on
+    the server ended while it took them, so where the rules admit it is run again (each time
+    afresh) until it writes, or 200 times."""
     out: list[dict[str, Any] | None] = []
 
     async def row(conn: Conn) -> dict[str, Any] | None:
@@ -153,10 +155,13 @@ async def _both_ways(
                 claim = claim_params(session_id)
                 if at_once:
                     for _ in range(1 if out[0] is None else 200):
-                        got = await reservation.claim_at_once(conn, claim, stamp=False)
-                        if got is not None:
+                        if at_once == "extend":
+                            admitted = await reservation.extend_at_once(conn, session_id, "token")
+                        else:
+                            got = await reservation.claim_at_once(conn, claim, stamp=False)
+                            admitted = got is not None
+                        if admitted:
                             break
-                    admitted = got is not None
                 else:
                     got = await reservation.claim_admitting(conn, claim, stamp=False)
                     admitted = got is not None
@@ -182,7 +187,8 @@ async def test_admission__the_one_statement_agrees_with_the_rules(db: Database) 
     expected to cost, one unit, nothing), with and without another live turn holding on the
     same accounts, for a session with priced requests and a new one, with and without new
     text: the statement admits exactly the turns the rules admit and holds what they hold
-    (on PostgreSQL both claims that run it: under the locks, and trying them itself)."""
+    (on PostgreSQL every statement built on it: the claim under the locks, and the claim and
+    a later request's step trying them themselves)."""
     now = datetime.now(UTC)
     store = SessionStore(db, staleness_seconds=60)
     ledger = UsageLedger(db, staleness_seconds=60, clock=lambda: now)
@@ -227,8 +233,12 @@ async def test_admission__the_one_statement_agrees_with_the_rules(db: Database) 
                         rules, statement = await _both_ways(db, reservation, session.id)
                         assert statement == rules, (spec, session.id, text_tokens, holding)
                         if db.dialect == "postgresql":
-                            _, at_once = await _both_ways(db, reservation, session.id, at_once=True)
-                            assert at_once == rules, (spec, session.id, text_tokens, holding)
+                            ways = ("claim", "extend") if text_tokens == 0 else ("claim",)
+                            for way in ways:  # a later request adds no new text
+                                _, at_once = await _both_ways(
+                                    db, reservation, session.id, at_once=way
+                                )
+                                assert at_once == rules, (way, spec, session.id, holding)
                         outcomes.add(rules is not None)
         if lease is not None:
             await store.release(lease)

@@ -22,10 +22,11 @@ What it guarantees (docs/design.md, *Budgets across replicas*):
   written since it reserved (both stamped by the writing process's clock).
 - The step is atomic per account: on PostgreSQL under transaction-level advisory locks (one per
   account, taken before any row lock: waited for in one statement, in a fixed order, as the
-  transaction's first statement, ``core.storage.advisory``; or only tried, by a claim's one
-  statement, ``_claim_at_once``, which admits only on a snapshot as good as one taken after
-  them; claims on different accounts never wait for each other; docs/design.md argues the lock
-  order), on SQLite under the write lock every write transaction holds. A claim with no budget to check is one statement, with no transaction.
+  transaction's first statement, ``core.storage.advisory``; or only tried, by the step's one
+  statement, ``_claim_at_once`` and ``_extending_at_once``, which admit only on a snapshot as
+  good as one taken after them; claims on different accounts never wait for each other;
+  docs/design.md argues the lock order), on SQLite under the write lock every write
+  transaction holds. A claim with no budget to check is one statement, with no transaction.
   The read is one statement, so it sees the totals, the reservations and the rows that use
   them up of one moment.
 - A reservation counts only while its turn holds the session's lock (same token, live
@@ -462,6 +463,20 @@ def _admission(
     return _Admission(values, joined, and_(*admitted))
 
 
+def _locks_gate(accounts: int) -> ColumnElement[bool]:
+    """PostgreSQL: the accounts' advisory locks (``k0``…) tried, never waited on, and true
+    only if all were taken and no transaction ended between the statement's snapshot and a
+    snapshot taken after them (``usage_locked_snapshot``, migration 0013): then the
+    statement's reads saw what every earlier holder of the locks committed."""
+    tried = and_(
+        *(
+            func.pg_try_advisory_xact_lock(bindparam(f"k{i}", type_=BigInteger))
+            for i in range(accounts)
+        )
+    )
+    return func.usage_locked_snapshot(tried) == sa_cast(func.pg_current_snapshot(), Text)
+
+
 @functools.cache
 def _admitting(accounts: int, wanted: Wanted, slots: Slots, terms: Terms) -> Prepared:
     """SQLite: the read, the decision and the reservation in one statement, an ``INSERT …
@@ -471,16 +486,36 @@ def _admitting(accounts: int, wanted: Wanted, slots: Slots, terms: Terms) -> Pre
     whenever the two would differ, so this statement is only ever a faster route to what the
     rules admit (``tests/test_budget_reservations.py`` holds them equal around every budget's
     edge)."""
-    rules = _admission(accounts, wanted, slots, terms, bounded=False)
+    return Prepared(_reserving(sqlite, accounts, wanted, slots, terms))
+
+
+@functools.cache
+def _extending_at_once(accounts: int, wanted: Wanted, slots: Slots, terms: Terms) -> Prepared:
+    """PostgreSQL: a running turn's later request's step (``UsageLedger.extend``) as
+    ``_admitting``'s one statement, the accounts' advisory locks tried in it as a claim's
+    (``_claim_at_once``, ``_locks_gate``): one autocommitted round trip where the waiting way
+    takes four (BEGIN and the locks, the read, the reservation, COMMIT). It writes nothing when
+    it cannot decide so, and the caller takes the waiting way, which words a refusal."""
+    return Prepared(_reserving(postgresql, accounts, wanted, slots, terms, _locks_gate(accounts)))
+
+
+def _reserving(
+    dialect: Any, accounts: int, wanted: Wanted, slots: Slots, terms: Terms, gate: Any = None
+) -> Insert:
+    """``_admission``'s row inserted, or put in place of the session's earlier one, where every
+    budget admits the turn (and ``gate`` holds, when given)."""
+    rules = _admission(accounts, wanted, slots, terms, bounded=dialect is postgresql)
     chosen = select(*(value.label(name) for name, value in rules.values.items()))
-    upsert = sqlite.insert(RESERVATIONS).from_select(
-        list(rules.values), chosen.select_from(rules.source).where(rules.admitted)
+    where = rules.admitted if gate is None else and_(gate, rules.admitted)
+    upsert = dialect.insert(RESERVATIONS).from_select(
+        list(rules.values), chosen.select_from(rules.source).where(where)
     )
-    return Prepared(
+    return cast(
+        Insert,
         upsert.on_conflict_do_update(
             index_elements=["session_id"],
             set_={name: upsert.excluded[name] for name in _HOLD_COLUMNS[1:]},
-        )
+        ),
     )
 
 
@@ -529,20 +564,6 @@ def _claim_admitting(
     trigger that deletes a replaced token's row (migration 0007) fires at the statement's end
     and deletes rows of the old token only, so it leaves the new one."""
     return Prepared(_claiming(stamp, accounts, wanted, slots, terms))
-
-
-def _locks_gate(accounts: int) -> ColumnElement[bool]:
-    """PostgreSQL: the accounts' advisory locks (``k0``…) tried, never waited on, and true
-    only if all were taken and no transaction ended between the statement's snapshot and a
-    snapshot taken after them (``usage_locked_snapshot``, migration 0013): then the
-    statement's reads saw what every earlier holder of the locks committed."""
-    tried = and_(
-        *(
-            func.pg_try_advisory_xact_lock(bindparam(f"k{i}", type_=BigInteger))
-            for i in range(accounts)
-        )
-    )
-    return func.usage_locked_snapshot(tried) == sa_cast(func.pg_current_snapshot(), Text)
 
 
 @functools.cache
@@ -681,6 +702,7 @@ class _Plan:
     limits: list[tuple[Budget, str, Slot, int]]
     hold: dict[str, Any]
     admitting: Prepared
+    extending: Prepared  # PostgreSQL's later request's step, trying the locks itself
     claiming: dict[bool, Prepared]  # PostgreSQL's, by whether the claim stamps the model
     at_once: dict[bool, Prepared]  # likewise, trying the locks itself (``_claim_at_once``)
     admit: dict[str, Any]  # the admitting statements' parameters that stay the same
@@ -717,6 +739,7 @@ def _plan(budgets: tuple[Budget, ...], payer: Payer | None) -> _Plan:
         [(budget, key, (budget.scope, budget.unit), _limit(budget)) for budget, key in pairs],
         hold,
         _admitting(len(keys), wanted, slots, terms),
+        _extending_at_once(len(keys), wanted, slots, terms),
         {
             stamp: _claim_admitting(stamp, len(keys), wanted, slots, terms)
             for stamp in (False, True)
@@ -807,6 +830,18 @@ class Reservation:
         token = str(row[1])
         self.session_id, self.token = session_id, token
         return token, int(row[0])
+
+    async def extend_at_once(self, conn: Conn, session_id: int, token: str) -> bool:
+        """PostgreSQL, on a connection outside any transaction: a running turn's later
+        request's step with the accounts' locks tried in the same statement
+        (``_extending_at_once``); False when it wrote nothing (a lock was held elsewhere, a
+        transaction ended while it took them, a budget refused, or the rules are Python's to
+        apply): the caller then takes the waiting way, which reserves or says why not."""
+        plan = self._plan
+        if not plan.in_sql:
+            return False
+        params = self._admit_params(session_id, token, True) | plan.locks
+        return (await plan.extending.run(conn, params)).rowcount > 0
 
     async def take(
         self,

@@ -542,7 +542,7 @@ class SessionStore(TranscriptOperations):
                 assert user_message is not None
                 async with self.db.autocommit() as conn:
                     got = await reservation.claim_at_once(conn, params, stamp=stamp)
-                metrics.BUDGET_CLAIMS.labels("waiting" if got is None else "at_once").inc()
+                metrics.BUDGET_CHECKS.labels("waiting" if got is None else "at_once").inc()
                 if got is not None:
                     return _leased(session_id, row, user_message, got)
             async with advisory.locked(self.db, reservation.lock_keys) as conn:

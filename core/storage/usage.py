@@ -43,6 +43,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
+from core import metrics
 from core.storage import advisory
 from core.storage.dialect import ago
 from core.storage.engine import Database
@@ -296,13 +297,20 @@ class UsageLedger:
     async def extend(self, reservation: Reservation) -> None:
         """Before a running turn's next request: the claim's step again, in a write transaction
         of its own (``AgentSessionBudgetExceeded`` with ``during_turn`` when the request's
-        expected cost no longer fits, or nothing is left). On PostgreSQL the transaction opens
-        with the accounts' advisory locks (``core.storage.advisory.locked``: BEGIN and the locks
-        in one round trip), first, as a claim's does: the lock order of docs/design.md."""
+        expected cost no longer fits, or nothing is left). On PostgreSQL one statement that
+        tries the accounts' advisory locks itself when it can (``Reservation.extend_at_once``,
+        as a claim's), and otherwise a transaction that opens with them
+        (``core.storage.advisory.locked``: BEGIN and the locks in one round trip), first, as a
+        claim's does: the lock order of docs/design.md."""
         if reservation.session_id is None or reservation.token is None:
             return
         session_id, token = reservation.session_id, reservation.token
         if self._db.dialect == "postgresql" and reservation.pairs:
+            async with self._db.autocommit() as conn:
+                extended = await reservation.extend_at_once(conn, session_id, token)
+            metrics.BUDGET_CHECKS.labels("at_once" if extended else "waiting").inc()
+            if extended:
+                return
             async with advisory.locked(self._db, reservation.lock_keys) as conn:
                 await reservation.take(conn, session_id, token, during_turn=True, locked=True)
             return
