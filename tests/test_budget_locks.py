@@ -9,6 +9,9 @@ meanwhile, all finish. On SQLite the same claims end with the write lock free.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -18,6 +21,7 @@ from core.agent.accounting import Payer
 from core.errors import AgentSessionBudgetExceeded, AgentSessionBusy, AgentSessionStale
 from core.messages import user_message
 from core.providers.base import Usage
+from core.records import TurnLease
 from core.storage.engine import Database, create_database
 from core.storage.reservations import lock_key
 from core.storage.sessions import SessionStore
@@ -58,6 +62,37 @@ async def nothing_left_open(db: Database) -> None:
         assert (locks, idle) == (0, 0)
     async with asyncio.timeout(5), db.write() as conn:
         await conn.execute(text("SELECT 1"))
+
+
+def roomy_claim(
+    store: SessionStore, ledger: UsageLedger, session_id: int, text: str = "hi"
+) -> Coroutine[Any, Any, TurnLease]:
+    """A claim of ``session_id`` with a user message and no tail seen, for ``PAYER`` under
+    ``ROOMY`` (budgets it never reaches, so every claim checks them)."""
+    return store.start_turn(
+        session_id,
+        user_message=user_message(text),
+        last_message_id=None,
+        reservation=ledger.reservation(parse_budgets(ROOMY), PAYER),
+    )
+
+
+@contextlib.asynccontextmanager
+async def another_holding(db: Database, database_url: str, account: int = 0) -> AsyncIterator[None]:
+    """Another transaction, on an engine of its own, holding the advisory lock of one of
+    ``PAYER``'s accounts under ``ROOMY`` (``account``: the budget's index; PostgreSQL), or
+    SQLite's write lock, until the block ends."""
+    holder = create_database(database_url)
+    try:
+        async with holder.write() as conn:
+            if db.dialect == "postgresql":
+                key = lock_key(account_key(parse_budgets(ROOMY)[account], PAYER) or "")
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+            else:
+                await conn.execute(text("DELETE FROM usage_reservations WHERE 0"))
+            yield
+    finally:
+        await holder.dispose()
 
 
 def _budget_checks(way: str) -> float:
@@ -134,37 +169,15 @@ async def test_claim__cancelled_while_it_waits_on_the_locks_leaves_none(
     store = SessionStore(db)
     ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
     _, session = await new_session(store)
-    holder = create_database(database_url)
-    try:
-        budgets = parse_budgets(ROOMY)
-        key = lock_key(account_key(budgets[0], PAYER) or "")
-        async with holder.write() as conn:
-            if db.dialect == "postgresql":
-                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
-            else:
-                await conn.execute(text("DELETE FROM usage_reservations WHERE 0"))
-            claim = asyncio.create_task(
-                store.start_turn(
-                    session.id,
-                    user_message=user_message("hi"),
-                    last_message_id=None,
-                    reservation=ledger.reservation(budgets, PAYER),
-                )
-            )
-            await waiting(db, 1)
-            assert not claim.done()
-            claim.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await claim
-    finally:
-        await holder.dispose()
+    async with another_holding(db, database_url):
+        claim = asyncio.create_task(roomy_claim(store, ledger, session.id, "hi"))
+        await waiting(db, 1)
+        assert not claim.done()
+        claim.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await claim
     await nothing_left_open(db)
-    lease = await store.start_turn(
-        session.id,
-        user_message=user_message("hi"),
-        last_message_id=None,
-        reservation=ledger.reservation(parse_budgets(ROOMY), PAYER),
-    )
+    lease = await roomy_claim(store, ledger, session.id, "hi")
     await store.release(lease)
     assert len(await store.messages(session.id)) == 1
     await nothing_left_open(db)
@@ -194,14 +207,7 @@ async def test_claim__waiting_on_the_session_row_under_the_locks_does_not_deadlo
                 text("UPDATE agent_sessions SET updated_at = updated_at WHERE id = :s"),
                 {"s": second.id},
             )
-            claim = asyncio.create_task(
-                store.start_turn(
-                    second.id,
-                    user_message=user_message("b"),
-                    last_message_id=None,
-                    reservation=ledger.reservation(parse_budgets(ROOMY), PAYER),
-                )
-            )
+            claim = asyncio.create_task(roomy_claim(store, ledger, second.id, "b"))
             await waiting(db, 1)  # the claim, on the row, holding the accounts' locks
             step = asyncio.create_task(ledger.extend(reservation))
             await waiting(db, 2)  # and the step, on the locks
@@ -227,29 +233,13 @@ async def test_claim__watched_statements_are_seen_either_way(
     store = SessionStore(db)
     ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
     _, session = await new_session(store)
-    budgets = parse_budgets(ROOMY)
     waited = _budget_checks("waiting")
-    holder = create_database(database_url)
-    try:
-        with statements(db) as seen:
-            async with holder.write() as conn:
-                if db.dialect == "postgresql":
-                    key = lock_key(account_key(budgets[0], PAYER) or "")
-                    await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
-                claim = asyncio.create_task(
-                    store.start_turn(
-                        session.id,
-                        user_message=user_message("hi"),
-                        last_message_id=None,
-                        reservation=ledger.reservation(budgets, PAYER),
-                    )
-                )
-                if db.dialect == "postgresql":
-                    await waiting(db, 1)  # the waiting way, on the lock
-            async with asyncio.timeout(10):
-                lease = await claim
-    finally:
-        await holder.dispose()
+    with statements(db) as seen:
+        async with another_holding(db, database_url):
+            claim = asyncio.create_task(roomy_claim(store, ledger, session.id, "hi"))
+            await waiting(db, 1)  # the waiting way, on the lock
+        async with asyncio.timeout(10):
+            lease = await claim
     await store.release(lease)
     claims = [sql for sql, _ in seen if "pg_stat_activity" not in sql]  # not waiting()'s
     said = [sql.split()[0].upper() for sql in claims]
@@ -277,24 +267,18 @@ async def test_claim_at_once__writes_nothing_while_a_lock_is_held_elsewhere(
     store = SessionStore(db)
     ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
     _, session = await new_session(store)
-    budgets = parse_budgets(ROOMY)
-    reservation = ledger.reservation(budgets, PAYER)
+    reservation = ledger.reservation(parse_budgets(ROOMY), PAYER)
     assert reservation is not None
     params = claim_params(session.id)
-    holder = create_database(database_url)
-    try:
-        async with holder.write() as conn:
-            key = lock_key(account_key(budgets[-1], PAYER) or "")
-            await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
-            async with asyncio.timeout(5), db.autocommit() as mine:
-                assert await reservation.claim_at_once(mine, params, stamp=False) is None
-            assert not await store.is_turn_active(session.id)
-            assert await store.messages(session.id) == []
-            async with db.read() as mine:
-                held = await mine.scalar(text("SELECT count(*) FROM usage_reservations"))
-            assert held == 0
-    finally:
-        await holder.dispose()
+    async with another_holding(db, database_url, -1):
+        async with asyncio.timeout(5), db.autocommit() as mine:
+            got = await reservation.claim_admitting(mine, params, stamp=False, at_once=True)
+        assert got is None
+        assert not await store.is_turn_active(session.id)
+        assert await store.messages(session.id) == []
+        async with db.read() as mine:
+            held = await mine.scalar(text("SELECT count(*) FROM usage_reservations"))
+        assert held == 0
     await nothing_left_open(db)
 
 
@@ -350,19 +334,12 @@ async def test_extend__waits_for_a_lock_held_elsewhere_then_reserves(
         session.id, user_message=user_message("a"), last_message_id=None, reservation=reservation
     )
     waited = _budget_checks("waiting")
-    holder = create_database(database_url)
-    try:
-        async with holder.write() as conn:
-            if db.dialect == "postgresql":
-                key = lock_key(account_key(budgets[1], PAYER) or "")
-                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
-            step = asyncio.create_task(ledger.extend(reservation))
-            await waiting(db, 1)
-            assert not step.done()
-        async with asyncio.timeout(10):
-            await step
-    finally:
-        await holder.dispose()
+    async with another_holding(db, database_url, 1):
+        step = asyncio.create_task(ledger.extend(reservation))
+        await waiting(db, 1)
+        assert not step.done()
+    async with asyncio.timeout(10):
+        await step
     if db.dialect == "postgresql":
         assert _budget_checks("waiting") == waited + 1
     async with db.read() as conn:

@@ -158,7 +158,9 @@ async def _both_ways(
                         if at_once == "extend":
                             admitted = await reservation.extend_at_once(conn, session_id, "token")
                         else:
-                            got = await reservation.claim_at_once(conn, claim, stamp=False)
+                            got = await reservation.claim_admitting(
+                                conn, claim, stamp=False, at_once=True
+                            )
                             admitted = got is not None
                         if admitted:
                             break

@@ -784,45 +784,27 @@ class Reservation:
         return list(self._plan.locks.values())
 
     async def claim_admitting(
-        self, conn: Conn, params: dict[str, Any], *, stamp: bool
+        self, conn: Conn, params: dict[str, Any], *, stamp: bool, at_once: bool = False
     ) -> tuple[str, int] | None:
-        """PostgreSQL, under the accounts' advisory locks (``core.storage.advisory.locked``):
-        the claim (``params``: ``core.storage.queries``'s, the user message's included), the
-        admission, the reservation and the user message in one statement
-        (``_claim_admitting``): the token and the message's position, or None when it wrote
-        nothing (the claim or a budget refused, or the rules are Python's to apply: the
-        caller then goes the ordinary way, in the same transaction, which says which)."""
-        plan = self._plan
-        if not plan.in_sql:
-            return None
-        session_id = int(params["sid"])
-        admit = self._admit_params(session_id, "", False)
-        try:
-            row = (await plan.claiming[stamp].run(conn, params | admit)).row
-        except IntegrityError as exc:
-            raise message_integrity_error(exc) from exc
-        if row is None:
-            return None
-        token = str(row[1])
-        self.session_id, self.token = session_id, token
-        return token, int(row[0])
+        """PostgreSQL: the claim (``params``: ``core.storage.queries``'s, the user message's
+        included), the admission, the reservation and the user message in one statement: the
+        token and the message's position, or None when it wrote nothing (the claim or a budget
+        refused, or the rules are Python's to apply).
 
-    async def claim_at_once(
-        self, conn: Conn, params: dict[str, Any], *, stamp: bool
-    ) -> tuple[str, int] | None:
-        """PostgreSQL, on a connection outside any transaction (``Database.autocommit``):
-        ``claim_admitting`` with the accounts' locks tried in the same statement
-        (``_claim_at_once``): the token and the message's position, or None when it wrote
-        nothing (a lock was held elsewhere, a transaction ended while it took them, the claim
-        or a budget refused, or the rules are Python's to apply). The caller then takes the
-        waiting way (``advisory.locked``), which admits or says why not."""
+        Under the accounts' advisory locks (``core.storage.advisory.locked``:
+        ``_claim_admitting``), the caller then goes the ordinary way, in the same transaction,
+        which says which. ``at_once``: on a connection outside any transaction
+        (``Database.autocommit``), the statement that tries the locks itself
+        (``_claim_at_once``), which also writes nothing when a lock was held elsewhere or a
+        transaction ended while it took them; the caller then takes the waiting way."""
         plan = self._plan
         if not plan.in_sql:
             return None
         session_id = int(params["sid"])
-        run = params | self._admit_params(session_id, "", False) | plan.locks
+        run = params | self._admit_params(session_id, "", False)
+        statement = plan.at_once[stamp] if at_once else plan.claiming[stamp]
         try:
-            row = (await plan.at_once[stamp].run(conn, run)).row
+            row = (await statement.run(conn, run | plan.locks if at_once else run)).row
         except IntegrityError as exc:
             raise message_integrity_error(exc) from exc
         if row is None:

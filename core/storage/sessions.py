@@ -520,14 +520,14 @@ class SessionStore(TranscriptOperations):
 
         On PostgreSQL a turn with a user message and no budget to check is one autocommitted
         statement (``q.claim_inserting``: the claim, its stale guard and the insert); one with
-        budgets is one too when it can be (``claim_at_once``: the accounts' advisory locks
-        tried, never waited on, the claim, the budget's admission, the reservation and the
-        insert), and otherwise a transaction that waits for the locks (BEGIN and the locks in
-        one round trip, ``advisory.locked``), then runs that statement without its own locks
-        (``claim_admitting``), then COMMIT. The rest is a transaction: the claim, then the
-        user message's insert and the budget check; a budgeted claim on PostgreSQL neither
-        statement admitted goes that way too, under the locks it holds, and is refused in
-        words or admitted."""
+        budgets is one too when it can be (``claim_admitting`` ``at_once``: the accounts'
+        advisory locks tried, never waited on, the claim, the budget's admission, the
+        reservation and the insert), and otherwise a transaction that waits for the locks
+        (BEGIN and the locks in one round trip, ``advisory.locked``), then runs that statement
+        without its own locks (``claim_admitting``), then COMMIT. The rest is a transaction:
+        the claim, then the user message's insert and the budget check; a budgeted claim on
+        PostgreSQL neither statement admitted goes that way too, under the locks it holds, and
+        is refused in words or admitted."""
         budgeted = reservation is not None and bool(reservation.pairs)
         if self.db.dialect == "postgresql" and row is not None and not budgeted:
             assert user_message is not None
@@ -541,7 +541,7 @@ class SessionStore(TranscriptOperations):
             if row is not None:
                 assert user_message is not None
                 async with self.db.autocommit() as conn:
-                    got = await reservation.claim_at_once(conn, params, stamp=stamp)
+                    got = await reservation.claim_admitting(conn, params, stamp=stamp, at_once=True)
                 metrics.BUDGET_CHECKS.labels("waiting" if got is None else "at_once").inc()
                 if got is not None:
                     return _leased(session_id, row, user_message, got)
