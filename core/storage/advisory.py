@@ -4,7 +4,8 @@ takes two: its BEGIN, then the locks' statement).
 
 A budgeted claim runs in it (``SessionStore.start_turn``) when its one statement could not take
 the locks itself (``reservations._claim_at_once``: a lock held elsewhere, a transaction ended
-meanwhile), and a turn's later request always: the locks come before any statement that reads
+meanwhile, a refusal to word), and a turn's later request likewise (``UsageLedger.extend``):
+the locks come before any statement that reads
 the budget, so that statement's snapshot (READ COMMITTED takes one per statement) sees
 everything the locks' earlier holders committed, and the claim, the admission, the reservation
 and the user message are then one statement (``core.storage.reservations``): three round trips
