@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from core.errors import DatabaseError
+
 revision: str = "0013_locked_snapshot"
 down_revision: str | None = "0012_tail_per_session"
 branch_labels: str | Sequence[str] | None = None
@@ -32,8 +34,13 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
-        op.execute(_LOCKED_SNAPSHOT)
+    bind = op.get_bind()
+    if bind.dialect.name != "postgresql":
+        return
+    version = int(bind.exec_driver_sql("SHOW server_version_num").scalar_one())
+    if version < 130000:  # pg_current_snapshot() came with 13: say so now, not at every claim
+        raise DatabaseError(f"PostgreSQL 13 or newer is needed (server_version_num {version})")
+    op.execute(_LOCKED_SNAPSHOT)
 
 
 def downgrade() -> None:
