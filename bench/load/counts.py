@@ -169,8 +169,9 @@ class Counts:
 
 
 def _trace_writes(path: Path) -> None:
-    """Every statement of SQLite's inline write transactions, to ``path``, for
-    ``bench.load.replay``: one line each, its thread's name, a tab and the ``repr`` of
+    """Every statement of SQLite's inline write transactions, to ``path``, for ``slack-agent
+    bench write-replay`` (``bench.load.replay``): one line each, its thread's name, a tab and
+    the ``repr`` of
 
     - what SQLite's trace callback gives (``BEGIN IMMEDIATE``, ``COMMIT``, ``ROLLBACK``, a
       statement sent SQLAlchemy's ordinary way with its values written in, and again each

@@ -1,13 +1,13 @@
 """A bench run's SQLite write transactions again, on a bare ``sqlite3`` connection:
-``python -m bench.load.replay TRACE SCHEMA.db [ROUNDS]``.
+``slack-agent bench write-replay TRACE [ROUNDS]``.
 
 ``TRACE`` is what ``BENCH_SQL_TRACE=TRACE … bench turns "" N --counts`` wrote
-(``bench.load.counts``); ``SCHEMA.db`` a freshly migrated file (``DATABASE_URL=sqlite:///…
-slack-agent migrate``), copied for each round. Every transaction of the run (the turns' and
-the intake's, in the order they committed) is run as it was, ``BEGIN IMMEDIATE``, its
-statements with their values (a ``Prepared`` statement's SQL with its parameters, so SQLite's
-statement cache serves it as it serves the product), then ``COMMIT``, with the product's
-settings (WAL, ``synchronous=NORMAL``, foreign keys on) and none of the product's Python.
+(``bench.load.counts``). Every transaction of the run (the turns' and the intake's, in the
+order they committed) is run as it was on a copy of a freshly migrated file: ``BEGIN
+IMMEDIATE``, its statements with their values (a ``Prepared`` statement's SQL with its
+parameters, so SQLite's statement cache serves it as it serves the product), then ``COMMIT``,
+with the product's settings (WAL, ``synchronous=NORMAL``, foreign keys on) and none of the
+product's Python.
 
 Reported: this thread's CPU per transaction, split into the ``BEGIN``, the statements and the
 commit, by kind of transaction (the statements' first words); and the pages each commit wrote
@@ -19,11 +19,11 @@ how much colder the CPU's caches are on a busy event loop than in this loop.
 from __future__ import annotations
 
 import ast
+import asyncio
 import collections
 import shutil
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -105,18 +105,32 @@ def replay(
     return by_kind
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) not in (2, 3):
-        print("usage: python -m bench.load.replay TRACE SCHEMA.db [ROUNDS]", file=sys.stderr)
-        return 2
+def _migrated(path: Path) -> None:
+    """A new SQLite file at ``path`` with the product's schema."""
+    from core.settings import Settings
+    from core.storage import Storage
+
+    async def migrate() -> None:
+        storage = Storage.open(Settings(database_url=f"sqlite:///{path}"))
+        try:
+            await storage.migrate()
+        finally:
+            await storage.dispose()
+
+    asyncio.run(migrate())
+
+
+def run_part(argv: list[str]) -> None:
+    """``slack-agent bench write-replay TRACE [ROUNDS]`` (three rounds unless told)."""
     txs = transactions(Path(argv[0]))
-    rounds = int(argv[2]) if len(argv) == 3 else 3
+    rounds = int(argv[1]) if len(argv) > 1 else 3
     with tempfile.TemporaryDirectory() as tmp:
-        into = Path(tmp) / "replay.db"
-        page = _connect(Path(argv[1]), checkpoints=True).execute("PRAGMA page_size").fetchone()
+        schema, into = Path(tmp) / "schema.db", Path(tmp) / "replay.db"
+        _migrated(schema)
+        page = _connect(schema, checkpoints=True).execute("PRAGMA page_size").fetchone()
         frame = int(page[0]) + 24
         for checkpoints in [True] * rounds + [False]:
-            by_kind = replay(txs, Path(argv[1]), into, checkpoints=checkpoints)
+            by_kind = replay(txs, schema, into, checkpoints=checkpoints)
             every = [t for ts in by_kind.values() for t in ts]
             n = len(every)
             begin, statements, commit = (sum(t[i] for t in every) / n / 1000 for i in range(3))
@@ -132,8 +146,3 @@ def main(argv: list[str]) -> int:
             median = statistics.median(sum(t[:3]) for t in ts) / 1000
             pages = sum(t[3] for t in ts) / frame / len(ts)
             print(f"  {len(ts):6d}  {median:6.1f}  {pages:5.2f}  {kind[:100]}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
