@@ -20,6 +20,10 @@ PARTS: Final[dict[str, tuple[str, str]]] = {
     "fork": ("bench.load.turns", "acknowledgements while a fork and a sweep run: [URL]"),
     "ack": ("bench.load.ack", "acknowledgements under signed events while turns run: [URL]"),
     "turns-profile": ("bench.load.profile", "the shares of a replica's py-spy profile: FILE"),
+    "write-replay": (
+        "bench.load.replay",
+        "a turns run's SQLite write transactions on bare sqlite3: TRACE [ROUNDS]",
+    ),
     "slack-calls": ("bench.load.slack_calls", "what one Slack Web API call costs"),
     "stream-client": ("bench.load.stream_client", "CPU to read a streamed answer: httpx, aiohttp"),
     "web-first-byte": (
@@ -46,7 +50,7 @@ _WEB: Final = (
 )  # two modes of one module, like turns/fork
 
 # parts that cannot run without an argument (a file or directory to read)
-NEEDS_ONE: Final = frozenset({"turns-profile", "soak-profile"})
+NEEDS_ONE: Final = frozenset({"turns-profile", "soak-profile", "write-replay"})
 
 
 def run(part: str, argv: list[str]) -> None:

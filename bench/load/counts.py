@@ -113,16 +113,34 @@ class Counts:
             @contextlib.asynccontextmanager
             async def counted(db: Database, **options: bool) -> AsyncIterator[Any]:
                 count(f"db_{kind}_transactions")
+                # A write that finds this process's write lock taken waits for it, and the
+                # thread's CPU meanwhile is other tasks': such writes are counted apart too
+                # (``db_write_queued``), and the others split into opening (the lock and
+                # BEGIN), the body and closing (the commit).
+                queued = kind == "write" and db._write_lock._held
                 start = time.thread_time_ns()
+                opened_at = body_end = 0
                 try:
                     async with opened(db, **options) as conn:
+                        opened_at = time.thread_time_ns()
                         yield conn
+                        body_end = time.thread_time_ns()
                 finally:
-                    counts[f"db_{kind}_cpu_us"] += (time.thread_time_ns() - start) // 1000
+                    end = time.thread_time_ns()
+                    counts[f"db_{kind}_cpu_us"] += (end - start) // 1000
+                    if queued:
+                        counts["db_write_queued"] += 1
+                        counts["db_write_queued_cpu_us"] += (end - start) // 1000
+                    elif body_end:
+                        counts[f"db_{kind}_open_cpu_us"] += (opened_at - start) // 1000
+                        counts[f"db_{kind}_body_cpu_us"] += (body_end - opened_at) // 1000
+                        counts[f"db_{kind}_close_cpu_us"] += (end - body_end) // 1000
 
             return counted
 
         Database.write = counted_transactions("write")  # type: ignore[method-assign]
+        if os.environ.get("BENCH_SQL_TRACE"):
+            _trace_writes(Path(os.environ["BENCH_SQL_TRACE"]))
         Database.read = counted_transactions("read")  # type: ignore[method-assign]
 
         fetch = Prepared.fetch
@@ -148,6 +166,46 @@ class Counts:
                 self.profile.dump_stats(self.profile_to)
         partial.write_text(json.dumps({**self.counts, "answered": self.answered}))
         partial.replace(self.out)
+
+
+def _trace_writes(path: Path) -> None:
+    """Every statement of SQLite's inline write transactions, to ``path``, for ``slack-agent
+    bench write-replay`` (``bench.load.replay``): one line each, its thread's name, a tab and
+    the ``repr`` of
+
+    - what SQLite's trace callback gives (``BEGIN IMMEDIATE``, ``COMMIT``, ``ROLLBACK``, a
+      statement sent SQLAlchemy's ordinary way with its values written in, and again each
+      statement of a trigger it fires), or, with a ``P`` before the thread's name,
+    - a ``Prepared`` statement's SQL and values, just before SQLite's line for it.
+    """
+    from core.storage.engine import Database
+    from core.storage.prepared import Prepared
+
+    out = path.open("w")
+    traced: set[int] = set()
+    writer_begin, on_sqlite = Database._sqlite_writer_begin, Prepared._on_sqlite
+
+    async def traced_begin(db: Database) -> Any:
+        conn = await writer_begin(db)
+        raw: Any = conn.connection.dbapi_connection
+        if id(raw) not in traced:
+            traced.add(id(raw))
+            tag = threading.current_thread().name
+            raw.set_trace_callback(lambda sql: out.write(f"{tag}\t{sql!r}\n"))
+            out.write(f"{tag}\t'BEGIN IMMEDIATE'\n")  # sent before the callback was set
+        return conn
+
+    def traced_on_sqlite(
+        statement: Prepared, raw: Any, dialect: Any, params: dict[str, Any], *, first: bool
+    ) -> Any:
+        if id(raw) in traced:
+            compiled = statement._compile(dialect)
+            sql_values = (compiled.sql, compiled.values(params))
+            out.write(f"P{threading.current_thread().name}\t{sql_values!r}\n")
+        return on_sqlite(statement, raw, dialect, params, first=first)
+
+    Database._sqlite_writer_begin = traced_begin  # type: ignore[method-assign,assignment]
+    Prepared._on_sqlite = traced_on_sqlite  # type: ignore[method-assign,assignment]
 
 
 def _site() -> str:

@@ -372,12 +372,21 @@ class DeliveryWorker(Generic[C]):
         current = await self.deliveries.get(record.id)
         return current is not None and current.state == "started"
 
-    async def _finish(self, record: DeliveryRecord, state: str) -> DeliveryRecord | None:
+    async def _finish(self, record: DeliveryRecord, state: str) -> None:
+        """The record's end (``done``, ``failed``): only whether it moved is needed, so it is
+        not read back (``Deliveries.moved``)."""
+        self._finished(record, state, await self.deliveries.moved(record.id, ACTIVE, state))
+
+    async def _finish_and_read(self, record: DeliveryRecord, state: str) -> DeliveryRecord | None:
+        """``_finish``, the record read back as it moved (None: it did not)."""
         moved = await self.deliveries.move(record.id, ACTIVE, state)
-        if moved is not None:
+        self._finished(record, state, moved is not None)
+        return moved
+
+    def _finished(self, record: DeliveryRecord, state: str, moved: bool) -> None:
+        if moved:
             metrics.DELIVERIES_FINISHED.labels(state).inc()
         self._wake_thread(record.thread_key)
-        return moved
 
     async def _wait_in_line(
         self, record: DeliveryRecord, blocker: DeliveryRecord, client: C
@@ -488,7 +497,11 @@ class DeliveryWorker(Generic[C]):
         record back (no click can have come: nobody saw it) and leaves it ours and active
         without a lease renewal, so a take-over offers it again."""
         state = "stale" if stale else "offered"
-        moved = await self._finish(record, state) if stale else await self._mark_offered(record)
+        moved = (
+            await self._finish_and_read(record, state)
+            if stale
+            else await self._mark_offered(record)
+        )
         if moved is None:
             return  # no longer ours (taken over, or discarded meanwhile)
         if not await self.surface.offer(moved, client, stale=stale):
@@ -828,7 +841,7 @@ class _Progress:
             await self.enter()  # storing the answer is its own work again
 
     async def started(self, session_id: int) -> None:
-        await self.deliveries.move(
+        await self.deliveries.moved(
             self.record.id, ("received", "waiting"), "started", session_id=session_id
         )
 

@@ -236,9 +236,15 @@ class _WriteLock:
         finally:
             self._release()
 
+    def _take_free(self) -> bool:
+        """Take the lock if it is free and nobody waits (no await: most writes find it so)."""
+        if self._held or self._urgent or self._ordinary:
+            return False
+        self._held = True
+        return True
+
     async def _acquire(self, urgent: bool) -> None:
-        if not self._held and not self._urgent and not self._ordinary:
-            self._held = True
+        if self._take_free():
             return
         queue = self._urgent if urgent else self._ordinary
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -261,6 +267,64 @@ class _WriteLock:
                     turn.set_result(None)  # still held: it is theirs now
                     return
         self._held = False
+
+
+class _InlineWrite:
+    """One of SQLite's inline write transactions (``Database.write``): this process's write
+    lock (``_WriteLock``), ``BEGIN IMMEDIATE`` on the writer connection, the body's statements
+    in place, then the commit, or the rollback on any error or cancellation; the lock is let
+    go last. Driver errors reach the caller as ``database_error`` makes them, as from every
+    transaction.
+
+    A class, not generator-based context managers: ``write`` in ``hold`` (and ``autocommit``
+    around ``write``) were three async generators a transaction, each made, registered with
+    the event loop and finalised, about 7 µs of a write's CPU where SQLite's ``BEGIN
+    IMMEDIATE`` and an empty commit are about 5 (docs/benchmarks.md, thirteenth pass)."""
+
+    __slots__ = ("_conn", "_db", "_urgent")
+
+    def __init__(self, db: Database, urgent: bool) -> None:
+        self._db = db
+        self._urgent = urgent
+        self._conn: Connection | None = None
+
+    async def __aenter__(self) -> Conn:
+        lock = self._db._write_lock
+        if not lock._take_free():
+            await lock._acquire(self._urgent)
+        try:
+            self._conn = await self._db._sqlite_writer_begin()
+        except BaseException as exc:
+            lock._release()
+            if isinstance(exc, (SQLAlchemyError, OSError, sqlite3.Error)):
+                raise database_error(exc) from exc
+            raise
+        return InlineConnection(self._conn)
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        conn = self._conn
+        assert conn is not None
+        self._conn = None
+        try:
+            if exc is None:
+                try:
+                    if conn.in_transaction():  # an ordinary statement began SQLAlchemy's
+                        conn.commit()
+                    else:
+                        _raw(conn).commit()
+                except BaseException as failed:
+                    self._db._roll_back_writer(conn)
+                    if isinstance(failed, (SQLAlchemyError, OSError, sqlite3.Error)):
+                        raise database_error(failed) from failed
+                    raise
+                return
+            self._db._roll_back_writer(conn)
+            if isinstance(exc, (SQLAlchemyError, OSError, sqlite3.Error)):
+                raise database_error(exc) from exc
+        finally:
+            self._db._write_lock._release()
 
 
 class Database:
@@ -395,10 +459,9 @@ class Database:
                 reader.invalidate()
             raise database_error(exc) from exc
 
-    @contextlib.asynccontextmanager
-    async def write(
+    def write(
         self, *, consistent: bool = False, large: bool = False, urgent: bool = False
-    ) -> AsyncIterator[Conn]:
+    ) -> contextlib.AbstractAsyncContextManager[Conn]:
         """One write transaction, committed on success and rolled back on any error.
 
         ``urgent``: ahead of this process's other writers: on SQLite before the waiting ones
@@ -411,7 +474,17 @@ class Database:
         REPEATABLE READ, for a transaction that reads in several statements what others may
         change meanwhile, such as a fork reading its source). SQLite's write transaction is
         already that: no other writer commits while it runs.
+
+        SQLite's inline writes (most of a turn's) are ``_InlineWrite``, a context manager
+        of its own rather than nested generators: see there.
         """
+        if self._sqlite is not None and not large:
+            return _InlineWrite(self, urgent)
+        return self._write(consistent=consistent, large=large, urgent=urgent)
+
+    @contextlib.asynccontextmanager
+    async def _write(self, *, consistent: bool, large: bool, urgent: bool) -> AsyncIterator[Conn]:
+        """``write``'s transactions other than SQLite's inline ones."""
         try:
             if self._async is not None and consistent:
                 async with self._async.connect() as aconn:
@@ -428,18 +501,6 @@ class Database:
                         await asyncio.to_thread(conn.commit)
                     finally:
                         conn.close()  # rolls back whatever was not committed
-            elif self._sqlite is not None:
-                async with self._write_lock.hold(urgent=urgent):
-                    conn = await self._sqlite_writer_begin()
-                    try:
-                        yield InlineConnection(conn)
-                        if conn.in_transaction():  # an ordinary statement began SQLAlchemy's
-                            conn.commit()
-                        else:
-                            _raw(conn).commit()
-                    except BaseException:
-                        self._roll_back_writer(conn)
-                        raise
             else:
                 engine = self._urgent if urgent else self._async
                 assert engine is not None
@@ -504,8 +565,7 @@ class Database:
             )
         return self._schema
 
-    @contextlib.asynccontextmanager
-    async def autocommit(self, *, urgent: bool = False) -> AsyncIterator[Conn]:
+    def autocommit(self, *, urgent: bool = False) -> contextlib.AbstractAsyncContextManager[Conn]:
         """PostgreSQL: a connection outside any transaction, for statements of their own (no
         BEGIN or COMMIT round trips: most of a turn's bookkeeping, a record's moves, a
         message's reference, the thread's mark, the usage row, and its reads of one statement,
@@ -521,9 +581,12 @@ class Database:
         failed, or was cancelled mid-way, goes back to the pool (which resets it, or drops it
         if it broke) instead of being held again."""
         if self._async is None:
-            async with self.write(urgent=urgent) as conn:
-                yield conn
-            return
+            return self.write(urgent=urgent)
+        return self._autocommit(urgent)
+
+    @contextlib.asynccontextmanager
+    async def _autocommit(self, urgent: bool) -> AsyncIterator[Conn]:
+        """``autocommit`` on PostgreSQL."""
         try:
             held = None if urgent else await self._take_held()
             if held is None:
