@@ -145,7 +145,7 @@ async def _both_ways(
     try:
         async with db.write() as conn:
             try:
-                params = await reservation._decide(conn, session_id, "token", False, False)
+                params = await reservation._decide(conn, session_id, "token", False)
                 out.append({k: params[f"h_{k}"] for k in SLOT_COLUMNS})
             except AgentSessionBudgetExceeded:
                 out.append(None)

@@ -71,6 +71,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import IntegrityError
 
+from core import metrics
 from core.storage.dialect import UtcDateTime, db_now, greater_of, lesser_of
 from core.storage.engine import Conn
 from core.storage.models import (
@@ -321,13 +322,10 @@ _HOLD_COLUMNS: Final = (
 )
 
 
-def _hold(dialect: Any) -> Insert:
-    """The turn's reservation, one row, replacing its session's earlier one in place (an
-    earlier turn's, or this turn's own before a later request): no delete first. Every
-    column is written, a slot no budget limits as NULL."""
-    upsert = dialect.insert(RESERVATIONS).values(
-        {name: bindparam(f"h_{name}", type_=RESERVATIONS.c[name].type) for name in _HOLD_COLUMNS}
-    )
+def _in_place(upsert: Any) -> Insert:
+    """A reservation's insert (``dialect.insert(RESERVATIONS)`` of every column) replacing its
+    session's earlier row in place (an earlier turn's, or this turn's own before a later
+    request): no delete first."""
     return cast(
         Insert,
         upsert.on_conflict_do_update(
@@ -337,16 +335,17 @@ def _hold(dialect: Any) -> Insert:
     )
 
 
-def _lock_columns(accounts: int) -> list[ColumnElement[Any]]:
-    """The accounts' advisory locks (``k0``…), in the accounts' sorted order: every claim takes
-    them in the same order, so claims never wait on each other in a cycle."""
-    return [
-        func.pg_advisory_xact_lock(bindparam(f"k{i}", type_=BigInteger)) for i in range(accounts)
-    ]
-
-
-def _locks(accounts: int) -> Prepared:
-    return Prepared(select(*_lock_columns(accounts)))
+def _hold(dialect: Any) -> Insert:
+    """The turn's reservation, one row, in place (``_in_place``). Every column is written, a
+    slot no budget limits as NULL."""
+    return _in_place(
+        dialect.insert(RESERVATIONS).values(
+            {
+                name: bindparam(f"h_{name}", type_=RESERVATIONS.c[name].type)
+                for name in _HOLD_COLUMNS
+            }
+        )
+    )
 
 
 def _insert_holding() -> Prepared:
@@ -507,15 +506,10 @@ def _reserving(
     rules = _admission(accounts, wanted, slots, terms, bounded=dialect is postgresql)
     chosen = select(*(value.label(name) for name, value in rules.values.items()))
     where = rules.admitted if gate is None else and_(gate, rules.admitted)
-    upsert = dialect.insert(RESERVATIONS).from_select(
-        list(rules.values), chosen.select_from(rules.source).where(where)
-    )
-    return cast(
-        Insert,
-        upsert.on_conflict_do_update(
-            index_elements=["session_id"],
-            set_={name: upsert.excluded[name] for name in _HOLD_COLUMNS[1:]},
-        ),
+    return _in_place(
+        dialect.insert(RESERVATIONS).from_select(
+            list(rules.values), chosen.select_from(rules.source).where(where)
+        )
     )
 
 
@@ -537,12 +531,10 @@ def _claiming(
     columns = [
         claimed.c.lock_token if name == "lock_token" else admitted.c[name] for name in rules.values
     ]
-    upsert = postgresql.insert(RESERVATIONS).from_select(
-        list(rules.values), select(*columns).select_from(admitted.join(claimed, true()))
-    )
-    held = upsert.on_conflict_do_update(
-        index_elements=["session_id"],
-        set_={name: upsert.excluded[name] for name in _HOLD_COLUMNS[1:]},
+    held = _in_place(
+        postgresql.insert(RESERVATIONS).from_select(
+            list(rules.values), select(*columns).select_from(admitted.join(claimed, true()))
+        )
     ).cte("held")
     return insert_claimed(claimed).add_cte(held)
 
@@ -582,7 +574,6 @@ def _claim_at_once(
     return Prepared(_claiming(stamp, accounts, wanted, slots, terms, _locks_gate(accounts)))
 
 
-_LOCKS: Final = {n: _locks(n) for n in range(1, MOST_ACCOUNTS + 1)}
 _HOLD: Final = {"postgresql": Prepared(_hold(postgresql)), "sqlite": Prepared(_hold(sqlite))}
 _INSERT_HOLDING: Final = _insert_holding()
 
@@ -750,6 +741,13 @@ def _plan(budgets: tuple[Budget, ...], payer: Payer | None) -> _Plan:
     )
 
 
+def _counted(done: bool) -> bool:
+    """``slack_agent_budget_checks_total``: a step that tried the accounts' locks itself went
+    at once (``done``) or left the caller to wait for them."""
+    metrics.BUDGET_CHECKS.labels("at_once" if done else "waiting").inc()
+    return done
+
+
 class Reservation:
     """The budget check and reservation a turn's claim transaction runs (see the module), and
     again before each of the turn's later requests (``UsageLedger.extend``).
@@ -798,15 +796,17 @@ class Reservation:
         (``_claim_at_once``), which also writes nothing when a lock was held elsewhere or a
         transaction ended while it took them; the caller then takes the waiting way."""
         plan = self._plan
-        if not plan.in_sql:
-            return None
-        session_id = int(params["sid"])
-        run = params | self._admit_params(session_id, "", False)
-        statement = plan.at_once[stamp] if at_once else plan.claiming[stamp]
-        try:
-            row = (await statement.run(conn, run | plan.locks if at_once else run)).row
-        except IntegrityError as exc:
-            raise message_integrity_error(exc) from exc
+        row = None
+        if plan.in_sql:
+            session_id = int(params["sid"])
+            run = params | self._admit_params(session_id, "", False)
+            statement = plan.at_once[stamp] if at_once else plan.claiming[stamp]
+            try:
+                row = (await statement.run(conn, run | plan.locks if at_once else run)).row
+            except IntegrityError as exc:
+                raise message_integrity_error(exc) from exc
+        if at_once:
+            _counted(row is not None)
         if row is None:
             return None
         token = str(row[1])
@@ -820,10 +820,11 @@ class Reservation:
         transaction ended while it took them, a budget refused, or the rules are Python's to
         apply): the caller then takes the waiting way, which reserves or says why not."""
         plan = self._plan
-        if not plan.in_sql:
-            return False
-        params = self._admit_params(session_id, token, True) | plan.locks
-        return (await plan.extending.run(conn, params)).rowcount > 0
+        done = False
+        if plan.in_sql:
+            params = self._admit_params(session_id, token, True) | plan.locks
+            done = (await plan.extending.run(conn, params)).rowcount > 0
+        return _counted(done)
 
     async def take(
         self,
@@ -832,18 +833,17 @@ class Reservation:
         token: str,
         *,
         during_turn: bool = False,
-        locked: bool = False,
     ) -> None:
-        """Refuse (``AgentSessionBudgetExceeded``, rolling the claim back) or reserve.
-        ``locked``: the transaction holds the accounts' advisory locks already
-        (``core.storage.advisory.locked``)."""
+        """Refuse (``AgentSessionBudgetExceeded``, rolling the claim back) or reserve. On
+        PostgreSQL only in a transaction holding the accounts' advisory locks
+        (``core.storage.advisory.locked``), as every caller's does."""
         if not self.pairs:
             return
         sqlite = conn.dialect.name == "sqlite"
         if sqlite and await self._admit(conn, session_id, token, during_turn):
             self.session_id, self.token = session_id, token
             return
-        params = await self._decide(conn, session_id, token, during_turn, locked)
+        params = await self._decide(conn, session_id, token, during_turn)
         await _HOLD[conn.dialect.name].run(conn, params)
         self.session_id, self.token = session_id, token
 
@@ -878,19 +878,17 @@ class Reservation:
         ``core.storage.queries.user_params``) by the statement that writes the reservation.
         Returns the message's position. A refusal for the budget comes first, with nothing
         written."""
-        params = await self._decide(conn, session_id, token, False, True)
+        params = await self._decide(conn, session_id, token, False)
         row = (await _INSERT_HOLDING.run(conn, message | params)).row
         assert row is not None  # an INSERT … SELECT of constants: one row
         self.session_id, self.token = session_id, token
         return int(row[0])
 
     async def _decide(
-        self, conn: Conn, session_id: int, token: str, during_turn: bool, locked: bool
+        self, conn: Conn, session_id: int, token: str, during_turn: bool
     ) -> dict[str, Any]:
         """The read and the decision: the hold's parameters, or the refusal."""
         plan = self._plan
-        if conn.dialect.name == "postgresql" and not locked:
-            await _LOCKS[len(plan.keys)].all(conn, plan.locks)
         now = self.clock()
         view = await _view(
             conn,

@@ -542,7 +542,6 @@ class SessionStore(TranscriptOperations):
                 assert user_message is not None
                 async with self.db.autocommit() as conn:
                     got = await reservation.claim_admitting(conn, params, stamp=stamp, at_once=True)
-                metrics.BUDGET_CHECKS.labels("waiting" if got is None else "at_once").inc()
                 if got is not None:
                     return _leased(session_id, row, user_message, got)
             async with advisory.locked(self.db, reservation.lock_keys) as conn:
@@ -597,7 +596,7 @@ class SessionStore(TranscriptOperations):
         if row is None:
             tail = await q.tail(conn, session_id)
             if reservation is not None:
-                await reservation.take(conn, session_id, token, locked=locked)
+                await reservation.take(conn, session_id, token)
             position = tail.position + 1 if tail else 0
             return TurnLease(session_id=session_id, token=token, tail=tail, next_position=position)
         assert user_message is not None

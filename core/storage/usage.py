@@ -43,7 +43,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from core import metrics
 from core.storage import advisory
 from core.storage.dialect import ago
 from core.storage.engine import Database
@@ -307,12 +306,10 @@ class UsageLedger:
         session_id, token = reservation.session_id, reservation.token
         if self._db.dialect == "postgresql" and reservation.pairs:
             async with self._db.autocommit() as conn:
-                extended = await reservation.extend_at_once(conn, session_id, token)
-            metrics.BUDGET_CHECKS.labels("at_once" if extended else "waiting").inc()
-            if extended:
-                return
+                if await reservation.extend_at_once(conn, session_id, token):
+                    return
             async with advisory.locked(self._db, reservation.lock_keys) as conn:
-                await reservation.take(conn, session_id, token, during_turn=True, locked=True)
+                await reservation.take(conn, session_id, token, during_turn=True)
             return
         async with self._db.write() as conn:
             await reservation.take(conn, session_id, token, during_turn=True)
