@@ -66,10 +66,11 @@ def _kind(statements: list[tuple[str, tuple[Any, ...]]]) -> str:
 
 
 def _connect(path: Path, *, checkpoints: bool) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, cached_statements=256)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute("PRAGMA foreign_keys=ON")
+    """A bare connection with the product's settings (``core.storage.engine.sqlite_settings``)."""
+    from core.storage.engine import sqlite_settings
+
+    conn = sqlite3.connect(path, cached_statements=256)
+    sqlite_settings(conn)
     if not checkpoints:
         conn.execute("PRAGMA wal_autocheckpoint=0")
     return conn

@@ -269,6 +269,11 @@ class _WriteLock:
         self._held = False
 
 
+# What an inline SQLite write may raise that ``database_error`` makes ours: SQLAlchemy's, the
+# file's, and ``sqlite3``'s own from the writer's bare commit.
+_SQLITE_DRIVER_ERRORS: Final = (SQLAlchemyError, OSError, sqlite3.Error)
+
+
 class _InlineWrite:
     """One of SQLite's inline write transactions (``Database.write``): this process's write
     lock (``_WriteLock``), ``BEGIN IMMEDIATE`` on the writer connection, the body's statements
@@ -296,7 +301,7 @@ class _InlineWrite:
             self._conn = await self._db._sqlite_writer_begin()
         except BaseException as exc:
             lock._release()
-            if isinstance(exc, (SQLAlchemyError, OSError, sqlite3.Error)):
+            if isinstance(exc, _SQLITE_DRIVER_ERRORS):
                 raise database_error(exc) from exc
             raise
         return InlineConnection(self._conn)
@@ -316,12 +321,12 @@ class _InlineWrite:
                         _raw(conn).commit()
                 except BaseException as failed:
                     self._db._roll_back_writer(conn)
-                    if isinstance(failed, (SQLAlchemyError, OSError, sqlite3.Error)):
+                    if isinstance(failed, _SQLITE_DRIVER_ERRORS):
                         raise database_error(failed) from failed
                     raise
                 return
             self._db._roll_back_writer(conn)
-            if isinstance(exc, (SQLAlchemyError, OSError, sqlite3.Error)):
+            if isinstance(exc, _SQLITE_DRIVER_ERRORS):
                 raise database_error(exc) from exc
         finally:
             self._db._write_lock._release()
@@ -1064,15 +1069,22 @@ def _use_wal(dbapi_conn: Any) -> None:
             time.sleep(0.01)
 
 
+def sqlite_settings(dbapi_conn: sqlite3.Connection) -> None:
+    """What every SQLite connection of the product runs with: transactions begun explicitly
+    (pysqlite's own BEGIN is always deferred), the readers' busy timeout, WAL, foreign keys,
+    ``synchronous=NORMAL``. Also for a tool that runs the product's statements on a bare
+    connection (``slack-agent bench write-replay``), so its figures are the product's."""
+    dbapi_conn.isolation_level = None
+    dbapi_conn.execute(f"PRAGMA busy_timeout={SQLITE_READ_BUSY_MS}")
+    _use_wal(dbapi_conn)
+    dbapi_conn.execute("PRAGMA foreign_keys=ON")
+    dbapi_conn.execute("PRAGMA synchronous=NORMAL")
+
+
 def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # Transactions are begun explicitly (pysqlite's own BEGIN is always deferred).
-        dbapi_conn.isolation_level = None
-        dbapi_conn.execute(f"PRAGMA busy_timeout={SQLITE_READ_BUSY_MS}")
-        _use_wal(dbapi_conn)
-        dbapi_conn.execute("PRAGMA foreign_keys=ON")
-        dbapi_conn.execute("PRAGMA synchronous=NORMAL")
+        sqlite_settings(dbapi_conn)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
