@@ -150,8 +150,9 @@ class Sandbox:
         commit, the same for every empty shell of these limits (content-addressed), so it is
         made once per process and the shell itself only when a command runs."""
         sandbox = cls(limits)
-        commit, objects = _empty_commit(sandbox.limits)
-        sandbox._note_head(commit, objects)
+        sandbox._base.commit, sandbox._base.tree, sandbox._base.shell_key = _empty_head(
+            sandbox.limits
+        )
         return sandbox
 
     @classmethod
@@ -171,7 +172,9 @@ class Sandbox:
         sandbox._checkout(sandbox._bash, state.commit, objects)
         sandbox._base = Baseline(objects=objects, anchors=anchors, anchor_data=anchor_data)
         sandbox._base.base_set = state.base_set
-        sandbox._note_head(state.commit, objects)
+        sandbox._base.commit, sandbox._base.tree, sandbox._base.shell_key = _head(
+            state.commit, objects
+        )
         sandbox.message_id = state.message_id
         return sandbox
 
@@ -182,18 +185,6 @@ class Sandbox:
         if state is None:
             return cls.new(limits)
         return await asyncio.to_thread(cls.from_state, state, limits)
-
-    def _note_head(self, commit: str, objects: Mapping[str, bytes]) -> None:
-        head = json_object(decode_envelope(commit, objects[commit]))
-        tree = str(head.get("tree")) if head else None
-        shell_id = str(head.get("shell")) if head else commit
-        shell_data = objects.get(shell_id)
-        shell = (
-            json_object(decode_envelope(shell_id, shell_data)) if shell_data is not None else None
-        )
-        self._base.commit = commit
-        self._base.tree = tree
-        self._base.shell_key = shell_key(shell, shell_id)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -415,8 +406,20 @@ class Sandbox:
         return captured
 
 
+def _head(commit: str, objects: Mapping[str, bytes]) -> tuple[str, str | None, str]:
+    """A state's commit, its tree and its shell's key: what a capture is compared with."""
+    head = json_object(decode_envelope(commit, objects[commit]))
+    tree = str(head.get("tree")) if head else None
+    shell_id = str(head.get("shell")) if head else commit
+    shell_data = objects.get(shell_id)
+    shell = json_object(decode_envelope(shell_id, shell_data)) if shell_data is not None else None
+    return commit, tree, shell_key(shell, shell_id)
+
+
 @functools.lru_cache(maxsize=8)
-def _empty_commit(limits: SandboxLimits) -> tuple[str, dict[str, bytes]]:
-    """The commit of an empty shell of these limits and its objects (``Sandbox.new``)."""
+def _empty_head(limits: SandboxLimits) -> tuple[str, str | None, str]:
+    """``_head`` of an empty shell of these limits (``Sandbox.new``): every session's first
+    turn opens one, and decoding and verifying its objects again each time cost about 2 % of
+    a turn's CPU (docs/benchmarks.md, fourteenth pass)."""
     packed = Sandbox(limits)._bash.commit()
-    return packed.id, {k: bytes(v) for k, v in packed.objects.items()}
+    return _head(packed.id, {k: bytes(v) for k, v in packed.objects.items()})
