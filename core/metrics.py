@@ -60,8 +60,9 @@ BUDGET_CHECKS = Counter(
     "slack_agent_budget_checks_total",
     "PostgreSQL: budget checks that reserve (a claim with a user message, a turn's later "
     "request), by how the accounts' locks were taken: at_once (tried inside the one "
-    "statement) or waiting (that statement wrote nothing: a lock was held elsewhere, a "
-    "transaction ended meanwhile, or it refused).",
+    "statement), waiting (that statement wrote nothing: a lock was held elsewhere, a "
+    "transaction ended meanwhile, or it refused) or skipped (waited for without trying: "
+    "most recent tries had fallen back).",
     ["way"],
 )
 LOCK_TAKEOVERS = Counter(

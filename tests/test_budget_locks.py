@@ -22,6 +22,7 @@ from core.errors import AgentSessionBudgetExceeded, AgentSessionBusy, AgentSessi
 from core.messages import user_message
 from core.providers.base import Usage
 from core.records import TurnLease
+from core.storage import advisory
 from core.storage.engine import Database, create_database
 from core.storage.reservations import lock_key
 from core.storage.sessions import SessionStore
@@ -348,5 +349,70 @@ async def test_extend__waits_for_a_lock_held_elsewhere_then_reserves(
             {"s": session.id},
         )
     assert held == 1
+    await store.release(lease)
+    await nothing_left_open(db)
+
+
+def test_at_once__not_tried_while_most_tries_fall_back_and_tried_now_and_then() -> None:
+    """``advisory.AtOnce``: steps try at once until ``RECENT`` tries are known; while fewer
+    than ``WORTH_TRYING`` of the last ``RECENT`` went, one step in ``TRY_ANYWAY_EVERY`` tries
+    (the others counted ``skipped``), and once enough go again every step tries."""
+    odds = advisory.AtOnce()
+    for _ in range(advisory.RECENT - 1):
+        assert odds.worth_trying()
+        odds.tried(False)
+    assert odds.worth_trying()  # one try short of knowing
+    odds.tried(False)
+    skipped = _budget_checks("skipped")
+    asked = [odds.worth_trying() for _ in range(2 * advisory.TRY_ANYWAY_EVERY)]
+    assert [i for i, tries in enumerate(asked) if tries] == [
+        advisory.TRY_ANYWAY_EVERY - 1,
+        2 * advisory.TRY_ANYWAY_EVERY - 1,
+    ]
+    assert _budget_checks("skipped") == skipped + 2 * advisory.TRY_ANYWAY_EVERY - 2
+    needed = round(advisory.WORTH_TRYING * advisory.RECENT + 0.5)  # went, of the last RECENT
+    for _ in range(needed - 1):
+        odds.tried(True)
+    assert not any(odds.worth_trying() for _ in range(advisory.TRY_ANYWAY_EVERY - 1))
+    odds.tried(True)
+    assert all(odds.worth_trying() for _ in range(3 * advisory.TRY_ANYWAY_EVERY))
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])  # SQLite's steps have one way
+async def test_claim_and_extend__wait_for_the_locks_without_trying_while_tries_fall_back(
+    db: Database,
+) -> None:
+    """PostgreSQL: once the database's last ``RECENT`` tries fell back, a budgeted claim and
+    a turn's later request open with BEGIN and the locks, with no statement that tries them
+    first, each counted ``skipped``, and are admitted and reserve as before."""
+    store = SessionStore(db)
+    ledger = UsageLedger(db, staleness_seconds=store.staleness_seconds)
+    _, session = await new_session(store)
+    odds = advisory.at_once(db)
+    for _ in range(advisory.RECENT):
+        odds.tried(False)
+    skipped, tried = _budget_checks("skipped"), _budget_checks("at_once")
+    reservation = ledger.reservation(parse_budgets(ROOMY), PAYER)
+    assert reservation is not None
+    with statements(db) as seen:
+        lease = await store.start_turn(
+            session.id,
+            user_message=user_message("a"),
+            last_message_id=None,
+            reservation=reservation,
+        )
+        await ledger.extend(reservation)
+    said = [sql.split()[0].upper() for sql, _ in seen]
+    assert not any("pg_try_advisory_xact_lock" in sql for sql, _ in seen)
+    assert said.count("BEGIN") == 2
+    assert said[0] == "BEGIN"
+    assert (_budget_checks("skipped"), _budget_checks("at_once")) == (skipped + 2, tried)
+    async with db.read() as conn:
+        held = await conn.scalar(
+            text("SELECT count(*) FROM usage_reservations WHERE session_id = :s"),
+            {"s": session.id},
+        )
+    assert held == 1
+    assert len(await store.messages(session.id)) == 1
     await store.release(lease)
     await nothing_left_open(db)

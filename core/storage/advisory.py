@@ -19,20 +19,88 @@ connection whose transaction could not be seen to end is invalidated (closed), w
 transaction and its locks on the server, rather than lent again still holding them. When
 anything listens to the engine's statements (``core.storage.prepared``), BEGIN, the locks and
 COMMIT go SQLAlchemy's ordinary way, one statement each, so they are seen.
+
+Whether a step tries the locks inside its one statement first at all is ``AtOnce``'s to say:
+on a server where most tries fall back, each try is a round trip spent for nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
+from typing import Final
 
 import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from core import metrics
 from core.storage.engine import Conn, Database
 from core.storage.prepared import direct_driver
+
+# How many of a database's last tries ``AtOnce`` weighs, the share of them that must have gone
+# at once for the next step to try again, and how often a step tries anyway while they do not
+# (so a server that has gone quiet is noticed). A try that falls back costs its round trip
+# and the statement's start (about 0.13 ms in the server) on top of the waiting way's three
+# round trips; one that goes saves two of them: trying pays while more than about a third go.
+RECENT: Final = 32
+WORTH_TRYING: Final = 0.4
+TRY_ANYWAY_EVERY: Final = 16
+
+
+class AtOnce:
+    """Whether a budgeted step (a claim, a turn's later request) on one database tries the
+    accounts' locks inside its one statement first, from how the database's recent tries went,
+    and what ``slack_agent_budget_checks_total{way}`` counts of them.
+
+    A try goes at once only if no transaction on the whole server ended between the
+    statement's start and its locks (docs/design.md, *Budgets across replicas*): on a busy
+    shared server most tries can fall back, and each then cost a round trip more than
+    waiting for the locks at once. While fewer than ``WORTH_TRYING`` of the last ``RECENT``
+    went, steps wait for the locks without trying (``skipped``), one in ``TRY_ANYWAY_EVERY``
+    excepted. A try that fell back because the budget refused counts as fallen back too: the
+    statement does not say why it wrote nothing, and the waiting way is right for it anyway.
+    """
+
+    def __init__(self) -> None:
+        self._recent: deque[bool] = deque(maxlen=RECENT)
+        self._went = 0  # of _recent
+        self._passed = 0  # steps that did not try since the last that did
+
+    def worth_trying(self) -> bool:
+        """Whether the next step tries at once; a step told no is counted ``skipped``."""
+        recent = self._recent
+        if len(recent) < RECENT or self._went >= WORTH_TRYING * RECENT:
+            return True
+        self._passed += 1
+        if self._passed >= TRY_ANYWAY_EVERY:
+            self._passed = 0
+            return True
+        metrics.BUDGET_CHECKS.labels("skipped").inc()
+        return False
+
+    def tried(self, went: bool) -> bool:
+        """A try's outcome (``went``: the statement wrote, at once), noted and counted."""
+        if len(self._recent) == RECENT:
+            self._went -= self._recent[0]
+        self._recent.append(went)
+        self._went += went
+        metrics.BUDGET_CHECKS.labels("at_once" if went else "waiting").inc()
+        return went
+
+
+_AT_ONCE: weakref.WeakKeyDictionary[Database, AtOnce] = weakref.WeakKeyDictionary()
+
+
+def at_once(db: Database) -> AtOnce:
+    """``db``'s ``AtOnce``: the server's traffic is what decides, so one per database."""
+    odds = _AT_ONCE.get(db)
+    if odds is None:
+        odds = _AT_ONCE[db] = AtOnce()
+    return odds
 
 
 def _opening(keys: Sequence[int]) -> str:
@@ -88,4 +156,4 @@ async def _roll_back(conn: Conn) -> None:
         await conn.invalidate()
 
 
-__all__ = ["locked"]
+__all__ = ["AtOnce", "at_once", "locked"]

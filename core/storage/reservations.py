@@ -71,7 +71,6 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import IntegrityError
 
-from core import metrics
 from core.storage.dialect import UtcDateTime, db_now, greater_of, lesser_of
 from core.storage.engine import Conn
 from core.storage.models import (
@@ -741,13 +740,6 @@ def _plan(budgets: tuple[Budget, ...], payer: Payer | None) -> _Plan:
     )
 
 
-def _counted(done: bool) -> bool:
-    """``slack_agent_budget_checks_total``: a step that tried the accounts' locks itself went
-    at once (``done``) or left the caller to wait for them."""
-    metrics.BUDGET_CHECKS.labels("at_once" if done else "waiting").inc()
-    return done
-
-
 class Reservation:
     """The budget check and reservation a turn's claim transaction runs (see the module), and
     again before each of the turn's later requests (``UsageLedger.extend``).
@@ -774,6 +766,12 @@ class Reservation:
         self.text_tokens = 0
         self.session_id: int | None = None
         self.token: str | None = None
+
+    @property
+    def in_sql(self) -> bool:
+        """Whether these budgets' rules run in SQL (limits the database's integers hold): the
+        steps that can go at once (``claim_admitting``'s ``at_once``, ``extend_at_once``)."""
+        return self._plan.in_sql
 
     @property
     def lock_keys(self) -> list[int]:
@@ -805,8 +803,6 @@ class Reservation:
                 row = (await statement.run(conn, run | plan.locks if at_once else run)).row
             except IntegrityError as exc:
                 raise message_integrity_error(exc) from exc
-        if at_once:
-            _counted(row is not None)
         if row is None:
             return None
         token = str(row[1])
@@ -820,11 +816,10 @@ class Reservation:
         transaction ended while it took them, a budget refused, or the rules are Python's to
         apply): the caller then takes the waiting way, which reserves or says why not."""
         plan = self._plan
-        done = False
-        if plan.in_sql:
-            params = self._admit_params(session_id, token, True) | plan.locks
-            done = (await plan.extending.run(conn, params)).rowcount > 0
-        return _counted(done)
+        if not plan.in_sql:
+            return False
+        params = self._admit_params(session_id, token, True) | plan.locks
+        return (await plan.extending.run(conn, params)).rowcount > 0
 
     async def take(
         self,

@@ -522,7 +522,8 @@ class SessionStore(TranscriptOperations):
         statement (``q.claim_inserting``: the claim, its stale guard and the insert); one with
         budgets is one too when it can be (``claim_admitting`` ``at_once``: the accounts'
         advisory locks tried, never waited on, the claim, the budget's admission, the
-        reservation and the insert), and otherwise a transaction that waits for the locks
+        reservation and the insert; not tried while most of the database's recent tries fell
+        back, ``advisory.AtOnce``), and otherwise a transaction that waits for the locks
         (BEGIN and the locks in one round trip, ``advisory.locked``), then runs that statement
         without its own locks (``claim_admitting``), then COMMIT. The rest is a transaction:
         the claim, then the user message's insert and the budget check; a budgeted claim on
@@ -538,11 +539,13 @@ class SessionStore(TranscriptOperations):
             return _leased(session_id, row, user_message, got)
         if self.db.dialect == "postgresql" and budgeted:
             assert reservation is not None
-            if row is not None:
+            odds = advisory.at_once(self.db)
+            if row is not None and reservation.in_sql and odds.worth_trying():
                 assert user_message is not None
                 async with self.db.autocommit() as conn:
                     got = await reservation.claim_admitting(conn, params, stamp=stamp, at_once=True)
-                if got is not None:
+                if odds.tried(got is not None):
+                    assert got is not None
                     return _leased(session_id, row, user_message, got)
             async with advisory.locked(self.db, reservation.lock_keys) as conn:
                 if row is not None:

@@ -298,15 +298,18 @@ class UsageLedger:
         of its own (``AgentSessionBudgetExceeded`` with ``during_turn`` when the request's
         expected cost no longer fits, or nothing is left). On PostgreSQL one statement that
         tries the accounts' advisory locks itself when it can (``Reservation.extend_at_once``,
-        as a claim's), and otherwise a transaction that opens with them
-        (``core.storage.advisory.locked``: BEGIN and the locks in one round trip), first, as a
-        claim's does: the lock order of docs/design.md."""
+        as a claim's, and as rarely: ``advisory.AtOnce``), and otherwise a transaction that
+        opens with them (``core.storage.advisory.locked``: BEGIN and the locks in one round
+        trip), first, as a claim's does: the lock order of docs/design.md."""
         if reservation.session_id is None or reservation.token is None:
             return
         session_id, token = reservation.session_id, reservation.token
         if self._db.dialect == "postgresql" and reservation.pairs:
-            async with self._db.autocommit() as conn:
-                if await reservation.extend_at_once(conn, session_id, token):
+            odds = advisory.at_once(self._db)
+            if reservation.in_sql and odds.worth_trying():
+                async with self._db.autocommit() as conn:
+                    went = await reservation.extend_at_once(conn, session_id, token)
+                if odds.tried(went):
                     return
             async with advisory.locked(self._db, reservation.lock_keys) as conn:
                 await reservation.take(conn, session_id, token, during_turn=True)
