@@ -419,7 +419,7 @@ def _head(commit: str, objects: Mapping[str, bytes]) -> tuple[str, str | None, s
 @functools.lru_cache(maxsize=8)
 def _empty_head(limits: SandboxLimits) -> tuple[str, str | None, str]:
     """``_head`` of an empty shell of these limits (``Sandbox.new``): every session's first
-    turn opens one, and decoding and verifying its objects again each time cost about 2 % of
-    a turn's CPU (docs/benchmarks.md, fourteenth pass)."""
+    turn opens one, and decoding and verifying its objects again each time cost about 50 µs
+    of it (docs/benchmarks.md, fourteenth pass)."""
     packed = Sandbox(limits)._bash.commit()
     return _head(packed.id, {k: bytes(v) for k, v in packed.objects.items()})
