@@ -82,14 +82,13 @@ class AtOnce:
         metrics.BUDGET_CHECKS.labels("skipped").inc()
         return False
 
-    def tried(self, went: bool) -> bool:
+    def tried(self, went: bool) -> None:
         """A try's outcome (``went``: the statement wrote, at once), noted and counted."""
         if len(self._recent) == RECENT:
             self._went -= self._recent[0]
         self._recent.append(went)
         self._went += went
         metrics.BUDGET_CHECKS.labels("at_once" if went else "waiting").inc()
-        return went
 
 
 _AT_ONCE: weakref.WeakKeyDictionary[Database, AtOnce] = weakref.WeakKeyDictionary()

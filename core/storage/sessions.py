@@ -544,8 +544,8 @@ class SessionStore(TranscriptOperations):
                 assert user_message is not None
                 async with self.db.autocommit() as conn:
                     got = await reservation.claim_admitting(conn, params, stamp=stamp, at_once=True)
-                if odds.tried(got is not None):
-                    assert got is not None
+                odds.tried(got is not None)
+                if got is not None:
                     return _leased(session_id, row, user_message, got)
             async with advisory.locked(self.db, reservation.lock_keys) as conn:
                 if row is not None:

@@ -309,7 +309,8 @@ class UsageLedger:
             if reservation.in_sql and odds.worth_trying():
                 async with self._db.autocommit() as conn:
                     went = await reservation.extend_at_once(conn, session_id, token)
-                if odds.tried(went):
+                odds.tried(went)
+                if went:
                     return
             async with advisory.locked(self._db, reservation.lock_keys) as conn:
                 await reservation.take(conn, session_id, token, during_turn=True)
