@@ -30,8 +30,8 @@ import asyncio
 import contextlib
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
-from typing import Final
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Final, TypeVar
 
 import asyncpg
 from sqlalchemy import text
@@ -40,6 +40,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from core import metrics
 from core.storage.engine import Conn, Database
 from core.storage.prepared import direct_driver
+
+T = TypeVar("T")
 
 # How many of a database's last tries ``AtOnce`` weighs, the share of them that must have gone
 # at once for the next step to try again, and how often a step tries anyway while they do not
@@ -69,13 +71,12 @@ class AtOnce:
 
     def __init__(self) -> None:
         self._recent: deque[bool] = deque(maxlen=RECENT)
-        self._went = 0  # of _recent
         self._passed = 0  # steps that did not try since the last that did
 
     def worth_trying(self) -> bool:
         """Whether the next step tries at once; a step told no is counted ``skipped``."""
         recent = self._recent
-        if len(recent) < RECENT or self._went >= WORTH_TRYING * RECENT:
+        if len(recent) < RECENT or sum(recent) >= WORTH_TRYING * RECENT:
             return True
         self._passed += 1
         if self._passed >= TRY_ANYWAY_EVERY:
@@ -86,10 +87,7 @@ class AtOnce:
 
     def tried(self, went: bool) -> None:
         """A try's outcome (``went``: the statement wrote, at once), noted and counted."""
-        if len(self._recent) == RECENT:
-            self._went -= self._recent[0]
         self._recent.append(went)
-        self._went += went
         metrics.BUDGET_CHECKS.labels("at_once" if went else "waiting").inc()
 
 
@@ -102,6 +100,20 @@ def at_once(db: Database) -> AtOnce:
     if odds is None:
         odds = _AT_ONCE[db] = AtOnce()
     return odds
+
+
+async def tried_at_once(db: Database, step: Callable[[Conn], Awaitable[T]]) -> T | None:
+    """``step`` (a statement that tries the accounts' locks itself) on a connection outside
+    any transaction, when ``db``'s recent tries say it is worth it, its outcome noted: what it
+    returned, falsy when it wrote nothing (the caller then waits for the locks), or None when
+    it was not tried."""
+    odds = at_once(db)
+    if not odds.worth_trying():
+        return None
+    async with db.autocommit() as conn:
+        done = await step(conn)
+    odds.tried(bool(done))
+    return done
 
 
 def _opening(keys: Sequence[int]) -> str:
@@ -157,4 +169,4 @@ async def _roll_back(conn: Conn) -> None:
         await conn.invalidate()
 
 
-__all__ = ["AtOnce", "at_once", "locked"]
+__all__ = ["AtOnce", "at_once", "locked", "tried_at_once"]

@@ -539,12 +539,14 @@ class SessionStore(TranscriptOperations):
             return _leased(session_id, row, user_message, got)
         if self.db.dialect == "postgresql" and budgeted:
             assert reservation is not None
-            odds = advisory.at_once(self.db)
-            if row is not None and reservation.in_sql and odds.worth_trying():
+            if row is not None and reservation.in_sql:
                 assert user_message is not None
-                async with self.db.autocommit() as conn:
-                    got = await reservation.claim_admitting(conn, params, stamp=stamp, at_once=True)
-                odds.tried(got is not None)
+                got = await advisory.tried_at_once(
+                    self.db,
+                    lambda conn: reservation.claim_admitting(
+                        conn, params, stamp=stamp, at_once=True
+                    ),
+                )
                 if got is not None:
                     return _leased(session_id, row, user_message, got)
             async with advisory.locked(self.db, reservation.lock_keys) as conn:

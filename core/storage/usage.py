@@ -305,13 +305,10 @@ class UsageLedger:
             return
         session_id, token = reservation.session_id, reservation.token
         if self._db.dialect == "postgresql" and reservation.pairs:
-            odds = advisory.at_once(self._db)
-            if reservation.in_sql and odds.worth_trying():
-                async with self._db.autocommit() as conn:
-                    went = await reservation.extend_at_once(conn, session_id, token)
-                odds.tried(went)
-                if went:
-                    return
+            if reservation.in_sql and await advisory.tried_at_once(
+                self._db, lambda conn: reservation.extend_at_once(conn, session_id, token)
+            ):
+                return
             async with advisory.locked(self._db, reservation.lock_keys) as conn:
                 await reservation.take(conn, session_id, token, during_turn=True)
             return
