@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
@@ -370,7 +371,7 @@ def test_at_once__not_tried_while_most_tries_fall_back_and_tried_now_and_then() 
         2 * advisory.TRY_ANYWAY_EVERY - 1,
     ]
     assert _budget_checks("skipped") == skipped + 2 * advisory.TRY_ANYWAY_EVERY - 2
-    needed = round(advisory.WORTH_TRYING * advisory.RECENT + 0.5)  # went, of the last RECENT
+    needed = math.ceil(advisory.WORTH_TRYING * advisory.RECENT)  # went, of the last RECENT
     for _ in range(needed - 1):
         odds.tried(True)
     assert not any(odds.worth_trying() for _ in range(advisory.TRY_ANYWAY_EVERY - 1))
