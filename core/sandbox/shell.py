@@ -150,9 +150,7 @@ class Sandbox:
         commit, the same for every empty shell of these limits (content-addressed), so it is
         made once per process and the shell itself only when a command runs."""
         sandbox = cls(limits)
-        sandbox._base.commit, sandbox._base.tree, sandbox._base.shell_key = _empty_head(
-            sandbox.limits
-        )
+        sandbox._base.note_head(*_empty_head(sandbox.limits))
         return sandbox
 
     @classmethod
@@ -172,9 +170,7 @@ class Sandbox:
         sandbox._checkout(sandbox._bash, state.commit, objects)
         sandbox._base = Baseline(objects=objects, anchors=anchors, anchor_data=anchor_data)
         sandbox._base.base_set = state.base_set
-        sandbox._base.commit, sandbox._base.tree, sandbox._base.shell_key = _head(
-            state.commit, objects
-        )
+        sandbox._base.note_head(*_head(state.commit, objects))
         sandbox.message_id = state.message_id
         return sandbox
 

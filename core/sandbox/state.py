@@ -232,6 +232,10 @@ class Baseline:
     tree: str | None = None
     shell_key: str | None = None
 
+    def note_head(self, commit: str, tree: str | None, shell_key: str) -> None:
+        """The state's head as ``core.sandbox.shell._head`` works it out."""
+        self.commit, self.tree, self.shell_key = commit, tree, shell_key
+
     def decoded(self, digest: str) -> bytes | None:
         data = self.objects.get(digest)
         if data is not None:
